@@ -1,0 +1,102 @@
+"""tdz_numba: single-file, memory-mapped tensor archives (tensordict's ``.tdz``), fast.
+
+``import tdz_numba`` is cheap: submodules (torch, numba kernels) load on first
+use of a name below, and kernels compile on first call (then come from
+Numba's on-disk cache).
+
+Examples
+--------
+>>> import tempfile, pathlib, torch, tdz_numba
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = tdz_numba.save({"a": torch.arange(4)}, pathlib.Path(d) / "x.tdz")
+...     with tdz_numba.open(p) as ar:
+...         print(ar["a"].tolist())
+[0, 1, 2, 3]
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ArchiveExistsError,
+    BadArchiveError,
+    ChecksumError,
+    InvalidArgumentError,
+    InvalidTreeError,
+    MissingKeyError,
+    TdzError,
+    UnsafeContentError,
+    UnsupportedError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    # functions
+    "save",
+    "open",
+    "load",
+    "pack",
+    "unpack",
+    "is_archive",
+    "verify",
+    "refresh_checksums",
+    "allocate",
+    # types
+    "Archive",
+    "LeafInfo",
+    "Level",
+    "RawFile",
+    "PickledData",
+    "VerifyReport",
+    # errors
+    "TdzError",
+    "BadArchiveError",
+    "ChecksumError",
+    "UnsupportedError",
+    "ArchiveExistsError",
+    "UnsafeContentError",
+    "InvalidTreeError",
+    "InvalidArgumentError",
+    "MissingKeyError",
+]
+
+_LAZY = {
+    "save": "api",
+    "open": "api",
+    "load": "api",
+    "pack": "api",
+    "unpack": "api",
+    "is_archive": "api",
+    "verify": "api",
+    "refresh_checksums": "api",
+    "allocate": "api",
+    "Archive": "archive",
+    "LeafInfo": "archive",
+    "Level": "tree",
+    "RawFile": "tree",
+    "PickledData": "tree",
+    "VerifyReport": "integrity",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .api import allocate, is_archive, load, open, pack, refresh_checksums, save, unpack, verify
+    from .archive import Archive, LeafInfo
+    from .integrity import VerifyReport
+    from .tree import Level, PickledData, RawFile
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tdz_numba' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

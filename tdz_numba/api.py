@@ -1,0 +1,241 @@
+"""The public functions of tdz_numba (re-exported by the package).
+
+Examples
+--------
+>>> import tempfile, pathlib, torch, numpy as np, tdz_numba
+>>> tree = {"obs": {"pixels": torch.zeros(4, 3, 8, 8, dtype=torch.uint8),
+...                 "depth": np.ones((4, 8, 8), np.float32)},
+...         "reward": torch.randn(4), "env": "cartpole"}
+>>> with tempfile.TemporaryDirectory() as d:
+...     path = tdz_numba.save(tree, pathlib.Path(d) / "buffer.tdz")
+...     back = tdz_numba.load(path)
+...     print(back["env"], back["obs"]["depth"].dtype, tdz_numba.is_archive(path))
+cartpole torch.float32 True
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from . import archive as _archive
+from . import integrity as _integrity
+from . import writer as _writer
+from .tree import Level, flatten
+
+__all__ = ["save", "open", "load", "pack", "unpack", "is_archive", "verify",
+           "refresh_checksums", "allocate"]  # fmt: skip
+
+PathLike = str | os.PathLike
+
+
+def save(tree: Any, path: PathLike, *, compression: str | None = None,
+         compresslevel: int | None = None, existsok: bool = True) -> Path:  # fmt: skip
+    """Saves a tree of tensors as a ``.tdz`` archive.
+
+    Parameters
+    ----------
+    tree : Mapping or tensordict.TensorDict
+        Nested mappings of ``torch.Tensor`` / ``numpy.ndarray`` leaves and
+        plain values (str, int, float, bool, None and lists of them, written
+        as tensordict NonTensorData levels). :class:`~tdz_numba.tree.Level`
+        objects from :func:`load` keep their batch size, names and class.
+        A ``tensordict.TensorDict`` is accepted when tensordict is installed.
+    path : str or os.PathLike
+        The archive to write. It is written to a temporary file beside it and
+        then renamed, so an existing file is replaced atomically (its
+        permissions kept) and left intact on error.
+    compression : {None, "stored", "deflate", "bzip2", "lzma"}
+        Compression of ``*.memmap`` payloads; ``meta.json`` files are always
+        stored. Compressed leaves are decompressed on load (no zero-copy).
+    compresslevel : int, optional
+        Level passed to the codec.
+    existsok : bool
+        When False, an existing file raises :class:`~tdz_numba.ArchiveExistsError`.
+
+    Returns
+    -------
+    pathlib.Path
+        The path written (symlinks resolved).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = tdz_numba.save({"w": torch.ones(2, 2)}, pathlib.Path(d) / "ckpt.tdz")
+    ...     print(p.suffix, tdz_numba.load(p)["w"].sum().item())
+    .tdz 4.0
+    """
+    target = _writer.check_target(path, existsok)
+    entries = flatten(tree)
+    return _writer.write_entries(entries, target, compression=compression,
+                                 compresslevel=compresslevel)  # fmt: skip
+
+
+def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | None = None,
+         allow_pickle: bool = False) -> _archive.Archive:  # fmt: skip
+    """Opens an archive lazily as a read-only :class:`~tdz_numba.Archive` mapping.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The archive.
+    mode : {"r", "r+"}
+        ``"r"`` maps the file privately: leaves are writable but writes stay
+        in memory. ``"r+"`` maps it shared: in-place writes reach the file
+        (then call :func:`refresh_checksums`); leaves that cannot be written
+        through (compressed, unaligned, nested) raise
+        :class:`~tdz_numba.UnsupportedError` when accessed.
+    subpath : str or tuple of str, optional
+        Open only the level at ``"a/b"`` or ``("a", "b")``; nothing outside
+        it is parsed.
+    allow_pickle : bool
+        Unpickle ``other.pickle`` / ``pickle.pkl`` data (only for trusted
+        files). Otherwise it comes back as :class:`~tdz_numba.PickledData`.
+
+    Returns
+    -------
+    Archive
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = tdz_numba.save({"a": {"b": torch.arange(3)}}, pathlib.Path(d) / "x.tdz")
+    ...     with tdz_numba.open(p, subpath="a") as ar:
+    ...         print(list(ar), ar["b"].tolist())
+    ['b'] [0, 1, 2]
+    """
+    return _archive.open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle)
+
+
+def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: str = "r",
+         allow_pickle: bool = False) -> Level:  # fmt: skip
+    """Loads an archive as nested dicts of tensors and plain values.
+
+    The dicts are :class:`~tdz_numba.Level` objects that also carry each
+    level's metadata; tensors are views into one mapping of the file (see
+    :func:`open` for ``mode``, ``subpath`` and ``allow_pickle``).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = tdz_numba.save({"x": torch.ones(3), "tag": "run-1"}, pathlib.Path(d) / "x.tdz")
+    ...     tree = tdz_numba.load(p)
+    ...     print(isinstance(tree, dict), tree["tag"], tree["x"].tolist())
+    True run-1 [1.0, 1.0, 1.0]
+    """
+    return _archive.load(path, subpath=subpath, mode=mode, allow_pickle=allow_pickle)
+
+
+def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
+         compresslevel: int | None = None) -> Path:  # fmt: skip
+    """Packs a tensordict memmap directory into an archive (like ``zip -0 -r``, aligned).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     d = pathlib.Path(d)
+    ...     _ = tdz_numba.save({"a": torch.ones(2)}, d / "x.tdz")
+    ...     _ = tdz_numba.unpack(d / "x.tdz", d / "dir")
+    ...     print(tdz_numba.load(tdz_numba.pack(d / "dir", d / "y.tdz"))["a"].tolist())
+    [1.0, 1.0]
+    """
+    target = _writer.check_target(path, True)
+    entries = _writer.directory_entries(Path(directory), target)
+    return _writer.write_entries(entries, target, compression=compression,
+                                 compresslevel=compresslevel)  # fmt: skip
+
+
+def unpack(path: PathLike, directory: PathLike) -> Path:
+    """Extracts an archive into a memmap directory that tensordict's ``load_memmap``
+    reads (like ``unzip``). CRCs are checked; ``..`` or absolute names raise
+    :class:`~tdz_numba.BadArchiveError` before anything is written.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = tdz_numba.save({"a": torch.ones(2)}, pathlib.Path(d) / "x.tdz")
+    ...     out = tdz_numba.unpack(pathlib.Path(d) / "x.tdz", pathlib.Path(d) / "dir")
+    ...     print(sorted(p.name for p in out.iterdir()))
+    ['a.memmap', 'meta.json']
+    """
+    return _integrity.unpack(path, directory)
+
+
+def is_archive(path: PathLike) -> bool:
+    """Whether ``path`` is a file holding a zip archive with a top-level ``meta.json``.
+
+    Examples
+    --------
+    >>> import tdz_numba
+    >>> tdz_numba.is_archive("/nonexistent.tdz")
+    False
+    """
+    return _integrity.is_archive(path)
+
+
+def verify(path: PathLike) -> _integrity.VerifyReport:
+    """Checks every entry's CRC-32 (in parallel) and the archive's structure.
+
+    Returns a :class:`~tdz_numba.VerifyReport`; raises
+    :class:`~tdz_numba.ChecksumError` naming the first bad entry, or
+    :class:`~tdz_numba.BadArchiveError` for a structural fault.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = tdz_numba.save({"a": torch.ones(2)}, pathlib.Path(d) / "x.tdz")
+    ...     print(tdz_numba.verify(p).leaves)
+    1
+    """
+    return _integrity.verify(path)
+
+
+def refresh_checksums(path: PathLike) -> Path:
+    """Re-stamps the CRC-32 of every STORED entry after ``mode="r+"`` writes.
+
+    Updates local headers (or data descriptors, in foreign zips) and central
+    records in place, so that ``unzip -t`` and :func:`verify` pass again.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = tdz_numba.save({"a": torch.zeros(2)}, pathlib.Path(d) / "x.tdz")
+    ...     with tdz_numba.open(p, mode="r+") as ar:
+    ...         _ = ar["a"].add_(1)
+    ...     _ = tdz_numba.refresh_checksums(p)
+    ...     print(tdz_numba.verify(p).entries, tdz_numba.load(p)["a"].tolist())
+    2 [1.0, 1.0]
+    """
+    return _integrity.refresh_checksums(path)
+
+
+def allocate(template: Any, path: PathLike, *, existsok: bool = True) -> _archive.Archive:
+    """Creates a zero-filled archive shaped like ``template``, open with ``mode="r+"``.
+
+    Only shapes and dtypes of ``template`` are used: expanded (stride-0)
+    tensors are not materialized, and payloads are never written (the file is
+    created sparse; CRCs of the zeros are computed arithmetically). This is
+    tensordict's ``memmap_like`` to a ``.tdz``.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> frame = torch.zeros(84, 84, dtype=torch.uint8)
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     with tdz_numba.allocate({"obs": frame.expand(1000, 84, 84)},
+    ...                             pathlib.Path(d) / "buf.tdz") as buf:
+    ...         buf["obs"][3] = 7
+    ...         print(buf["obs"].shape, int(buf["obs"].sum()))
+    torch.Size([1000, 84, 84]) 49392
+    """
+    target = _writer.check_target(path, existsok)
+    _writer.write_entries(flatten(template, zeros=True), target)
+    return _archive.open_archive(target, mode="r+")

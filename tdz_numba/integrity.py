@@ -1,0 +1,205 @@
+"""Checking and repairing archives: CRC-32 verification, checksum refresh, extraction.
+
+Examples
+--------
+>>> import tempfile, pathlib, torch, tdz_numba
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = tdz_numba.save({"a": torch.zeros(8)}, pathlib.Path(d) / "x.tdz")
+...     print(tdz_numba.verify(p).entries)
+2
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import records
+from .errors import BadArchiveError, ChecksumError, TdzError
+from .reader import ArchiveIndex
+
+__all__ = ["VerifyReport", "verify", "refresh_checksums", "unpack", "is_archive", "stored_crcs"]
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :func:`verify` checked."""
+
+    path: Path
+    entries: int
+    levels: int
+    leaves: int
+    payload_bytes: int
+
+    def __str__(self) -> str:
+        return (f"{self.path}: OK: {self.entries} entries, {self.levels} levels, "
+                f"{self.leaves} leaves, {self.payload_bytes} payload bytes checked")  # fmt: skip
+
+
+def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
+    """CRC-32 of the STORED entries ``rows`` of ``index``, computed in parallel."""
+    from .kernels import CRC_CHUNK, crc32_spans
+
+    base = index.buffer.ctypes.data
+    addrs = base + index.fields[rows, 8]
+    return crc32_spans(addrs.astype(np.int64), index.fields[rows, 3].copy(), CRC_CHUNK)
+
+
+def verify(path: str | os.PathLike) -> VerifyReport:
+    """Checks every entry's CRC-32 and the archive's structure; see :func:`tdz_numba.verify`."""
+    from .archive import open_archive
+
+    index = ArchiveIndex(path)
+    try:
+        n = len(index.names)
+        methods = index.fields[:, 1]
+        stored = np.nonzero(methods == records.STORED)[0]
+        crcs = stored_crcs(index, stored)
+        bad = np.nonzero(crcs != index.fields[stored, 2])[0]
+        first_bad = None
+        if bad.size:
+            i = int(stored[bad[0]])
+            first_bad = (i, int(index.fields[i, 2]), int(crcs[bad[0]]))
+        for i in np.nonzero(methods != records.STORED)[0]:
+            if first_bad is not None and i > first_bad[0]:
+                break
+            index.read(index.names[int(i)])  # inflates and checks
+        if first_bad is not None:
+            i, want, got = first_bad
+            raise ChecksumError(
+                f"{index.path}: entry {index.names[i]!r}: CRC-32 mismatch: recorded "
+                f"{want:#010x}, computed {got:#010x}"
+            )
+        payload = int(index.fields[:, 4].sum()) if n else 0
+    finally:
+        index.close()
+    # structure: every level's meta.json parses and every leaf matches its entry
+    ar = open_archive(path)
+    try:
+        levels = leaves = 0
+        stack = [ar]
+        while stack:
+            node = stack.pop()
+            levels += 1
+            for key in node:
+                node_, spec = node._resolve(key)
+                if spec.kind == "leaf":
+                    leaves += 1
+                    _check_leaf(node_, spec)
+                elif spec.kind == "level":
+                    from .archive import Archive
+
+                    stack.append(Archive(node._state, spec.path))
+    finally:
+        ar.close()
+    return VerifyReport(Path(path), n, levels, leaves, payload)
+
+
+def _check_leaf(node, spec) -> None:
+    import math
+
+    from .dtypes import torch_dtype
+
+    leaf = spec.leaf
+    dtype = torch_dtype(leaf.dtype, entry=node._where(leaf.entry))
+    if leaf.nested:
+        node._nested_leaf(leaf, dtype)
+        return
+    nbytes = math.prod(leaf.shape) * dtype.itemsize
+    index = node._index
+    found = index.entry(leaf.entry).size if leaf.entry in index else 0
+    if found != nbytes:
+        raise BadArchiveError(
+            f"{node._where(leaf.entry)}: leaf {leaf.key!r} ({leaf.dtype}, shape "
+            f"{list(leaf.shape)}): expected {nbytes} bytes, the archive holds {found}"
+        )
+
+
+def refresh_checksums(path: str | os.PathLike) -> Path:
+    """Re-stamps the CRC-32 of STORED entries after in-place writes; see
+    :func:`tdz_numba.refresh_checksums`."""
+    index = ArchiveIndex(path, writable=True)
+    try:
+        if "meta.json" not in index:
+            raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
+        stored = np.nonzero(index.fields[:, 1] == records.STORED)[0]
+        crcs = stored_crcs(index, stored)
+        buf = index.buffer
+        for row, crc in zip(stored.tolist(), crcs.tolist()):
+            f = index.fields[row]
+            packed = np.frombuffer(struct.pack("<I", crc), np.uint8)
+            if f[0] & records.FLAG_DESCRIPTOR:
+                pos = int(f[8] + f[3])
+                if buf[pos : pos + 4].tobytes() == records.DESCRIPTOR_SIG:
+                    pos += 4
+                if pos + 4 > index.end.cd_offset:
+                    raise BadArchiveError(f"{path}: entry {index.names[row]!r}: data descriptor past the data area")
+                buf[pos : pos + 4] = packed
+            else:
+                hoff = int(f[5])
+                buf[hoff + 14 : hoff + 18] = packed
+            cd = int(f[9])
+            buf[cd + 16 : cd + 20] = packed
+        index._mmap.flush()
+    finally:
+        index.close()
+    return Path(path)
+
+
+def _safe_member(name: str, archive: Path) -> str:
+    if name.startswith("/") or "\\" in name or ":" in name.split("/", 1)[0] or "\x00" in name:
+        raise BadArchiveError(f"{archive}: entry {name!r} has an absolute or unsafe path")
+    parts = name.split("/")
+    if any(p in ("..", ".") for p in parts):
+        raise BadArchiveError(f"{archive}: entry {name!r} escapes the target directory ('..')")
+    return posixpath.normpath(name)
+
+
+def unpack(path: str | os.PathLike, directory: str | os.PathLike) -> Path:
+    """Extracts an archive into a memmap directory; see :func:`tdz_numba.unpack`."""
+    index = ArchiveIndex(path)
+    directory = Path(directory)
+    try:
+        if "meta.json" not in index:
+            raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
+        names = [(n, _safe_member(n, index.path)) for n in index.names]
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, rel in names:
+            target = directory / rel
+            if name.endswith("/"):
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            data = index.read(name)  # checks the CRC
+            with open(target, "wb") as f:
+                f.write(memoryview(data))
+    finally:
+        index.close()
+    return directory
+
+
+def is_archive(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a zip file with a top-level ``meta.json``; see
+    :func:`tdz_numba.is_archive`."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        index = ArchiveIndex(p)
+    except (TdzError, OSError):
+        return False
+    try:
+        if "meta.json" not in index:
+            return False
+        json.loads(index.read_bytes("meta.json"))
+        return True
+    except (TdzError, ValueError):
+        return False
+    finally:
+        index.close()

@@ -1,0 +1,218 @@
+"""The reader's index: one mapping of the file, one pass over the central directory.
+
+:class:`ArchiveIndex` maps the whole file once (privately for ``mode="r"``,
+shared for ``mode="r+"``), finds the end records, and parses every central
+record and local header with the
+:func:`~tdz_numba.kernels.parse_central_directory` kernel into arrays. It
+knows, for every entry, where its payload is, how it is compressed and its
+CRC; and for every directory, which files and sub-directories it holds. It
+reads no payload.
+
+Examples
+--------
+>>> import tempfile, pathlib, torch, tdz_numba
+>>> from tdz_numba.reader import ArchiveIndex
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = tdz_numba.save({"a": torch.zeros(4)}, pathlib.Path(d) / "x.tdz")
+...     idx = ArchiveIndex(p)
+...     print(idx.names, idx.entry("a.memmap").payload_offset % 64)
+['meta.json', 'a.memmap'] 0
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import codecs, records
+from .errors import BadArchiveError, ChecksumError, UnsupportedError
+
+__all__ = ["ArchiveIndex", "EntryInfo"]
+
+_STATUS_TEXT = {
+    1: "central record signature: expected {expected:#x}, found {found:#x}",
+    2: "central record runs past the central directory end ({expected}) to {found}",
+    3: "a 0xFFFFFFFF field has no zip64 extra value ({expected} expected)",
+    4: "local header offset {found} is outside the data area (< {expected})",
+    5: "local header signature: expected {expected:#x}, found {found:#x}",
+    6: "local header name differs from the central directory name (length {expected}, at byte {found})",
+    7: "payload runs to offset {found}, past the start of the central directory at {expected}",
+    8: "payload runs to offset {expected}, overlapping the next local header at {found}",
+    9: "the end record lists {expected} entries, the central directory holds {found}",
+}
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """Where an entry is and how it is stored."""
+
+    name: str
+    index: int
+    header_offset: int
+    payload_offset: int
+    compressed_size: int
+    size: int
+    method: int
+    crc: int
+    flags: int
+    central_offset: int
+
+    @property
+    def has_descriptor(self) -> bool:
+        return bool(self.flags & records.FLAG_DESCRIPTOR)
+
+
+class ArchiveIndex:
+    """Index over an archive and the single memory map of its bytes."""
+
+    def __init__(self, path: str | os.PathLike, *, writable: bool = False) -> None:
+        self.path = Path(path)
+        self.writable = writable
+        label = str(self.path)
+        try:
+            fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        except IsADirectoryError:
+            raise BadArchiveError(f"{label}: is a directory, not an archive") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                raise BadArchiveError(f"{label}: empty file, not a zip archive")
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
+            self._mmap = mmap.mmap(fd, size, access=access)
+        finally:
+            os.close(fd)
+        self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)
+        self.size = size
+        self._torch = None
+        end = records.find_end_record(self.buffer, label)
+        self.end = end
+        from .kernels import parse_central_directory
+
+        fields, status = parse_central_directory(self.buffer, end.cd_offset, end.cd_size, end.count)
+        self.fields = fields
+        code = int(status[0])
+        if code:
+            i = int(status[1])
+            who = self._name_at(i) if code not in (1, 2, 9) else f"entry #{i}"
+            text = _STATUS_TEXT[code].format(expected=int(status[2]), found=int(status[3]))
+            raise BadArchiveError(f"{label}: {who}: {text}")
+        self.names: list[str] = [self._name_at(i) for i in range(end.count)]
+        self._by_name: dict[str, int] = {}
+        self.files: dict[str, set[str]] = {"": set()}
+        self.dirs: dict[str, set[str]] = {"": set()}
+        for i, name in enumerate(self.names):
+            flags = int(fields[i, 0])
+            if flags & records.FLAG_ENCRYPTED:
+                raise UnsupportedError(f"{label}: entry {name!r} is encrypted")
+            method = int(fields[i, 1])
+            if method not in records.METHOD_NAMES:
+                raise UnsupportedError(
+                    f"{label}: entry {name!r} uses compression method {method}, expected "
+                    f"one of {sorted(records.METHOD_NAMES)} (stored, deflate, bzip2, lzma)"
+                )
+            if name in self._by_name:
+                raise BadArchiveError(f"{label}: entry {name!r} appears twice")
+            self._by_name[name] = i
+            if name.endswith("/"):
+                self._add_dir(name.rstrip("/"))
+                continue
+            parent, base = posixpath.split(name)
+            self._add_dir(parent)
+            self.files[parent].add(base)
+
+    # -- names and directories -------------------------------------------------
+    def _name_at(self, i: int) -> str:
+        start, length, flags = int(self.fields[i, 6]), int(self.fields[i, 7]), int(self.fields[i, 0])
+        raw = self.buffer[start : start + length].tobytes()
+        try:
+            return raw.decode("utf-8" if flags & records.FLAG_UTF8 else "cp437")
+        except UnicodeDecodeError:
+            raise BadArchiveError(f"{self.path}: entry #{i} has a name that is not valid UTF-8: {raw!r}") from None
+
+    def _add_dir(self, d: str) -> None:
+        while d not in self.dirs:
+            self.dirs[d] = set()
+            self.files[d] = set()
+            parent, base = posixpath.split(d)
+            self._add_dir(parent)
+            self.dirs[parent].add(base)
+            d = parent
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def entry(self, name: str) -> EntryInfo:
+        """Location and storage of entry ``name`` (``KeyError`` if absent)."""
+        i = self._by_name[name]
+        f = self.fields[i]
+        return EntryInfo(name, i, int(f[5]), int(f[8]), int(f[3]), int(f[4]), int(f[1]),
+                         int(f[2]), int(f[0]), int(f[9]))  # fmt: skip
+
+    def listing(self, directory: str) -> tuple[set[str], set[str]]:
+        """``(files, sub-directories)`` directly under ``directory`` ("" is the root)."""
+        d = directory.rstrip("/")
+        return self.files.get(d, set()), self.dirs.get(d, set())
+
+    def is_dir(self, directory: str) -> bool:
+        return directory.rstrip("/") in self.dirs
+
+    # -- payloads ----------------------------------------------------------------
+    @property
+    def torch_storage(self):
+        """The whole mapping as one uint8 torch tensor (leaves are slices of it)."""
+        if self._torch is None:
+            import torch
+
+            self._torch = torch.from_numpy(self.buffer)
+        return self._torch
+
+    def raw(self, e: EntryInfo) -> np.ndarray:
+        """The stored (possibly compressed) bytes of an entry: a view into the map."""
+        return self.buffer[e.payload_offset : e.payload_offset + e.compressed_size]
+
+    def read(self, name: str, *, check_crc: bool = True) -> np.ndarray:
+        """The uncompressed bytes of an entry (a view when STORED, else a new array).
+
+        Compressed entries are always checked against their CRC; STORED ones
+        when ``check_crc``.
+        """
+        e = self.entry(name)
+        raw = self.raw(e)
+        if e.method == records.STORED:
+            if e.size != e.compressed_size:
+                raise BadArchiveError(
+                    f"{self.path}: entry {name!r} is stored with {e.compressed_size} bytes "
+                    f"but records an uncompressed size of {e.size}"
+                )
+            data = raw
+            if check_crc:
+                self.check_crc(e, data)
+            return data
+        data = codecs.decompress(raw, e.method, e.size, f"{self.path}: entry {name!r}")
+        self.check_crc(e, data)
+        return data
+
+    def check_crc(self, e: EntryInfo, data: np.ndarray) -> None:
+        from zlib_ng import zlib_ng
+
+        found = zlib_ng.crc32(data) if data.size else 0
+        if found != e.crc:
+            raise ChecksumError(
+                f"{self.path}: entry {e.name!r}: CRC-32 mismatch: recorded "
+                f"{e.crc:#010x}, computed {found:#010x}"
+            )
+
+    def read_bytes(self, name: str) -> bytes:
+        """An entry's uncompressed bytes as ``bytes`` (for small files: meta.json)."""
+        return self.read(name).tobytes()
+
+    def close(self) -> None:
+        """Drops this index's references to the mapping; views stay valid."""
+        self.buffer = None  # type: ignore[assignment]
+        self._torch = None
+        self._mmap = None  # type: ignore[assignment]

@@ -1,0 +1,509 @@
+"""Trees and meta.json: what a level of an archive holds, in both directions.
+
+Writing, :func:`flatten` turns a nested mapping (of torch tensors, numpy
+arrays, plain Python values and sub-mappings) into the archive's entry list in
+tensordict's order, with every ``meta.json`` serialized as tensordict 0.15.3
+writes it. Reading, :func:`describe_level` turns one ``meta.json`` plus the
+names under its directory into a list of children, without touching payloads.
+
+Levels read from an archive come back as :class:`Level` objects: dicts that
+also keep the level's metadata (batch size, dim names, class name, stack
+dimension, ...), so that writing a loaded tree again loses nothing. No class
+named in a file is ever imported.
+
+Examples
+--------
+>>> from tdz_numba.tree import encode_key, decode_key
+>>> encode_key("odd/key name%")
+'odd%2Fkey%20name%25'
+>>> decode_key("odd%2Fkey%20name%25")
+'odd/key name%'
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .dtypes import dtype_name, from_numpy_dtype
+from .errors import InvalidTreeError, UnsafeContentError
+
+__all__ = [
+    "Level",
+    "RawFile",
+    "PickledData",
+    "Entry",
+    "LeafSpec",
+    "ChildSpec",
+    "encode_key",
+    "decode_key",
+    "flatten",
+    "describe_level",
+    "as_tensor",
+    "TD_TYPE",
+]
+
+TD_TYPE = "<class 'tensordict._td.TensorDict'>"
+TD_CLASS = "tensordict:TensorDict"
+NON_TENSOR_DATA_TYPE = "<class 'tensordict.tensorclass.NonTensorData'>"
+NON_TENSOR_STACK_TYPE = "<class 'tensordict.tensorclass.NonTensorStack'>"
+LAZY_STACK_TYPE = "<class 'tensordict._lazy.LazyStackedTensorDict'>"
+FORMAT_VERSION = 1
+#: meta.json fields of a TensorDict level that are not keys.
+RESERVED_FIELDS = ("shape", "device", "_type", "_format_version", "_class", "_names")
+#: Files that hold non-tensor data next to a meta.json.
+AUX_FILES = ("other.pickle", "pickle.pkl", "json_types.json")
+
+# ---------------------------------------------------------------------------
+# robust_key: tensordict's percent-encoding of keys into file names
+# ---------------------------------------------------------------------------
+_UNSAFE = set('/<>:"|?*\\ \0%') | {chr(i) for i in range(32)} | {chr(127)}
+_ENCODE = str.maketrans({c: f"%{ord(c):02X}" for c in _UNSAFE})
+
+
+def encode_key(key: str) -> str:
+    """File-name form of a key (tensordict's ``robust_key`` encoding)."""
+    if not key:
+        return "%"
+    if key in (".", ".."):
+        return "%2E" * len(key)
+    return key.translate(_ENCODE)
+
+
+def decode_key(name: str) -> str:
+    """Inverse of :func:`encode_key` (tensordict's decoder, bug for bug)."""
+    if name == "%":
+        return ""
+    out = []
+    i = 0
+    while i < len(name):
+        if name[i] == "%" and i + 2 < len(name):
+            try:
+                out.append(chr(int(name[i + 1 : i + 3], 16)))
+                i += 3
+                continue
+            except ValueError:
+                pass
+        out.append(name[i])
+        i += 1
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------
+# Tree node types
+# ---------------------------------------------------------------------------
+class Level(dict):
+    """A level of an archive: a dict of its children plus its ``meta.json`` fields.
+
+    ``meta`` holds the level's own fields (batch ``shape``, ``device``,
+    ``_type``, ``_class``, ``_names``, ``stack_dim``, ``data``, ...), in file
+    order. ``keyed`` levels (TensorDicts) list their children in meta.json;
+    other levels (lazy stacks, tensorclasses, non-tensor data) hold
+    sub-directories and files (``0``, ``1``, ``_tensordict``, ``other.pickle``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from tdz_numba.tree import Level
+    >>> lvl = Level({"x": torch.zeros(2)}, meta={"shape": [2], "_names": ["t"]})
+    >>> lvl.type_name, lvl.batch_size, lvl.names
+    ('TensorDict', [2], ['t'])
+    """
+
+    def __init__(self, *args: Any, meta: Mapping[str, Any] | None = None, keyed: bool = True,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.keyed = keyed
+
+    @property
+    def type_name(self) -> str:
+        """The class name recorded for this level (``"TensorDict"``, ``"MyTC"``, ...)."""
+        return class_name(self.meta)
+
+    @property
+    def batch_size(self) -> list[int] | None:
+        """The batch size (meta.json ``"shape"``), or None."""
+        shape = self.meta.get("shape")
+        return list(shape) if isinstance(shape, list) else None
+
+    @property
+    def names(self) -> list[str | None] | None:
+        """The dim names (meta.json ``"_names"``), or None."""
+        names = self.meta.get("_names")
+        return list(names) if isinstance(names, list) else None
+
+    @property
+    def data(self) -> Any:
+        """The JSON data of a NonTensorData/NonTensorStack level (None otherwise)."""
+        return self.meta.get("data")
+
+    def __repr__(self) -> str:
+        extra = f", batch_size={self.batch_size}" if self.batch_size else ""
+        return f"Level[{self.type_name}{extra}]({dict.__repr__(self)})"
+
+    def __reduce__(self):
+        return (_rebuild_level, (dict(self), self.meta, self.keyed))
+
+
+def _rebuild_level(items, meta, keyed):
+    return Level(items, meta=meta, keyed=keyed)
+
+
+@dataclass(frozen=True)
+class RawFile:
+    """A non-payload file of an archive level (``json_types.json``, ...), kept as bytes."""
+
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self.data)} bytes)"
+
+
+class PickledData(RawFile):
+    """Pickled bytes from an archive: not unpickled unless asked.
+
+    Examples
+    --------
+    >>> import pickle
+    >>> from tdz_numba.tree import PickledData
+    >>> PickledData(pickle.dumps({1, 2})).load(allow_pickle=True)
+    {1, 2}
+    """
+
+    def load(self, *, allow_pickle: bool = False) -> Any:
+        """Unpickles the data; raises :class:`UnsafeContentError` unless ``allow_pickle``."""
+        if not allow_pickle:
+            raise UnsafeContentError(
+                "refusing to unpickle data from an archive: pickle can run "
+                "arbitrary code. Pass allow_pickle=True only for trusted files."
+            )
+        return pickle.loads(self.data)
+
+
+def class_name(meta: Mapping[str, Any]) -> str:
+    """Short class name of a level from its ``_class`` or ``_type`` field."""
+    cls = meta.get("_class")
+    if isinstance(cls, str) and ":" in cls:
+        return cls.rsplit(":", 1)[1].rsplit(".", 1)[-1]
+    typ = meta.get("_type")
+    if isinstance(typ, str) and typ.startswith("<class '") and typ.endswith("'>"):
+        return typ[8:-2].rsplit(".", 1)[-1]
+    return "TensorDict"
+
+
+def is_keyed(meta: Mapping[str, Any]) -> bool:
+    """Whether a level lists its children in meta.json (a TensorDict level)."""
+    cls = meta.get("_class")
+    if cls is not None:
+        return cls == TD_CLASS
+    typ = meta.get("_type")
+    if typ is not None:
+        return typ == TD_TYPE
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Writing: tree -> entries
+# ---------------------------------------------------------------------------
+@dataclass
+class Entry:
+    """One archive entry to write.
+
+    ``data`` holds the bytes of metadata files; ``tensor`` the source of a
+    payload (a contiguous CPU tensor, or a stride-0 one when ``zeros``).
+    """
+
+    name: str
+    data: bytes | None = None
+    tensor: torch.Tensor | None = None
+    zeros: bool = False
+    nbytes: int = 0
+
+    @property
+    def is_payload(self) -> bool:
+        return self.name.endswith(".memmap")
+
+
+def _json(meta: Mapping[str, Any], compact: bool = False) -> bytes:
+    seps = (",", ":") if compact else None
+    return json.dumps(meta, separators=seps).encode("utf-8")
+
+
+def as_tensor(value: Any, where: str) -> torch.Tensor:
+    """The CPU tensor whose bytes are stored for a leaf (no copy when possible)."""
+    if isinstance(value, np.ndarray):
+        if not value.dtype.isnative:
+            value = value.astype(value.dtype.newbyteorder("="))
+        if from_numpy_dtype(value.dtype) is None:
+            raise InvalidTreeError(
+                f"{where}: numpy dtype {value.dtype} has no torch equivalent and "
+                f"cannot be stored"
+            )
+        return torch.from_numpy(np.ascontiguousarray(value))
+    t = value.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_nested:
+        return t
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t
+
+
+def _is_leaf(value: Any) -> bool:
+    return isinstance(value, (torch.Tensor, np.ndarray))
+
+
+def _json_value(value: Any) -> bool:
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_json_value(v) for v in value)
+    return False
+
+
+def non_tensor_level(value: Any) -> Level:
+    """The NonTensorData level tensordict writes for a plain Python value."""
+    return Level(
+        meta={"_type": NON_TENSOR_DATA_TYPE, "data": value, "_metadata": None,
+              "_is_non_tensor": True},
+        keyed=False,
+    )  # fmt: skip
+
+
+def _leaf_meta(t: torch.Tensor) -> dict[str, Any]:
+    shape = list(t._nested_tensor_size().shape) if t.is_nested else list(t.shape)
+    return {"device": "cpu", "shape": shape, "dtype": dtype_name(t.dtype),
+            "is_nested": bool(t.is_nested)}  # fmt: skip
+
+
+def _payload_entries(name: str, t: torch.Tensor, zeros: bool) -> list[Entry]:
+    if t.is_nested:
+        if zeros:
+            raise InvalidTreeError(f"{name}: nested tensors cannot be allocated in an archive")
+        sizes = t._nested_tensor_size().to(torch.int64).contiguous()
+        buf = torch.cat([x.reshape(-1) for x in t.unbind()]) if t.numel() else None
+        out = [Entry(name[: -len(".memmap")] + ".shape.memmap", tensor=sizes,
+                     nbytes=sizes.numel() * 8)]  # fmt: skip
+        if buf is not None and buf.numel():
+            out.insert(0, Entry(name, tensor=buf, nbytes=buf.numel() * buf.element_size()))
+        return out
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return []
+    if not zeros and not t.is_contiguous():
+        t = t.contiguous()
+    return [Entry(name, tensor=t, zeros=zeros, nbytes=nbytes)]
+
+
+def _as_level(value: Any) -> Mapping | None:
+    """``value`` as a level to write: a Level, a tensordict collection (converted,
+    only when tensordict is already imported), another Mapping; else None."""
+    import sys
+
+    if isinstance(value, Level):
+        return value
+    if "tensordict" in sys.modules:
+        from .tdcompat import level_from_tensordict
+
+        converted = level_from_tensordict(value)
+        if converted is not None:
+            return converted
+    return value if isinstance(value, Mapping) else None
+
+
+def flatten(tree: Any, *, zeros: bool = False) -> list[Entry]:
+    """Entries of the archive for ``tree``, in tensordict's order.
+
+    Depth first; at each level ``meta.json``, then the other files sorted by
+    name, then the sub-directories sorted by name. With ``zeros=True`` payload
+    entries carry no data (``allocate``).
+    """
+    root = _as_level(tree)
+    if root is None:
+        raise InvalidTreeError(
+            f"save expects a mapping (dict, Level or TensorDict), got {type(tree).__name__}"
+        )
+    out: list[Entry] = []
+    _flatten_level(root, "", out, zeros)
+    return out
+
+
+def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool) -> None:
+    where = prefix.rstrip("/") or "<root>"
+    files: dict[str, Entry] = {}
+    dirs: dict[str, Any] = {}
+    keyed = getattr(level, "keyed", True)
+    own_meta = getattr(level, "meta", None)
+
+    def add_file(fname: str, entry: Entry) -> None:
+        if fname in files or fname in dirs or fname == "meta.json":
+            raise InvalidTreeError(f"{where}: two children map to the file name {fname!r}")
+        files[fname] = entry
+
+    def add_dir(dname: str, child: Any) -> None:
+        if dname in dirs or dname in files:
+            raise InvalidTreeError(f"{where}: two children map to the directory {dname!r}")
+        dirs[dname] = child
+
+    if keyed:
+        meta: dict[str, Any] = {}
+        reserved = set(RESERVED_FIELDS) if own_meta is None else set(own_meta)
+        for key, value in level.items():
+            if not isinstance(key, str):
+                raise InvalidTreeError(f"{where}: keys must be str, got {key!r}")
+            if key in reserved:
+                raise InvalidTreeError(
+                    f"{where}: key {key!r} collides with the meta.json field of the "
+                    f"same name; rename it"
+                )
+            fname = encode_key(key)
+            path = prefix + fname
+            if _is_leaf(value):
+                t = as_tensor(value, path)
+                meta[key] = _leaf_meta(t)
+                for e in _payload_entries(path + ".memmap", t, zeros):
+                    add_file(e.name[len(prefix):], e)
+            elif _json_value(value):
+                # NaN and infinities are written as json writes them, as tensordict does
+                meta[key] = {"type": "NonTensorData"}
+                add_dir(fname, non_tensor_level(value))
+            else:
+                child = _as_level(value)
+                if child is None:
+                    raise InvalidTreeError(
+                        f"{path}: cannot store a value of type {type(value).__name__} "
+                        f"(expected a tensor, an array, a mapping, or "
+                        f"str/int/float/bool/None/lists of them)"
+                    )
+                meta[key] = {"type": getattr(child, "type_name", "TensorDict")}
+                add_dir(fname, child)
+        if own_meta is None:
+            meta.update({"shape": [], "device": "cpu", "_type": TD_TYPE,
+                         "_format_version": FORMAT_VERSION, "_class": TD_CLASS})  # fmt: skip
+        else:
+            meta.update(own_meta)
+        compact = False
+    else:
+        meta = dict(own_meta or {})
+        for name, value in level.items():
+            if isinstance(value, RawFile):
+                add_file(name, Entry(prefix + name, data=value.data))
+            elif _as_level(value) is not None:
+                add_dir(name, _as_level(value))
+            else:
+                raise InvalidTreeError(
+                    f"{prefix + name}: a {class_name(meta)} level holds only levels and "
+                    f"files, got {type(value).__name__}"
+                )
+        compact = meta.get("_type") == NON_TENSOR_STACK_TYPE
+    try:
+        data = _json(meta, compact)
+    except (TypeError, ValueError) as exc:
+        raise InvalidTreeError(f"{where}: metadata is not JSON-serializable: {exc}") from None
+    out.append(Entry(prefix + "meta.json", data=data))
+    for fname in sorted(files):
+        e = files[fname]
+        if e.name != prefix + fname:
+            e.name = prefix + fname
+        out.append(e)
+    for dname in sorted(dirs):
+        _flatten_level(dirs[dname], prefix + dname + "/", out, zeros)
+
+
+# ---------------------------------------------------------------------------
+# Reading: meta.json + listing -> children
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LeafSpec:
+    """A tensor leaf described by meta.json."""
+
+    key: str
+    entry: str  # archive name of the payload
+    dtype: str
+    shape: tuple[int, ...]
+    nested: bool
+    shape_entry: str | None = None
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """A child of a level: a ``leaf``, a sub-``level`` or a ``file``."""
+
+    key: str
+    kind: str
+    path: str  # archive name (file, payload) or directory prefix (level)
+    leaf: LeafSpec | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def describe_level(meta: Any, prefix: str, files: set[str], dirs: set[str],
+                   where: str) -> tuple[bool, list[ChildSpec]]:  # fmt: skip
+    """Children of the level at ``prefix`` from its parsed meta.json.
+
+    ``files`` and ``dirs`` are the names directly under ``prefix``. Raises
+    :class:`~tdz_numba.errors.BadArchiveError` for a malformed meta.json.
+    """
+    from .errors import BadArchiveError
+
+    if not isinstance(meta, dict):
+        raise BadArchiveError(f"{where}: meta.json must hold a JSON object, found {type(meta).__name__}")
+    version = meta.get("_format_version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise BadArchiveError(
+            f"{where}: meta.json _format_version {version!r} is newer than this "
+            f"reader supports (expected <= {FORMAT_VERSION})"
+        )
+    children: list[ChildSpec] = []
+    if is_keyed(meta):
+        for key, value in meta.items():
+            if key in RESERVED_FIELDS and not isinstance(value, dict):
+                continue
+            if not isinstance(value, dict):
+                raise BadArchiveError(
+                    f"{where}: meta.json entry {key!r} must be an object, found {value!r}"
+                )
+            fname = encode_key(key)
+            if "type" in value and "dtype" not in value:
+                if fname not in dirs:
+                    raise BadArchiveError(
+                        f"{where}: meta.json lists {key!r} ({value['type']}) but the "
+                        f"archive has no directory {prefix + fname + '/'!r}"
+                    )
+                children.append(ChildSpec(key, "level", prefix + fname + "/"))
+                continue
+            if "dtype" not in value or "shape" not in value:
+                raise BadArchiveError(
+                    f"{where}: meta.json entry {key!r} has neither 'dtype'/'shape' "
+                    f"nor 'type': {value!r}"
+                )
+            shape = value["shape"]
+            if not isinstance(shape, list) or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+            ):
+                raise BadArchiveError(
+                    f"{where}: leaf {key!r} has a bad shape {shape!r} "
+                    f"(expected a list of non-negative ints)"
+                )
+            nested = bool(value.get("is_nested", False))
+            spec = LeafSpec(key, prefix + fname + ".memmap", value["dtype"], tuple(shape), nested,
+                            prefix + fname + ".shape.memmap" if nested else None)  # fmt: skip
+            children.append(ChildSpec(key, "leaf", spec.entry, spec))
+        return True, children
+    for d in sorted(dirs):
+        children.append(ChildSpec(d, "level", prefix + d + "/"))
+    for f in sorted(files):
+        if f != "meta.json":
+            children.append(ChildSpec(f, "file", prefix + f))
+    return False, children
