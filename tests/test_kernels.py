@@ -1,0 +1,226 @@
+"""Every Numba kernel against a slow obvious oracle (zlib, a Python layout loop, zipfile)."""
+
+import mmap
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tdz_numba import kernels, layout, records
+from tdz_numba.kernels import IndexStatus
+
+EDGE_SIZES = [0, 1, 63, 64, 65, 4095, 4096, 4097, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 17]
+
+
+def _spans(*arrays):
+    addrs = np.array([a.ctypes.data if a.size else 0 for a in arrays], np.int64)
+    lengths = np.array([a.size for a in arrays], np.int64)
+    return addrs, lengths
+
+
+@pytest.fixture(scope="module")
+def data():
+    return np.frombuffer(np.random.default_rng(0).bytes(4 * (1 << 20)), np.uint8)
+
+
+@pytest.mark.parametrize("n", EDGE_SIZES)
+@pytest.mark.parametrize("chunk", [64, 1 << 20])
+def test_crc32_spans_matches_zlib(data, n, chunk):
+    addrs, lengths = _spans(data[:n])
+    assert int(kernels.crc32_spans(addrs, lengths, chunk)[0]) == zlib.crc32(data[:n])
+
+
+def test_crc32_spans_many_spans_and_unaligned_starts(data):
+    views = [data[o : o + s] for o, s in [(1, 63), (3, 1 << 20), (7, 0), (65, 65), (100, 2_000_001)]]
+    addrs, lengths = _spans(*views)
+    got = kernels.crc32_spans(addrs, lengths, 4096)
+    assert [int(c) for c in got] == [zlib.crc32(v) for v in views]
+
+
+def test_crc32_spans_on_read_only_mmap(tmp_path, data):
+    p = tmp_path / "blob"
+    p.write_bytes(data[:100_003].tobytes())
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        arr = np.frombuffer(mm, np.uint8)
+        assert not arr.flags.writeable
+        addrs, lengths = _spans(arr[5:])
+        assert int(kernels.crc32_spans(addrs, lengths, 4096)[0]) == zlib.crc32(bytes(mm[5:]))
+        del arr
+
+
+@given(st.binary(max_size=2000), st.binary(max_size=2000))
+@settings(max_examples=200, deadline=None)
+def test_crc32_combine_matches_concatenation(a, b):
+    assert int(kernels.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b))) == zlib.crc32(a + b)
+
+
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 1000, 1 << 20, 12_345_677])
+def test_crc32_zeros(n):
+    assert int(kernels.crc32_zeros(n)) == zlib.crc32(bytes(n))
+
+
+def test_crc32_zeros_beyond_4gib_by_arithmetic():
+    # crc(zeros(a + b)) == combine(crc(zeros(a)), crc(zeros(b)), b) for b > 4 GiB
+    a, b = 1000, (5 << 30) + 3
+    assert kernels.crc32_zeros(a + b) == kernels.crc32_combine(kernels.crc32_zeros(a), kernels.crc32_zeros(b), b)
+
+
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 1000])
+def test_table_crc32_fallback(data, n):
+    table = kernels._crc_table()
+    assert int(kernels.table_crc32(data[:n], 0, table)) == zlib.crc32(data[:n])
+    assert int(kernels.table_crc32(data[:n], 12345, table)) == zlib.crc32(data[:n], 12345)
+
+
+@pytest.mark.parametrize("n", EDGE_SIZES)
+def test_copy_crc32_spans(data, n):
+    src = data[3 : 3 + n]
+    dst = np.zeros(n + 10, np.uint8)
+    crc = kernels.copy_crc32_spans(np.array([dst.ctypes.data + 5], np.int64),
+                                   np.array([src.ctypes.data if n else 0], np.int64),
+                                   np.array([n], np.int64), 4096)  # fmt: skip
+    assert int(crc[0]) == zlib.crc32(src)
+    assert bytes(dst[5 : 5 + n]) == bytes(src)
+    assert not dst[:5].any() and not dst[5 + n :].any()
+
+
+# ---------------------------------------------------------------- layout ----
+def _layout_oracle(name_len, sizes, align, alignment=64):
+    """The obvious per-entry loop (what tensordict's writer does one entry at a time)."""
+    pos, out, cd = 0, [], 0
+    for n, s, a in zip(name_len, sizes, align):
+        extra = 20
+        pad = 0
+        if a:
+            pad = -(pos + 30 + n + 4 + 20) % alignment
+            extra += 4 + pad
+        payload = pos + 30 + n + extra
+        out.append((pos, extra, pad, payload))
+        fields = (2 if s > 0x7FFFFFFF else 0) + (1 if pos > 0x7FFFFFFF else 0)
+        cd += 46 + n + (4 + 8 * fields if fields else 0) + ((4 + pad) if a else 0)
+        pos = payload + s
+    return out, pos, cd
+
+
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(0, 10**6), st.booleans()), max_size=50))
+@settings(max_examples=200, deadline=None)
+def test_plan_layout_matches_oracle(entries):
+    name_len = np.array([e[0] for e in entries], np.int64)
+    sizes = np.array([e[1] for e in entries], np.int64)
+    align = np.array([e[2] for e in entries], np.bool_)
+    hoff, lextra, pad, payload, _, _, tail = kernels.plan_layout(name_len, sizes, align, 64, 0)
+    oracle, cd_offset, cd_size = _layout_oracle(name_len, sizes, align)
+    assert [tuple(map(int, x)) for x in zip(hoff, lextra, pad, payload)] == oracle
+    assert (int(tail[0]), int(tail[1])) == (cd_offset, cd_size)
+    assert all(int(p) % 64 == 0 for p, a in zip(payload, align) if a)
+
+
+def test_plan_layout_beyond_4gib_offsets_by_arithmetic():
+    # three 3 GiB payloads: offsets past 4 GiB need zip64 central fields and end records
+    sizes = np.array([3 << 30] * 3, np.int64)
+    name_len = np.array([8, 8, 8], np.int64)
+    align = np.array([True] * 3)
+    hoff, _, pad, payload, cextra, c64, tail = kernels.plan_layout(name_len, sizes, align, 64, 0)
+    oracle, cd_offset, cd_size = _layout_oracle(name_len, sizes, align)
+    assert [int(p) for p in payload] == [o[3] for o in oracle]
+    assert all(int(p) % 64 == 0 for p in payload)
+    assert int(hoff[2]) > 1 << 32
+    assert list(c64) == [1, 3, 3]  # sizes > 2 GiB everywhere, header offsets past 2 GiB after the first
+    assert (int(tail[0]), int(tail[1]), int(tail[2])) == (cd_offset, cd_size, 1)
+    assert int(tail[3]) == cd_offset + cd_size + 56 + 20 + 22
+
+
+def test_plan_wrapper_and_records_agree_with_zipfile(tmp_path):
+    """Headers planned by the kernel and packed by records parse with the stdlib."""
+    names = ["meta.json", "a.memmap", "sub/é.memmap"]
+    payloads = [b"{}", bytes(range(100)), b"x" * 65]
+    p = layout.plan(names, [len(x) for x in payloads], [False, True, True], [0, 0, 0])
+    buf = bytearray(p.file_size)
+    central = b""
+    for i, data in enumerate(payloads):
+        kw = dict(crc=zlib.crc32(data), size=len(data), csize=len(data), method=0, dos=(0, 33),
+                  pad=p.pad_of(i), flags=int(p.flags[i]))  # fmt: skip
+        head = records.local_header(p.names[i], **kw)
+        h = int(p.header_offset[i])
+        buf[h : h + len(head)] = head
+        buf[int(p.payload_offset[i]) : int(p.payload_offset[i]) + len(data)] = data
+        central += records.central_header(p.names[i], header_offset=h, **kw)
+    buf[p.cd_offset :] = central + records.end_records(3, p.cd_offset, p.cd_size, False)
+    path = tmp_path / "x.zip"
+    path.write_bytes(bytes(buf))
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None
+        assert zf.namelist() == names
+        assert [zf.read(n) for n in names] == payloads
+
+
+# ----------------------------------------------------------------- index ----
+def _zip_bytes(tmp_path, n_entries=5, method=zipfile.ZIP_STORED):
+    path = tmp_path / "s.zip"
+    with zipfile.ZipFile(path, "w", compression=method) as zf:
+        for i in range(n_entries):
+            zf.writestr(f"d{i % 2}/f{i}.bin", bytes([i]) * (i * 37))
+    return path, path.read_bytes()
+
+
+def _index(buf):
+    end = records.find_end_record(buf)
+    return kernels.parse_central_directory(np.frombuffer(buf, np.uint8), end.cd_offset, end.cd_size, end.count)
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+def test_parse_central_directory_matches_zipfile(tmp_path, method):
+    path, buf = _zip_bytes(tmp_path, 7, method)
+    fields, status = _index(buf)
+    assert status[0] == IndexStatus.OK
+    with zipfile.ZipFile(path) as zf:
+        for row, info in zip(fields, zf.infolist()):
+            start, length = int(row[6]), int(row[7])
+            assert buf[start : start + length].decode() == info.filename
+            assert (int(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5])) == (
+                info.compress_type, info.CRC, info.compress_size, info.file_size, info.header_offset)
+            # payload offset from the local header's own name/extra lengths
+            n, e = np.frombuffer(buf[info.header_offset + 26 : info.header_offset + 30], "<u2")
+            assert int(row[8]) == info.header_offset + 30 + int(n) + int(e)
+
+
+def test_parse_central_directory_on_read_only_map(tmp_path):
+    path, buf = _zip_bytes(tmp_path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        arr = np.frombuffer(mm, np.uint8)
+        end = records.find_end_record(arr)
+        fields, status = kernels.parse_central_directory(arr, end.cd_offset, end.cd_size, end.count)
+        assert status[0] == 0 and fields.shape == (5, 13)
+        del arr
+
+
+def test_parse_central_directory_status_codes(tmp_path):
+    _, buf = _zip_bytes(tmp_path)
+    end = records.find_end_record(buf)
+    # bad central signature
+    bad = bytearray(buf)
+    bad[end.cd_offset] = 0
+    assert _index(bytes(bad))[1][0] == IndexStatus.CENTRAL_SIGNATURE
+    # local header offset of entry 1 pointing past the data area
+    bad = bytearray(buf)
+    fields, _ = _index(buf)
+    cd1 = int(fields[1, 9])
+    bad[cd1 + 42 : cd1 + 46] = (end.cd_offset + 10).to_bytes(4, "little")
+    status = _index(bytes(bad))[1]
+    assert (status[0], status[1]) == (IndexStatus.HEADER_PAST_END, 1)
+    # local signature broken
+    bad = bytearray(buf)
+    bad[int(fields[2, 5])] = 0
+    assert tuple(_index(bytes(bad))[1][:2]) == (IndexStatus.LOCAL_SIGNATURE, 2)
+    # two central records pointing at the same local header: overlap
+    bad = bytearray(buf)
+    bad[cd1 + 42 : cd1 + 46] = int(fields[0, 5]).to_bytes(4, "little")
+    assert _index(bytes(bad))[1][0] in (IndexStatus.OVERLAP, IndexStatus.NAME_MISMATCH)
+    # compressed size running into the central directory
+    bad = bytearray(buf)
+    cd4 = int(fields[4, 9])
+    bad[cd4 + 20 : cd4 + 24] = (10**6).to_bytes(4, "little")
+    assert tuple(_index(bytes(bad))[1][:2]) == (IndexStatus.PAYLOAD_PAST_END, 4)
