@@ -11,13 +11,14 @@ the compiled kernels instead of compiling them again.
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import llvmlite.binding as llvm
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["KERNEL", "PARALLEL", "HAVE_ZNG_CRC", "zng_crc32_z", "u8_pointer", "memcpy"]
+__all__ = ["KERNEL", "PARALLEL", "HAVE_ZNG_CRC", "zng_crc32_z", "u8_pointer", "memcpy", "run_parallel"]
 
 #: Serial kernels: no Python objects, GIL released, cached on disk.
 KERNEL = {"nogil": True, "cache": True}
@@ -80,3 +81,17 @@ def memcpy(typingctx, dst, src, count):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+_PARALLEL_LOCK = threading.Lock()
+
+
+def run_parallel(kernel, *args):
+    """Calls a ``parallel=True`` kernel, one at a time per process.
+
+    Numba's default threading layers do not support concurrent parallel
+    launches from several Python threads; saves and verifies may run in
+    threads, so launches are serialized here (each launch uses all cores).
+    """
+    with _PARALLEL_LOCK:
+        return kernel(*args)

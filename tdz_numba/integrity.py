@@ -44,11 +44,12 @@ class VerifyReport:
 
 def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
     """CRC-32 of the STORED entries ``rows`` of ``index``, computed in parallel."""
+    from ._jit import run_parallel
     from .kernels import CRC_CHUNK, crc32_spans
 
     base = index.buffer.ctypes.data
     addrs = base + index.fields[rows, 8]
-    return crc32_spans(addrs.astype(np.int64), index.fields[rows, 3].copy(), CRC_CHUNK)
+    return run_parallel(crc32_spans, addrs.astype(np.int64), index.fields[rows, 3].copy(), CRC_CHUNK)
 
 
 def verify(path: str | os.PathLike) -> VerifyReport:

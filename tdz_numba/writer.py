@@ -27,10 +27,11 @@ x.tdz [0, 1, 2]
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
+import struct
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from . import codecs, records
 from .errors import ArchiveExistsError, BadArchiveError, InvalidTreeError
 from .layout import plan
 from .tree import Entry
+from ._jit import run_parallel
 
 __all__ = ["write_entries", "check_target", "directory_entries"]
 
@@ -66,7 +68,7 @@ def _buffer_address(data: bytes | np.ndarray) -> tuple[np.ndarray, int]:
 def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | None = None,
                   compresslevel: int | None = None) -> Path:  # fmt: skip
     """Writes ``entries`` as an archive at ``target`` (atomically)."""
-    from .kernels import CRC_CHUNK, copy_crc32_spans, crc32_zeros
+    from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
 
     method = codecs.method_of(compression)
     n = len(entries)
@@ -108,38 +110,48 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
     tmp = Path(tmp_name)
     try:
         os.ftruncate(fd, p.file_size)
-        with mmap.mmap(fd, p.file_size, access=mmap.ACCESS_WRITE) as mm:
-            out = np.frombuffer(mm, dtype=np.uint8)
-            base = out.ctypes.data
-            copy_idx = [i for i in range(n) if sources[i] is not None and sources[i].size]
-            if copy_idx:
-                idx = np.asarray(copy_idx, dtype=np.int64)
-                src = np.fromiter((sources[i].ctypes.data for i in copy_idx), np.int64, len(copy_idx))
-                dst = base + p.payload_offset[idx]
-                crcs = copy_crc32_spans(dst, src, stored_size[idx], CRC_CHUNK)
-                for j, i in enumerate(copy_idx):
-                    if not hashed[i]:
-                        crc[i] = crcs[j]
-            for i in range(n):
-                if sources[i] is None and size[i]:
-                    crc[i] = crc32_zeros(int(size[i]))
-            dos = records.dos_datetime()
-            central = []
-            for i in range(n):
-                kw = dict(crc=int(crc[i]), size=int(size[i]), csize=int(stored_size[i]),
-                          method=int(methods[i]), dos=dos, pad=p.pad_of(i), flags=int(p.flags[i]))  # fmt: skip
-                head = records.local_header(p.names[i], **kw)
-                h = int(p.header_offset[i])
-                assert h + len(head) == int(p.payload_offset[i]), "layout plan mismatch"
-                out[h : h + len(head)] = np.frombuffer(head, np.uint8)
-                central.append(records.central_header(p.names[i], header_offset=h, **kw))
-            tail = b"".join(central)
-            if len(tail) != p.cd_size:
-                raise AssertionError("central directory size differs from the plan")
-            tail += records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end)
-            out[p.cd_offset : p.cd_offset + len(tail)] = np.frombuffer(tail, np.uint8)
-            del out
-            mm.flush()
+        # CRCs of the payloads run on all cores (nogil kernel, background
+        # thread) while this thread writes the file sequentially.
+        pending = [i for i in range(n) if sources[i] is not None and sources[i].size and not hashed[i]]
+        crc_job = None
+        if pending:
+            addrs = np.fromiter((sources[i].ctypes.data for i in pending), np.int64, len(pending))
+            pool = ThreadPoolExecutor(1)
+            crc_job = pool.submit(run_parallel, crc32_spans, addrs, stored_size[pending].copy(), CRC_CHUNK)
+            pool.shutdown(wait=False)
+        dos = records.dos_datetime()
+        segments: list[tuple[int, object]] = []
+        for i in range(n):
+            head = records.local_header(p.names[i], crc=int(crc[i]), size=int(size[i]),
+                                        csize=int(stored_size[i]), method=int(methods[i]), dos=dos,
+                                        pad=p.pad_of(i), flags=int(p.flags[i]))  # fmt: skip
+            h = int(p.header_offset[i])
+            if h + len(head) != int(p.payload_offset[i]):
+                raise AssertionError(f"{p.names[i]!r}: local header differs from the layout plan")
+            segments.append((h, head))
+            if sources[i] is not None and sources[i].size:
+                segments.append((h + len(head), sources[i]))
+        write_segments(fd, segments)
+        if crc_job is not None:
+            crc[pending] = crc_job.result()
+            for i in pending:  # stamp the CRC into the local header written above
+                os.pwrite(fd, struct.pack("<I", int(crc[i])), int(p.header_offset[i]) + 14)
+        for i in range(n):
+            if sources[i] is None and size[i]:
+                crc[i] = crc32_zeros(int(size[i]))
+                os.pwrite(fd, struct.pack("<I", int(crc[i])), int(p.header_offset[i]) + 14)
+        central = [
+            records.central_header(p.names[i], crc=int(crc[i]), size=int(size[i]),
+                                   csize=int(stored_size[i]), method=int(methods[i]), dos=dos,
+                                   pad=p.pad_of(i), flags=int(p.flags[i]),
+                                   header_offset=int(p.header_offset[i]))  # fmt: skip
+            for i in range(n)
+        ]
+        tail = b"".join(central)
+        if len(tail) != p.cd_size:
+            raise AssertionError("central directory size differs from the layout plan")
+        tail += records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end)
+        write_segments(fd, [(p.cd_offset, tail)])
         mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else _default_mode()
         os.fchmod(fd, mode)
         os.close(fd)
@@ -153,6 +165,38 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
     finally:
         del keep
     return target
+
+
+_IOV_MAX = 1024
+
+
+def write_segments(fd: int, segments: list[tuple[int, object]]) -> None:
+    """Writes ``(offset, buffer)`` segments, batching contiguous runs into ``pwritev``."""
+    i = 0
+    while i < len(segments):
+        offset = segments[i][0]
+        bufs = [memoryview(segments[i][1]).cast("B")]
+        end = offset + bufs[0].nbytes
+        j = i + 1
+        while j < len(segments) and segments[j][0] == end and len(bufs) < _IOV_MAX:
+            bufs.append(memoryview(segments[j][1]).cast("B"))
+            end += bufs[-1].nbytes
+            j += 1
+        written = os.pwritev(fd, bufs, offset)
+        if written < end - offset:  # short write: finish one buffer at a time
+            pos = offset
+            for b in bufs:
+                if pos + b.nbytes <= offset + written:
+                    pos += b.nbytes
+                    continue
+                skip = max(0, offset + written - pos)
+                view = b[skip:]
+                at = pos + skip
+                while view.nbytes:
+                    k = os.pwrite(fd, view, at)
+                    view, at = view[k:], at + k
+                pos += b.nbytes
+        i = j
 
 
 def _default_mode() -> int:
