@@ -313,7 +313,7 @@ class IndexStatus:
     NAME_MISMATCH = 6  # local and central names differ
     PAYLOAD_PAST_END = 7  # the payload runs into the central directory
     OVERLAP = 8  # two entries' records overlap
-    COUNT = 9  # the central directory holds fewer records than the end record says
+    COUNT = 9  # the central directory holds another number of records than the end record says
 
 
 @njit(**KERNEL)
@@ -374,6 +374,9 @@ def parse_central_directory(buf, cd_offset, cd_size, count):
         clen = _u16(buf, p + 32)
         hoff = _u32(buf, p + 42)
         rec_end = p + 46 + nlen + elen + clen
+        f[i, 0] = flags  # name fields first: an error below can then name the entry
+        f[i, 6] = p + 46
+        f[i, 7] = nlen
         if rec_end > end:
             status[0], status[1], status[2], status[3] = 2, i, end, rec_end
             return f, status
@@ -452,6 +455,9 @@ def parse_central_directory(buf, cd_offset, cd_size, count):
         a = order[j]
         b = order[j + 1]
         if f[a, 8] + f[a, 3] > f[b, 5]:
-            status[0], status[1], status[2], status[3] = 8, b, f[a, 8] + f[a, 3], f[b, 5]
+            status[0], status[1], status[2], status[3] = 8, a, f[a, 8] + f[a, 3], f[b, 5]
             return f, status
+    if p != end:  # more records than the end record counts
+        status[0], status[1], status[2], status[3] = 9, count, count, -1
+        return f, status
     return f, status

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import mmap
 import os
-import posixpath
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +43,8 @@ _STATUS_TEXT = {
     6: "local header name differs from the central directory name (length {expected}, at byte {found})",
     7: "payload runs to offset {found}, past the start of the central directory at {expected}",
     8: "payload runs to offset {expected}, overlapping the next local header at {found}",
-    9: "the end record lists {expected} entries, the central directory holds {found}",
+    9: "the end record lists {expected} entries, the central directory holds "
+    "{found_text}",
 }
 
 
@@ -79,7 +80,10 @@ class ArchiveIndex:
         except IsADirectoryError:
             raise BadArchiveError(f"{label}: is a directory, not an archive") from None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise BadArchiveError(f"{label}: not a regular file (a directory or a device)")
+            size = st.st_size
             if size == 0:
                 raise BadArchiveError(f"{label}: empty file, not a zip archive")
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
@@ -99,46 +103,67 @@ class ArchiveIndex:
         if code:
             i = int(status[1])
             who = self._name_at(i) if code not in (1, 2, 9) else f"entry #{i}"
-            text = _STATUS_TEXT[code].format(expected=int(status[2]), found=int(status[3]))
+            found = int(status[3])
+            text = _STATUS_TEXT[code].format(expected=int(status[2]), found=found,
+                                             found_text="more" if found < 0 else found)  # fmt: skip
             raise BadArchiveError(f"{label}: {who}: {text}")
-        self.names: list[str] = [self._name_at(i) for i in range(end.count)]
-        self._by_name: dict[str, int] = {}
+        self.names: list[str] = self._decode_names()
+        flags, methods = fields[:, 0], fields[:, 1]
+        encrypted = np.nonzero(flags & records.FLAG_ENCRYPTED)[0]
+        if encrypted.size:
+            raise UnsupportedError(f"{label}: entry {self.names[encrypted[0]]!r} is encrypted")
+        unknown = np.nonzero(~np.isin(methods, list(records.METHOD_NAMES)))[0]
+        if unknown.size:
+            i = int(unknown[0])
+            raise UnsupportedError(
+                f"{label}: entry {self.names[i]!r} uses compression method {int(methods[i])}, "
+                f"expected one of {sorted(records.METHOD_NAMES)} (stored, deflate, bzip2, lzma)"
+            )
+        self._by_name: dict[str, int] = {name: i for i, name in enumerate(self.names)}
+        if len(self._by_name) != len(self.names):
+            seen: set[str] = set()
+            dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
+            raise BadArchiveError(f"{label}: entry {dup!r} appears twice")
         self.files: dict[str, set[str]] = {"": set()}
         self.dirs: dict[str, set[str]] = {"": set()}
-        for i, name in enumerate(self.names):
-            flags = int(fields[i, 0])
-            if flags & records.FLAG_ENCRYPTED:
-                raise UnsupportedError(f"{label}: entry {name!r} is encrypted")
-            method = int(fields[i, 1])
-            if method not in records.METHOD_NAMES:
-                raise UnsupportedError(
-                    f"{label}: entry {name!r} uses compression method {method}, expected "
-                    f"one of {sorted(records.METHOD_NAMES)} (stored, deflate, bzip2, lzma)"
-                )
-            if name in self._by_name:
-                raise BadArchiveError(f"{label}: entry {name!r} appears twice")
-            self._by_name[name] = i
+        files, dirs = self.files, self.dirs
+        for name in self.names:
             if name.endswith("/"):
                 self._add_dir(name.rstrip("/"))
                 continue
-            parent, base = posixpath.split(name)
-            self._add_dir(parent)
-            self.files[parent].add(base)
+            parent, _, base = name.rpartition("/")
+            if parent not in dirs:
+                self._add_dir(parent)
+            files[parent].add(base)
 
     # -- names and directories -------------------------------------------------
     def _name_at(self, i: int) -> str:
         start, length, flags = int(self.fields[i, 6]), int(self.fields[i, 7]), int(self.fields[i, 0])
         raw = self.buffer[start : start + length].tobytes()
-        try:
+        try:  # zip's legacy encoding is cp437, unless the UTF-8 flag is set
             return raw.decode("utf-8" if flags & records.FLAG_UTF8 else "cp437")
         except UnicodeDecodeError:
             raise BadArchiveError(f"{self.path}: entry #{i} has a name that is not valid UTF-8: {raw!r}") from None
+
+    def _decode_names(self) -> list[str]:
+        """All entry names, decoded from one copy of the central directory."""
+        if not len(self.fields):
+            return []
+        cd0 = self.end.cd_offset
+        cd = self.buffer[cd0 : cd0 + self.end.cd_size].tobytes()
+        starts = (self.fields[:, 6] - cd0).tolist()
+        stops = (self.fields[:, 6] + self.fields[:, 7] - cd0).tolist()
+        utf8 = (self.fields[:, 0] & records.FLAG_UTF8).tolist()
+        try:  # ASCII is valid cp437 and UTF-8, and much faster to decode
+            return [cd[a:b].decode("utf-8" if u else "ascii") for a, b, u in zip(starts, stops, utf8)]
+        except UnicodeDecodeError:
+            return [self._name_at(i) for i in range(len(starts))]  # names the bad entry
 
     def _add_dir(self, d: str) -> None:
         while d not in self.dirs:
             self.dirs[d] = set()
             self.files[d] = set()
-            parent, base = posixpath.split(d)
+            parent, _, base = d.rpartition("/")
             self._add_dir(parent)
             self.dirs[parent].add(base)
             d = parent

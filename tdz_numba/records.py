@@ -22,6 +22,8 @@ import struct
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import BadArchiveError, UnsupportedError
 
 __all__ = [
@@ -36,7 +38,9 @@ __all__ = [
     "version_needed",
     "name_flags",
     "local_header",
+    "local_headers",
     "central_header",
+    "central_directory",
     "end_records",
     "EndRecord",
     "find_end_record",
@@ -63,8 +67,6 @@ FLAG_DESCRIPTOR = 0x8
 FLAG_UTF8 = 0x800
 _FLAG_LZMA_EOS = 0x2
 
-_LOCAL = struct.Struct("<IHHHHHIIIHH")
-_CENTRAL = struct.Struct("<IBBBBHHHHIIIHHHHHII")
 _END = struct.Struct("<4sHHHHIIH")
 _ZIP64_END = struct.Struct("<4sQHHIIQQQQ")
 _ZIP64_LOCATOR = struct.Struct("<4sIQI")
@@ -96,70 +98,119 @@ def name_flags(name: str, method: int) -> tuple[bytes, int]:
         return name.encode("utf-8"), flags | FLAG_UTF8
 
 
-def _pad_block(pad: int) -> bytes:
-    return struct.pack("<HH", PAD_EXTRA_ID, pad) + bytes(pad)
+_LOCAL_DT = np.dtype([("sig", "<u4"), ("version", "<u2"), ("flags", "<u2"), ("method", "<u2"),
+                      ("time", "<u2"), ("date", "<u2"), ("crc", "<u4"), ("csize", "<u4"),
+                      ("size", "<u4"), ("name_len", "<u2"), ("extra_len", "<u2")])  # fmt: skip
+_CENTRAL_DT = np.dtype([("sig", "<u4"), ("made_by", "<u2"), ("version", "<u2"), ("flags", "<u2"),
+                        ("method", "<u2"), ("time", "<u2"), ("date", "<u2"), ("crc", "<u4"),
+                        ("csize", "<u4"), ("size", "<u4"), ("name_len", "<u2"), ("extra_len", "<u2"),
+                        ("comment_len", "<u2"), ("disk", "<u2"), ("internal", "<u2"),
+                        ("external", "<u4"), ("header_offset", "<u4")])  # fmt: skip
+_ZIP64_LOCAL_DT = np.dtype([("id", "<u2"), ("len", "<u2"), ("size", "<u8"), ("csize", "<u8")])
+_PAD_DT = np.dtype([("id", "<u2"), ("len", "<u2")])
+assert _LOCAL_DT.itemsize == 30 and _CENTRAL_DT.itemsize == 46 and _ZIP64_LOCAL_DT.itemsize == 20
 
 
-def local_header(
-    name: bytes,
-    *,
-    crc: int,
-    size: int,
-    csize: int,
-    method: int,
-    dos: tuple[int, int],
-    pad: int | None,
-    flags: int = 0,
-) -> bytes:
-    """A local file header with its name and extra field.
+def _versions(methods: np.ndarray) -> np.ndarray:
+    out = np.full(methods.shape, 45, np.int64)
+    out[methods == BZIP2] = 46
+    out[methods == LZMA] = 63
+    return out
 
-    ``pad`` is the payload padding (``None``: no padding block). Sizes go in
-    the zip64 extra, the 32-bit fields hold ``0xFFFFFFFF``.
+
+def _pad_blocks(pads: np.ndarray) -> list[bytes]:
+    """Padding extra blocks (``None`` pad, encoded as -1: no block)."""
+    heads = np.zeros(pads.size, _PAD_DT)
+    heads["id"] = PAD_EXTRA_ID
+    heads["len"] = np.maximum(pads, 0)
+    raw = heads.tobytes()
+    return [b"" if p < 0 else raw[4 * i : 4 * i + 4] + bytes(p) for i, p in enumerate(pads.tolist())]
+
+
+def local_headers(names: list[bytes], *, crc, size, csize, method, dos: tuple[int, int], pad,
+                  flags) -> list[bytes]:  # fmt: skip
+    """Local file headers (with name and extra field) of many entries at once.
+
+    Array arguments are per entry; ``pad`` is the payload padding, -1 for
+    entries without a padding block. Sizes go in the zip64 extra, the 32-bit
+    fields hold ``0xFFFFFFFF``.
     """
-    extra = b"" if pad is None else _pad_block(pad)
-    extra += struct.pack("<HHQQ", ZIP64_EXTRA_ID, 16, size, csize)
-    version = version_needed(method)
-    head = _LOCAL.pack(
-        LOCAL_SIG, version, flags, method, dos[0], dos[1], crc,
-        0xFFFFFFFF, 0xFFFFFFFF, len(name), len(extra),
-    )  # fmt: skip
-    return head + name + extra
+    n = len(names)
+    method = np.asarray(method, np.int64).reshape(n)
+    pad = np.asarray(pad, np.int64).reshape(n)
+    fixed = np.zeros(n, _LOCAL_DT)
+    fixed["sig"] = LOCAL_SIG
+    fixed["version"] = _versions(method)
+    fixed["flags"] = np.asarray(flags, np.int64).reshape(n)
+    fixed["method"] = method
+    fixed["time"], fixed["date"] = dos
+    fixed["crc"] = np.asarray(crc, np.int64).reshape(n)
+    fixed["csize"] = fixed["size"] = 0xFFFFFFFF
+    fixed["name_len"] = [len(b) for b in names]
+    fixed["extra_len"] = np.where(pad >= 0, 4 + pad, 0) + _ZIP64_LOCAL_DT.itemsize
+    z64 = np.zeros(n, _ZIP64_LOCAL_DT)
+    z64["id"], z64["len"] = ZIP64_EXTRA_ID, 16
+    z64["size"] = np.asarray(size, np.int64).reshape(n)
+    z64["csize"] = np.asarray(csize, np.int64).reshape(n)
+    fb, zb = fixed.tobytes(), z64.tobytes()
+    pads = _pad_blocks(pad)
+    return [fb[30 * i : 30 * i + 30] + names[i] + pads[i] + zb[20 * i : 20 * i + 20] for i in range(n)]
 
 
-def central_header(
-    name: bytes,
-    *,
-    crc: int,
-    size: int,
-    csize: int,
-    method: int,
-    dos: tuple[int, int],
-    pad: int | None,
-    header_offset: int,
-    flags: int = 0,
-) -> bytes:
-    """A central directory record, with zip64 fields where zipfile puts them."""
+def central_directory(names: list[bytes], *, crc, size, csize, method, dos: tuple[int, int], pad,
+                      flags, header_offset) -> bytes:  # fmt: skip
+    """The central directory records of many entries, as one bytes object.
+
+    zip64 fields are used where zipfile uses them: sizes or offsets above
+    ``2**31 - 1``; the padding block of aligned entries is copied after them.
+    """
     from .kernels import ZIP64_LIMIT
 
-    zip64 = []
-    if size > ZIP64_LIMIT or csize > ZIP64_LIMIT:
-        zip64 += [size, csize]
-        size = csize = 0xFFFFFFFF
-    if header_offset > ZIP64_LIMIT:
-        zip64.append(header_offset)
-        header_offset = 0xFFFFFFFF
-    extra = b""
-    if zip64:
-        extra = struct.pack(f"<HH{len(zip64)}Q", ZIP64_EXTRA_ID, 8 * len(zip64), *zip64)
-    if pad is not None:
-        extra += _pad_block(pad)
-    version = version_needed(method)
-    head = _CENTRAL.pack(
-        CENTRAL_SIG, version, _CREATE_SYSTEM_UNIX, version, 0, flags, method,
-        dos[0], dos[1], crc, csize, size, len(name), len(extra), 0, 0, 0,
-        _EXTERNAL_ATTR, header_offset,
-    )  # fmt: skip
-    return head + name + extra
+    n = len(names)
+    method = np.asarray(method, np.int64).reshape(n)
+    size = np.asarray(size, np.int64).reshape(n)
+    csize = np.asarray(csize, np.int64).reshape(n)
+    hoff = np.asarray(header_offset, np.int64).reshape(n)
+    pad = np.asarray(pad, np.int64).reshape(n)
+    big_size = (size > ZIP64_LIMIT) | (csize > ZIP64_LIMIT)
+    big_off = hoff > ZIP64_LIMIT
+    z64 = [b""] * n
+    for i in np.nonzero(big_size | big_off)[0].tolist():
+        values = ([int(size[i]), int(csize[i])] if big_size[i] else []) + ([int(hoff[i])] if big_off[i] else [])
+        z64[i] = struct.pack(f"<HH{len(values)}Q", ZIP64_EXTRA_ID, 8 * len(values), *values)
+    pads = _pad_blocks(pad)
+    version = _versions(method)
+    fixed = np.zeros(n, _CENTRAL_DT)
+    fixed["sig"] = CENTRAL_SIG
+    fixed["made_by"] = version | (_CREATE_SYSTEM_UNIX << 8)
+    fixed["version"] = version
+    fixed["flags"] = np.asarray(flags, np.int64).reshape(n)
+    fixed["method"] = method
+    fixed["time"], fixed["date"] = dos
+    fixed["crc"] = np.asarray(crc, np.int64).reshape(n)
+    fixed["csize"] = np.where(big_size, 0xFFFFFFFF, csize)
+    fixed["size"] = np.where(big_size, 0xFFFFFFFF, size)
+    fixed["name_len"] = [len(b) for b in names]
+    fixed["extra_len"] = [len(a) + len(b) for a, b in zip(z64, pads)]
+    fixed["external"] = _EXTERNAL_ATTR
+    fixed["header_offset"] = np.where(big_off, 0xFFFFFFFF, hoff)
+    fb = fixed.tobytes()
+    return b"".join(fb[46 * i : 46 * i + 46] + names[i] + z64[i] + pads[i] for i in range(n))
+
+
+def local_header(name: bytes, *, crc: int, size: int, csize: int, method: int,
+                 dos: tuple[int, int], pad: int | None, flags: int = 0) -> bytes:  # fmt: skip
+    """One local file header; ``pad`` is the payload padding (None: no padding block)."""
+    return local_headers([name], crc=[crc], size=[size], csize=[csize], method=[method], dos=dos,
+                         pad=[-1 if pad is None else pad], flags=[flags])[0]  # fmt: skip
+
+
+def central_header(name: bytes, *, crc: int, size: int, csize: int, method: int,
+                   dos: tuple[int, int], pad: int | None, header_offset: int, flags: int = 0) -> bytes:  # fmt: skip
+    """One central directory record (see :func:`central_directory`)."""
+    return central_directory([name], crc=[crc], size=[size], csize=[csize], method=[method], dos=dos,
+                             pad=[-1 if pad is None else pad], flags=[flags],
+                             header_offset=[header_offset])  # fmt: skip
 
 
 def end_records(count: int, cd_offset: int, cd_size: int, zip64: bool) -> bytes:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .dtypes import dtype_name, from_numpy_dtype
+from .dtypes import from_numpy_dtype
 from .errors import InvalidTreeError, UnsafeContentError
 
 __all__ = [
@@ -216,13 +216,14 @@ def is_keyed(meta: Mapping[str, Any]) -> bool:
 class Entry:
     """One archive entry to write.
 
-    ``data`` holds the bytes of metadata files; ``tensor`` the source of a
-    payload (a contiguous CPU tensor, or a stride-0 one when ``zeros``).
+    ``data`` holds the bytes to store: ``bytes`` for metadata files, a flat
+    uint8 numpy view of the source tensor for payloads (no copy; it keeps the
+    tensor alive). ``zeros`` entries (``allocate``) have no data, only
+    ``nbytes``.
     """
 
     name: str
-    data: bytes | None = None
-    tensor: torch.Tensor | None = None
+    data: bytes | np.ndarray | None = None
     zeros: bool = False
     nbytes: int = 0
 
@@ -247,7 +248,7 @@ def as_tensor(value: Any, where: str) -> torch.Tensor:
                 f"cannot be stored"
             )
         return torch.from_numpy(np.ascontiguousarray(value))
-    t = value.detach()
+    t = value.detach() if value.requires_grad else value
     if t.device.type != "cpu":
         t = t.cpu()
     if t.is_nested:
@@ -257,10 +258,6 @@ def as_tensor(value: Any, where: str) -> torch.Tensor:
     if t.is_neg():
         t = t.resolve_neg()
     return t
-
-
-def _is_leaf(value: Any) -> bool:
-    return isinstance(value, (torch.Tensor, np.ndarray))
 
 
 def _json_value(value: Any) -> bool:
@@ -282,29 +279,35 @@ def non_tensor_level(value: Any) -> Level:
     )  # fmt: skip
 
 
-def _leaf_meta(t: torch.Tensor) -> dict[str, Any]:
-    shape = list(t._nested_tensor_size().shape) if t.is_nested else list(t.shape)
-    return {"device": "cpu", "shape": shape, "dtype": dtype_name(t.dtype),
-            "is_nested": bool(t.is_nested)}  # fmt: skip
+def byte_view(t: torch.Tensor) -> np.ndarray:
+    """A flat uint8 numpy view of a contiguous CPU tensor's bytes (no copy)."""
+    flat = t.view(-1)
+    if flat.dtype != torch.uint8:
+        flat = flat.view(torch.uint8)
+    return flat.numpy()
 
 
-def _payload_entries(name: str, t: torch.Tensor, zeros: bool) -> list[Entry]:
+def _leaf_entries(t: torch.Tensor, name: str, zeros: bool) -> tuple[dict[str, Any], list[Entry]]:
+    """meta.json record and payload entries of one tensor leaf."""
     if t.is_nested:
         if zeros:
             raise InvalidTreeError(f"{name}: nested tensors cannot be allocated in an archive")
         sizes = t._nested_tensor_size().to(torch.int64).contiguous()
-        buf = torch.cat([x.reshape(-1) for x in t.unbind()]) if t.numel() else None
-        out = [Entry(name[: -len(".memmap")] + ".shape.memmap", tensor=sizes,
-                     nbytes=sizes.numel() * 8)]  # fmt: skip
-        if buf is not None and buf.numel():
-            out.insert(0, Entry(name, tensor=buf, nbytes=buf.numel() * buf.element_size()))
-        return out
+        meta = {"device": "cpu", "shape": list(sizes.shape), "dtype": str(t.dtype), "is_nested": True}
+        out = [Entry(name[: -len(".memmap")] + ".shape.memmap", data=byte_view(sizes), nbytes=sizes.numel() * 8)]
+        if t.numel():
+            buf = torch.cat([x.reshape(-1) for x in t.unbind()])
+            out.insert(0, Entry(name, data=byte_view(buf), nbytes=buf.numel() * buf.element_size()))
+        return meta, out
+    meta = {"device": "cpu", "shape": list(t.shape), "dtype": str(t.dtype), "is_nested": False}
     nbytes = t.numel() * t.element_size()
     if nbytes == 0:
-        return []
-    if not zeros and not t.is_contiguous():
+        return meta, []
+    if zeros:
+        return meta, [Entry(name, zeros=True, nbytes=nbytes)]
+    if not t.is_contiguous():
         t = t.contiguous()
-    return [Entry(name, tensor=t, zeros=zeros, nbytes=nbytes)]
+    return meta, [Entry(name, data=byte_view(t), nbytes=nbytes)]
 
 
 def _as_level(value: Any) -> Mapping | None:
@@ -370,10 +373,9 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool) -
                 )
             fname = encode_key(key)
             path = prefix + fname
-            if _is_leaf(value):
-                t = as_tensor(value, path)
-                meta[key] = _leaf_meta(t)
-                for e in _payload_entries(path + ".memmap", t, zeros):
+            if isinstance(value, (torch.Tensor, np.ndarray)):
+                meta[key], payloads = _leaf_entries(as_tensor(value, path), path + ".memmap", zeros)
+                for e in payloads:
                     add_file(e.name[len(prefix):], e)
             elif _json_value(value):
                 # NaN and infinities are written as json writes them, as tensordict does

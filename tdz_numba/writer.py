@@ -5,14 +5,23 @@
 
 1. compress payloads when asked (their stored size must be known to plan);
 2. plan the layout of all entries at once (:mod:`tdz_numba.layout`);
-3. create a temporary file beside the target, ``ftruncate`` it to its final
-   size and map it;
-4. copy every payload straight from its source tensor into the mapping, in
-   parallel across and within entries, hashing each chunk right after it is
-   copied (:func:`~tdz_numba.kernels.copy_crc32_spans`); zero-filled
-   payloads (``allocate``) are not written at all, their CRC is computed;
-5. write local headers, the central directory and the end records;
+3. create a temporary file beside the target and ``ftruncate`` it to its
+   final size;
+4. hash every payload in place, on all cores (zlib-ng's SIMD CRC-32 called
+   from a ``prange`` kernel, in chunks within and across entries); zero-filled
+   payloads (``allocate``) are never written, the CRC of their zeros is
+   computed arithmetically;
+5. build every local header and the central directory at once (numpy
+   record arrays), then write the file in one sequential pass of
+   ``pwritev`` calls straight from the source tensors: header, payload,
+   header, ..., central directory, end records;
 6. ``os.replace`` the target, keeping its permissions.
+
+Why not copy into a shared mapping with the CRC fused to the copy? Measured
+on the 2,000-leaf / 256 MiB workload: page faults on a fresh mapping make
+that ~1.5x slower than ``pwritev`` (the kernel copies into the page cache
+without faulting), and parallel writers to one file serialize on the inode
+lock. The CRC pass reads the sources once more at ~11 GB/s on two cores.
 
 On any error the temporary file is removed and an existing target is intact.
 
@@ -29,19 +38,17 @@ from __future__ import annotations
 
 import os
 import stat
-import struct
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from . import codecs, records
-from .errors import ArchiveExistsError, BadArchiveError, InvalidTreeError
+from ._jit import run_parallel
+from .errors import ArchiveExistsError, BadArchiveError
 from .layout import plan
 from .tree import Entry
-from ._jit import run_parallel
 
 __all__ = ["write_entries", "check_target", "directory_entries"]
 
@@ -77,19 +84,9 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
     size = np.zeros(n, np.int64)
     crc = np.zeros(n, np.int64)
     hashed = np.zeros(n, np.bool_)  # CRC already known (compressed entries)
-    sources: list[np.ndarray | None] = [None] * n  # what is copied, keeps owners alive
-    keep: list[object] = []
+    sources: list[np.ndarray | None] = [None] * n  # the bytes to write (None: zeros)
     for i, e in enumerate(entries):
-        if e.data is not None:
-            arr = np.frombuffer(e.data, dtype=np.uint8)
-        elif e.zeros:
-            arr = None
-        else:
-            t = e.tensor
-            if t is None:
-                raise InvalidTreeError(f"{e.name}: entry has no data")  # internal
-            keep.append(t)
-            arr = _tensor_bytes(t, e.name)
+        arr = None if e.zeros else np.frombuffer(e.data, dtype=np.uint8)
         size[i] = arr.size if arr is not None else e.nbytes
         if method != records.STORED and e.is_payload and size[i] > 0:
             if arr is None:
@@ -110,48 +107,32 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
     tmp = Path(tmp_name)
     try:
         os.ftruncate(fd, p.file_size)
-        # CRCs of the payloads run on all cores (nogil kernel, background
-        # thread) while this thread writes the file sequentially.
+        # 1. CRC-32 of every payload, on all cores (zlib-ng SIMD, chunks within
+        #    and across entries); zero payloads (allocate) arithmetically.
         pending = [i for i in range(n) if sources[i] is not None and sources[i].size and not hashed[i]]
-        crc_job = None
         if pending:
             addrs = np.fromiter((sources[i].ctypes.data for i in pending), np.int64, len(pending))
-            pool = ThreadPoolExecutor(1)
-            crc_job = pool.submit(run_parallel, crc32_spans, addrs, stored_size[pending].copy(), CRC_CHUNK)
-            pool.shutdown(wait=False)
-        dos = records.dos_datetime()
-        segments: list[tuple[int, object]] = []
+            crc[pending] = run_parallel(crc32_spans, addrs, stored_size[pending].copy(), CRC_CHUNK)
         for i in range(n):
-            head = records.local_header(p.names[i], crc=int(crc[i]), size=int(size[i]),
-                                        csize=int(stored_size[i]), method=int(methods[i]), dos=dos,
-                                        pad=p.pad_of(i), flags=int(p.flags[i]))  # fmt: skip
+            if sources[i] is None and size[i]:
+                crc[i] = crc32_zeros(int(size[i]))
+        # 2. all headers at once, then one sequential pass: header, payload, header, ...
+        fields = dict(crc=crc, size=size, csize=stored_size, method=methods, dos=records.dos_datetime(),
+                      pad=np.where(p.aligned, p.pad, -1), flags=p.flags)  # fmt: skip
+        heads = records.local_headers(p.names, **fields)
+        segments: list[tuple[int, object]] = []
+        for i, head in enumerate(heads):
             h = int(p.header_offset[i])
             if h + len(head) != int(p.payload_offset[i]):
                 raise AssertionError(f"{p.names[i]!r}: local header differs from the layout plan")
             segments.append((h, head))
             if sources[i] is not None and sources[i].size:
                 segments.append((h + len(head), sources[i]))
-        write_segments(fd, segments)
-        if crc_job is not None:
-            crc[pending] = crc_job.result()
-            for i in pending:  # stamp the CRC into the local header written above
-                os.pwrite(fd, struct.pack("<I", int(crc[i])), int(p.header_offset[i]) + 14)
-        for i in range(n):
-            if sources[i] is None and size[i]:
-                crc[i] = crc32_zeros(int(size[i]))
-                os.pwrite(fd, struct.pack("<I", int(crc[i])), int(p.header_offset[i]) + 14)
-        central = [
-            records.central_header(p.names[i], crc=int(crc[i]), size=int(size[i]),
-                                   csize=int(stored_size[i]), method=int(methods[i]), dos=dos,
-                                   pad=p.pad_of(i), flags=int(p.flags[i]),
-                                   header_offset=int(p.header_offset[i]))  # fmt: skip
-            for i in range(n)
-        ]
-        tail = b"".join(central)
+        tail = records.central_directory(p.names, header_offset=p.header_offset, **fields)
         if len(tail) != p.cd_size:
             raise AssertionError("central directory size differs from the layout plan")
-        tail += records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end)
-        write_segments(fd, [(p.cd_offset, tail)])
+        segments.append((p.cd_offset, tail + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end)))
+        write_segments(fd, segments)
         mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else _default_mode()
         os.fchmod(fd, mode)
         os.close(fd)
@@ -162,8 +143,6 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
             os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
-    finally:
-        del keep
     return target
 
 
@@ -205,20 +184,6 @@ def _default_mode() -> int:
     return 0o666 & ~umask
 
 
-def _tensor_bytes(t, name: str) -> np.ndarray:
-    """A flat uint8 numpy view of a contiguous CPU tensor's bytes."""
-    import torch
-
-    if isinstance(t, np.ndarray):
-        return t.reshape(-1).view(np.uint8)
-    if not t.is_contiguous():
-        raise InvalidTreeError(f"{name}: internal error: non-contiguous source")
-    flat = t.reshape(-1)
-    if flat.dtype != torch.uint8:
-        flat = flat.view(torch.uint8)
-    return flat.numpy()
-
-
 # ---------------------------------------------------------------------------
 # memmap directory -> entries (pack)
 # ---------------------------------------------------------------------------
@@ -247,7 +212,7 @@ def directory_entries(directory: Path, target: Path) -> list[Entry]:
             nbytes = e.stat().st_size
             if name.endswith(".memmap") and nbytes:
                 arr = np.memmap(path, dtype=np.uint8, mode="r")
-                out.append(Entry(name, tensor=arr, nbytes=nbytes))
+                out.append(Entry(name, data=arr, nbytes=nbytes))
             else:
                 out.append(Entry(name, data=path.read_bytes(), nbytes=nbytes))
         for e in dirs:
