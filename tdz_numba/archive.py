@@ -249,14 +249,20 @@ class Archive(Mapping):
         return value if plain else sub
 
     def _plain_value(self) -> tuple[bool, Any]:
-        """``(True, value)`` when this level is a NonTensorData holding a plain value."""
+        """``(True, value)`` when this level is a NonTensorData holding a plain value.
+
+        A dict value stays a level (its ``.data``): as a plain dict it would
+        read, and be written back, as a sub-level.
+        """
         _, children, meta = self._level()
         if meta.get("_type") != NON_TENSOR_DATA_TYPE or meta.get("_metadata") is not None:
             return False, None
         if "data" in meta:
-            return True, meta["data"]
+            return (False, None) if isinstance(meta["data"], dict) else (True, meta["data"])
         if self._state.allow_pickle and "other.pickle" in children:
-            return True, self._value(children["other.pickle"])
+            fields = self._value(children["other.pickle"])  # tensordict pickles a dict of fields
+            if isinstance(fields, dict) and "data" in fields:
+                return True, fields["data"]
         return False, None
 
     # -- leaves ------------------------------------------------------------------

@@ -140,10 +140,16 @@ class ArchiveIndex:
     def _name_at(self, i: int) -> str:
         start, length, flags = int(self.fields[i, 6]), int(self.fields[i, 7]), int(self.fields[i, 0])
         raw = self.buffer[start : start + length].tobytes()
-        try:  # zip's legacy encoding is cp437, unless the UTF-8 flag is set
-            return raw.decode("utf-8" if flags & records.FLAG_UTF8 else "cp437")
+        try:
+            return raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise BadArchiveError(f"{self.path}: entry #{i} has a name that is not valid UTF-8: {raw!r}") from None
+            if flags & records.FLAG_UTF8:
+                raise BadArchiveError(
+                    f"{self.path}: entry #{i} has the UTF-8 flag but its name is not UTF-8: {raw!r}"
+                ) from None
+        # zip's legacy encoding is cp437; but Info-ZIP stores UTF-8 names without
+        # the flag, and meta.json keys are UTF-8, so UTF-8 is tried first
+        return raw.decode("cp437")
 
     def _decode_names(self) -> list[str]:
         """All entry names, decoded from one copy of the central directory."""
@@ -157,7 +163,7 @@ class ArchiveIndex:
         try:  # ASCII is valid cp437 and UTF-8, and much faster to decode
             return [cd[a:b].decode("utf-8" if u else "ascii") for a, b, u in zip(starts, stops, utf8)]
         except UnicodeDecodeError:
-            return [self._name_at(i) for i in range(len(starts))]  # names the bad entry
+            return [self._name_at(i) for i in range(len(starts))]
 
     def _add_dir(self, d: str) -> None:
         while d not in self.dirs:

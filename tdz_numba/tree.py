@@ -261,12 +261,15 @@ def as_tensor(value: Any, where: str) -> torch.Tensor:
 
 
 def _json_value(value: Any) -> bool:
-    if value is None or isinstance(value, (str, bool, int)):
-        return True
-    if isinstance(value, float):
+    """Whether a non-mapping value is stored as JSON NonTensorData."""
+    if value is None or isinstance(value, (str, bool, int, float)):
         return True
     if isinstance(value, (list, tuple)):
-        return all(_json_value(v) for v in value)
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return False
+        return True
     return False
 
 
