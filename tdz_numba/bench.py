@@ -363,7 +363,7 @@ def measure(fn: Callable[[], Any], repeat: int, *, before: Callable[[int], None]
     for i in range(repeat + 1):
         if before is not None:
             before(i)
-        ms, out = _timed(lambda: fn(i))
+        ms, out = _timed(lambda i=i: fn(i))
         if after is not None:
             after(i, out)
         del out
@@ -500,8 +500,14 @@ def run(*, workloads: Iterable[str] = WORKLOADS, ops: Iterable[str] = OPS,
     res.filesystem = filesystem_of(root)
     if "tmpfs" in res.filesystem.split(" ", 1)[0]:
         res.notes.append(f"artifacts are on tmpfs ({res.filesystem}): disk effects are not measured")
+    frozen = False
     try:
         _warm_up_jit(root)
+        # long-lived objects (torch, tensordict, ...) out of the collector's way: the
+        # collections run around every timed run then only scan what the runs made
+        gc.collect()
+        gc.freeze()
+        frozen = True
         for wname in [w for w in WORKLOADS if w in set(workloads)]:
             say(f"[{wname}] generating {size_mib:g} MiB of data")
             w = make_workload(wname, size_mib, seed)
@@ -510,6 +516,8 @@ def run(*, workloads: Iterable[str] = WORKLOADS, ops: Iterable[str] = OPS,
             del w
             gc.collect()
     finally:
+        if frozen:
+            gc.unfreeze()
         shutil.rmtree(root, ignore_errors=True)
     res.wall_s = time.perf_counter() - t_start
     return res
@@ -609,12 +617,9 @@ def _measure_cell(op: str, w: Workload, fmt: Format, artifact: Path, wdir: Path,
     if op == "open":
         return measure(lambda i: fmt.open(artifact), repeat, before=before)
     if op == "read":
-        checked = []
-
         def after(i: int, out: Any) -> None:
             if i == 0:
                 total = out[0]
-                checked.append(total)
                 if not math.isfinite(total) or abs(total - ref_total) > tol:
                     res.notes.append(f"{w.name}/read/{fmt.name}: WARNING: sum of leaves {total!r} "
                                      f"differs from the in-memory sum {ref_total!r}")  # fmt: skip

@@ -1,0 +1,140 @@
+"""asv suite: tdz_numba against torch.save, safetensors and tensordict, side by side.
+
+Parameters: layout (``flat``: few large leaves, ``small``: 100 groups x 20 leaves)
+x size (MiB) x format. ``time_*`` and ``peakmem_*`` for save, lazy open and
+open + read of every leaf. Numba kernels are compiled (or loaded from cache)
+in ``setup``, never timed.
+
+Run from the repository root: ``cd asv_bench && ../.venv/bin/asv run --python=same --quick``.
+"""
+
+import os
+import shutil
+import tempfile
+import warnings
+
+import torch
+
+warnings.filterwarnings("ignore")
+
+FORMATS = ["tdz_numba", "safetensors", "torch", "td_tdz"]
+
+
+def make_tree(layout, size_mib):
+    g = torch.Generator().manual_seed(0)
+    total = size_mib * (1 << 20) // 4
+    if layout == "flat":
+        rows = max(1, total // 8 // 4096)
+        return {f"w{i}": torch.randn(rows, 4096, generator=g) for i in range(8)}
+    per = max(1, total // 2000)
+    return {f"group_{i:03d}": {f"leaf_{j:02d}": torch.randn(per, generator=g) for j in range(20)}
+            for i in range(100)}  # fmt: skip
+
+
+def flat_keys(tree):
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
+class _Base:
+    params = (["flat", "small"], [16, 64], FORMATS)
+    param_names = ["layout", "size_mib", "format"]
+    timeout = 300
+
+    def setup(self, layout, size_mib, fmt):
+        import tdz_numba
+
+        self.dir = tempfile.mkdtemp(prefix="tdz-asv-", dir=os.getcwd())
+        self.tree = make_tree(layout, size_mib)
+        self.flat = flat_keys(self.tree)
+        self.path = os.path.join(self.dir, "a")
+        tdz_numba.load(tdz_numba.save({"x": {"y": torch.ones(3)}}, os.path.join(self.dir, "w.tdz")))
+        if fmt == "td_tdz":
+            try:
+                from tensordict import TensorDict
+            except ImportError:
+                raise NotImplementedError("tensordict not installed") from None
+            self.td = TensorDict(self.tree)
+        if fmt == "safetensors":
+            try:
+                import safetensors  # noqa: F401
+            except ImportError:
+                raise NotImplementedError("safetensors not installed") from None
+        self.save(fmt)
+
+    def teardown(self, *args):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def save(self, fmt):
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        if fmt == "tdz_numba":
+            import tdz_numba
+
+            tdz_numba.save(self.tree, self.path)
+        elif fmt == "safetensors":
+            from safetensors.torch import save_file
+
+            save_file(self.flat, self.path)
+        elif fmt == "torch":
+            torch.save(self.flat, self.path)
+        else:
+            self.td.save(self.path + ".tdz")
+
+    def open(self, fmt):
+        if fmt == "tdz_numba":
+            import tdz_numba
+
+            return tdz_numba.open(self.path)
+        if fmt == "safetensors":
+            from safetensors import safe_open
+
+            return safe_open(self.path, "pt")
+        if fmt == "torch":
+            return torch.load(self.path, mmap=True, weights_only=True)
+        from tensordict import TensorDict
+
+        return TensorDict.load_memmap(self.path + ".tdz")
+
+    def read_all(self, fmt):
+        h = self.open(fmt)
+        total = 0.0
+        if fmt == "tdz_numba":
+            for key, _ in h.leaves():
+                total += float(h[key].sum())
+        elif fmt == "safetensors":
+            for key in h.keys():
+                total += float(h.get_tensor(key).sum())
+        elif fmt == "torch":
+            for t in h.values():
+                total += float(t.sum())
+        else:
+            for t in h.values(True, True):
+                total += float(t.sum())
+        return total
+
+
+class Save(_Base):
+    def time_save(self, layout, size_mib, fmt):
+        self.save(fmt)
+
+    def peakmem_save(self, layout, size_mib, fmt):
+        self.save(fmt)
+
+
+class Open(_Base):
+    def time_open(self, layout, size_mib, fmt):
+        self.open(fmt)
+
+
+class Read(_Base):
+    def time_read_all(self, layout, size_mib, fmt):
+        self.read_all(fmt)
+
+    def peakmem_read_all(self, layout, size_mib, fmt):
+        self.read_all(fmt)

@@ -1,0 +1,204 @@
+"""The ``tdz`` command line (info, tree, verify, bench) and the benchmark harness."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import tdz_numba
+from tdz_numba import bench, cli
+
+
+def _run(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "tdz_numba", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture
+def archive(tmp_path):
+    tree = {
+        "obs": {"pixels": torch.zeros(4, 3, 8, 8, dtype=torch.uint8), "depth": np.ones((4, 8, 8), np.float32)},
+        "reward": torch.arange(5, dtype=torch.float64),
+        "env": "cartpole",
+    }
+    return tdz_numba.save(tree, tmp_path / "a.tdz")
+
+
+def _corrupt(path, key):
+    with tdz_numba.open(path) as ar:
+        off = ar.info(key).offset
+    data = bytearray(path.read_bytes())
+    data[off + 3] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# -- bench --------------------------------------------------------------------------------
+
+
+def test_bench_quick_json(tmp_path):
+    png = tmp_path / "bench.png"
+    proc = _run("bench", "--quick", "--format", "tdz_numba,safetensors,floor", "--workload", "small",
+                "--op", "save,open,read", "--json", "--dir", tmp_path, "--plot", png)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout)
+    fmts = ["tdz_numba", "floor"] + (["safetensors"] if importlib.util.find_spec("safetensors") else [])
+    expected = {("small", op, f) for op in ("save", "open", "read") for f in fmts
+                if not (op == "open" and f == "floor")}  # fmt: skip
+    got = {(r["workload"], r["op"], r["format"]) for r in results}
+    assert got == expected
+    for r in results:
+        assert set(r) == {"workload", "op", "format", "median_ms", "runs_ms"}
+        assert r["median_ms"] > 0 and len(r["runs_ms"]) == 3 and all(x > 0 for x in r["runs_ms"])
+        assert r["median_ms"] == sorted(r["runs_ms"])[1]
+    # the report goes to stderr: header, table with ratios, reproduce line
+    err = proc.stderr
+    assert "machine:" in err and "torch" in err and "numba" in err
+    assert "size: 16 MiB" in err and "repeat: 3" in err and "warm page cache" in err
+    assert "reproduce:" in err and "--workload small" in err
+    assert "(1.0x)" in err
+    assert "WARNING" not in err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".tdz-bench-*"))  # artifacts removed
+
+
+def test_bench_rejects_unknown_names(capsys):
+    assert cli.main(["bench", "--format", "tdz_numba,nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--op", "fly"])
+    assert exc.value.code == 2
+
+
+def test_bench_table_ratios():
+    res = bench.BenchResult(workloads={"flat": "x"}, ops=["save", "verify"])
+    res.results = [
+        {"workload": "flat", "op": "save", "format": "tdz_numba", "median_ms": 10.0, "runs_ms": [10.0]},
+        {"workload": "flat", "op": "save", "format": "torch", "median_ms": 25.0, "runs_ms": [25.0]},
+        {"workload": "flat", "op": "verify", "format": "tdz_numba", "median_ms": 4.0, "runs_ms": [4.0]},
+        {"workload": "flat", "op": "verify", "format": bench.CRC_FORMAT, "median_ms": 8.0, "runs_ms": [8.0]},
+    ]
+    table = bench.format_table(res)
+    lines = table.splitlines()
+    assert lines[0].split() == ["workload", "op", "tdz_numba", "torch", bench.CRC_FORMAT]
+    assert "10.0 ms (1.0x)" in lines[2] and "25.0 ms (2.5x)" in lines[2]
+    assert "4.00 ms (1.0x)" in lines[3] and "8.00 ms (2.0x)" in lines[3] and " - " in lines[3]
+
+
+# -- info / tree / verify ----------------------------------------------------------------------
+
+
+def test_cli_import_is_light():
+    code = "import sys, tdz_numba.cli; print('torch' in sys.modules, 'numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_info(archive, capsys):
+    assert cli.main(["info", str(archive)]) == 0
+    out = capsys.readouterr().out
+    assert "TensorDict" in out and "stored x" in out
+    assert "all 3 .memmap payloads 64-byte aligned" in out
+    assert cli.main(["info", str(archive), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["leaves"] == 3 and d["root_type"] == "TensorDict" and d["all_aligned"] is True
+    assert d["file_bytes"] == archive.stat().st_size
+    assert d["payload_bytes"] >= 4 * 3 * 8 * 8 + 4 * 8 * 8 * 4 + 5 * 8
+    assert set(d["compression"]) == {"stored"} and sum(d["compression"].values()) == d["entries"]
+
+
+def test_info_compressed_is_not_aligned(tmp_path, capsys):
+    p = tdz_numba.save({"a": torch.zeros(1000)}, tmp_path / "c.tdz", compression="deflate")
+    assert cli.main(["info", str(p), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["compression"] == {"stored": 1, "deflate": 1}
+    assert d["stored_bytes"] < d["payload_bytes"]
+
+
+def test_tree(archive, capsys):
+    assert cli.main(["tree", str(archive)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "TensorDict" in lines[0]
+    pixels = next(line for line in lines if "pixels" in line)
+    assert pixels.startswith("  ") and "uint8" in pixels and "[4, 3, 8, 8]" in pixels
+    assert "768 B" in pixels and "stored" in pixels
+    assert any("reward" in line and "float64" in line and "40 B" in line for line in lines)
+    assert any("env" in line and "'cartpole'" in line for line in lines)
+
+    assert cli.main(["tree", str(archive), "--depth", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "pixels" not in out and "obs/" in out and "2 keys" in out and "reward" in out
+
+    assert cli.main(["tree", str(archive), "obs", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kind"] == "level" and [c["key"] for c in d["children"]] == ["pixels", "depth"]
+    depth = d["children"][1]
+    assert depth["dtype"] == "float32" and depth["shape"] == [4, 8, 8] and depth["nbytes"] == 1024
+    assert depth["codec"] == "stored" and depth["path"] == "obs/depth"
+
+    assert cli.main(["tree", str(archive), "obs/pixels"]) == 0
+    assert "obs/pixels" in capsys.readouterr().out
+
+    assert cli.main(["tree", str(archive), "obs/nope"]) == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and len(err.strip().splitlines()) == 1
+
+
+def test_verify_ok(archive, capsys):
+    assert cli.main(["verify", str(archive)]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert cli.main(["verify", str(archive), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ok"] is True and d["leaves"] == 3
+
+
+def test_verify_corrupted_exits_1(archive, capsys):
+    _corrupt(archive, "obs/depth")
+    assert cli.main(["verify", str(archive)]) == 1
+    captured = capsys.readouterr()
+    assert "obs/depth.memmap" in captured.err and "CRC" in captured.err
+    assert "Traceback" not in captured.err and len(captured.err.strip().splitlines()) == 1
+    # the real process: exit status, JSON on stdout, one line on stderr
+    proc = _run("verify", archive, "--json")
+    assert proc.returncode == 1, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["ok"] is False and d["error_type"] == "ChecksumError" and "obs/depth.memmap" in d["error"]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tdz verify: ") and "obs/depth.memmap" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["info", "tree", "verify"])
+def test_not_an_archive_exits_2(tmp_path, command, capsys):
+    junk = tmp_path / "junk.tdz"
+    junk.write_bytes(b"this is not a zip file at all" * 4)
+    assert cli.main([command, str(junk)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "junk.tdz" in err[0] and "Traceback" not in captured.err
+    assert cli.main([command, str(tmp_path / "missing.tdz")]) == 2
+    assert "No such file" in capsys.readouterr().err
+
+
+def test_not_an_archive_subprocess(tmp_path, capsys):
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"\0" * 100)
+    proc = _run("info", junk)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tdz info: ") and "junk.bin" in lines[0]
+    assert cli.main(["--debug", "info", str(junk)]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(capsys):
+    assert cli.main([]) == 2
+    assert cli.main(["info"]) == 2
+    assert cli.main(["frobnicate"]) == 2
+    assert cli.main(["tree", "x.tdz", "--depth", "-1"]) == 2
+    capsys.readouterr()
+    assert cli.main(["--help"]) == 0
+    assert "bench" in capsys.readouterr().out
