@@ -112,7 +112,10 @@ class ArchiveIndex:
         encrypted = np.nonzero(flags & records.FLAG_ENCRYPTED)[0]
         if encrypted.size:
             raise UnsupportedError(f"{label}: entry {self.names[encrypted[0]]!r} is encrypted")
-        unknown = np.nonzero(~np.isin(methods, list(records.METHOD_NAMES)))[0]
+        known = np.zeros(methods.shape, np.bool_)
+        for m in records.METHOD_NAMES:
+            known |= methods == m
+        unknown = np.nonzero(~known)[0]
         if unknown.size:
             i = int(unknown[0])
             raise UnsupportedError(

@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 import pickle
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -430,8 +430,7 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool) -
 # ---------------------------------------------------------------------------
 # Reading: meta.json + listing -> children
 # ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LeafSpec:
+class LeafSpec(NamedTuple):
     """A tensor leaf described by meta.json."""
 
     key: str
@@ -442,15 +441,13 @@ class LeafSpec:
     shape_entry: str | None = None
 
 
-@dataclass(frozen=True)
-class ChildSpec:
+class ChildSpec(NamedTuple):
     """A child of a level: a ``leaf``, a sub-``level`` or a ``file``."""
 
     key: str
     kind: str
     path: str  # archive name (file, payload) or directory prefix (level)
     leaf: LeafSpec | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def describe_level(meta: Any, prefix: str, files: set[str], dirs: set[str],
@@ -494,9 +491,7 @@ def describe_level(meta: Any, prefix: str, files: set[str], dirs: set[str],
                     f"nor 'type': {value!r}"
                 )
             shape = value["shape"]
-            if not isinstance(shape, list) or not all(
-                isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
-            ):
+            if type(shape) is not list or not all(type(s) is int and s >= 0 for s in shape):
                 raise BadArchiveError(
                     f"{where}: leaf {key!r} has a bad shape {shape!r} "
                     f"(expected a list of non-negative ints)"
