@@ -18,7 +18,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["KERNEL", "PARALLEL", "HAVE_ZNG_CRC", "zng_crc32_z", "u8_pointer", "memcpy", "run_parallel"]
+__all__ = ["KERNEL", "PARALLEL", "HAVE_ZNG_CRC", "HAVE_ZNG_CODEC", "zng_crc32_z", "zng_deflateInit2",
+           "zng_deflate", "zng_deflateEnd", "zng_inflateInit2", "zng_inflate", "zng_inflateEnd",
+           "u8_pointer", "memcpy", "run_parallel"]  # fmt: skip
 
 #: Serial kernels: no Python objects, GIL released, cached on disk.
 KERNEL = {"nogil": True, "cache": True}
@@ -35,13 +37,29 @@ def _register(lib: ctypes.CDLL, name: str) -> bool:
     return True
 
 
+_CODEC_SYMBOLS = ("zng_deflateInit2", "zng_deflate", "zng_deflateEnd", "zng_inflateInit2",
+                  "zng_inflate", "zng_inflateEnd")  # fmt: skip
 try:
     from zlib_ng import zlib_ng as _zlib_ng_ext
 
     _ZNG = ctypes.CDLL(_zlib_ng_ext.__file__)
     HAVE_ZNG_CRC = _register(_ZNG, "zng_crc32_z")
+    #: Whether zlib-ng's native deflate/inflate API is reachable from kernels.
+    HAVE_ZNG_CODEC = all([_register(_ZNG, name) for name in _CODEC_SYMBOLS])
 except (ImportError, OSError):  # pragma: no cover - zlib-ng is a dependency
-    HAVE_ZNG_CRC = False
+    HAVE_ZNG_CRC = HAVE_ZNG_CODEC = False
+
+_I32 = types.int32
+_STREAM = types.voidptr  # zng_stream *: 104 bytes, see codec_kernels
+#: ``int32_t zng_deflateInit2(zng_stream *, level, method, windowBits, memLevel, strategy)``
+zng_deflateInit2 = types.ExternalFunction("zng_deflateInit2", _I32(_STREAM, _I32, _I32, _I32, _I32, _I32))
+#: ``int32_t zng_deflate(zng_stream *, int32_t flush)``
+zng_deflate = types.ExternalFunction("zng_deflate", _I32(_STREAM, _I32))
+zng_deflateEnd = types.ExternalFunction("zng_deflateEnd", _I32(_STREAM))
+#: ``int32_t zng_inflateInit2(zng_stream *, int32_t windowBits)``
+zng_inflateInit2 = types.ExternalFunction("zng_inflateInit2", _I32(_STREAM, _I32))
+zng_inflate = types.ExternalFunction("zng_inflate", _I32(_STREAM, _I32))
+zng_inflateEnd = types.ExternalFunction("zng_inflateEnd", _I32(_STREAM))
 
 #: ``uint32_t zng_crc32_z(uint32_t crc, const uint8_t *buf, size_t len)``
 zng_crc32_z = types.ExternalFunction(
@@ -86,12 +104,25 @@ def memcpy(typingctx, dst, src, count):
 _PARALLEL_LOCK = threading.Lock()
 
 
-def run_parallel(kernel, *args):
-    """Calls a ``parallel=True`` kernel, one at a time per process.
+def run_parallel(kernel, *args, num_threads: int | None = None):
+    """Calls a ``parallel=True`` kernel on ``num_threads`` threads (None: all cores).
 
     Numba's default threading layers do not support concurrent parallel
     launches from several Python threads; saves and verifies may run in
-    threads, so launches are serialized here (each launch uses all cores).
+    threads, so launches are serialized here.
     """
+    import numba
+
     with _PARALLEL_LOCK:
-        return kernel(*args)
+        if num_threads is None:
+            return kernel(*args)
+        if num_threads < 1:
+            from .errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"num_threads must be >= 1 or None, got {num_threads}")
+        previous = numba.get_num_threads()
+        numba.set_num_threads(min(num_threads, numba.config.NUMBA_NUM_THREADS))
+        try:
+            return kernel(*args)
+        finally:
+            numba.set_num_threads(previous)

@@ -31,7 +31,8 @@ PathLike = str | os.PathLike
 
 
 def save(tree: Any, path: PathLike, *, compression: str | None = None,
-         compresslevel: int | None = None, existsok: bool = True) -> Path:  # fmt: skip
+         compresslevel: int | None = None, existsok: bool = True,
+         num_threads: int | None = None) -> Path:  # fmt: skip
     """Saves a tree of tensors as a ``.tdz`` archive.
 
     Parameters
@@ -53,6 +54,11 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
         Level passed to the codec.
     existsok : bool
         When False, an existing file raises :class:`~tdz_numba.ArchiveExistsError`.
+    num_threads : int, optional
+        Threads for CRC-32 and deflate (None: all cores, 1: serial). Deflate
+        runs in parallel across entries and within large ones: each entry is
+        cut into independent 4 MiB segments, full-flushed, so that the entry
+        is still one standard raw-deflate stream.
 
     Returns
     -------
@@ -70,11 +76,11 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
     target = _writer.check_target(path, existsok)
     entries = flatten(tree)
     return _writer.write_entries(entries, target, compression=compression,
-                                 compresslevel=compresslevel)  # fmt: skip
+                                 compresslevel=compresslevel, num_threads=num_threads)  # fmt: skip
 
 
 def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | None = None,
-         allow_pickle: bool = False) -> _archive.Archive:  # fmt: skip
+         allow_pickle: bool = False, num_threads: int | None = None) -> _archive.Archive:  # fmt: skip
     """Opens an archive lazily as a read-only :class:`~tdz_numba.Archive` mapping.
 
     Parameters
@@ -93,6 +99,10 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
     allow_pickle : bool
         Unpickle ``other.pickle`` / ``pickle.pkl`` data (only for trusted
         files). Otherwise it comes back as :class:`~tdz_numba.PickledData`.
+    num_threads : int, optional
+        Threads that inflate compressed leaves (None: all cores, 1: serial).
+        Nothing is inflated before a leaf (or, with ``to_dict``, its level)
+        is accessed; every inflated entry's CRC-32 is checked.
 
     Returns
     -------
@@ -107,16 +117,18 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
     ...         print(list(ar), ar["b"].tolist())
     ['b'] [0, 1, 2]
     """
-    return _archive.open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle)
+    return _archive.open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
+                                 num_threads=num_threads)  # fmt: skip
 
 
 def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: str = "r",
-         allow_pickle: bool = False) -> Level:  # fmt: skip
+         allow_pickle: bool = False, num_threads: int | None = None) -> Level:  # fmt: skip
     """Loads an archive as nested dicts of tensors and plain values.
 
     The dicts are :class:`~tdz_numba.Level` objects that also carry each
     level's metadata; tensors are views into one mapping of the file (see
-    :func:`open` for ``mode``, ``subpath`` and ``allow_pickle``).
+    :func:`open` for ``mode``, ``subpath``, ``allow_pickle`` and ``num_threads``).
+    Compressed leaves are inflated together, in parallel.
 
     Examples
     --------
@@ -127,11 +139,12 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
     ...     print(isinstance(tree, dict), tree["tag"], tree["x"].tolist())
     True run-1 [1.0, 1.0, 1.0]
     """
-    return _archive.load(path, subpath=subpath, mode=mode, allow_pickle=allow_pickle)
+    return _archive.load(path, subpath=subpath, mode=mode, allow_pickle=allow_pickle,
+                         num_threads=num_threads)  # fmt: skip
 
 
 def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
-         compresslevel: int | None = None) -> Path:  # fmt: skip
+         compresslevel: int | None = None, num_threads: int | None = None) -> Path:  # fmt: skip
     """Packs a tensordict memmap directory into an archive (like ``zip -0 -r``, aligned).
 
     Examples
@@ -147,7 +160,7 @@ def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
     target = _writer.check_target(path, True)
     entries = _writer.directory_entries(Path(directory), target)
     return _writer.write_entries(entries, target, compression=compression,
-                                 compresslevel=compresslevel)  # fmt: skip
+                                 compresslevel=compresslevel, num_threads=num_threads)  # fmt: skip
 
 
 def unpack(path: PathLike, directory: PathLike) -> Path:

@@ -76,10 +76,12 @@ class LeafInfo:
 class _State:
     """What all views of one opened archive share."""
 
-    def __init__(self, index: ArchiveIndex, mode: str, allow_pickle: bool) -> None:
+    def __init__(self, index: ArchiveIndex, mode: str, allow_pickle: bool,
+                 num_threads: int | None = None) -> None:  # fmt: skip
         self.index = index
         self.mode = mode
         self.allow_pickle = allow_pickle
+        self.num_threads = num_threads
         self.levels: dict[str, tuple[bool, dict[str, ChildSpec], dict[str, Any]]] = {}
         self.tensors: dict[str, torch.Tensor] = {}
 
@@ -304,7 +306,10 @@ class Archive(Mapping):
             )
         if e.method != records.STORED:
             self._refuse_rw(spec, f"is compressed ({records.METHOD_NAMES[e.method]})")
-            data = index.read(spec.entry)
+            if e.method == records.DEFLATED:
+                data = index.inflate([e], self._state.num_threads)[0]
+            else:
+                data = index.read(spec.entry)
             return torch.from_numpy(data).view(dtype).view(spec.shape)
         if e.payload_offset % dtype.itemsize:
             self._refuse_rw(spec, f"is not aligned (payload at offset {e.payload_offset})")
@@ -373,14 +378,40 @@ class Archive(Mapping):
                             e.compressed_size, records.METHOD_NAMES[e.method], e.crc, leaf.nested)  # fmt: skip
         return LeafInfo(leaf.key, None, dtype, leaf.shape, None, 0, 0, "stored", None, leaf.nested)
 
+    def _prefetch_compressed(self) -> None:
+        """Inflates every DEFLATE leaf below this level in one parallel batch."""
+        index = self._index
+        todo, specs = [], []
+        for _, leaf in self.leaves():
+            if leaf.nested or leaf.entry in self._state.tensors or leaf.entry not in index:
+                continue
+            e = index.entry(leaf.entry)
+            if e.method == records.DEFLATED:
+                todo.append(e)
+                specs.append(leaf)
+        if not todo:
+            return
+        if self._state.mode == "r+":
+            self._refuse_rw(specs[0], "is compressed (deflate)")
+        for leaf, e, data in zip(specs, todo, index.inflate(todo, self._state.num_threads)):
+            dtype = torch_dtype(leaf.dtype, entry=self._where(leaf.entry))
+            if e.size != math.prod(leaf.shape) * dtype.itemsize:
+                continue  # _make_leaf reports the size mismatch on access
+            self._state.tensors[leaf.entry] = torch.from_numpy(data).view(dtype).view(leaf.shape)
+
     def to_dict(self) -> Level:
         """The whole level as nested :class:`~tdz_numba.tree.Level` dicts of tensors
-        (views, no copy) and plain values."""
+        (views, no copy) and plain values. Compressed leaves below this level are
+        inflated together, in parallel."""
+        self._prefetch_compressed()
+        return self._to_dict()
+
+    def _to_dict(self) -> Level:
         keyed, children, meta = self._level()
         out = Level(meta=self.meta, keyed=keyed)
         for key, spec in children.items():
             value = self._value(spec)
-            out[key] = value.to_dict() if isinstance(value, Archive) else value
+            out[key] = value._to_dict() if isinstance(value, Archive) else value
         return out
 
     def leaves(self) -> Iterator[tuple[str, LeafSpec]]:
@@ -430,12 +461,14 @@ class Archive(Mapping):
 
 def open_archive(path: str | os.PathLike, *, mode: str = "r",
                  subpath: str | tuple[str, ...] | None = None,
-                 allow_pickle: bool = False) -> Archive:  # fmt: skip
+                 allow_pickle: bool = False, num_threads: int | None = None) -> Archive:  # fmt: skip
     """Opens an archive lazily; see :func:`tdz_numba.open`."""
     if mode not in ("r", "r+"):
         raise InvalidArgumentError(f"mode must be 'r' or 'r+', got {mode!r}")
+    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+        raise InvalidArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
     index = ArchiveIndex(path, writable=mode == "r+")
-    state = _State(index, mode, allow_pickle)
+    state = _State(index, mode, allow_pickle, num_threads)
     prefix = subpath_prefix(subpath)
     if prefix and prefix + "meta.json" not in index:
         raise MissingKeyError(f"{path}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})")
@@ -445,9 +478,10 @@ def open_archive(path: str | os.PathLike, *, mode: str = "r",
 
 
 def load(path: str | os.PathLike, *, subpath: str | tuple[str, ...] | None = None,
-         mode: str = "r", allow_pickle: bool = False) -> Level:  # fmt: skip
+         mode: str = "r", allow_pickle: bool = False, num_threads: int | None = None) -> Level:  # fmt: skip
     """Loads an archive as nested dicts; see :func:`tdz_numba.load`."""
-    ar = open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle)
+    ar = open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
+                      num_threads=num_threads)  # fmt: skip
     try:
         return ar.to_dict()
     finally:

@@ -833,10 +833,12 @@ def plot(res: BenchResult, path: str | os.PathLike) -> Path:
             if vals:
                 ax.set_ylim(min(vals) / 2, max(vals) * 4)
     handles = [plt.Rectangle((0, 0), 1, 1, color=_COLORS.get(f, "#333333")) for f in cols]
-    fig.legend(handles, cols, loc="upper center", ncol=len(cols), fontsize=8, frameon=False)
+    top = 1 - 0.6 / fig.get_figheight()  # room for the title and the legend, in figure fraction
     fig.suptitle(f"tdz_numba bench: {res.size_mib:g} MiB per workload, median of {res.repeat}, "
-                 f"{'cold' if res.cold else 'warm'} cache", y=0.995, fontsize=10)  # fmt: skip
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+                 f"{'cold' if res.cold else 'warm'} cache (lower is better)", y=0.995, fontsize=10)  # fmt: skip
+    fig.legend(handles, cols, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.35 / fig.get_figheight()),
+               ncol=len(cols), fontsize=8, frameon=False)  # fmt: skip
+    fig.tight_layout(rect=(0, 0, 1, top))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

@@ -12,6 +12,7 @@ Examples
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 import struct
@@ -54,67 +55,57 @@ def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
 
 def verify(path: str | os.PathLike) -> VerifyReport:
     """Checks every entry's CRC-32 and the archive's structure; see :func:`tdz_numba.verify`."""
-    from .archive import open_archive
+    from .archive import Archive, open_archive
 
-    index = ArchiveIndex(path)
+    ar = open_archive(path)  # the index kernel checks every record and local header
     try:
-        n = len(index.names)
+        index = ar._index
         methods = index.fields[:, 1]
         stored = np.nonzero(methods == records.STORED)[0]
         crcs = stored_crcs(index, stored)
         bad = np.nonzero(crcs != index.fields[stored, 2])[0]
-        first_bad = None
-        if bad.size:
-            i = int(stored[bad[0]])
-            first_bad = (i, int(index.fields[i, 2]), int(crcs[bad[0]]))
-        for i in np.nonzero(methods != records.STORED)[0]:
-            if first_bad is not None and i > first_bad[0]:
+        first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
+        deflated = [index.entry(index.names[i]) for i in np.nonzero(methods == records.DEFLATED)[0].tolist()
+                    if i < first_bad]  # fmt: skip
+        if deflated:
+            index.inflate(deflated)  # in parallel; checks the CRCs
+        for i in np.nonzero((methods != records.STORED) & (methods != records.DEFLATED))[0].tolist():
+            if i > first_bad:
                 break
-            index.read(index.names[int(i)])  # inflates and checks
-        if first_bad is not None:
-            i, want, got = first_bad
+            index.read(index.names[i])  # bzip2 / lzma: inflates and checks the CRC
+        if bad.size:
             raise ChecksumError(
-                f"{index.path}: entry {index.names[i]!r}: CRC-32 mismatch: recorded "
-                f"{want:#010x}, computed {got:#010x}"
+                f"{index.path}: entry {index.names[first_bad]!r}: CRC-32 mismatch: recorded "
+                f"{int(index.fields[first_bad, 2]):#010x}, computed {int(crcs[bad[0]]):#010x}"
             )
-        payload = int(index.fields[:, 4].sum()) if n else 0
-    finally:
-        index.close()
-    # structure: every level's meta.json parses and every leaf matches its entry
-    ar = open_archive(path)
-    try:
+        # structure: every level's meta.json parses, every leaf matches its entry
         levels = leaves = 0
         stack = [ar]
         while stack:
             node = stack.pop()
             levels += 1
-            for key in node:
-                node_, spec = node._resolve(key)
+            for spec in node._level()[1].values():
                 if spec.kind == "leaf":
                     leaves += 1
-                    _check_leaf(node_, spec)
+                    _check_leaf(node, spec.leaf)
                 elif spec.kind == "level":
-                    from .archive import Archive
-
                     stack.append(Archive(node._state, spec.path))
+        return VerifyReport(Path(path), len(index.names), levels, leaves, int(index.fields[:, 4].sum()))
     finally:
         ar.close()
-    return VerifyReport(Path(path), n, levels, leaves, payload)
 
 
-def _check_leaf(node, spec) -> None:
-    import math
-
+def _check_leaf(node, leaf) -> None:
     from .dtypes import torch_dtype
 
-    leaf = spec.leaf
     dtype = torch_dtype(leaf.dtype, entry=node._where(leaf.entry))
     if leaf.nested:
         node._nested_leaf(leaf, dtype)
         return
     nbytes = math.prod(leaf.shape) * dtype.itemsize
     index = node._index
-    found = index.entry(leaf.entry).size if leaf.entry in index else 0
+    row = index.row(leaf.entry)
+    found = int(index.fields[row, 4]) if row is not None else 0
     if found != nbytes:
         raise BadArchiveError(
             f"{node._where(leaf.entry)}: leaf {leaf.key!r} ({leaf.dtype}, shape "

@@ -234,7 +234,7 @@ _PAD_HEADER = 4  # id, size of the 0x6474 padding block
 
 
 @njit(**KERNEL)
-def plan_layout(name_len, data_size, align, alignment, start):
+def plan_layout(name_len, data_size, align, alignment, start, local_more):
     """Offsets of every record of an archive, in one pass.
 
     Parameters
@@ -247,6 +247,9 @@ def plan_layout(name_len, data_size, align, alignment, start):
         Payload alignment in bytes (64).
     start : int
         Offset of the first local header (0).
+    local_more : int64 array
+        Bytes of other local extra blocks (the segment table of compressed
+        entries), placed first in the extra field.
 
     Returns
     -------
@@ -267,9 +270,9 @@ def plan_layout(name_len, data_size, align, alignment, start):
     cd_size = 0
     for i in range(n):
         header_offset[i] = pos
-        extra = _ZIP64_LOCAL_EXTRA
+        extra = _ZIP64_LOCAL_EXTRA + local_more[i]
         if align[i]:
-            base = pos + _LOCAL_FIXED + name_len[i] + _PAD_HEADER + _ZIP64_LOCAL_EXTRA
+            base = pos + _LOCAL_FIXED + name_len[i] + local_more[i] + _PAD_HEADER + _ZIP64_LOCAL_EXTRA
             pad[i] = (alignment - base % alignment) % alignment
             extra += _PAD_HEADER + pad[i]
         local_extra[i] = extra

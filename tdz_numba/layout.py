@@ -49,11 +49,13 @@ class Plan:
 
 
 def plan(names: Sequence[str], data_size: Sequence[int], aligned: Sequence[bool],
-         methods: Sequence[int], alignment: int = records.ALIGNMENT) -> Plan:  # fmt: skip
+         methods: Sequence[int], alignment: int = records.ALIGNMENT,
+         local_more: Sequence[int] | None = None) -> Plan:  # fmt: skip
     """Plans the layout of an archive from entry names and stored sizes.
 
     ``aligned`` entries (STORED ``*.memmap`` payloads) get a ``0x6474`` padding
     block so that their payload starts at a multiple of ``alignment``.
+    ``local_more`` counts other local extra bytes per entry (segment tables).
     """
     from .kernels import plan_layout
 
@@ -62,8 +64,9 @@ def plan(names: Sequence[str], data_size: Sequence[int], aligned: Sequence[bool]
     name_len = np.fromiter((len(b) for b in name_bytes), np.int64, len(name_bytes))
     sizes = np.asarray(data_size, dtype=np.int64).reshape(-1)
     align = np.asarray(aligned, dtype=np.bool_).reshape(-1)
+    more = np.zeros(len(name_bytes), np.int64) if local_more is None else np.asarray(local_more, np.int64)
     hoff, lextra, pad, payload, _cextra, _c64, tail = plan_layout(
-        name_len, sizes, align, alignment, 0
+        name_len, sizes, align, alignment, 0, more
     )
     return Plan(
         names=name_bytes,

@@ -180,6 +180,10 @@ class ArchiveIndex:
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
 
+    def row(self, name: str) -> int | None:
+        """Row of entry ``name`` in :attr:`fields` (None if absent)."""
+        return self._by_name.get(name)
+
     def entry(self, name: str) -> EntryInfo:
         """Location and storage of entry ``name`` (``KeyError`` if absent)."""
         i = self._by_name[name]
@@ -205,6 +209,22 @@ class ArchiveIndex:
             self._torch = torch.from_numpy(self.buffer)
         return self._torch
 
+    def local_extra(self, e: EntryInfo) -> bytes:
+        """The extra field of an entry's local header."""
+        f = self.fields[e.index]
+        start = e.header_offset + 30 + int(f[7])
+        return self.buffer[start : start + int(f[12])].tobytes()
+
+    def inflate(self, entries: list[EntryInfo], num_threads: int | None = None) -> list[np.ndarray]:
+        """Inflates DEFLATE entries in parallel (across entries and across the
+        segments listed in their segment tables); CRCs are checked."""
+        jobs = []
+        for e in entries:
+            where = f"{self.path}: entry {e.name!r}"
+            table = codecs.parse_segment_table(self.local_extra(e), where)
+            jobs.append((where, self.raw(e), e.size, e.crc, table))
+        return codecs.inflate_many(jobs, num_threads)
+
     def raw(self, e: EntryInfo) -> np.ndarray:
         """The stored (possibly compressed) bytes of an entry: a view into the map."""
         return self.buffer[e.payload_offset : e.payload_offset + e.compressed_size]
@@ -227,6 +247,8 @@ class ArchiveIndex:
             if check_crc:
                 self.check_crc(e, data)
             return data
+        if e.method == records.DEFLATED:
+            return self.inflate([e])[0]
         data = codecs.decompress(raw, e.method, e.size, f"{self.path}: entry {name!r}")
         self.check_crc(e, data)
         return data

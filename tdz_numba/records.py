@@ -128,14 +128,16 @@ def _pad_blocks(pads: np.ndarray) -> list[bytes]:
 
 
 def local_headers(names: list[bytes], *, crc, size, csize, method, dos: tuple[int, int], pad,
-                  flags) -> list[bytes]:  # fmt: skip
+                  flags, more: list[bytes] | None = None) -> list[bytes]:  # fmt: skip
     """Local file headers (with name and extra field) of many entries at once.
 
     Array arguments are per entry; ``pad`` is the payload padding, -1 for
     entries without a padding block. Sizes go in the zip64 extra, the 32-bit
-    fields hold ``0xFFFFFFFF``.
+    fields hold ``0xFFFFFFFF``. ``more`` are extra blocks placed first (the
+    segment tables of compressed entries).
     """
     n = len(names)
+    more = [b""] * n if more is None else more
     method = np.asarray(method, np.int64).reshape(n)
     pad = np.asarray(pad, np.int64).reshape(n)
     fixed = np.zeros(n, _LOCAL_DT)
@@ -147,14 +149,15 @@ def local_headers(names: list[bytes], *, crc, size, csize, method, dos: tuple[in
     fixed["crc"] = np.asarray(crc, np.int64).reshape(n)
     fixed["csize"] = fixed["size"] = 0xFFFFFFFF
     fixed["name_len"] = [len(b) for b in names]
-    fixed["extra_len"] = np.where(pad >= 0, 4 + pad, 0) + _ZIP64_LOCAL_DT.itemsize
+    fixed["extra_len"] = np.where(pad >= 0, 4 + pad, 0) + _ZIP64_LOCAL_DT.itemsize + [len(m) for m in more]
     z64 = np.zeros(n, _ZIP64_LOCAL_DT)
     z64["id"], z64["len"] = ZIP64_EXTRA_ID, 16
     z64["size"] = np.asarray(size, np.int64).reshape(n)
     z64["csize"] = np.asarray(csize, np.int64).reshape(n)
     fb, zb = fixed.tobytes(), z64.tobytes()
     pads = _pad_blocks(pad)
-    return [fb[30 * i : 30 * i + 30] + names[i] + pads[i] + zb[20 * i : 20 * i + 20] for i in range(n)]
+    return [fb[30 * i : 30 * i + 30] + names[i] + more[i] + pads[i] + zb[20 * i : 20 * i + 20]
+            for i in range(n)]  # fmt: skip
 
 
 def central_directory(names: list[bytes], *, crc, size, csize, method, dos: tuple[int, int], pad,

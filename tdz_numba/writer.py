@@ -7,14 +7,15 @@
 2. plan the layout of all entries at once (:mod:`tdz_numba.layout`);
 3. create a temporary file beside the target and ``ftruncate`` it to its
    final size;
-4. hash every payload in place, on all cores (zlib-ng's SIMD CRC-32 called
-   from a ``prange`` kernel, in chunks within and across entries); zero-filled
-   payloads (``allocate``) are never written, the CRC of their zeros is
+4. hash the payloads on all cores (zlib-ng's SIMD CRC-32 called from a
+   ``prange`` kernel, in chunks within and across entries) in a background
+   thread, in batches of ~16 MiB, while this thread writes the file in one
+   sequential pass of ``pwritev`` calls straight from the source tensors:
+   header, payload, header, ...; each batch's local headers are built at
+   once (numpy record arrays) as soon as its CRCs are known. Zero-filled
+   payloads (``allocate``) are never written: the CRC of their zeros is
    computed arithmetically;
-5. build every local header and the central directory at once (numpy
-   record arrays), then write the file in one sequential pass of
-   ``pwritev`` calls straight from the source tensors: header, payload,
-   header, ..., central directory, end records;
+5. write the central directory and the end records;
 6. ``os.replace`` the target, keeping its permissions.
 
 Why not copy into a shared mapping with the CRC fused to the copy? Measured
@@ -39,6 +40,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -73,7 +75,7 @@ def _buffer_address(data: bytes | np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | None = None,
-                  compresslevel: int | None = None) -> Path:  # fmt: skip
+                  compresslevel: int | None = None, num_threads: int | None = None) -> Path:  # fmt: skip
     """Writes ``entries`` as an archive at ``target`` (atomically)."""
     from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
 
@@ -84,55 +86,79 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
     size = np.zeros(n, np.int64)
     crc = np.zeros(n, np.int64)
     hashed = np.zeros(n, np.bool_)  # CRC already known (compressed entries)
-    sources: list[np.ndarray | None] = [None] * n  # the bytes to write (None: zeros)
+    sources: list = [None] * n  # the bytes to write: an array, a list of parts, None for zeros
+    more = [b""] * n  # extra blocks before the zip64 one (segment tables)
+    to_deflate: list[int] = []
     for i, e in enumerate(entries):
         arr = None if e.zeros else np.frombuffer(e.data, dtype=np.uint8)
         size[i] = arr.size if arr is not None else e.nbytes
         if method != records.STORED and e.is_payload and size[i] > 0:
             if arr is None:
                 arr = np.zeros(int(size[i]), np.uint8)
-            from zlib_ng import zlib_ng
-
-            crc[i] = zlib_ng.crc32(arr)
-            hashed[i] = True
             methods[i] = method
-            arr = np.frombuffer(codecs.compress(arr, method, compresslevel), dtype=np.uint8)
+            hashed[i] = True
+            if method == records.DEFLATED:
+                to_deflate.append(i)
+            else:  # bzip2 / lzma: the stdlib, serial
+                from zlib_ng import zlib_ng
+
+                crc[i] = zlib_ng.crc32(arr)
+                arr = np.frombuffer(codecs.compress(arr, method, compresslevel), dtype=np.uint8)
         sources[i] = arr
         stored_size[i] = arr.size if arr is not None else e.nbytes
+    if to_deflate:  # every segment of every entry in one parallel kernel call
+        for i, d in zip(to_deflate, codecs.deflate_many([sources[i] for i in to_deflate],
+                                                        compresslevel, num_threads)):  # fmt: skip
+            sources[i], stored_size[i], crc[i], more[i] = d.parts, d.csize, d.crc, d.table
     aligned = [e.is_payload and methods[i] == records.STORED for i, e in enumerate(entries)]
-    p = plan([e.name for e in entries], stored_size, aligned, methods)
+    p = plan([e.name for e in entries], stored_size, aligned, methods,
+             local_more=[len(m) for m in more])  # fmt: skip
 
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     tmp = Path(tmp_name)
     try:
         os.ftruncate(fd, p.file_size)
-        # 1. CRC-32 of every payload, on all cores (zlib-ng SIMD, chunks within
-        #    and across entries); zero payloads (allocate) arithmetically.
-        pending = [i for i in range(n) if sources[i] is not None and sources[i].size and not hashed[i]]
-        if pending:
-            addrs = np.fromiter((sources[i].ctypes.data for i in pending), np.int64, len(pending))
-            crc[pending] = run_parallel(crc32_spans, addrs, stored_size[pending].copy(), CRC_CHUNK)
-        for i in range(n):
+        for i in range(n):  # zero payloads (allocate): never written, CRC by arithmetic
             if sources[i] is None and size[i]:
                 crc[i] = crc32_zeros(int(size[i]))
-        # 2. all headers at once, then one sequential pass: header, payload, header, ...
         fields = dict(crc=crc, size=size, csize=stored_size, method=methods, dos=records.dos_datetime(),
                       pad=np.where(p.aligned, p.pad, -1), flags=p.flags)  # fmt: skip
-        heads = records.local_headers(p.names, **fields)
-        segments: list[tuple[int, object]] = []
-        for i, head in enumerate(heads):
-            h = int(p.header_offset[i])
-            if h + len(head) != int(p.payload_offset[i]):
-                raise AssertionError(f"{p.names[i]!r}: local header differs from the layout plan")
-            segments.append((h, head))
-            if sources[i] is not None and sources[i].size:
-                segments.append((h + len(head), sources[i]))
+        pending = [i for i in range(n) if not hashed[i] and sources[i] is not None and sources[i].size]
+        with ThreadPoolExecutor(1) as pool:
+            # CRC-32 batches run in order on all cores (nogil kernel) in a
+            # background thread, ahead of this thread's sequential writes: a
+            # local header is written as soon as its entry's CRC is known.
+            jobs = []
+            for batch in _batches(pending, stored_size):
+                addrs = np.fromiter((sources[i].ctypes.data for i in batch), np.int64, len(batch))
+                job = pool.submit(run_parallel, crc32_spans, addrs, stored_size[batch].copy(), CRC_CHUNK,
+                                  num_threads=num_threads)  # fmt: skip
+                jobs.append((batch, job))
+            start = 0
+            for batch, job in [*jobs, (None, None)]:
+                stop = n if batch is None else batch[-1] + 1
+                if job is not None:
+                    crc[batch] = job.result()
+                heads = records.local_headers(p.names[start:stop], more=more[start:stop],
+                                              **_rows(fields, start, stop))  # fmt: skip
+                segments: list[tuple[int, object]] = []
+                for i, head in zip(range(start, stop), heads):
+                    h = int(p.header_offset[i])
+                    if h + len(head) != int(p.payload_offset[i]):
+                        raise AssertionError(f"{p.names[i]!r}: local header differs from the layout plan")
+                    segments.append((h, head))
+                    pos = h + len(head)
+                    for part in sources[i] if isinstance(sources[i], list) else [sources[i]]:
+                        if part is not None and part.size:
+                            segments.append((pos, part))
+                            pos += part.size
+                write_segments(fd, segments)
+                start = stop
         tail = records.central_directory(p.names, header_offset=p.header_offset, **fields)
         if len(tail) != p.cd_size:
             raise AssertionError("central directory size differs from the layout plan")
-        segments.append((p.cd_offset, tail + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end)))
-        write_segments(fd, segments)
+        write_segments(fd, [(p.cd_offset, tail + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))])
         mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else _default_mode()
         os.fchmod(fd, mode)
         os.close(fd)
@@ -147,6 +173,28 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
 
 
 _IOV_MAX = 1024
+#: Bytes of payload hashed per CRC batch before the writer may use the CRCs.
+_CRC_BATCH = 16 << 20
+
+
+def _batches(rows: list[int], sizes: np.ndarray) -> list[list[int]]:
+    """Consecutive groups of ``rows`` of about ``_CRC_BATCH`` bytes (at most 512 rows)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    acc = 0
+    for i in rows:
+        cur.append(i)
+        acc += int(sizes[i])
+        if acc >= _CRC_BATCH or len(cur) >= 512:
+            out.append(cur)
+            cur, acc = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _rows(fields: dict, start: int, stop: int) -> dict:
+    return {k: (v if k == "dos" else v[start:stop]) for k, v in fields.items()}
 
 
 def write_segments(fd: int, segments: list[tuple[int, object]]) -> None:

@@ -111,7 +111,7 @@ def test_plan_layout_matches_oracle(entries):
     name_len = np.array([e[0] for e in entries], np.int64)
     sizes = np.array([e[1] for e in entries], np.int64)
     align = np.array([e[2] for e in entries], np.bool_)
-    hoff, lextra, pad, payload, _, _, tail = kernels.plan_layout(name_len, sizes, align, 64, 0)
+    hoff, lextra, pad, payload, _, _, tail = kernels.plan_layout(name_len, sizes, align, 64, 0, np.zeros(len(name_len), np.int64))
     oracle, cd_offset, cd_size = _layout_oracle(name_len, sizes, align)
     assert [tuple(map(int, x)) for x in zip(hoff, lextra, pad, payload)] == oracle
     assert (int(tail[0]), int(tail[1])) == (cd_offset, cd_size)
@@ -123,7 +123,7 @@ def test_plan_layout_beyond_4gib_offsets_by_arithmetic():
     sizes = np.array([3 << 30] * 3, np.int64)
     name_len = np.array([8, 8, 8], np.int64)
     align = np.array([True] * 3)
-    hoff, _, pad, payload, cextra, c64, tail = kernels.plan_layout(name_len, sizes, align, 64, 0)
+    hoff, _, pad, payload, cextra, c64, tail = kernels.plan_layout(name_len, sizes, align, 64, 0, np.zeros(len(name_len), np.int64))
     oracle, cd_offset, cd_size = _layout_oracle(name_len, sizes, align)
     assert [int(p) for p in payload] == [o[3] for o in oracle]
     assert all(int(p) % 64 == 0 for p in payload)
