@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from . import records
-from .dtypes import numpy_dtype, torch_dtype
+from .dtypes import dtype_table, numpy_dtype, torch_dtype
 from .errors import BadArchiveError, InvalidArgumentError, MissingKeyError, UnsupportedError
 from .reader import ArchiveIndex
 from .tree import (
@@ -47,6 +47,15 @@ from .tree import (
 )
 
 __all__ = ["Archive", "LeafInfo", "open_archive", "load", "subpath_prefix"]
+
+DTYPES = dtype_table()
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
+    return tuple(strides)
 
 _PICKLE_SUFFIXES = (".pickle", ".pkl")
 
@@ -84,6 +93,7 @@ class _State:
         self.num_threads = num_threads
         self.levels: dict[str, tuple[bool, dict[str, ChildSpec], dict[str, Any]]] = {}
         self.tensors: dict[str, torch.Tensor] = {}
+        self.views: dict[str, Archive] = {}
 
 
 def subpath_prefix(subpath: str | tuple[str, ...] | list[str] | None) -> str:
@@ -175,6 +185,13 @@ class Archive(Mapping):
             raise InvalidArgumentError("the archive is closed")
         return index
 
+    def _sub(self, prefix: str) -> Archive:
+        """The (cached) view of the level at ``prefix``."""
+        view = self._state.views.get(prefix)
+        if view is None:
+            view = self._state.views[prefix] = Archive(self._state, prefix)
+        return view
+
     def _where(self, name: str = "") -> str:
         return f"{self._index.path}: {(self._prefix + name) or '<root>'}"
 
@@ -230,7 +247,7 @@ class Archive(Mapping):
                 return node, spec
             if spec.kind != "level":
                 raise MissingKeyError(f"{self._where()}: {'/'.join(parts[: i + 1])!r} is not a level")
-            node = Archive(self._state, spec.path)
+            node = self._sub(spec.path)
         raise MissingKeyError(f"{self._where()}: empty key")
 
     def __getitem__(self, key: str | tuple[str, ...]) -> Any:
@@ -246,7 +263,7 @@ class Archive(Mapping):
                 pickled = PickledData(data)
                 return pickled.load(allow_pickle=True) if self._state.allow_pickle else pickled
             return RawFile(data)
-        sub = Archive(self._state, spec.path)
+        sub = self._sub(spec.path)
         plain, value = sub._plain_value()
         return value if plain else sub
 
@@ -285,6 +302,15 @@ class Archive(Mapping):
 
     def _make_leaf(self, spec: LeafSpec) -> torch.Tensor:
         index = self._index
+        dtype = DTYPES.get(spec.dtype) if type(spec.dtype) is str else None
+        i = index._by_name.get(spec.entry)
+        if dtype is not None and i is not None and not spec.nested:
+            # the common case, kept lean: one view into the file's single mapping
+            _, method, _, _, size, _, _, _, offset, *_ = index.rows[i]
+            itemsize = dtype.itemsize
+            if method == 0 and offset % itemsize == 0 and size == math.prod(spec.shape) * itemsize:
+                return torch.empty(0, dtype=dtype).set_(index.torch_untyped, offset // itemsize,
+                                                        spec.shape, _contiguous_strides(spec.shape))  # fmt: skip
         dtype = torch_dtype(spec.dtype, entry=self._where(spec.entry))
         if spec.nested:
             self._refuse_rw(spec, "is a nested tensor (materialized in memory)")
@@ -311,11 +337,9 @@ class Archive(Mapping):
             else:
                 data = index.read(spec.entry)
             return torch.from_numpy(data).view(dtype).view(spec.shape)
-        if e.payload_offset % dtype.itemsize:
-            self._refuse_rw(spec, f"is not aligned (payload at offset {e.payload_offset})")
-            flat = index.torch_storage[e.payload_offset : e.payload_offset + nbytes].clone()
-            return flat.view(dtype).view(spec.shape)
-        flat = index.torch_storage[e.payload_offset : e.payload_offset + nbytes]
+        # STORED but not aligned for its dtype (a foreign zip): copy
+        self._refuse_rw(spec, f"is not aligned (payload at offset {e.payload_offset})")
+        flat = index.torch_storage[e.payload_offset : e.payload_offset + nbytes].clone()
         return flat.view(dtype).view(spec.shape)
 
     def _nested_leaf(self, spec: LeafSpec, dtype: torch.dtype) -> torch.Tensor:
@@ -420,7 +444,7 @@ class Archive(Mapping):
             if spec.kind == "leaf":
                 yield key, spec.leaf
             elif spec.kind == "level":
-                for sub_key, leaf in Archive(self._state, spec.path).leaves():
+                for sub_key, leaf in self._sub(spec.path).leaves():
                     yield f"{key}/{sub_key}", leaf
 
     def __repr__(self) -> str:
@@ -449,7 +473,7 @@ class Archive(Mapping):
             elif spec.kind == "file":
                 lines.append(f"{pad}{key}: file")
             else:
-                sub = Archive(self._state, spec.path)
+                sub = self._sub(spec.path)
                 plain, value = sub._plain_value()
                 if plain:
                     lines.append(f"{pad}{key}: {value!r}"[: 120])

@@ -55,7 +55,7 @@ def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
 
 def verify(path: str | os.PathLike) -> VerifyReport:
     """Checks every entry's CRC-32 and the archive's structure; see :func:`tdz_numba.verify`."""
-    from .archive import Archive, open_archive
+    from .archive import open_archive
 
     ar = open_archive(path)  # the index kernel checks every record and local header
     try:
@@ -89,7 +89,7 @@ def verify(path: str | os.PathLike) -> VerifyReport:
                     leaves += 1
                     _check_leaf(node, spec.leaf)
                 elif spec.kind == "level":
-                    stack.append(Archive(node._state, spec.path))
+                    stack.append(node._sub(spec.path))
         return VerifyReport(Path(path), len(index.names), levels, leaves, int(index.fields[:, 4].sum()))
     finally:
         ar.close()

@@ -93,6 +93,8 @@ class ArchiveIndex:
         self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)
         self.size = size
         self._torch = None
+        self._untyped = None
+        self._rows: list[list[int]] | None = None
         end = records.find_end_record(self.buffer, label)
         self.end = end
         from .kernels import parse_central_directory
@@ -201,6 +203,20 @@ class ArchiveIndex:
 
     # -- payloads ----------------------------------------------------------------
     @property
+    def rows(self) -> list[list[int]]:
+        """:attr:`fields` as Python lists (built on first use, for per-leaf lookups)."""
+        if self._rows is None:
+            self._rows = self.fields.tolist()
+        return self._rows
+
+    @property
+    def torch_untyped(self):
+        """The untyped storage of :attr:`torch_storage` (leaves are ``set_`` on it)."""
+        if self._untyped is None:
+            self._untyped = self.torch_storage.untyped_storage()
+        return self._untyped
+
+    @property
     def torch_storage(self):
         """The whole mapping as one uint8 torch tensor (leaves are slices of it)."""
         if self._torch is None:
@@ -270,5 +286,5 @@ class ArchiveIndex:
     def close(self) -> None:
         """Drops this index's references to the mapping; views stay valid."""
         self.buffer = None  # type: ignore[assignment]
-        self._torch = None
+        self._torch = self._untyped = None
         self._mmap = None  # type: ignore[assignment]
