@@ -307,6 +307,8 @@ class Archive(Mapping):
         if dtype is not None and i is not None and not spec.nested:
             # the common case, kept lean: one view into the file's single mapping
             _, method, _, _, size, _, _, _, offset, *_ = index.rows[i]
+            if offset < 0:
+                offset = index.payload_offset(i)
             itemsize = dtype.itemsize
             if method == 0 and offset % itemsize == 0 and size == math.prod(spec.shape) * itemsize:
                 return torch.empty(0, dtype=dtype).set_(index.torch_untyped, offset // itemsize,

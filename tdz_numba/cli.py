@@ -89,6 +89,7 @@ def info_dict(path: str | os.PathLike) -> dict[str, Any]:
     ar = tdz_numba.open(path)
     try:
         index = ar._index
+        index.check_all()  # payload offsets of every entry
         names = index.names
         fields = index.fields
         methods: dict[str, int] = {}

@@ -57,9 +57,10 @@ def verify(path: str | os.PathLike) -> VerifyReport:
     """Checks every entry's CRC-32 and the archive's structure; see :func:`tdz_numba.verify`."""
     from .archive import open_archive
 
-    ar = open_archive(path)  # the index kernel checks every record and local header
+    ar = open_archive(path)
     try:
         index = ar._index
+        index.check_all()  # every central record and local header
         methods = index.fields[:, 1]
         stored = np.nonzero(methods == records.STORED)[0]
         crcs = stored_crcs(index, stored)
@@ -116,7 +117,7 @@ def _check_leaf(node, leaf) -> None:
 def refresh_checksums(path: str | os.PathLike) -> Path:
     """Re-stamps the CRC-32 of STORED entries after in-place writes; see
     :func:`tdz_numba.refresh_checksums`."""
-    index = ArchiveIndex(path, writable=True)
+    index = ArchiveIndex(path, writable=True, check_local=True)
     try:
         if "meta.json" not in index:
             raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
@@ -155,7 +156,7 @@ def _safe_member(name: str, archive: Path) -> str:
 
 def unpack(path: str | os.PathLike, directory: str | os.PathLike) -> Path:
     """Extracts an archive into a memmap directory; see :func:`tdz_numba.unpack`."""
-    index = ArchiveIndex(path)
+    index = ArchiveIndex(path, check_local=True)
     directory = Path(directory)
     try:
         if "meta.json" not in index:
@@ -183,7 +184,7 @@ def is_archive(path: str | os.PathLike) -> bool:
     if not p.is_file():
         return False
     try:
-        index = ArchiveIndex(p)
+        index = ArchiveIndex(p, check_local=True)
     except (TdzError, OSError):
         return False
     try:

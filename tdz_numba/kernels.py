@@ -335,7 +335,7 @@ def _u64(buf, p):
 
 
 @njit(**KERNEL)
-def parse_central_directory(buf, cd_offset, cd_size, count):
+def parse_central_directory(buf, cd_offset, cd_size, count, check_local):
     """Parses every central record and its local header into arrays.
 
     Parameters
@@ -344,6 +344,12 @@ def parse_central_directory(buf, cd_offset, cd_size, count):
         The whole archive (usually its memory map).
     cd_offset, cd_size, count : int
         From the end-of-central-directory record (zip64 where present).
+    check_local : bool
+        Also read and check every local header (signature, name, payload
+        bounds, exact overlaps). Without it (a lazy open touches no payload
+        page), payload offsets and local extra lengths are -1, to be resolved
+        per entry on access, and overlaps are checked on the smallest extent
+        a record can have (its fixed header, name and data).
 
     Returns
     -------
@@ -421,6 +427,22 @@ def parse_central_directory(buf, cd_offset, cd_size, count):
         if hoff < 0 or hoff + 30 > cd_offset:
             status[0], status[1], status[2], status[3] = 4, i, cd_offset, hoff
             return f, status
+        f[i, 1] = method
+        f[i, 2] = crc
+        f[i, 3] = csize
+        f[i, 4] = usize
+        f[i, 5] = hoff
+        f[i, 9] = p
+        f[i, 10] = dtime
+        f[i, 11] = ddate
+        p = rec_end
+        if not check_local:
+            f[i, 8] = -1
+            f[i, 12] = -1
+            if csize < 0 or hoff + 30 + nlen + csize > cd_offset:
+                status[0], status[1], status[2], status[3] = 7, i, cd_offset, hoff + 30 + nlen + csize
+                return f, status
+            continue
         if _u32(buf, hoff) != 0x04034B50:
             status[0], status[1], status[2], status[3] = 5, i, 0x04034B50, _u32(buf, hoff)
             return f, status
@@ -430,35 +452,24 @@ def parse_central_directory(buf, cd_offset, cd_size, count):
             status[0], status[1], status[2], status[3] = 6, i, nlen, lnlen
             return f, status
         for k in range(nlen):
-            if buf[hoff + 30 + k] != buf[p + 46 + k]:
+            if buf[hoff + 30 + k] != buf[f[i, 6] + k]:
                 status[0], status[1], status[2], status[3] = 6, i, nlen, k
                 return f, status
         payload = hoff + 30 + lnlen + lelen
         if csize < 0 or payload + csize > cd_offset:
             status[0], status[1], status[2], status[3] = 7, i, cd_offset, payload + csize
             return f, status
-        f[i, 0] = flags
-        f[i, 1] = method
-        f[i, 2] = crc
-        f[i, 3] = csize
-        f[i, 4] = usize
-        f[i, 5] = hoff
-        f[i, 6] = p + 46
-        f[i, 7] = nlen
         f[i, 8] = payload
-        f[i, 9] = p
-        f[i, 10] = dtime
-        f[i, 11] = ddate
         f[i, 12] = lelen
-        p = rec_end
     # Records must not overlap: sorted by header offset, each payload ends
     # before the next local header starts.
     order = np.argsort(f[:, 5], kind="mergesort")
     for j in range(count - 1):
         a = order[j]
         b = order[j + 1]
-        if f[a, 8] + f[a, 3] > f[b, 5]:
-            status[0], status[1], status[2], status[3] = 8, a, f[a, 8] + f[a, 3], f[b, 5]
+        end_a = f[a, 8] + f[a, 3] if check_local else f[a, 5] + 30 + f[a, 7] + f[a, 3]
+        if end_a > f[b, 5]:
+            status[0], status[1], status[2], status[3] = 8, a, end_a, f[b, 5]
             return f, status
     if p != end:  # more records than the end record counts
         status[0], status[1], status[2], status[3] = 9, count, count, -1

@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,7 @@ class EntryInfo:
 class ArchiveIndex:
     """Index over an archive and the single memory map of its bytes."""
 
-    def __init__(self, path: str | os.PathLike, *, writable: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, *, writable: bool = False, check_local: bool = False) -> None:
         self.path = Path(path)
         self.writable = writable
         label = str(self.path)
@@ -99,16 +100,18 @@ class ArchiveIndex:
         self.end = end
         from .kernels import parse_central_directory
 
-        fields, status = parse_central_directory(self.buffer, end.cd_offset, end.cd_size, end.count)
+        fields, status = parse_central_directory(self.buffer, end.cd_offset, end.cd_size, end.count,
+                                                 check_local)  # fmt: skip
         self.fields = fields
-        code = int(status[0])
-        if code:
-            i = int(status[1])
-            who = self._name_at(i) if code not in (1, 2, 9) else f"entry #{i}"
-            found = int(status[3])
-            text = _STATUS_TEXT[code].format(expected=int(status[2]), found=found,
-                                             found_text="more" if found < 0 else found)  # fmt: skip
-            raise BadArchiveError(f"{label}: {who}: {text}")
+        self._raise_status(status)
+        self.local_checked = check_local
+        # where each record's extent must end: the next local header, or the central directory
+        order = np.argsort(fields[:, 5], kind="stable")
+        limit = np.empty(len(order), np.int64)
+        limit[order[:-1]] = fields[order[1:], 5]
+        if len(order):
+            limit[order[-1]] = end.cd_offset
+        self._limit = limit
         self.names: list[str] = self._decode_names()
         flags, methods = fields[:, 0], fields[:, 1]
         encrypted = np.nonzero(flags & records.FLAG_ENCRYPTED)[0]
@@ -140,6 +143,56 @@ class ArchiveIndex:
             if parent not in dirs:
                 self._add_dir(parent)
             files[parent].add(base)
+
+    def _raise_status(self, status) -> None:
+        code = int(status[0])
+        if code:
+            i = int(status[1])
+            who = self._name_at(i) if code not in (1, 2, 9) else f"entry #{i}"
+            found = int(status[3])
+            text = _STATUS_TEXT[code].format(expected=int(status[2]), found=found,
+                                             found_text="more" if found < 0 else found)  # fmt: skip
+            raise BadArchiveError(f"{self.path}: {who}: {text}")
+
+    def check_all(self) -> None:
+        """Reads and checks every local header now (an open reads them lazily)."""
+        if self.local_checked:
+            return
+        from .kernels import parse_central_directory
+
+        end = self.end
+        fields, status = parse_central_directory(self.buffer, end.cd_offset, end.cd_size, end.count, True)
+        self._raise_status(status)
+        self.fields = fields
+        self._rows = None
+        self.local_checked = True
+
+    def payload_offset(self, i: int) -> int:
+        """Payload offset of row ``i``, reading and checking its local header on first use."""
+        f = self.rows[i]
+        if f[8] >= 0:
+            return f[8]
+        hoff, nlen, csize = f[5], f[7], f[3]
+        mm = self._mmap
+        sig, lnlen, lelen = struct.unpack_from("<I22xHH", mm, hoff)
+        status = None
+        if sig != records.LOCAL_SIG:
+            status = (5, i, records.LOCAL_SIG, sig)
+        elif lnlen != nlen or mm[hoff + 30 : hoff + 30 + nlen] != mm[f[6] : f[6] + nlen]:
+            status = (6, i, nlen, lnlen)
+        else:
+            payload = hoff + 30 + lnlen + lelen
+            limit = int(self._limit[i])
+            if payload + csize > limit:
+                cd = limit == self.end.cd_offset
+                status = (7, i, limit, payload + csize) if cd else (8, i, payload + csize, limit)
+        if status is not None:
+            self._raise_status(status)
+        f[8] = payload
+        f[12] = lelen
+        self.fields[i, 8] = payload
+        self.fields[i, 12] = lelen
+        return payload
 
     # -- names and directories -------------------------------------------------
     def _name_at(self, i: int) -> str:
@@ -189,9 +242,9 @@ class ArchiveIndex:
     def entry(self, name: str) -> EntryInfo:
         """Location and storage of entry ``name`` (``KeyError`` if absent)."""
         i = self._by_name[name]
-        f = self.fields[i]
-        return EntryInfo(name, i, int(f[5]), int(f[8]), int(f[3]), int(f[4]), int(f[1]),
-                         int(f[2]), int(f[0]), int(f[9]))  # fmt: skip
+        payload = self.payload_offset(i)
+        f = self.rows[i]
+        return EntryInfo(name, i, f[5], payload, f[3], f[4], f[1], f[2], f[0], f[9])
 
     def listing(self, directory: str) -> tuple[set[str], set[str]]:
         """``(files, sub-directories)`` directly under ``directory`` ("" is the root)."""

@@ -40,8 +40,8 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np

@@ -168,7 +168,7 @@ def _zip_bytes(tmp_path, n_entries=5, method=zipfile.ZIP_STORED):
 
 def _index(buf):
     end = records.find_end_record(buf)
-    return kernels.parse_central_directory(np.frombuffer(buf, np.uint8), end.cd_offset, end.cd_size, end.count)
+    return kernels.parse_central_directory(np.frombuffer(buf, np.uint8), end.cd_offset, end.cd_size, end.count, True)
 
 
 @pytest.mark.parametrize("method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
@@ -192,7 +192,7 @@ def test_parse_central_directory_on_read_only_map(tmp_path):
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         arr = np.frombuffer(mm, np.uint8)
         end = records.find_end_record(arr)
-        fields, status = kernels.parse_central_directory(arr, end.cd_offset, end.cd_size, end.count)
+        fields, status = kernels.parse_central_directory(arr, end.cd_offset, end.cd_size, end.count, True)
         assert status[0] == 0 and fields.shape == (5, 13)
         del arr
 
