@@ -208,8 +208,10 @@ class Archive(Mapping):
             meta = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise BadArchiveError(f"{self._where('meta.json')}: not valid JSON: {exc}") from None
-        files, dirs = index.listing(self._prefix)
-        keyed, children = describe_level(meta, self._prefix, files, dirs, self._where("meta.json"))
+        keyed, children = describe_level(
+            meta, self._prefix, lambda: index.listing(self._prefix),
+            lambda sub: sub + "meta.json" in index or index.is_dir(sub), self._where("meta.json"),
+        )  # fmt: skip
         result = (keyed, {c.key: c for c in children}, meta)
         self._state.levels[self._prefix] = result
         return result
@@ -332,6 +334,8 @@ class Archive(Mapping):
                 f"{self._where(spec.entry)}: leaf {spec.key!r} ({spec.dtype}, shape "
                 f"{list(spec.shape)}): expected {nbytes} bytes, the entry holds {e.size}"
             )
+        if nbytes == 0:
+            return torch.empty(spec.shape, dtype=dtype)
         if e.method != records.STORED:
             self._refuse_rw(spec, f"is compressed ({records.METHOD_NAMES[e.method]})")
             if e.method == records.DEFLATED:

@@ -23,7 +23,7 @@ from zlib_ng import zlib_ng
 from . import records
 from .errors import BadArchiveError, ChecksumError, UnsupportedError
 
-__all__ = ["method_of", "compress", "decompress", "COMPRESSION_NAMES"]
+__all__ = ["method_of", "check_level", "compress", "decompress", "COMPRESSION_NAMES"]
 
 COMPRESSION_NAMES = {
     None: records.STORED,
@@ -37,6 +37,24 @@ COMPRESSION_NAMES = {
 
 class UnknownCompressionError(UnsupportedError, ValueError):
     """An unknown compression name was passed to ``save``/``pack``."""
+
+
+_LEVELS = {records.DEFLATED: range(-1, 10), records.BZIP2: range(1, 10), records.LZMA: range(0, 10)}
+
+
+def check_level(method: int, level: int | None) -> None:
+    """Raises :class:`~tdz_numba.InvalidArgumentError` for a level the codec does not take
+    (deflate -1..9, bzip2 1..9; lzma ignores it, as zipfile does, but it must be 0..9)."""
+    if level is None or method == records.STORED:
+        return
+    ok = _LEVELS[method]
+    if not isinstance(level, int) or isinstance(level, bool) or level not in ok:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"compresslevel {level!r} is not valid for {records.METHOD_NAMES[method]} "
+            f"(expected {ok.start}..{ok.stop - 1} or None)"
+        )
 
 
 def method_of(compression: str | None) -> int:
@@ -225,6 +243,7 @@ def inflate_many(jobs: list[tuple[str, np.ndarray, int, int, tuple[int, list[int
     from .kernels import crc32_combine
 
     outs = [np.empty(size, np.uint8) for _, _, size, _, _ in jobs]
+    dummy = np.empty(1, np.uint8)  # zlib refuses a NULL output pointer, even for 0 bytes
     src, slen, dst, dlen, last, owner = [], [], [], [], [], []
     for k, (where, raw, size, _crc, table) in enumerate(jobs):
         if table is None:
@@ -239,9 +258,9 @@ def inflate_many(jobs: list[tuple[str, np.ndarray, int, int, tuple[int, list[int
                 )
         pos = 0
         for j, c in enumerate(clens):
-            src.append(raw.ctypes.data + pos if raw.size else 0)
+            src.append(raw.ctypes.data + pos if raw.size else dummy.ctypes.data)
             slen.append(c)
-            dst.append(outs[k].ctypes.data + j * segment if size else 0)
+            dst.append(outs[k].ctypes.data + j * segment if size else dummy.ctypes.data)
             dlen.append(min(segment, size - j * segment) if size else 0)
             last.append(j == len(clens) - 1)
             owner.append(k)

@@ -132,17 +132,8 @@ class ArchiveIndex:
             seen: set[str] = set()
             dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
             raise BadArchiveError(f"{label}: entry {dup!r} appears twice")
-        self.files: dict[str, set[str]] = {"": set()}
-        self.dirs: dict[str, set[str]] = {"": set()}
-        files, dirs = self.files, self.dirs
-        for name in self.names:
-            if name.endswith("/"):
-                self._add_dir(name.rstrip("/"))
-                continue
-            parent, _, base = name.rpartition("/")
-            if parent not in dirs:
-                self._add_dir(parent)
-            files[parent].add(base)
+        self._files: dict[str, set[str]] | None = None  # directory listings, built on first use
+        self._dirs: dict[str, set[str]] | None = None
 
     def _raise_status(self, status) -> None:
         code = int(status[0])
@@ -210,26 +201,56 @@ class ArchiveIndex:
         return raw.decode("cp437")
 
     def _decode_names(self) -> list[str]:
-        """All entry names, decoded from one copy of the central directory."""
+        """All entry names, sliced from one decoded copy of the central directory."""
         if not len(self.fields):
             return []
         cd0 = self.end.cd_offset
-        cd = self.buffer[cd0 : cd0 + self.end.cd_size].tobytes()
-        starts = (self.fields[:, 6] - cd0).tolist()
-        stops = (self.fields[:, 6] + self.fields[:, 7] - cd0).tolist()
-        utf8 = (self.fields[:, 0] & records.FLAG_UTF8).tolist()
-        try:  # ASCII is valid cp437 and UTF-8, and much faster to decode
-            return [cd[a:b].decode("utf-8" if u else "ascii") for a, b, u in zip(starts, stops, utf8)]
-        except UnicodeDecodeError:
-            return [self._name_at(i) for i in range(len(starts))]
+        raw = self.buffer[cd0 : cd0 + self.end.cd_size]
+        text = raw.tobytes().decode("latin-1")  # one char per byte: offsets carry over
+        starts = self.fields[:, 6] - cd0
+        stops = starts + self.fields[:, 7]
+        names = [text[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
+        # names with bytes >= 0x80 are UTF-8 (or legacy cp437): decode them properly
+        high = np.zeros(raw.size + 1, np.int64)
+        np.cumsum(raw >= 0x80, out=high[1:])
+        for i in np.nonzero(high[stops] - high[starts])[0].tolist():
+            names[i] = self._name_at(i)
+        return names
+
+    def _build_listing(self) -> None:
+        self._files = files = {"": set()}
+        self._dirs = dirs = {"": set()}
+        for name in self.names:
+            if name.endswith("/"):
+                self._add_dir(name.rstrip("/"))
+                continue
+            parent, _, base = name.rpartition("/")
+            if parent not in dirs:
+                self._add_dir(parent)
+            files[parent].add(base)
+
+    @property
+    def files(self) -> dict[str, set[str]]:
+        """Files directly under each directory ("" is the root)."""
+        if self._files is None:
+            self._build_listing()
+        return self._files  # type: ignore[return-value]
+
+    @property
+    def dirs(self) -> dict[str, set[str]]:
+        """Sub-directories directly under each directory ("" is the root)."""
+        if self._dirs is None:
+            self._build_listing()
+        return self._dirs  # type: ignore[return-value]
 
     def _add_dir(self, d: str) -> None:
-        while d not in self.dirs:
-            self.dirs[d] = set()
-            self.files[d] = set()
+        dirs, files = self._dirs, self._files
+        while d not in dirs:
+            dirs[d] = set()
+            files[d] = set()
             parent, _, base = d.rpartition("/")
             self._add_dir(parent)
-            self.dirs[parent].add(base)
+            dirs[parent].add(base)
             d = parent
 
     def __contains__(self, name: str) -> bool:

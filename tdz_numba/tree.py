@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -450,12 +450,15 @@ class ChildSpec(NamedTuple):
     leaf: LeafSpec | None = None
 
 
-def describe_level(meta: Any, prefix: str, files: set[str], dirs: set[str],
-                   where: str) -> tuple[bool, list[ChildSpec]]:  # fmt: skip
+def describe_level(meta: Any, prefix: str, listing: Callable[[], tuple[set[str], set[str]]],
+                   has_level: Callable[[str], bool], where: str) -> tuple[bool, list[ChildSpec]]:  # fmt: skip
     """Children of the level at ``prefix`` from its parsed meta.json.
 
-    ``files`` and ``dirs`` are the names directly under ``prefix``. Raises
-    :class:`~tdz_numba.errors.BadArchiveError` for a malformed meta.json.
+    ``listing()`` gives the ``(files, dirs)`` directly under ``prefix`` (only
+    levels that do not list their children in meta.json need it);
+    ``has_level(dir_prefix)`` tells whether a sub-level (its meta.json)
+    exists. Raises :class:`~tdz_numba.errors.BadArchiveError` for a malformed
+    meta.json.
     """
     from .errors import BadArchiveError
 
@@ -478,7 +481,7 @@ def describe_level(meta: Any, prefix: str, files: set[str], dirs: set[str],
                 )
             fname = encode_key(key)
             if "type" in value and "dtype" not in value:
-                if fname not in dirs:
+                if not has_level(prefix + fname + "/"):
                     raise BadArchiveError(
                         f"{where}: meta.json lists {key!r} ({value['type']}) but the "
                         f"archive has no directory {prefix + fname + '/'!r}"
@@ -501,6 +504,7 @@ def describe_level(meta: Any, prefix: str, files: set[str], dirs: set[str],
                             prefix + fname + ".shape.memmap" if nested else None)  # fmt: skip
             children.append(ChildSpec(key, "leaf", spec.entry, spec))
         return True, children
+    files, dirs = listing()
     for d in sorted(dirs):
         children.append(ChildSpec(d, "level", prefix + d + "/"))
     for f in sorted(files):

@@ -80,6 +80,7 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
     from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
 
     method = codecs.method_of(compression)
+    codecs.check_level(method, compresslevel)
     n = len(entries)
     methods = np.zeros(n, np.int64)
     stored_size = np.zeros(n, np.int64)
