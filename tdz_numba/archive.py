@@ -51,6 +51,13 @@ __all__ = ["Archive", "LeafInfo", "open_archive", "load", "subpath_prefix"]
 DTYPES = dtype_table()
 
 
+def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor over a new uint8 buffer (inflated data)."""
+    if data.size == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.from_numpy(data).view(dtype).view(shape)
+
+
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
@@ -342,7 +349,7 @@ class Archive(Mapping):
                 data = index.inflate([e], self._state.num_threads)[0]
             else:
                 data = index.read(spec.entry)
-            return torch.from_numpy(data).view(dtype).view(spec.shape)
+            return _from_bytes(data, dtype, spec.shape)
         # STORED but not aligned for its dtype (a foreign zip): copy
         self._refuse_rw(spec, f"is not aligned (payload at offset {e.payload_offset})")
         flat = index.torch_storage[e.payload_offset : e.payload_offset + nbytes].clone()
@@ -427,7 +434,7 @@ class Archive(Mapping):
             dtype = torch_dtype(leaf.dtype, entry=self._where(leaf.entry))
             if e.size != math.prod(leaf.shape) * dtype.itemsize:
                 continue  # _make_leaf reports the size mismatch on access
-            self._state.tensors[leaf.entry] = torch.from_numpy(data).view(dtype).view(leaf.shape)
+            self._state.tensors[leaf.entry] = _from_bytes(data, dtype, leaf.shape)
 
     def to_dict(self) -> Level:
         """The whole level as nested :class:`~tdz_numba.tree.Level` dicts of tensors
