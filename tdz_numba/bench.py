@@ -443,7 +443,7 @@ def _payload_spans(path: Path) -> list[tuple[int, int]]:
     """``(offset, size)`` of every stored payload of a tdz archive (what verify checksums)."""
     from tdz_numba.reader import ArchiveIndex
 
-    index = ArchiveIndex(path)
+    index = ArchiveIndex(path, check_local=True)  # payload offsets of every entry
     try:
         f = index.fields
         return [(int(f[i, 8]), int(f[i, 3])) for i in range(len(index.names)) if int(f[i, 1]) == 0]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -65,6 +66,7 @@ AUX_FILES = ("other.pickle", "pickle.pkl", "json_types.json")
 # ---------------------------------------------------------------------------
 _UNSAFE = set('/<>:"|?*\\ \0%') | {chr(i) for i in range(32)} | {chr(127)}
 _ENCODE = str.maketrans({c: f"%{ord(c):02X}" for c in _UNSAFE})
+_NEEDS_ENCODING = re.compile("[" + re.escape("".join(sorted(_UNSAFE))) + "]")
 
 
 def encode_key(key: str) -> str:
@@ -73,7 +75,8 @@ def encode_key(key: str) -> str:
         return "%"
     if key in (".", ".."):
         return "%2E" * len(key)
-    return key.translate(_ENCODE)
+    # str.translate with multi-character replacements is slow: most keys need none
+    return key.translate(_ENCODE) if _NEEDS_ENCODING.search(key) else key
 
 
 def decode_key(name: str) -> str:

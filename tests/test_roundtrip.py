@@ -10,6 +10,8 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tdz_numba
 from tdz_numba import Level
@@ -349,3 +351,13 @@ def test_import_is_cheap_and_second_process_uses_kernel_cache(tmp_path):
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     misses, hits = map(int, second.stdout.split())
     assert misses == 0 and hits == 3
+
+
+@given(st.text())
+@settings(max_examples=300, deadline=None)
+def test_robust_key_encoding_matches_tensordict(key):
+    td_utils = pytest.importorskip("tensordict._utils_key_json")
+    from tdz_numba.tree import decode_key, encode_key
+
+    assert encode_key(key) == td_utils._encode_key_for_filesystem(key)
+    assert decode_key(encode_key(key)) == td_utils._decode_key_from_filesystem(encode_key(key))
