@@ -20,7 +20,7 @@ from numba.extending import intrinsic
 
 __all__ = ["KERNEL", "PARALLEL", "HAVE_ZNG_CRC", "HAVE_ZNG_CODEC", "zng_crc32_z", "zng_deflateInit2",
            "zng_deflate", "zng_deflateEnd", "zng_inflateInit2", "zng_inflate", "zng_inflateEnd",
-           "u8_pointer", "memcpy", "run_parallel"]  # fmt: skip
+           "u8_pointer", "run_parallel"]  # fmt: skip
 
 #: Serial kernels: no Python objects, GIL released, cached on disk.
 KERNEL = {"nogil": True, "cache": True}
@@ -76,27 +76,6 @@ def u8_pointer(typingctx, address):
 
     def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], cgutils.voidptr_t)
-
-    return sig, codegen
-
-
-@intrinsic
-def memcpy(typingctx, dst, src, count):
-    """``memcpy(dst, src, count)`` between integer addresses (LLVM intrinsic)."""
-    if not all(isinstance(t, types.Integer) for t in (dst, src, count)):
-        return None
-    sig = types.void(dst, src, count)
-
-    def codegen(context, builder, signature, args):
-        d, s, n = args
-        cgutils.raw_memcpy(
-            builder,
-            builder.inttoptr(d, cgutils.voidptr_t),
-            builder.inttoptr(s, cgutils.voidptr_t),
-            n,
-            1,
-        )
-        return context.get_dummy_value()
 
     return sig, codegen
 

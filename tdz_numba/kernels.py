@@ -24,22 +24,21 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit, prange
 
-from ._jit import HAVE_ZNG_CRC, KERNEL, PARALLEL, memcpy, u8_pointer, zng_crc32_z
+from ._jit import HAVE_ZNG_CRC, KERNEL, PARALLEL, u8_pointer, zng_crc32_z
 
 __all__ = [
     "CRC_CHUNK",
     "crc32_combine",
     "crc32_zeros",
     "crc32_spans",
-    "copy_crc32_spans",
     "table_crc32",
     "plan_layout",
     "parse_central_directory",
     "IndexStatus",
 ]
 
-#: Bytes hashed (and copied) per parallel work item: small enough to stay in
-#: L2 between the copy and the hash, large enough to amortize the call.
+#: Bytes hashed per parallel work item: large enough to amortize the call,
+#: small enough to split one large entry across all cores.
 CRC_CHUNK = 1 << 20
 
 _POLY = np.uint32(0xEDB88320)
@@ -193,31 +192,6 @@ def crc32_spans(addrs, lengths, chunk):
         crcs[j] = _span_crc(addrs[i] + offset, size, table)
     return _fold_chunks(crcs, first, lengths, chunk)
 
-
-
-@njit(**PARALLEL)
-def copy_crc32_spans(dst_addrs, src_addrs, lengths, chunk):
-    """Copies each span ``src -> dst`` and returns the CRC-32 of each.
-
-    The copy and the hash are fused per ``chunk``: each piece is hashed right
-    after it is written, while it is still in cache. Pieces run in parallel
-    across and within spans. Spans must not overlap.
-    """
-    first = _chunk_plan(lengths, chunk)
-    total = first[-1]
-    owner = np.empty(total, np.int64)
-    for i in range(lengths.size):
-        for j in range(first[i], first[i + 1]):
-            owner[j] = i
-    crcs = np.zeros(total, np.uint32)
-    table = _crc_table()
-    for j in prange(total):
-        i = owner[j]
-        offset = (j - first[i]) * chunk
-        size = min(chunk, lengths[i] - offset)
-        memcpy(dst_addrs[i] + offset, src_addrs[i] + offset, size)
-        crcs[j] = _span_crc(dst_addrs[i] + offset, size, table)
-    return _fold_chunks(crcs, first, lengths, chunk)
 
 
 # --------------------------------------------------------------------------

@@ -75,18 +75,6 @@ def test_table_crc32_fallback(data, n):
     assert int(kernels.table_crc32(data[:n], 12345, table)) == zlib.crc32(data[:n], 12345)
 
 
-@pytest.mark.parametrize("n", EDGE_SIZES)
-def test_copy_crc32_spans(data, n):
-    src = data[3 : 3 + n]
-    dst = np.zeros(n + 10, np.uint8)
-    crc = kernels.copy_crc32_spans(np.array([dst.ctypes.data + 5], np.int64),
-                                   np.array([src.ctypes.data if n else 0], np.int64),
-                                   np.array([n], np.int64), 4096)  # fmt: skip
-    assert int(crc[0]) == zlib.crc32(src)
-    assert bytes(dst[5 : 5 + n]) == bytes(src)
-    assert not dst[:5].any() and not dst[5 + n :].any()
-
-
 # ---------------------------------------------------------------- layout ----
 def _layout_oracle(name_len, sizes, align, alignment=64):
     """The obvious per-entry loop (what tensordict's writer does one entry at a time)."""
