@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from . import records
+from .archive import DTYPES, open_archive
+from .dtypes import torch_dtype
 from .errors import BadArchiveError, ChecksumError, TdzError
 from .reader import ArchiveIndex
 
@@ -55,8 +57,6 @@ def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
 
 def verify(path: str | os.PathLike) -> VerifyReport:
     """Checks every entry's CRC-32 and the archive's structure; see :func:`tdz_numba.verify`."""
-    from .archive import open_archive
-
     ar = open_archive(path)
     try:
         index = ar._index
@@ -97,9 +97,9 @@ def verify(path: str | os.PathLike) -> VerifyReport:
 
 
 def _check_leaf(node, leaf) -> None:
-    from .dtypes import torch_dtype
-
-    dtype = torch_dtype(leaf.dtype, entry=node._where(leaf.entry))
+    dtype = DTYPES.get(leaf.dtype) if type(leaf.dtype) is str else None
+    if dtype is None:
+        dtype = torch_dtype(leaf.dtype, entry=node._where(leaf.entry))
     if leaf.nested:
         node._nested_leaf(leaf, dtype)
         return
