@@ -16,13 +16,15 @@ Examples
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pickle
 from typing import Any
 
 import torch
 
 from .errors import InvalidTreeError
-from .tree import FORMAT_VERSION, Level
+from .tree import FORMAT_VERSION, Level, RawFile
 
 __all__ = ["level_from_tensordict"]
 
@@ -48,46 +50,90 @@ def _jsonable(value: Any) -> bool:
     return True
 
 
-def level_from_tensordict(obj: Any) -> Level | None:
-    """A Level tree for a tensordict collection, or None if ``obj`` is not one."""
+def _td_jsonable(value: Any) -> bool:
+    """tensordict's own JSON test (it decides what goes to meta.json vs a pickle)."""
+    try:
+        from tensordict.utils import _is_json_serializable
+    except ImportError:  # pragma: no cover
+        return _jsonable(value)
+    return _is_json_serializable(value)
+
+
+def _refuse(what: str) -> InvalidTreeError:
+    return InvalidTreeError(
+        f"{what} is not JSON-serializable: tensordict would pickle it; pass "
+        f"allow_pickle=True to write the pickle (tdz_numba.tensordict.save)"
+    )
+
+
+def _tensorclass_level(obj: Any, allow_pickle: bool, *, with_td: bool) -> Level:
+    """A tensorclass (or NonTensorData) level, as tensordict's tensorclass ``_memmap_``."""
+    try:
+        from tensordict.tensorclass import _JSON_TYPE_NAMES, _JSON_TYPES_FILE, _from_shared_nontensor
+    except ImportError:  # pragma: no cover
+        _JSON_TYPE_NAMES, _JSON_TYPES_FILE = {}, "json_types.json"
+
+        def _from_shared_nontensor(v):
+            return v
+
+    meta: dict[str, Any] = {"_type": str(type(obj))}
+    to_pickle: dict[str, Any] = {}
+    for key, value in obj._non_tensordict.items():
+        value = _from_shared_nontensor(value)
+        if _td_jsonable(value):
+            meta[key] = value
+        else:
+            to_pickle[key] = value
+    lvl = Level(meta=meta, keyed=False)
+    if to_pickle:
+        if not allow_pickle:
+            raise _refuse(f"{type(obj).__name__} field(s) {sorted(to_pickle)}")
+        pickled = pickle.dumps(to_pickle)
+        lvl["other.pickle"] = RawFile(pickled)
+        if all(isinstance(v, type) and v in _JSON_TYPE_NAMES for v in to_pickle.values()):
+            saved = {"types": {k: _JSON_TYPE_NAMES[v] for k, v in to_pickle.items()},
+                     "pickle_sha256": hashlib.sha256(pickled).hexdigest()}  # fmt: skip
+            lvl[_JSON_TYPES_FILE] = RawFile(json.dumps(saved).encode("utf-8"))
+    if with_td:
+        lvl["_tensordict"] = level_from_tensordict(obj._tensordict, allow_pickle=allow_pickle)
+    return lvl
+
+
+def level_from_tensordict(obj: Any, *, allow_pickle: bool = False) -> Level | None:
+    """A Level tree for a tensordict collection, or None if ``obj`` is not one.
+
+    Non-JSON non-tensor data is written as tensordict pickles it (``pickle.pkl``
+    for a NonTensorStack, ``other.pickle`` for NonTensorData and tensorclass
+    fields) only with ``allow_pickle=True``; otherwise it raises
+    :class:`~tdz_numba.InvalidTreeError`.
+    """
     from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDictBase
     from tensordict.tensorclass import is_tensorclass
 
     if isinstance(obj, NonTensorStack):
         data = obj.tolist()
-        if not _jsonable(data):
-            raise InvalidTreeError(
-                "NonTensorStack data is not JSON-serializable; tdz_numba does not write pickles"
-            )
         meta = {"_type": str(type(obj)), **_format(type(obj)), "stack_dim": obj.stack_dim,
-                "device": str(obj.device) if obj.device is not None else None, "data": data}  # fmt: skip
-        return Level(meta=meta, keyed=False)
+                "device": str(obj.device) if obj.device is not None else None}  # fmt: skip
+        if _td_jsonable(data):
+            meta["data"] = data
+            return Level(meta=meta, keyed=False)
+        if not allow_pickle:
+            raise _refuse("NonTensorStack data")
+        meta["data"] = "pickle.pkl"
+        lvl = Level(meta=meta, keyed=False)
+        lvl["pickle.pkl"] = RawFile(pickle.dumps(data))
+        return lvl
     if isinstance(obj, NonTensorData):
-        if not _jsonable(obj.data):
-            raise InvalidTreeError(
-                f"NonTensorData of type {type(obj.data).__name__} is not JSON-serializable; "
-                f"tdz_numba does not write pickles"
-            )
-        meta = {"_type": str(type(obj)), "data": obj.data, "_metadata": None, "_is_non_tensor": True}
-        return Level(meta=meta, keyed=False)
+        return _tensorclass_level(obj, allow_pickle, with_td=False)
     if isinstance(obj, LazyStackedTensorDict):
         meta = {"_type": str(type(obj)), **_format(type(obj)), "stack_dim": obj.stack_dim,
                 "stack_dim_name": obj._td_dim_name}  # fmt: skip
         lvl = Level(meta=meta, keyed=False)
         for i, member in enumerate(obj.tensordicts):
-            lvl[str(i)] = level_from_tensordict(member)
+            lvl[str(i)] = level_from_tensordict(member, allow_pickle=allow_pickle)
         return lvl
     if is_tensorclass(obj) and not isinstance(obj, TensorDictBase):
-        meta: dict[str, Any] = {"_type": str(type(obj))}
-        for key, value in obj._non_tensordict.items():
-            if not _jsonable(value):
-                raise InvalidTreeError(
-                    f"tensorclass field {key!r} is not JSON-serializable; tdz_numba does not write pickles"
-                )
-            meta[key] = value
-        lvl = Level(meta=meta, keyed=False)
-        lvl["_tensordict"] = level_from_tensordict(obj._tensordict)
-        return lvl
+        return _tensorclass_level(obj, allow_pickle, with_td=True)
     if isinstance(obj, TensorDictBase):
         meta = {"shape": list(obj.batch_size), "device": "cpu", "_type": str(type(obj)),
                 **_format(type(obj))}  # fmt: skip
@@ -98,7 +144,7 @@ def level_from_tensordict(obj: Any) -> Level | None:
             if isinstance(value, torch.Tensor):
                 lvl[key] = value
             else:
-                child = level_from_tensordict(value)
+                child = level_from_tensordict(value, allow_pickle=allow_pickle)
                 if child is None:
                     raise InvalidTreeError(f"{key}: cannot store a {type(value).__name__}")
                 lvl[key] = child
