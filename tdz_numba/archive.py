@@ -471,6 +471,104 @@ class Archive(Mapping):
         head += f", batch_size={bs})" if bs else ")"
         return "\n".join([head, *lines])
 
+    def _repr_html_(self, max_rows: int = 500) -> str:
+        """A collapsible HTML tree for Jupyter: one ``<details>`` per level (class
+        name, batch size), one row per leaf (key, dtype, shape, size, codec).
+
+        At most ``max_rows`` rows are drawn; the rest is summarized as
+        "... N more keys" per level. Only meta.json files and the central
+        directory are read: no leaf tensor is created, nothing is inflated.
+        Never raises: on any error the plain :func:`repr` is shown in a ``<pre>``.
+        """
+        import html
+
+        esc = html.escape
+
+        def human(n: int) -> str:
+            value = float(n)
+            for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+                if value < 1024 or unit == "TiB":
+                    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+                value /= 1024
+            return f"{n} B"
+
+        def level_label(node: Archive) -> str:
+            bs = node.batch_size
+            text = f'<span style="color:#276">{esc(node.type_name)}</span>'
+            if bs is not None:
+                text += f' <span style="color:#777">batch_size={esc(str(bs))}</span>'
+            return text + f' <span style="color:#777">&middot; {len(node)} keys</span>'
+
+        style = ("<style>.tdz-archive table{border-collapse:collapse;margin:0;font-family:monospace}"
+                 ".tdz-archive td{text-align:left;padding:0 0.9em 0 0;white-space:nowrap;"
+                 "vertical-align:top}.tdz-archive summary{cursor:pointer}</style>")  # fmt: skip
+        budget = [max_rows]
+
+        def render(node: Archive) -> str:
+            rows: list[str] = []
+            subs: list[str] = []
+            items = list(node._level()[1].items())
+            for i, (key, spec) in enumerate(items):
+                if budget[0] <= 0:
+                    rest = len(items) - i
+                    subs.append(f'<div style="color:#777;font-family:monospace">... {rest} more '
+                                f'key{"s" if rest != 1 else ""}</div>')  # fmt: skip
+                    break
+                budget[0] -= 1
+                name = f"<b>{esc(key)}</b>"
+                if spec.kind == "leaf":
+                    try:
+                        info = node.info(key)
+                        dtype = str(info.dtype).replace("torch.", "") + (" nested" if info.nested else "")
+                        codec = info.compression
+                        if info.stored_nbytes != info.nbytes:
+                            codec += f" ({human(info.stored_nbytes)} stored)"
+                        cols = [dtype, str(list(info.shape)), human(info.nbytes), codec]
+                    except Exception as exc:  # one bad leaf does not hide the others
+                        dtype = str(spec.leaf.dtype).replace("torch.", "")
+                        cols = [dtype, str(list(spec.leaf.shape)), "?", f"error: {exc}"]
+                    rows.append(f"<tr><td>{name}</td><td>{esc(cols[0])}</td><td>{esc(cols[1])}</td>"
+                                f'<td style="text-align:right">{esc(cols[2])}</td>'
+                                f"<td>{esc(cols[3])}</td></tr>")  # fmt: skip
+                elif spec.kind == "file":
+                    rows.append(f'<tr><td>{name}</td><td colspan="4" style="color:#777">'
+                                f"file {esc(spec.path)}</td></tr>")  # fmt: skip
+                else:
+                    sub = node._sub(spec.path)
+                    plain, value = sub._plain_value()
+                    if plain:
+                        text = repr(value)
+                        text = text if len(text) <= 80 else text[:77] + "..."
+                        rows.append(f'<tr><td>{name}</td><td colspan="4">{esc(text)}</td></tr>')
+                    else:
+                        inner = render(sub)
+                        subs.append(f"<details><summary><b>{esc(key)}/</b> {level_label(sub)}</summary>"
+                                    f'<div style="margin-left:1.2em">{inner}</div></details>')  # fmt: skip
+            table = f"<table>{''.join(rows)}</table>" if rows else ""
+            return table + "".join(subs)
+
+        try:
+            index = self._state.index
+            if index is None:
+                raise InvalidArgumentError("the archive is closed")
+            body = render(self)
+            where = esc(str(index.path))
+            if self._prefix:
+                where += f" : {esc(self._prefix.rstrip('/'))}"
+            extra = ""
+            if not self._prefix and len(index.names):
+                extra = (f' <span style="color:#777">&middot; {len(index.names)} entries, '
+                         f"{human(int(index.fields[:, 4].sum()))} payload</span>")  # fmt: skip
+            return (f'<div class="tdz-archive">{style}<details open><summary><b>Archive</b> {where} '
+                    f"{level_label(self)}{extra}</summary>"
+                    f'<div style="margin-left:1.2em">{body}</div></details></div>')  # fmt: skip
+        except Exception:
+            try:
+                text = repr(self)
+            except Exception:
+                text = "<tdz_numba.Archive>"
+            return f"<pre>{esc(text)}</pre>"
+
     def _tree_lines(self, depth: int, budget: int) -> list[str]:
         lines: list[str] = []
         pad = "  " * (depth + 1)

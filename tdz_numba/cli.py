@@ -1,4 +1,7 @@
-"""The ``tdz`` command line: ``info``, ``tree``, ``verify`` and ``bench``.
+"""The ``tdz`` command line: inspect, check, pack and benchmark ``.tdz`` archives.
+
+Verbs: ``info``, ``tree``, ``show``, ``verify``, ``pack``, ``unpack``,
+``refresh`` and ``bench`` (``tdz VERB --help`` for each).
 
 Exit codes: 0 success, 1 a check failed (a CRC-32 mismatch), 2 a usage error
 or a file that is not a readable archive. Errors are printed on stderr as one
@@ -9,9 +12,13 @@ Examples
 --------
 ::
 
-    tdz info buffer.tdz               # entries, leaves, bytes, codecs, alignment, root class
+    tdz info buffer.tdz                # entries, leaves, bytes, codecs, alignment, root class
     tdz tree buffer.tdz obs --depth 1  # the nested tree below "obs"
-    tdz verify buffer.tdz --json      # CRC-32 of every entry + structure
+    tdz show buffer.tdz obs/depth      # one leaf: storage, first values, min/max/mean/std, NaNs
+    tdz verify buffer.tdz --json       # CRC-32 of every entry + structure
+    tdz unpack buffer.tdz buffer_dir   # a tensordict memmap directory
+    tdz pack buffer_dir again.tdz --compression deflate
+    tdz refresh buffer.tdz             # re-stamp CRCs after mode="r+" writes
     tdz bench --quick                  # the benchmark harness (see tdz_numba.bench)
 """
 
@@ -19,12 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import ChecksumError, TdzError
+from .progress import progress, stderr_is_tty
 
 __all__ = ["main", "build_parser"]
 
@@ -263,14 +272,251 @@ def cmd_tree(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- show ------------------------------------------------------------------------------------
+
+SHOW_VALUES = 8  # leading values printed by `tdz show`
+_STATS_CHUNK = 1 << 20  # float elements converted to float64 at a time
+
+
+def _json_float(x: float) -> float | str:
+    """``x``, or ``"nan"`` / ``"inf"`` / ``"-inf"`` (JSON has no non-finite numbers)."""
+    return x if math.isfinite(x) else repr(float(x))
+
+
+def _flat_values(t: Any) -> Any:
+    """All values of a (possibly nested) tensor as one 1-D tensor (a view when possible)."""
+    import torch
+
+    if t.is_nested:
+        parts = [x.reshape(-1) for x in t.unbind()]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=t.dtype)
+    return t.reshape(-1)
+
+
+def _float_stats(flat: Any) -> dict[str, Any]:
+    """min/max/mean/std (population, ddof=0) in float64 over the non-NaN values, and the NaN count.
+
+    Chunked (Chan et al.'s pairwise update), so that a large leaf is never
+    copied to float64 whole.
+    """
+    import torch
+
+    count, mean, m2, nan = 0, 0.0, 0.0, 0
+    lo, hi = math.inf, -math.inf
+    for start in range(0, flat.numel(), _STATS_CHUNK):
+        c = flat[start : start + _STATS_CHUNK].to(torch.float64)
+        isnan = torch.isnan(c)
+        k = int(isnan.sum())
+        if k:
+            nan += k
+            c = c[~isnan]
+        m = c.numel()
+        if m == 0:
+            continue
+        lo, hi = min(lo, c.min().item()), max(hi, c.max().item())
+        cmean = c.mean().item()
+        cm2 = (c - cmean).square_().sum().item() if math.isfinite(cmean) else math.nan
+        delta, total = cmean - mean, count + m
+        mean = mean + delta * m / total if count else cmean
+        m2 = m2 + cm2 + (delta * delta * count * m / total if count else 0.0)
+        count = total
+    if count == 0:
+        return {"count": 0, "nan": nan, "min": None, "max": None, "mean": None, "std": None}
+    std = math.sqrt(m2 / count) if m2 >= 0 else math.nan  # nan stays nan (infinite values)
+    return {"count": count, "nan": nan, "min": lo, "max": hi, "mean": mean, "std": std}
+
+
+def _int_stats(flat: Any) -> dict[str, Any]:
+    """min/max (exact, in the leaf's dtype) and mean (float64) of an integer or bool leaf."""
+    import numpy as np
+
+    a = flat.contiguous().numpy()
+    if a.size == 0:
+        return {"count": 0, "min": None, "max": None, "mean": None}
+    lo, hi = a.min().item(), a.max().item()
+    return {"count": int(a.size), "min": lo, "max": hi, "mean": float(a.mean(dtype=np.float64))}
+
+
+def _leaf_values(flat: Any, n: int) -> list[Any]:
+    import torch
+
+    head = flat[:n]
+    if head.is_floating_point():
+        return head.to(torch.float64).tolist()
+    if head.is_complex():
+        return [f"{v.real:.6g}{v.imag:+.6g}j" for v in head.to(torch.complex128).tolist()]
+    if head.dtype == torch.bool:
+        return [bool(v) for v in head.tolist()]
+    return [int(v) for v in head.contiguous().numpy().tolist()]
+
+
+def show_dict(path: str | os.PathLike, key: str, values: int = SHOW_VALUES) -> dict[str, Any]:
+    """What ``tdz show`` reports about one leaf (or plain value), as a dict."""
+    import tdz_numba
+    from tdz_numba import Archive
+    from tdz_numba.tree import RawFile
+
+    ar = tdz_numba.open(path)
+    try:
+        key = key.strip("/")
+        if not key:
+            raise _UsageError(f"{path}: KEY is empty; use `{PROG} tree {path}` for the whole archive")
+        node, spec = ar._resolve(key)
+        if spec.kind != "leaf":
+            value = ar[key]
+            if isinstance(value, Archive):
+                raise _UsageError(f"{path}: {key!r} is a level ({value.type_name}, {len(value)} keys), "
+                                  f"not a leaf; use `{PROG} tree {path} {key}`")  # fmt: skip
+            if isinstance(value, RawFile):
+                return {"path": str(path), "key": key, "kind": "file", "entry": spec.path,
+                        "nbytes": len(value.data)}  # fmt: skip
+            return {"path": str(path), "key": key, "kind": "value", "value": _jsonable(value)}
+        info = ar.info(key)
+        t = ar[key]
+        flat = _flat_values(t)
+        numel = int(flat.numel())
+        d: dict[str, Any] = {
+            "path": str(path), "key": key, "kind": "leaf", "entry": info.entry,
+            "dtype": _dtype_name(info.dtype), "shape": list(info.shape), "numel": numel,
+            "nested": info.nested, "nbytes": info.nbytes, "stored_nbytes": info.stored_nbytes,
+            "offset": info.offset,
+            "aligned": None if info.offset is None else info.offset % 64 == 0,
+            "compression": info.compression,
+            "crc": None if info.crc is None else f"{info.crc:#010x}",
+            "zero_copy": info.zero_copy,
+            "values": _leaf_values(flat, values),
+        }  # fmt: skip
+        if info.nested:
+            d["nested_shapes"] = [list(x.shape) for x in t.unbind()[:values]]
+        if flat.is_floating_point():
+            d["stats"] = _float_stats(flat)
+        elif flat.is_complex():
+            d["stats"] = None
+        else:
+            d["stats"] = _int_stats(flat)
+        return d
+    finally:
+        ar.close()
+
+
+def _fmt_num(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool) or isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        text = f"{x:.6g}"
+        return text if any(c in text for c in ".eni") else text + ".0"  # 1.0, 1e+20, nan, inf
+    return str(x)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    if args.values < 0:
+        raise _UsageError("--values must be >= 0")
+    d = show_dict(args.file, args.key, args.values)
+    if args.json:
+        if d["kind"] == "leaf":
+            d["values"] = [_json_float(v) if isinstance(v, float) else v for v in d["values"]]
+            if d["stats"]:
+                d["stats"] = {k: _json_float(v) if isinstance(v, float) else v for k, v in d["stats"].items()}
+        _print_json(d)
+        return EXIT_OK
+    if d["kind"] == "value":
+        print("\n".join(_table([["key:", d["key"]], ["kind:", "plain value (NonTensorData)"],
+                                ["value:", repr(d["value"])]])))  # fmt: skip
+        return EXIT_OK
+    if d["kind"] == "file":
+        print("\n".join(_table([["key:", d["key"]], ["kind:", "file"], ["entry:", d["entry"]],
+                                ["nbytes:", f"{d['nbytes']} ({_human(d['nbytes'])})"]])))  # fmt: skip
+        return EXIT_OK
+    if d["nested"]:
+        n, ndim = (d["shape"] + [0, 0])[:2]
+        shapes = ", ".join(str(x) for x in d["nested_shapes"]) + (" ..." if n > len(d["nested_shapes"]) else "")
+        shape = f"nested: {n} tensors of {ndim} dims, {d['numel']} values ({shapes})"
+    else:
+        shape = f"{d['shape']} ({d['numel']} values)"
+    if d["offset"] is None:
+        offset = "- (no payload entry: empty leaf)"
+    else:
+        offset = f"{d['offset']} ({'' if d['aligned'] else 'NOT '}64-byte aligned)"
+    stored = f"{d['stored_nbytes']} ({_human(d['stored_nbytes'])})"
+    if d["nbytes"] and d["stored_nbytes"] != d["nbytes"]:
+        stored += f", {d['stored_nbytes'] / d['nbytes']:.1%}"
+    shown = ", ".join(_fmt_num(v) for v in d["values"])
+    more = f" ... ({d['numel'] - len(d['values'])} more)" if d["numel"] > len(d["values"]) else ""
+    rows = [
+        ["key:", d["key"]],
+        ["entry:", d["entry"] or "-"],
+        ["dtype:", d["dtype"]],
+        ["shape:", shape],
+        ["nbytes:", f"{d['nbytes']} ({_human(d['nbytes'])})"],
+        ["stored:", stored],
+        ["offset:", offset],
+        ["compression:", d["compression"]],
+        ["crc:", d["crc"] or "-"],
+        ["zero-copy:", "yes" if d["zero_copy"] else "no"],
+        ["values:", f"[{shown}]{more}"],
+    ]
+    st = d["stats"]
+    if st is not None and "std" in st:
+        rows += [["min:", _fmt_num(st["min"])], ["max:", _fmt_num(st["max"])],
+                 ["mean:", _fmt_num(st["mean"])], ["std:", _fmt_num(st["std"])],
+                 ["nan:", str(st["nan"])]]  # fmt: skip
+    elif st is not None:
+        rows += [["min:", _fmt_num(st["min"])], ["max:", _fmt_num(st["max"])], ["mean:", _fmt_num(st["mean"])]]
+    print("\n".join(_table(rows)))
+    return EXIT_OK
+
+
 # -- verify ----------------------------------------------------------------------------------
+
+
+def _want_progress(args: argparse.Namespace) -> bool:
+    flag = getattr(args, "progress", None)
+    return stderr_is_tty() if flag is None else bool(flag)
+
+
+def _archive_sizes(path: str | os.PathLike) -> dict[str, int] | None:
+    """Entries, uncompressed payload bytes and STORED entries of an archive (None if unreadable:
+    the command itself then reports the error)."""
+    from tdz_numba import records
+    from tdz_numba.reader import ArchiveIndex
+
+    try:
+        index = ArchiveIndex(path)
+    except (TdzError, OSError):
+        return None
+    try:
+        fields = index.fields
+        n = len(index.names)
+        return {"entries": n, "payload_bytes": int(fields[:, 4].sum()) if n else 0,
+                "stored_entries": int((fields[:, 1] == records.STORED).sum()) if n else 0}  # fmt: skip
+    finally:
+        index.close()
+
+
+def _dir_sizes(directory: str | os.PathLike) -> tuple[int, int]:
+    files = nbytes = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            try:
+                nbytes += os.stat(os.path.join(root, name)).st_size
+                files += 1
+            except OSError:
+                pass
+    return files, nbytes
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     import tdz_numba
 
+    show_bar = _want_progress(args)
+    sizes = _archive_sizes(args.file) if show_bar else None
     try:
-        report = tdz_numba.verify(args.file)
+        total = sizes["payload_bytes"] if sizes else None
+        with progress(total, "verify", enabled=show_bar) as bar:
+            report = tdz_numba.verify(args.file)
+            bar.finish()
     except (TdzError, OSError) as exc:
         code = EXIT_FAILED if isinstance(exc, ChecksumError) else EXIT_USAGE
         if args.json:
@@ -287,6 +533,52 @@ def cmd_verify(args: argparse.Namespace) -> int:
                      "leaves": report.leaves, "payload_bytes": report.payload_bytes})  # fmt: skip
     else:
         print(report)
+    return EXIT_OK
+
+
+# -- pack / unpack / refresh -------------------------------------------------------------------
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    import tdz_numba
+
+    if not os.path.isdir(args.directory):
+        raise _UsageError(f"{args.directory}: not a directory")
+    files, nbytes = _dir_sizes(args.directory)
+    compression = None if args.compression == "stored" else args.compression
+    with progress(nbytes, "pack", enabled=_want_progress(args)) as bar:
+        out = tdz_numba.pack(args.directory, args.file, compression=compression,
+                             compresslevel=args.level, num_threads=args.threads)  # fmt: skip
+        bar.finish()
+    size = os.path.getsize(out)
+    print(f"{out}: packed {files} files ({_human(nbytes)}) from {args.directory}, "
+          f"{args.compression}, {size} bytes ({_human(size)})")  # fmt: skip
+    return EXIT_OK
+
+
+def cmd_unpack(args: argparse.Namespace) -> int:
+    import tdz_numba
+
+    sizes = _archive_sizes(args.file)
+    total = sizes["payload_bytes"] if sizes else None
+    with progress(total, "unpack", enabled=_want_progress(args)) as bar:
+        out = tdz_numba.unpack(args.file, args.directory)
+        bar.finish()
+    what = f"{sizes['entries']} entries ({_human(sizes['payload_bytes'])})" if sizes else "entries"
+    print(f"{out}: unpacked {what} from {args.file}")
+    return EXIT_OK
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    import tdz_numba
+
+    sizes = _archive_sizes(args.file)
+    total = sizes["payload_bytes"] if sizes else None
+    with progress(total, "refresh", enabled=_want_progress(args)) as bar:
+        out = tdz_numba.refresh_checksums(args.file)
+        bar.finish()
+    what = f"{sizes['stored_entries']} stored entries" if sizes else "stored entries"
+    print(f"{out}: CRC-32 of {what} re-stamped")
     return EXIT_OK
 
 
@@ -315,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog=PROG,
-        description="Inspect, check and benchmark .tdz tensor archives (tdz_numba).",
+        description="Inspect, check, pack and benchmark .tdz tensor archives (tdz_numba).",
         epilog="exit codes: 0 ok, 1 check failed, 2 usage error or bad file",
     )
     p.add_argument("--debug", action="store_true", default=False, help="print the traceback of an error")
@@ -339,16 +631,65 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_tree)
 
+    s = sub.add_parser("show", parents=[common], help="one leaf: storage, first values, statistics",
+                       description="Show one leaf of an archive: entry name, dtype, shape, bytes, offset, "
+                                   "compression, CRC-32, the first values (flattened) and summary "
+                                   "statistics: min/max/mean/std (float64, population std, NaNs "
+                                   "excluded) and the NaN count for floating dtypes; min/max/mean for "
+                                   "integer and bool dtypes. Compressed leaves are inflated.")  # fmt: skip
+    s.add_argument("file", help="the .tdz archive")
+    s.add_argument("key", help='the leaf, as "a/b/c"')
+    s.add_argument("--values", type=int, default=SHOW_VALUES, metavar="N",
+                   help=f"print the first N values (default {SHOW_VALUES})")  # fmt: skip
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_show)
+
     s = sub.add_parser("verify", parents=[common], help="check every entry's CRC-32 and the structure",
                        description="Check every entry's CRC-32 and the archive's structure. "
                                    "Exit 0 ok, 1 CRC mismatch, 2 bad or unreadable file.")  # fmt: skip
     s.add_argument("file", help="the .tdz archive")
     s.add_argument("--json", action="store_true", help="print JSON")
+    _progress_flag(s)
     s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("pack", parents=[common], help="pack a tensordict memmap directory into an archive",
+                       description="Pack a tensordict memmap directory (as written by tensordict's "
+                                   "memmap() or by `tdz unpack`) into a .tdz archive, like `zip -0 -r` "
+                                   "with 64-byte-aligned payloads. An existing FILE is replaced.")  # fmt: skip
+    s.add_argument("directory", metavar="DIR", help="the memmap directory (with a meta.json)")
+    s.add_argument("file", metavar="FILE", help="the .tdz archive to write")
+    s.add_argument("--compression", choices=("stored", "deflate", "bzip2", "lzma"), default="stored",
+                   help="codec of the .memmap payloads (default: stored, zero-copy)")  # fmt: skip
+    s.add_argument("--level", type=int, default=None, help="compression level passed to the codec")
+    s.add_argument("--threads", type=int, default=None, help="threads for CRC-32 and deflate (default: all)")
+    _progress_flag(s)
+    s.set_defaults(func=cmd_pack)
+
+    s = sub.add_parser("unpack", parents=[common], help="extract an archive into a memmap directory",
+                       description="Extract an archive into a memmap directory that tensordict's "
+                                   "load_memmap reads (like `unzip`). CRC-32s are checked.")  # fmt: skip
+    s.add_argument("file", metavar="FILE", help="the .tdz archive")
+    s.add_argument("directory", metavar="DIR", help="the directory to create (or fill)")
+    _progress_flag(s)
+    s.set_defaults(func=cmd_unpack)
+
+    s = sub.add_parser("refresh", parents=[common], help="re-stamp CRC-32s after mode='r+' writes",
+                       description="Recompute and re-stamp the CRC-32 of every stored entry in place, "
+                                   "after leaves were written through tdz_numba.open(FILE, mode='r+'), "
+                                   "so that `tdz verify` and `unzip -t` pass again.")  # fmt: skip
+    s.add_argument("file", metavar="FILE", help="the .tdz archive (modified in place)")
+    _progress_flag(s)
+    s.set_defaults(func=cmd_refresh)
 
     sub.add_parser("bench", add_help=False, help="benchmark against tensordict, torch, safetensors "
                                                  "(tdz bench --help for options)")  # fmt: skip
     return p
+
+
+def _progress_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show a progress bar on stderr (default: only when stderr is a terminal; "
+                             "needs tqdm)")  # fmt: skip
 
 
 def _guard(fn: Callable[[], int], debug: bool, label: str) -> int:
