@@ -65,6 +65,85 @@ def test_bench_quick_json(tmp_path):
     assert not list(tmp_path.glob(".tdz-bench-*"))  # artifacts removed
 
 
+def test_bench_compressed_quick_json(tmp_path):
+    proc = _run("bench", "--quick", "--compression", "deflate", "--workload", "images_flat,images_small",
+                "--json", "--dir", tmp_path, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout)
+    expected = {(w, op, f) for w in ("images_flat", "images_small") for op in ("save", "load")
+                for f in ("tdz_numba", "tdz_numba_1t", "td_tdz", "zlib_ng")}  # fmt: skip
+    assert {(r["workload"], r["op"], r["format"]) for r in results} == expected
+    for r in results:
+        assert r["median_ms"] > 0 and len(r["runs_ms"]) == 3 and all(x > 0 for x in r["runs_ms"])
+        assert r["compression"] == "deflate" and r["compresslevel"] is None
+        assert r["file_bytes"] > 0 and r["nbytes"] >= 16 * 2**20
+        assert r["size_ratio"] == pytest.approx(r["nbytes"] / r["file_bytes"])
+        assert r["size_ratio"] > 1.5, r  # image-like data compresses (about 3.5x)
+    err = proc.stderr
+    assert "compressed section (deflate)" in err and "size: 16 MiB" in err and "repeat: 3" in err
+    for w in ("images_flat", "images_small"):
+        assert f"size ratio {w}" in err and f"scaling {w}: " in err
+        assert f"goal {w}: single thread within 1.2x of zlib-ng" in err
+        assert f"goal {w}: save >= 2x faster than tensordict compressed" in err
+    assert "goal >= 0.8 x" in err and ("PASS" in err or "FAIL" in err)
+    assert "WARNING" not in err  # every load summed to the in-memory total
+    assert not list(tmp_path.glob(".tdz-bench-*"))
+
+
+def test_bench_compressed_options(capsys):
+    # compressed-only names need --compression, and the other way round
+    assert cli.main(["bench", "--workload", "images_flat"]) == 2
+    assert "--compression" in capsys.readouterr().err
+    assert cli.main(["bench", "--compression", "deflate", "--op", "verify"]) == 2
+    assert "verify" in capsys.readouterr().err
+    assert cli.main(["bench", "--compresslevel", "3"]) == 2
+    assert cli.main(["bench", "--compression", "deflate", "--compresslevel", "12"]) == 2
+    assert cli.main(["bench", "--compression", "zstd"]) == 2
+    capsys.readouterr()
+
+
+def test_bench_images_workload():
+    a = bench.make_images(8, (3, 16, 24), seed=1)
+    assert a.shape == (8, 3, 16, 24) and a.dtype == np.uint8
+    assert (a == bench.make_images(8, (3, 16, 24), seed=1)).all()  # deterministic
+    assert 0 < (a == 0).mean() < 0.9 and a.std() > 10  # masks, but not all zeros
+    w = bench.make_workload("images_small", 16)
+    assert len(w.flat) == 2000 and w.nbytes >= 16 * 2**20
+    assert all(t.dtype == torch.uint8 and t.shape[1:] == (3, 44, 64) for t in w.leaves())
+    f = bench.make_workload("images_flat", 16)
+    (leaf,) = f.leaves()
+    assert leaf.shape == (2000, 3, 44, 64) and torch.equal(leaf[:1], next(iter(w.leaves())))
+    big = bench.make_workload("images_small", 40)  # from 1.5 images per leaf: full 64 x 64 images
+    assert big.nbytes == 2000 * 2 * 3 * 64 * 64 and next(iter(big.leaves())).shape == (2, 3, 64, 64)
+
+
+def test_bench_goals():
+    res = bench.BenchResult(workloads={"images_flat": "x"}, ops=["save", "load"], compression="deflate",
+                            nbytes={"images_flat": 100 << 20})  # fmt: skip
+    cells = {("save", "tdz_numba"): 100.0, ("save", "tdz_numba_1t"): 190.0, ("save", "td_tdz"): 300.0,
+             ("save", "zlib_ng"): 180.0, ("load", "tdz_numba"): 50.0, ("load", "tdz_numba_1t"): 60.0,
+             ("load", "zlib_ng"): 40.0}  # fmt: skip
+    res.results = [{"workload": "images_flat", "op": op, "format": f, "median_ms": ms, "runs_ms": [ms]}
+                   for (op, f), ms in cells.items()]  # fmt: skip
+    res.sizes = {("images_flat", "tdz_numba"): 25 << 20}
+    got = {(g["op"], g["goal"]): g for g in bench.goals(res)}
+    cores = bench._cores()
+    assert got[("save", "scaling")]["value"] == pytest.approx(1.9)
+    assert got[("save", "scaling")]["passed"] == (1.9 >= 0.8 * cores)
+    assert got[("load", "scaling")]["value"] == pytest.approx(1.2)
+    assert got[("save", "single_thread")]["passed"] and not got[("load", "single_thread")]["passed"]
+    vs_td = got[("save", "vs_tensordict")]
+    assert vs_td["value"] == pytest.approx(3.0) and vs_td["passed"]
+    assert ("load", "vs_tensordict") not in got
+    text = "\n".join(bench.goal_lines(res))
+    assert "size ratio images_flat (uncompressed / file, 100.0 MiB): tdz_numba 4.00x" in text
+    assert "scaling images_flat: tdz_numba all threads vs num_threads=1: save 1.90x" in text
+    assert "load 1.50x (tdz_numba_1t 60.0 ms vs zlib_ng 40.0 ms) FAIL" in text
+    assert "save >= 2x faster than tensordict compressed: 3.00x" in text and "PASS" in text
+    table = bench.format_table(res).splitlines()
+    assert table[0].split() == ["workload", "op", "tdz_numba", "tdz_numba_1t", "td_tdz", "zlib_ng"]
+
+
 def test_bench_rejects_unknown_names(capsys):
     assert cli.main(["bench", "--format", "tdz_numba,nope"]) == 2
     assert "nope" in capsys.readouterr().err
