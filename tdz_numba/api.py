@@ -32,7 +32,7 @@ PathLike = str | os.PathLike
 
 def save(tree: Any, path: PathLike, *, compression: str | None = None,
          compresslevel: int | None = None, existsok: bool = True,
-         num_threads: int | None = None) -> Path:  # fmt: skip
+         num_threads: int | None = None, progress: bool | None = None) -> Path:  # fmt: skip
     """Saves a tree of tensors as a ``.tdz`` archive.
 
     Parameters
@@ -59,6 +59,8 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
         runs in parallel across entries and within large ones: each entry is
         cut into independent 4 MiB segments, full-flushed, so that the entry
         is still one standard raw-deflate stream.
+    progress : bool, optional
+        A tqdm progress bar on stderr (None: only when stderr is a terminal).
 
     Returns
     -------
@@ -75,8 +77,8 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
     """
     target = _writer.check_target(path, existsok)
     entries = flatten(tree)
-    return _writer.write_entries(entries, target, compression=compression,
-                                 compresslevel=compresslevel, num_threads=num_threads)  # fmt: skip
+    return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
+                                 num_threads=num_threads, progress=progress)  # fmt: skip
 
 
 def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | None = None,
@@ -144,7 +146,8 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
 
 
 def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
-         compresslevel: int | None = None, num_threads: int | None = None) -> Path:  # fmt: skip
+         compresslevel: int | None = None, num_threads: int | None = None,
+         progress: bool | None = None) -> Path:  # fmt: skip
     """Packs a tensordict memmap directory into an archive (like ``zip -0 -r``, aligned).
 
     Examples
@@ -159,11 +162,11 @@ def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
     """
     target = _writer.check_target(path, True)
     entries = _writer.directory_entries(Path(directory), target)
-    return _writer.write_entries(entries, target, compression=compression,
-                                 compresslevel=compresslevel, num_threads=num_threads)  # fmt: skip
+    return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
+                                 num_threads=num_threads, progress=progress)  # fmt: skip
 
 
-def unpack(path: PathLike, directory: PathLike) -> Path:
+def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None) -> Path:
     """Extracts an archive into a memmap directory that tensordict's ``load_memmap``
     reads (like ``unzip``). CRCs are checked; ``..`` or absolute names raise
     :class:`~tdz_numba.BadArchiveError` before anything is written.
@@ -177,7 +180,7 @@ def unpack(path: PathLike, directory: PathLike) -> Path:
     ...     print(sorted(p.name for p in out.iterdir()))
     ['a.memmap', 'meta.json']
     """
-    return _integrity.unpack(path, directory)
+    return _integrity.unpack(path, directory, progress=progress)
 
 
 def is_archive(path: PathLike) -> bool:
@@ -192,12 +195,14 @@ def is_archive(path: PathLike) -> bool:
     return _integrity.is_archive(path)
 
 
-def verify(path: PathLike) -> _integrity.VerifyReport:
+def verify(path: PathLike, *, progress: bool | None = None) -> _integrity.VerifyReport:
     """Checks every entry's CRC-32 (in parallel) and the archive's structure.
 
     Returns a :class:`~tdz_numba.VerifyReport`; raises
     :class:`~tdz_numba.ChecksumError` naming the first bad entry, or
-    :class:`~tdz_numba.BadArchiveError` for a structural fault.
+    :class:`~tdz_numba.BadArchiveError` for a structural fault. ``progress``:
+    a tqdm bar on stderr (None: only when stderr is a terminal), as for
+    :func:`save`, :func:`pack` and :func:`unpack`.
 
     Examples
     --------
@@ -207,7 +212,7 @@ def verify(path: PathLike) -> _integrity.VerifyReport:
     ...     print(tdz_numba.verify(p).leaves)
     1
     """
-    return _integrity.verify(path)
+    return _integrity.verify(path, progress=progress)
 
 
 def refresh_checksums(path: PathLike) -> Path:

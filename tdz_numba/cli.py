@@ -510,13 +510,8 @@ def _dir_sizes(directory: str | os.PathLike) -> tuple[int, int]:
 def cmd_verify(args: argparse.Namespace) -> int:
     import tdz_numba
 
-    show_bar = _want_progress(args)
-    sizes = _archive_sizes(args.file) if show_bar else None
     try:
-        total = sizes["payload_bytes"] if sizes else None
-        with progress(total, "verify", enabled=show_bar) as bar:
-            report = tdz_numba.verify(args.file)
-            bar.finish()
+        report = tdz_numba.verify(args.file, progress=_want_progress(args))
     except (TdzError, OSError) as exc:
         code = EXIT_FAILED if isinstance(exc, ChecksumError) else EXIT_USAGE
         if args.json:
@@ -546,10 +541,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
         raise _UsageError(f"{args.directory}: not a directory")
     files, nbytes = _dir_sizes(args.directory)
     compression = None if args.compression == "stored" else args.compression
-    with progress(nbytes, "pack", enabled=_want_progress(args)) as bar:
-        out = tdz_numba.pack(args.directory, args.file, compression=compression,
-                             compresslevel=args.level, num_threads=args.threads)  # fmt: skip
-        bar.finish()
+    out = tdz_numba.pack(args.directory, args.file, compression=compression, compresslevel=args.level,
+                         num_threads=args.threads, progress=_want_progress(args))  # fmt: skip
     size = os.path.getsize(out)
     print(f"{out}: packed {files} files ({_human(nbytes)}) from {args.directory}, "
           f"{args.compression}, {size} bytes ({_human(size)})")  # fmt: skip
@@ -560,10 +553,7 @@ def cmd_unpack(args: argparse.Namespace) -> int:
     import tdz_numba
 
     sizes = _archive_sizes(args.file)
-    total = sizes["payload_bytes"] if sizes else None
-    with progress(total, "unpack", enabled=_want_progress(args)) as bar:
-        out = tdz_numba.unpack(args.file, args.directory)
-        bar.finish()
+    out = tdz_numba.unpack(args.file, args.directory, progress=_want_progress(args))
     what = f"{sizes['entries']} entries ({_human(sizes['payload_bytes'])})" if sizes else "entries"
     print(f"{out}: unpacked {what} from {args.file}")
     return EXIT_OK

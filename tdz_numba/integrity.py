@@ -25,6 +25,7 @@ from . import records
 from .archive import DTYPES, open_archive
 from .dtypes import torch_dtype
 from .errors import BadArchiveError, ChecksumError, TdzError
+from .progress import progress as _progress
 from .reader import ArchiveIndex
 
 __all__ = ["VerifyReport", "verify", "refresh_checksums", "unpack", "is_archive", "stored_crcs"]
@@ -55,7 +56,7 @@ def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
     return run_parallel(crc32_spans, addrs.astype(np.int64), index.fields[rows, 3].copy(), CRC_CHUNK)
 
 
-def verify(path: str | os.PathLike) -> VerifyReport:
+def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
     """Checks every entry's CRC-32 and the archive's structure; see :func:`tdz_numba.verify`."""
     ar = open_archive(path)
     try:
@@ -63,17 +64,21 @@ def verify(path: str | os.PathLike) -> VerifyReport:
         index.check_all()  # every central record and local header
         methods = index.fields[:, 1]
         stored = np.nonzero(methods == records.STORED)[0]
-        crcs = stored_crcs(index, stored)
-        bad = np.nonzero(crcs != index.fields[stored, 2])[0]
-        first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
-        deflated = [index.entry(index.names[i]) for i in np.nonzero(methods == records.DEFLATED)[0].tolist()
-                    if i < first_bad]  # fmt: skip
-        if deflated:
-            index.inflate(deflated)  # in parallel; checks the CRCs
-        for i in np.nonzero((methods != records.STORED) & (methods != records.DEFLATED))[0].tolist():
-            if i > first_bad:
-                break
-            index.read(index.names[i])  # bzip2 / lzma: inflates and checks the CRC
+        with _progress(int(index.fields[:, 3].sum()), "verify", enabled=progress) as bar:
+            crcs = stored_crcs(index, stored)
+            bar.update(int(index.fields[stored, 3].sum()))
+            bad = np.nonzero(crcs != index.fields[stored, 2])[0]
+            first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
+            deflated = [index.entry(index.names[i]) for i in np.nonzero(methods == records.DEFLATED)[0].tolist()
+                        if i < first_bad]  # fmt: skip
+            if deflated:
+                index.inflate(deflated)  # in parallel; checks the CRCs
+                bar.update(sum(e.compressed_size for e in deflated))
+            for i in np.nonzero((methods != records.STORED) & (methods != records.DEFLATED))[0].tolist():
+                if i > first_bad:
+                    break
+                index.read(index.names[i])  # bzip2 / lzma: inflates and checks the CRC
+                bar.update(int(index.fields[i, 3]))
         if bad.size:
             raise ChecksumError(
                 f"{index.path}: entry {index.names[first_bad]!r}: CRC-32 mismatch: recorded "
@@ -154,7 +159,7 @@ def _safe_member(name: str, archive: Path) -> str:
     return posixpath.normpath(name)
 
 
-def unpack(path: str | os.PathLike, directory: str | os.PathLike) -> Path:
+def unpack(path: str | os.PathLike, directory: str | os.PathLike, *, progress: bool | None = None) -> Path:
     """Extracts an archive into a memmap directory; see :func:`tdz_numba.unpack`."""
     index = ArchiveIndex(path, check_local=True)
     directory = Path(directory)
@@ -163,15 +168,17 @@ def unpack(path: str | os.PathLike, directory: str | os.PathLike) -> Path:
             raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
         names = [(n, _safe_member(n, index.path)) for n in index.names]
         directory.mkdir(parents=True, exist_ok=True)
-        for name, rel in names:
-            target = directory / rel
-            if name.endswith("/"):
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            data = index.read(name)  # checks the CRC
-            with open(target, "wb") as f:
-                f.write(memoryview(data))
+        with _progress(int(index.fields[:, 4].sum()), "unpack", enabled=progress) as bar:
+            for name, rel in names:
+                target = directory / rel
+                if name.endswith("/"):
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                data = index.read(name)  # checks the CRC
+                with open(target, "wb") as f:
+                    f.write(memoryview(data))
+                bar.update(data.size)
     finally:
         index.close()
     return directory

@@ -50,6 +50,7 @@ from . import codecs, records
 from ._jit import run_parallel
 from .errors import ArchiveExistsError, BadArchiveError
 from .layout import plan
+from .progress import progress as _progress
 from .tree import Entry
 
 __all__ = ["write_entries", "check_target", "directory_entries"]
@@ -75,7 +76,8 @@ def _buffer_address(data: bytes | np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | None = None,
-                  compresslevel: int | None = None, num_threads: int | None = None) -> Path:  # fmt: skip
+                  compresslevel: int | None = None, num_threads: int | None = None,
+                  progress: bool | None = None) -> Path:  # fmt: skip
     """Writes ``entries`` as an archive at ``target`` (atomically)."""
     from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
 
@@ -126,7 +128,8 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
         fields = dict(crc=crc, size=size, csize=stored_size, method=methods, dos=records.dos_datetime(),
                       pad=np.where(p.aligned, p.pad, -1), flags=p.flags)  # fmt: skip
         pending = [i for i in range(n) if not hashed[i] and sources[i] is not None and sources[i].size]
-        with ThreadPoolExecutor(1) as pool:
+        with ThreadPoolExecutor(1) as pool, _progress(int(stored_size.sum()), f"save {target.name}",
+                                                       enabled=progress) as bar:  # fmt: skip
             # CRC-32 batches run in order on all cores (nogil kernel) in a
             # background thread, ahead of this thread's sequential writes: a
             # local header is written as soon as its entry's CRC is known.
@@ -155,6 +158,7 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
                             segments.append((pos, part))
                             pos += part.size
                 write_segments(fd, segments)
+                bar.update(int(stored_size[start:stop].sum()))
                 start = stop
         tail = records.central_directory(p.names, header_offset=p.header_offset, **fields)
         if len(tail) != p.cd_size:

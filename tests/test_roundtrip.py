@@ -361,3 +361,15 @@ def test_robust_key_encoding_matches_tensordict(key):
 
     assert encode_key(key) == td_utils._encode_key_for_filesystem(key)
     assert decode_key(encode_key(key)) == td_utils._decode_key_from_filesystem(encode_key(key))
+
+
+def test_progress_bars_only_when_asked(tmp_path, small_tree, capsys):
+    pytest.importorskip("tqdm")
+    p = tdz_numba.save(small_tree, tmp_path / "x.tdz", progress=True)
+    tdz_numba.verify(p, progress=True)
+    tdz_numba.unpack(p, tmp_path / "d", progress=True)
+    err = capsys.readouterr().err
+    assert "save x.tdz" in err and "verify" in err and "unpack" in err
+    tdz_numba.save(small_tree, tmp_path / "y.tdz")  # stderr is not a terminal under pytest: silent
+    tdz_numba.verify(tmp_path / "y.tdz", progress=False)
+    assert capsys.readouterr().err == ""
