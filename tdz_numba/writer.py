@@ -70,11 +70,6 @@ def check_target(path: str | os.PathLike, existsok: bool) -> Path:
     return target
 
 
-def _buffer_address(data: bytes | np.ndarray) -> tuple[np.ndarray, int]:
-    arr = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray)) else data
-    return arr, arr.ctypes.data if arr.size else 0
-
-
 def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | None = None,
                   compresslevel: int | None = None, num_threads: int | None = None,
                   progress: bool | None = None) -> Path:  # fmt: skip
