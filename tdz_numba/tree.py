@@ -453,6 +453,13 @@ class ChildSpec(NamedTuple):
     leaf: LeafSpec | None = None
 
 
+def _is_shape(shape: list) -> bool:
+    for s in shape:  # a loop: a generator in all() costs more than the check here
+        if type(s) is not int or s < 0:
+            return False
+    return True
+
+
 def describe_level(meta: Any, prefix: str, listing: Callable[[], tuple[set[str], set[str]]],
                    has_level: Callable[[str], bool], where: str) -> tuple[bool, list[ChildSpec]]:  # fmt: skip
     """Children of the level at ``prefix`` from its parsed meta.json.
@@ -497,7 +504,7 @@ def describe_level(meta: Any, prefix: str, listing: Callable[[], tuple[set[str],
                     f"nor 'type': {value!r}"
                 )
             shape = value["shape"]
-            if type(shape) is not list or not all(type(s) is int and s >= 0 for s in shape):
+            if type(shape) is not list or not _is_shape(shape):
                 raise BadArchiveError(
                     f"{where}: leaf {key!r} has a bad shape {shape!r} "
                     f"(expected a list of non-negative ints)"
