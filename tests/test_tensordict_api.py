@@ -8,7 +8,6 @@ memmap_like to .tdz, pack_memmap/unpack_memmap, is_memmap_archive) once with
 
 from __future__ import annotations
 
-import struct
 import sys
 import warnings
 import zipfile
@@ -32,6 +31,7 @@ from tensordict import (  # noqa: E402
     unpack_memmap,
 )
 from tensordict.tensorclass import is_tensorclass  # noqa: E402
+from ziputil import zero_timestamps  # noqa: E402
 
 import tdz_numba  # noqa: E402
 import tdz_numba.tensordict as tdt  # noqa: E402
@@ -179,20 +179,6 @@ def assert_same(got, exp, where="<root>"):
     assert list(got.keys()) == list(exp.keys()), where
     for key in exp.keys():
         assert_same(got.get(key), exp.get(key), f"{where}/{key}")
-
-
-def zero_timestamps(data: bytes) -> bytes:
-    b = bytearray(data)
-    eocd = b.rfind(b"PK\x05\x06")
-    count = struct.unpack_from("<H", b, eocd + 10)[0]
-    p = struct.unpack_from("<I", b, eocd + 16)[0]
-    for _ in range(count):
-        b[p + 12 : p + 16] = bytes(4)
-        name_len, extra_len, comment_len = struct.unpack_from("<HHH", b, p + 28)
-        local = struct.unpack_from("<I", b, p + 42)[0]
-        b[local + 10 : local + 14] = bytes(4)
-        p += 46 + name_len + extra_len + comment_len
-    return bytes(b)
 
 
 def _first_leaf(obj):

@@ -40,6 +40,7 @@ from tensordict import (  # noqa: E402
     tensorclass,
 )
 from tensordict.tensorclass import is_tensorclass  # noqa: E402
+from ziputil import zero_timestamps  # noqa: E402
 
 import tdz_numba  # noqa: E402
 from tdz_numba import Level, PickledData  # noqa: E402
@@ -464,40 +465,6 @@ def assert_td_same(got, exp, where="<root>"):
 # ---------------------------------------------------------------------------
 # zip helpers
 # ---------------------------------------------------------------------------
-def zero_timestamps(data: bytes) -> bytes:
-    """``data`` with the DOS time/date of every local header (bytes 10..13) and
-    central record (bytes 12..15) zeroed."""
-    b = bytearray(data)
-    eocd = b.rfind(b"PK\x05\x06")
-    assert eocd >= 0, "no end of central directory record"
-    count = struct.unpack_from("<H", b, eocd + 10)[0]
-    cd_off = struct.unpack_from("<I", b, eocd + 16)[0]
-    if count == 0xFFFF or cd_off == 0xFFFFFFFF:
-        z64 = b.rfind(b"PK\x06\x06")
-        assert z64 >= 0
-        count = struct.unpack_from("<Q", b, z64 + 32)[0]
-        cd_off = struct.unpack_from("<Q", b, z64 + 48)[0]
-    p = cd_off
-    for _ in range(count):
-        assert b[p : p + 4] == b"PK\x01\x02", f"bad central record at {p}"
-        b[p + 12 : p + 16] = bytes(4)
-        csize, usize = struct.unpack_from("<II", b, p + 20)
-        name_len, extra_len, comment_len = struct.unpack_from("<HHH", b, p + 28)
-        local = struct.unpack_from("<I", b, p + 42)[0]
-        if local == 0xFFFFFFFF:
-            q, end = p + 46 + name_len, p + 46 + name_len + extra_len
-            while q < end:
-                hid, hlen = struct.unpack_from("<HH", b, q)
-                if hid == 1:
-                    k = q + 4 + (8 if usize == 0xFFFFFFFF else 0) + (8 if csize == 0xFFFFFFFF else 0)
-                    local = struct.unpack_from("<Q", b, k)[0]
-                q += 4 + hlen
-        assert b[local : local + 4] == b"PK\x03\x04", f"bad local header at {local}"
-        b[local + 10 : local + 14] = bytes(4)
-        p += 46 + name_len + extra_len + comment_len
-    return bytes(b)
-
-
 def assert_same_bytes(p1: Path, p2: Path):
     a, b = Path(p1).read_bytes(), Path(p2).read_bytes()
     za, zb = zero_timestamps(a), zero_timestamps(b)
