@@ -484,13 +484,7 @@ class Archive(Mapping):
 
         esc = html.escape
 
-        def human(n: int) -> str:
-            value = float(n)
-            for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-                if value < 1024 or unit == "TiB":
-                    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-                value /= 1024
-            return f"{n} B"
+        from .progress import human_bytes as human
 
         def level_label(node: Archive) -> str:
             bs = node.batch_size

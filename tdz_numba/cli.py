@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import ChecksumError, TdzError
-from .progress import progress, stderr_is_tty
+from .progress import human_bytes, progress, stderr_is_tty
 
 __all__ = ["main", "build_parser"]
 
@@ -51,13 +51,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
+_human = human_bytes
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["progress", "Progress", "stderr_is_tty"]
+__all__ = ["progress", "Progress", "stderr_is_tty", "human_bytes"]
 
 
 def stderr_is_tty() -> bool:
@@ -128,3 +128,13 @@ def progress(total_bytes: int | None, desc: str = "", enabled: bool | None = Non
         p.close(leave=False)
         raise
     p.close(leave=True)
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes for people: ``"512 B"``, ``"1.5 KiB"``, ``"257.9 MiB"``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
