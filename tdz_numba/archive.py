@@ -418,13 +418,15 @@ class Archive(Mapping):
     def _prefetch_compressed(self) -> None:
         """Inflates every DEFLATE leaf below this level in one parallel batch."""
         index = self._index
+        if not (index.fields[:, 1] == records.DEFLATED).any():
+            return  # nothing to inflate: do not walk the leaves
         todo, specs = [], []
         for _, leaf in self.leaves():
-            if leaf.nested or leaf.entry in self._state.tensors or leaf.entry not in index:
+            if leaf.nested or leaf.entry in self._state.tensors:
                 continue
-            e = index.entry(leaf.entry)
-            if e.method == records.DEFLATED:
-                todo.append(e)
+            row = index.row(leaf.entry)
+            if row is not None and index.rows[row][1] == records.DEFLATED:
+                todo.append(index.entry(leaf.entry))
                 specs.append(leaf)
         if not todo:
             return

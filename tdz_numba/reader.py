@@ -205,16 +205,14 @@ class ArchiveIndex:
         if not len(self.fields):
             return []
         cd0 = self.end.cd_offset
-        raw = self.buffer[cd0 : cd0 + self.end.cd_size]
-        text = raw.tobytes().decode("latin-1")  # one char per byte: offsets carry over
+        text = self.buffer[cd0 : cd0 + self.end.cd_size].tobytes().decode("latin-1")  # one char per byte: offsets carry over
         starts = self.fields[:, 6] - cd0
         stops = starts + self.fields[:, 7]
         names = [text[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
         # names with bytes >= 0x80 are UTF-8 (or legacy cp437): decode them properly
-        high = np.zeros(raw.size + 1, np.int64)
-        np.cumsum(raw >= 0x80, out=high[1:])
-        for i in np.nonzero(high[stops] - high[starts])[0].tolist():
-            names[i] = self._name_at(i)
+        for i, name in enumerate(names):
+            if not name.isascii():
+                names[i] = self._name_at(i)
         return names
 
     def _build_listing(self) -> None:
