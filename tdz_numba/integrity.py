@@ -184,14 +184,15 @@ def unpack(path: str | os.PathLike, directory: str | os.PathLike, *, progress: b
     return directory
 
 
-def is_archive(path: str | os.PathLike) -> bool:
+def is_archive(path: str | os.PathLike, *, thorough: bool = True) -> bool:
     """Whether ``path`` is a zip file with a top-level ``meta.json``; see
-    :func:`tdz_numba.is_archive`."""
+    :func:`tdz_numba.is_archive`. ``thorough=False`` checks the central
+    directory only (local headers are then checked when entries are read)."""
     p = Path(path)
     if not p.is_file():
         return False
     try:
-        index = ArchiveIndex(p, check_local=True)
+        index = ArchiveIndex(p, check_local=thorough)
     except (TdzError, OSError):
         return False
     try:

@@ -473,10 +473,11 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
             and not isinstance(prefix, _ArchivePath)
             and not torch._guards.active_fake_mode()
         ):
-            from . import api
+            from .integrity import is_archive
 
             path = Path(prefix)
-            if path.is_file() and api.is_archive(path):
+            # the central directory only: load() checks each local header it reads
+            if path.is_file() and is_archive(path, thorough=False):
                 try:
                     result = load(path, subpath=subpath, mode=mode, device=device,
                                   num_threads=num_threads if num_threads and num_threads > 1 else 1,
