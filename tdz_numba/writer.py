@@ -7,8 +7,8 @@
 2. plan the layout of all entries at once (:mod:`tdz_numba.layout`);
 3. create a temporary file beside the target and ``ftruncate`` it to its
    final size;
-4. hash the payloads on all cores (zlib-ng's SIMD CRC-32 called from a
-   ``prange`` kernel, in chunks within and across entries) in a background
+4. hash the payloads on all cores but one (zlib-ng's SIMD CRC-32 called from
+   a ``prange`` kernel, in chunks within and across entries) in a background
    thread, in batches of ~16 MiB, while this thread writes the file in one
    sequential pass of ``pwritev`` calls straight from the source tensors:
    header, payload, header, ...; each batch's local headers are built at
@@ -123,6 +123,7 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
         fields = dict(crc=crc, size=size, csize=stored_size, method=methods, dos=records.dos_datetime(),
                       pad=np.where(p.aligned, p.pad, -1), flags=p.flags)  # fmt: skip
         pending = [i for i in range(n) if not hashed[i] and sources[i] is not None and sources[i].size]
+        crc_threads = _crc_threads(num_threads)
         with ThreadPoolExecutor(1) as pool, _progress(int(stored_size.sum()), f"save {target.name}",
                                                        enabled=progress) as bar:  # fmt: skip
             # CRC-32 batches run in order on all cores (nogil kernel) in a
@@ -132,7 +133,7 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
             for batch in _batches(pending, stored_size):
                 addrs = np.fromiter((sources[i].ctypes.data for i in batch), np.int64, len(batch))
                 job = pool.submit(run_parallel, crc32_spans, addrs, stored_size[batch].copy(), CRC_CHUNK,
-                                  num_threads=num_threads)  # fmt: skip
+                                  num_threads=crc_threads)  # fmt: skip
                 jobs.append((batch, job))
             start = 0
             for batch, job in [*jobs, (None, None)]:
@@ -191,6 +192,17 @@ def _batches(rows: list[int], sizes: np.ndarray) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
+
+
+def _crc_threads(num_threads: int | None) -> int:
+    """Threads of the background CRC: all but one of ``num_threads`` (default: the
+    cores), leaving a core to the writing thread. On 2 cores one CRC thread (~9 GB/s)
+    stays ahead of the writes (~3 GB/s), and two made the writes slower (measured:
+    flat 256 MiB save median 120 -> 99 ms, with fewer outliers)."""
+    import numba
+
+    total = numba.config.NUMBA_NUM_THREADS if num_threads is None else num_threads
+    return max(1, total - 1)
 
 
 def _rows(fields: dict, start: int, stop: int) -> dict:
