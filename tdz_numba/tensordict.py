@@ -100,13 +100,16 @@ def _lookup(module: str, qualname: str) -> Any:
 
 class _Ctx:
     def __init__(self, device: Any, allow_pickle: bool | None, allowed_classes: tuple,
-                 path: Any) -> None:  # fmt: skip
+                 path: Any, pickle_default: str = "refuse") -> None:  # fmt: skip
         import torch
 
         self.device = torch.device(device) if device is not None else None
         fake = torch._guards.active_fake_mode()
         self.no_data = bool(fake) or (self.device is not None and self.device.type == "meta")
         self.allow_pickle = allow_pickle
+        # allow_pickle=None: "refuse" for direct calls; "warn" (load with a FutureWarning, as
+        # tensordict 0.15 does) only for tensordict's own load_memmap while enable() is on
+        self.pickle_default = pickle_default
         self.allowed = tuple(allowed_classes)
         self.path = path
         self.cache: dict[tuple[Any, Any], type] = {}
@@ -156,7 +159,7 @@ class _Ctx:
         return found
 
     def unpickle(self, node: Any, entry: str) -> Any:
-        if self.allow_pickle is False:
+        if self.allow_pickle is False or (self.allow_pickle is None and self.pickle_default != "warn"):
             raise UnsafeContentError(
                 f"{self.path}: refusing to load pickled non-tensor data ({entry}). Pickle can "
                 f"execute arbitrary code. Pass allow_pickle=True only when the saved data is trusted."
@@ -298,7 +301,7 @@ def _subpath_node(ar: Any, subpath: Any) -> Any:
 
 def load(path: str | os.PathLike, *, subpath: Any = None, mode: str | None = "r", device: Any = None,
          num_threads: int | None = None, allow_pickle: bool | None = None,
-         allowed_classes: tuple = ()) -> Any:  # fmt: skip
+         allowed_classes: tuple = (), _pickle_default: str = "refuse") -> Any:  # fmt: skip
     """Loads an archive as ``TensorDict.load_memmap`` would, without importing anything.
 
     Returns a TensorDict, LazyStackedTensorDict, tensorclass instance,
@@ -306,8 +309,11 @@ def load(path: str | os.PathLike, *, subpath: Any = None, mode: str | None = "r"
     file (``mode="r"``: copy-on-write; ``"r+"``: writes reach the file).
     ``device="meta"`` reads no payload. Classes are looked up among imported
     modules and ``allowed_classes`` only (else :class:`~tdz_numba.UnsupportedError`).
-    ``allow_pickle``: None loads pickles with a FutureWarning (tensordict 0.15),
-    False raises :class:`~tdz_numba.UnsafeContentError`, True loads.
+    ``allow_pickle``: pickled non-tensor data is loaded only with True; None
+    and False raise :class:`~tdz_numba.UnsafeContentError` (nothing read from
+    a file runs code unless the caller allows it). Under :func:`enable`,
+    tensordict's own ``load_memmap(allow_pickle=None)`` keeps tensordict 0.15's
+    documented default: it loads pickles with a FutureWarning.
     """
     _tensordict()
     from . import api
@@ -316,7 +322,7 @@ def load(path: str | os.PathLike, *, subpath: Any = None, mode: str | None = "r"
         mode = "r"
     if allow_pickle is not None and not isinstance(allow_pickle, bool):
         raise InvalidArgumentError("allow_pickle must be a bool or None.")
-    ctx = _Ctx(device, allow_pickle, allowed_classes, path)
+    ctx = _Ctx(device, allow_pickle, allowed_classes, path, _pickle_default)
     ar = api.open(path, mode=mode, allow_pickle=False, num_threads=num_threads)
     try:
         node = _subpath_node(ar, subpath)
@@ -481,7 +487,8 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
                 try:
                     result = load(path, subpath=subpath, mode=mode, device=device,
                                   num_threads=num_threads if num_threads and num_threads > 1 else 1,
-                                  allow_pickle=allow_pickle, allowed_classes=(cls,))  # fmt: skip
+                                  allow_pickle=allow_pickle, allowed_classes=(cls,),
+                                  _pickle_default="warn")  # fmt: skip
                 except UnsupportedError as exc:
                     if "tdz_numba never imports" not in str(exc):
                         raise

@@ -318,8 +318,10 @@ def test_tdt_save_bytes_and_pickle_policy(tmp_path):
         tdt.load(tmp_path / "ours.tdz", allow_pickle=False)
     with pytest.raises(RuntimeError):  # the same class tensordict raises
         tdt.load(tmp_path / "ours.tdz", allow_pickle=False)
-    with pytest.warns(FutureWarning):
-        got = tdt.load(tmp_path / "ours.tdz")
+    with pytest.raises(tdz_numba.UnsafeContentError):  # direct calls: no pickle unless allowed
+        tdt.load(tmp_path / "ours.tdz")
+    with tdt.enabled(), pytest.warns(FutureWarning):  # tensordict's own default under enable()
+        got = TensorDict.load_memmap(tmp_path / "ours.tdz")
     assert got["st"] == [Trip(1), Trip(2)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -390,3 +392,15 @@ def test_enable_checks_version(monkeypatch):
     with pytest.raises(tdz_numba.UnsupportedError, match="0.15"):
         tdt.enable()
     assert not tdt.is_enabled()
+
+
+def test_direct_load_refuses_pickles_unless_allowed(tmp_path):
+    """tdz_numba.tensordict.load runs no pickle unless the caller passes allow_pickle=True;
+    tensordict's own load_memmap under enable() keeps tensordict's default (warn and load)."""
+    td = TensorDict(d=NonTensorData({1, 2}), a=torch.ones(2), batch_size=[])
+    td.save(tmp_path / "p.tdz")
+    with pytest.raises(tdz_numba.UnsafeContentError):
+        tdt.load(tmp_path / "p.tdz")
+    assert tdt.load(tmp_path / "p.tdz", allow_pickle=True)["d"] == {1, 2}
+    with tdt.enabled(), pytest.warns(FutureWarning):
+        assert TensorDict.load_memmap(tmp_path / "p.tdz")["d"] == {1, 2}
