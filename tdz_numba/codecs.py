@@ -1,12 +1,12 @@
-"""Compression methods of zip entries: deflate (zlib-ng), bzip2 and lzma (stdlib).
+"""Compression methods of zip entries: deflate (parallel segments, zlib-ng), bzip2 and lzma (stdlib).
 
 Examples
 --------
 >>> import numpy as np
 >>> from tdz_numba import codecs
 >>> raw = bytes(1000)
->>> packed = codecs.compress(memoryview(raw), codecs.method_of("deflate"), None)
->>> bytes(codecs.decompress(packed, 8, 1000, "x.memmap")) == raw
+>>> packed = codecs.compress(memoryview(raw), codecs.method_of("bzip2"), None)
+>>> bytes(codecs.decompress(packed, 12, 1000, "x.memmap")) == raw
 True
 """
 
@@ -18,7 +18,6 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-from zlib_ng import zlib_ng
 
 from . import records
 from .errors import BadArchiveError, ChecksumError, UnsupportedError
@@ -74,10 +73,8 @@ def _lzma_filters(props: bytes):
 
 
 def compress(data, method: int, level: int | None) -> bytes:
-    """Compresses ``data`` (a buffer) into the bytes a zip entry of ``method`` stores."""
-    if method == records.DEFLATED:
-        c = zlib_ng.compressobj(-1 if level is None else level, zlib_ng.DEFLATED, -15)
-        return c.compress(data) + c.flush()
+    """Compresses ``data`` (a buffer) into the bytes a bzip2 or lzma zip entry stores
+    (deflate goes through :func:`deflate_many`, in parallel segments)."""
     if method == records.BZIP2:
         return bz2.compress(data, 9 if level is None else level)
     if method == records.LZMA:
@@ -88,18 +85,14 @@ def compress(data, method: int, level: int | None) -> bytes:
 
 
 def decompress(raw, method: int, size: int, name: str) -> np.ndarray:
-    """Decompresses an entry into a new uint8 array of exactly ``size`` bytes.
+    """Decompresses a bzip2 or lzma entry into a new uint8 array of exactly ``size``
+    bytes (deflate goes through :func:`inflate_many`, in parallel segments).
 
     Raises :class:`BadArchiveError` when the stream is corrupt or decodes to
     another size.
     """
     try:
-        if method == records.DEFLATED:
-            d = zlib_ng.decompressobj(-15)
-            # one extra byte detects oversized streams
-            out = d.decompress(raw, size + 1)
-            ok = d.eof and not d.unconsumed_tail
-        elif method == records.BZIP2:
+        if method == records.BZIP2:
             d = bz2.BZ2Decompressor()
             out = d.decompress(raw, size + 1)
             ok = d.eof
@@ -117,8 +110,6 @@ def decompress(raw, method: int, size: int, name: str) -> np.ndarray:
         if isinstance(exc, BadArchiveError):
             raise
         raise BadArchiveError(f"{name}: corrupt {records.METHOD_NAMES.get(method)} stream: {exc}") from None
-    except zlib_ng.error as exc:
-        raise BadArchiveError(f"{name}: corrupt deflate stream: {exc}") from None
     if len(out) != size or not ok:
         raise BadArchiveError(
             f"{name}: the compressed stream decodes to {len(out)}{'+' if len(out) > size else ''} "

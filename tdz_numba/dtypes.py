@@ -17,7 +17,7 @@ import torch
 
 from .errors import BadArchiveError
 
-__all__ = ["torch_dtype", "dtype_table", "dtype_name", "numpy_dtype", "from_numpy_dtype"]
+__all__ = ["torch_dtype", "dtype_table", "numpy_dtype", "from_numpy_dtype"]
 
 _NAMES = [
     "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
@@ -52,11 +52,6 @@ def dtype_table() -> dict[str, torch.dtype]:
     """A copy of the name -> dtype table (for hot loops; unknown names must
     still go through :func:`torch_dtype` for the error)."""
     return dict(_BY_NAME)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """The meta.json name of a torch dtype."""
-    return str(dtype)
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
