@@ -19,7 +19,7 @@ except ImportError:  # Python 3.10
 ROOT = Path(__file__).resolve().parent.parent
 
 # PyPI name -> conda-forge name, where they differ
-CONDA_NAME = {"torch": "pytorch", "zlib-ng": "python-zlib-ng"}
+CONDA_NAME = {"torch": "pytorch", "zlib-ng": "python-zlib-ng", "build": "python-build"}
 
 
 # -- tiny parsers ------------------------------------------------------------------------------
@@ -91,9 +91,21 @@ def env_text():
     return (ROOT / "environment.yml").read_text()
 
 
+def render_recipe(text: str, **variables: str) -> str:
+    """The recipe as conda-build renders it (Jinja2), with conda-build's ``PYTHON`` variable."""
+    jinja2 = pytest.importorskip("jinja2")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    return env.from_string(text).render(PYTHON="python", **variables)
+
+
 @pytest.fixture(scope="module")
-def recipe_text():
+def recipe_raw():
     return (ROOT / "recipe" / "meta.yaml").read_text()
+
+
+@pytest.fixture(scope="module")
+def recipe_text(recipe_raw):
+    return render_recipe(recipe_raw)
 
 
 def _runtime(pyproject) -> dict[str, str]:
@@ -149,7 +161,11 @@ def test_runtime_dependencies_agree(pyproject, env_text, recipe_text):
 
     env = dict(_split_req(r) for r in yaml_list(env_text, "dependencies"))
     env_runtime = {k: v for k, v in env.items() if k in runtime}
-    assert env_runtime == runtime, "environment.yml runtime packages differ from pyproject.toml dependencies"
+    # the dev environment may only tighten pytorch, to what tensordict 0.15.3 (a dev dependency) needs
+    assert env_runtime.pop("pytorch") == ">=2.11"
+    assert env_runtime == {k: v for k, v in runtime.items() if k != "pytorch"}, (
+        "environment.yml runtime packages differ from pyproject.toml dependencies"
+    )
     # the environment's pinned python satisfies requires-python
     m = re.fullmatch(r"=+(\d+)\.(\d+).*", env["python"])
     assert m, env["python"]
@@ -164,7 +180,10 @@ def test_environment_has_the_dev_tools(pyproject, env_text):
     missing = dev - conda - pip
     assert not missing, f"dev extras missing from environment.yml: {sorted(missing)}"
     runtime = set(_runtime(pyproject))
-    unknown = conda - dev - runtime - {"python", "pip"}
+    extras = {CONDA_NAME.get(n, n) for reqs in pyproject["project"]["optional-dependencies"].values()
+              for n, _ in map(_split_req, reqs)}  # fmt: skip
+    system_tools = {"zip", "unzip"}  # Debian/conda binaries the interop tests call
+    unknown = conda - dev - extras - runtime - system_tools - {"python", "pip"}
     assert not unknown, f"environment.yml installs packages pyproject.toml does not name: {sorted(unknown)}"
 
 
@@ -174,11 +193,28 @@ def test_requirements_dev_names_the_runtime(pyproject):
     assert {n for n, _ in map(_split_req, pyproject["project"]["dependencies"])} <= names
 
 
-def test_recipe_metadata(pyproject, recipe_text):
-    m = re.search(r'{%\s*set\s+version\s*=\s*"([^"]+)"\s*%}', recipe_text)
+def test_recipe_metadata(pyproject, recipe_raw, recipe_text):
+    m = re.search(r'{%\s*set\s+version\s*=\s*"([^"]+)"\s*%}', recipe_raw)
     assert m and m[1] == pyproject["project"]["version"]
     assert re.search(r"^\s+noarch:\s*python\s*$", recipe_text, re.M)
-    assert re.search(r"^\s+script:\s*\{\{ PYTHON \}\} -m pip install \. --no-deps -vv\s*$", recipe_text, re.M)
+    assert re.search(r"^\s+script:\s*python -m pip install \. --no-deps --no-build-isolation -vv\s*$",
+                     recipe_text, re.M)  # fmt: skip
+    # conda-forge's noarch conventions: python_min in host and test, >=python_min at run time, pip check
+    python_min = pyproject["project"]["requires-python"].removeprefix(">=")
+    assert f"python {python_min}" in yaml_list(recipe_text, "requirements", "host")
+    assert f"python {python_min}" in yaml_list(recipe_text, "test", "requires")
+    assert "pip check" in yaml_list(recipe_text, "test", "commands")
+    # conda-forge overrides python_min at build time; the recipe follows it
+    assert "python >=3.12" in yaml_list(render_recipe(recipe_raw, python_min="3.12"), "requirements", "run")
+    host = dict(_split_req(r) for r in yaml_list(recipe_text, "requirements", "host"))
+    build_requires = dict(map(_split_req, pyproject["build-system"]["requires"]))
+    assert host["setuptools"] == build_requires["setuptools"] == ">=77"  # SPDX `license = "MIT"` needs 77
+    about = re.search(r"^about:\n((?:[ ].*\n|\n)+)", recipe_text, re.M)[1]
+    assert re.search(rf"^\s+home:\s*{re.escape(pyproject['project']['urls']['Homepage'])}\s*$", about, re.M)
+    assert re.search(rf"^\s+license:\s*{pyproject['project']['license']}\s*$", about, re.M)
+    license_file = re.search(r"^\s+license_file:\s*(\S+)\s*$", about, re.M)[1]
+    assert (ROOT / license_file).is_file() and license_file in pyproject["project"]["license-files"]
+    assert "MIT License" in (ROOT / license_file).read_text()
     scripts = pyproject["project"]["scripts"]
     assert scripts == {"tdz": "tdz_numba.cli:main"}
     entry_points = [e.replace(" ", "") for e in yaml_list(recipe_text, "build", "entry_points")]
@@ -222,3 +258,52 @@ def test_console_script():
 
     proc = subprocess.run([tdz, "--version"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and __version__ in proc.stdout
+
+
+# -- build and install ----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git for a clean source copy")
+def test_build_sdist_and_wheel_then_install(tmp_path):
+    """``python -m build`` makes an sdist and a wheel; the wheel installs into a fresh venv
+    (``--no-deps``: no torch download) and imports; both carry the license and py.typed."""
+    pytest.importorskip("build")
+    import tarfile
+    import zipfile
+
+    src = tmp_path / "src"
+    # a copy of the tracked files only: no .venv, caches or build outputs
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()  # fmt: skip
+    for rel in files:
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    out = tmp_path / "dist"
+    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir",
+                           str(out), str(src)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (wheel,) = out.glob("*.whl")
+    (sdist,) = out.glob("*.tar.gz")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "tdz_numba/py.typed" in names and "tdz_numba/__init__.py" in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert not any(n.startswith("tests/") for n in names)
+    with tarfile.open(sdist) as tar:
+        members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
+    assert {"LICENSE", "pyproject.toml", "tdz_numba/__init__.py", "tdz_numba/py.typed"} <= members
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # import tdz_numba needs none of its dependencies: they load on first use
+    clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    proc = subprocess.run([str(py), "-c", "import tdz_numba, sys; print(tdz_numba.__version__, tdz_numba.__file__)"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path, env=clean_env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    version, where = proc.stdout.split()
+    assert version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert str(venv) in where
+    assert (venv / "bin" / "tdz").is_file()
