@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tdz_numba
+import tdz_numba.bench.reporting
 from tdz_numba import bench, cli
 
 
@@ -58,7 +59,10 @@ def test_bench_quick_json(tmp_path):
     err = proc.stderr
     assert "machine:" in err and "torch" in err and "numba" in err
     assert "size: 16 MiB" in err and "repeat: 3" in err and "warm page cache" in err
-    assert "reproduce:" in err and "--workload small" in err
+    assert "reproduce (from the repository root, in its .venv): python -m tdz_numba bench" in err
+    assert "--workload small" in err
+    # no absolute paths of the build machine: no interpreter path, no artifacts directory
+    assert sys.executable not in err and ".tdz-bench-" not in err
     assert "(1.0x)" in err
     assert "WARNING" not in err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -126,8 +130,8 @@ def test_bench_goals():
     res.results = [{"workload": "images_flat", "op": op, "format": f, "median_ms": ms, "runs_ms": [ms]}
                    for (op, f), ms in cells.items()]  # fmt: skip
     res.sizes = {("images_flat", "tdz_numba"): 25 << 20}
-    got = {(g["op"], g["goal"]): g for g in bench.goals(res)}
-    cores = bench._cores()
+    got = {(g["op"], g["goal"]): g for g in bench.reporting.goals(res)}
+    cores = bench.reporting._cores()
     assert got[("save", "scaling")]["value"] == pytest.approx(1.9)
     assert got[("save", "scaling")]["passed"] == (1.9 >= 0.8 * cores)
     assert got[("load", "scaling")]["value"] == pytest.approx(1.2)

@@ -31,10 +31,10 @@ class Deflate:
             from zlib_ng import zlib_ng  # noqa: F401  (the deflate codec)
 
             import tdz_numba
-            from tdz_numba.bench import _sum_tree, make_workload  # the data and the sums of tdz bench
+            from tdz_numba.bench import make_workload, sum_tree  # the data and the sums of tdz bench
         except ImportError as exc:
             raise NotImplementedError(f"missing: {exc}") from None
-        self.sum_tree = _sum_tree  # float(t.sum()) of every leaf (numpy's for uint8 leaves)
+        self.sum_tree = sum_tree  # float(t.sum()) of every leaf (numpy's for uint8 leaves)
         self.dir = tempfile.mkdtemp(prefix="tdz-asv-deflate-", dir=os.getcwd())
         try:
             # JIT: the deflate and inflate kernels on this thread count, with an entry cut
@@ -42,7 +42,7 @@ class Deflate:
             warm = os.path.join(self.dir, "warm.tdz")
             tiny = {"a": {"b": torch.arange(9 << 18, dtype=torch.int32) % 251}, "c": torch.ones(100)}
             tdz_numba.save(tiny, warm, compression="deflate", num_threads=num_threads)
-            _sum_tree(tdz_numba.load(warm, num_threads=num_threads))
+            sum_tree(tdz_numba.load(warm, num_threads=num_threads))
             os.unlink(warm)
         except (NotImplementedError, TypeError, ValueError) as exc:  # no deflate / num_threads support
             shutil.rmtree(self.dir, ignore_errors=True)
