@@ -21,6 +21,7 @@ from typing import Any
 
 from . import archive as _archive
 from . import integrity as _integrity
+from . import remote as _remote
 from . import writer as _writer
 from .tree import Level, flatten
 
@@ -32,7 +33,8 @@ PathLike = str | os.PathLike
 
 def save(tree: Any, path: PathLike, *, compression: str | None = None,
          compresslevel: int | None = None, existsok: bool = True,
-         num_threads: int | None = None, progress: bool | None = None) -> Path:  # fmt: skip
+         num_threads: int | None = None, progress: bool | None = None,
+         storage_options: dict[str, Any] | None = None) -> Path:  # fmt: skip
     """Saves a tree of tensors as a ``.tdz`` archive.
 
     Parameters
@@ -47,6 +49,10 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
         The archive to write. It is written to a temporary file beside it and
         then renamed, so an existing file is replaced atomically (its
         permissions kept) and left intact on error.
+        An fsspec URL (``s3://bucket/x.tdz``, ``memory://x.tdz``, ...) or a
+        writable file object is streamed in one sequential pass, without a
+        local file; the object appears only when complete (a multipart upload
+        is aborted on error, an existing object is left intact).
     compression : {None, "stored", "deflate", "bzip2", "lzma"}
         Compression of ``*.memmap`` payloads; ``meta.json`` files are always
         stored. Compressed leaves are decompressed on load (no zero-copy).
@@ -61,6 +67,8 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
         is still one standard raw-deflate stream.
     progress : bool, optional
         A tqdm progress bar on stderr (None: only when stderr is a terminal).
+    storage_options : dict, optional
+        Options of the fsspec filesystem of a URL (endpoint, credentials, ...).
 
     Returns
     -------
@@ -75,6 +83,11 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
     ...     print(p.suffix, tdz_numba.load(p)["w"].sum().item())
     .tdz 4.0
     """
+    if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: streamed
+        from .remote_write import save_remote
+
+        return save_remote(flatten(tree), path, storage_options=storage_options, existsok=existsok,  # type: ignore[return-value]
+                           compression=compression, compresslevel=compresslevel, num_threads=num_threads)  # fmt: skip
     target = _writer.check_target(path, existsok)
     entries = flatten(tree)
     return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
@@ -82,13 +95,19 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
 
 
 def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | None = None,
-         allow_pickle: bool = False, num_threads: int | None = None) -> _archive.Archive:  # fmt: skip
+         allow_pickle: bool = False, num_threads: int | None = None,
+         storage_options: dict[str, Any] | None = None) -> _archive.Archive:  # fmt: skip
     """Opens an archive lazily as a read-only :class:`~tdz_numba.Archive` mapping.
 
     Parameters
     ----------
     path : str or os.PathLike
-        The archive.
+        The archive: a local path, an fsspec URL (``s3://``, ``gs://``,
+        ``https://``, ``memory://``, ...) or a seekable binary file object.
+        Remote archives are read with ranged requests: the tail at open, each
+        level's meta.json when reached, leaves on access; ``to_dict`` fetches
+        a level's entries in one coalesced concurrent batch. Every fetched
+        entry's CRC-32 is checked.
     mode : {"r", "r+"}
         ``"r"`` maps the file privately: leaves are writable but writes stay
         in memory. ``"r+"`` maps it shared: in-place writes reach the file
@@ -105,6 +124,8 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
         Threads that inflate compressed leaves (None: all cores, 1: serial).
         Nothing is inflated before a leaf (or, with ``to_dict``, its level)
         is accessed; every inflated entry's CRC-32 is checked.
+    storage_options : dict, optional
+        Options of the fsspec filesystem of a URL (endpoint, credentials, ...).
 
     Returns
     -------
@@ -119,12 +140,16 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
     ...         print(list(ar), ar["b"].tolist())
     ['b'] [0, 1, 2]
     """
+    if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: ranged reads
+        return _remote.open_remote(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
+                                   num_threads=num_threads, storage_options=storage_options)  # fmt: skip
     return _archive.open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
                                  num_threads=num_threads)  # fmt: skip
 
 
 def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: str = "r",
-         allow_pickle: bool = False, num_threads: int | None = None) -> Level:  # fmt: skip
+         allow_pickle: bool = False, num_threads: int | None = None,
+         storage_options: dict[str, Any] | None = None) -> Level:  # fmt: skip
     """Loads an archive as nested dicts of tensors and plain values.
 
     The dicts are :class:`~tdz_numba.Level` objects that also carry each
@@ -141,6 +166,9 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
     ...     print(isinstance(tree, dict), tree["tag"], tree["x"].tolist())
     True run-1 [1.0, 1.0, 1.0]
     """
+    if storage_options is not None or _remote.is_remote(path):
+        return _remote.load_remote(path, subpath=subpath, mode=mode, allow_pickle=allow_pickle,
+                                   num_threads=num_threads, storage_options=storage_options)  # fmt: skip
     return _archive.load(path, subpath=subpath, mode=mode, allow_pickle=allow_pickle,
                          num_threads=num_threads)  # fmt: skip
 
@@ -183,7 +211,7 @@ def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None)
     return _integrity.unpack(path, directory, progress=progress)
 
 
-def is_archive(path: PathLike) -> bool:
+def is_archive(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> bool:
     """Whether ``path`` is a file holding a zip archive with a top-level ``meta.json``.
 
     Examples
@@ -192,10 +220,13 @@ def is_archive(path: PathLike) -> bool:
     >>> tdz_numba.is_archive("/nonexistent.tdz")
     False
     """
+    if storage_options is not None or _remote.is_remote(path):
+        return _remote.is_archive_remote(path, storage_options=storage_options)
     return _integrity.is_archive(path)
 
 
-def verify(path: PathLike, *, progress: bool | None = None) -> _integrity.VerifyReport:
+def verify(path: PathLike, *, progress: bool | None = None,
+           storage_options: dict[str, Any] | None = None) -> _integrity.VerifyReport:
     """Checks every entry's CRC-32 (in parallel) and the archive's structure.
 
     Returns a :class:`~tdz_numba.VerifyReport`; raises
@@ -212,6 +243,8 @@ def verify(path: PathLike, *, progress: bool | None = None) -> _integrity.Verify
     ...     print(tdz_numba.verify(p).leaves)
     1
     """
+    if storage_options is not None or _remote.is_remote(path):
+        return _remote.verify_remote(path, storage_options=storage_options, progress=progress)
     return _integrity.verify(path, progress=progress)
 
 

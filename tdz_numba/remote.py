@@ -1,0 +1,488 @@
+"""Archives on object stores: ranged reads through fsspec (s3://, gs://, https://, memory://, ...).
+
+A ``.tdz`` suits object stores: its central directory is at the end and
+small, and every leaf sits at a known offset. :class:`RemoteIndex` fetches
+the tail of the object once (one suffix-range request: the end records and,
+for typical archives, the whole central directory), parses it with the same
+:func:`~tdz_numba.kernels.parse_central_directory` kernel as a local open,
+and keeps the object's bytes in one sparse anonymous mapping the size of the
+object: a range is fetched into its place there before any leaf views it, so
+the whole :class:`~tdz_numba.Archive` machinery (levels, zero-copy leaves
+over one buffer, parallel inflate) works unchanged. Nothing is fetched at
+open but the tail; each level's ``meta.json`` when first reached; a leaf on
+access (its local header and payload in one request). ``to_dict``/``load``
+fetch every entry below the level at once: extents sorted, adjacent ones
+merged, small gaps bridged, cut into parts fetched concurrently
+(``fs.cat_ranges``). Every fetched STORED entry's CRC-32 is checked (remote
+bytes are not trusted; ``verify=False`` skips it); compressed entries are
+checked when inflated.
+
+Saving (:mod:`tdz_numba.remote_write`) streams the writer's one sequential
+pass to ``fs.open(url, "wb")`` without a local file.
+
+Examples
+--------
+>>> import fsspec, torch, tdz_numba
+>>> _ = tdz_numba.save({"a": {"b": torch.arange(4)}}, "memory://doc/x.tdz")
+>>> with tdz_numba.open("memory://doc/x.tdz") as ar:
+...     print(list(ar), ar["a/b"].tolist())
+['a'] [0, 1, 2, 3]
+>>> fsspec.filesystem("memory").rm("memory://doc/x.tdz")
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import records
+from .archive import Archive, _State, subpath_prefix
+from .errors import BadArchiveError, ChecksumError, InvalidArgumentError, MissingKeyError, TdzError
+from .reader import ArchiveIndex
+
+__all__ = ["RemoteError", "RemoteIndex", "is_remote", "open_remote", "load_remote", "verify_remote",
+           "is_archive_remote", "TAIL_BYTES"]  # fmt: skip
+
+#: Bytes read from the end of an object at open (end records + central directory in one request).
+TAIL_BYTES = 1 << 20
+#: Ranges farther apart than this are fetched separately (not bridged).
+MAX_GAP = 4096
+#: Bridged gaps may add at most this fraction of the bytes needed.
+MAX_WASTE = 0.02
+#: Largest single ranged request of a bulk fetch (larger extents are split for concurrency).
+PART_BYTES = 8 << 20
+#: Parts held in memory at once before being copied into place.
+GROUP_PARTS = 16
+#: Attempts per ranged request before :class:`RemoteError`.
+ATTEMPTS = 3
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*::?//|^[A-Za-z][A-Za-z0-9+.\-]*::")
+_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+
+
+class RemoteError(TdzError, OSError):
+    """A remote object could not be read or written (network failure, short read,
+    missing object); the message names the URL and the entries concerned."""
+
+
+def is_remote(target: Any) -> bool:
+    """Whether ``target`` is an fsspec URL (``proto://...``, not ``file://``) or a binary file object.
+
+    Examples
+    --------
+    >>> from tdz_numba.remote import is_remote
+    >>> is_remote("s3://bucket/x.tdz"), is_remote("/tmp/x.tdz"), is_remote("file:///tmp/x.tdz")
+    (True, False, False)
+    """
+    if isinstance(target, str):
+        return bool(_URL.match(target)) and not target.startswith("file://")
+    return hasattr(target, "read") and hasattr(target, "seek") and not isinstance(target, (bytes, os.PathLike))
+
+
+# -- fetchers: how bytes come ----------------------------------------------------------------
+class _Fetcher:
+    """Ranged reads of one object: an fsspec filesystem path, or a seekable file object."""
+
+    label: str
+
+    def __init__(self, target: Any, storage_options: dict[str, Any] | None) -> None:
+        self.fs = None
+        self.file = None
+        self.lock = threading.Lock()
+        self.requests = 0
+        if isinstance(target, str):
+            import fsspec
+
+            try:
+                fs, path = fsspec.core.url_to_fs(target, **(storage_options or {}))
+            except (ImportError, ValueError) as exc:
+                raise InvalidArgumentError(f"{target}: cannot open this URL with fsspec: {exc}") from None
+            self.fs, self.path, self.label = fs, path, target
+        else:
+            if storage_options:
+                raise InvalidArgumentError("storage_options apply to URLs, not to file objects")
+            self.file = target
+            self.path = getattr(target, "path", None) or getattr(target, "name", None) or repr(target)
+            self.label = str(getattr(target, "full_name", None) or self.path)
+
+    def size(self) -> int:
+        """The object's size (one metadata request for a filesystem)."""
+        self.requests += 1
+        try:
+            if self.file is not None:
+                with self.lock:
+                    return int(self.file.seek(0, 2))
+            return int(self.fs.size(self.path))
+        except FileNotFoundError:
+            raise RemoteError(f"{self.label}: no such object") from None
+        except Exception as exc:
+            raise RemoteError(f"{self.label}: cannot read the object's size: {exc}") from exc
+
+    def tail(self, n: int) -> bytes:
+        """The last ``n`` bytes (the whole object when shorter): one suffix-range request."""
+        self.requests += 1
+        try:
+            if self.file is not None:
+                with self.lock:
+                    size = self.file.seek(0, 2)
+                    self.file.seek(max(0, size - n))
+                    return bytes(self.file.read())
+            return bytes(self.fs.cat_file(self.path, start=-n))
+        except FileNotFoundError:
+            raise RemoteError(f"{self.label}: no such object") from None
+        except Exception as exc:
+            raise RemoteError(f"{self.label}: reading the last {n} bytes failed: {exc}") from exc
+
+    def ranges(self, starts: list[int], stops: list[int]) -> list[Any]:
+        """Bytes of each ``[start, stop)`` (or the exception that read raised), fetched concurrently."""
+        self.requests += len(starts)
+        if self.file is not None:
+            out: list[Any] = []
+            for a, b in zip(starts, stops):
+                try:
+                    with self.lock:
+                        self.file.seek(a)
+                        out.append(bytes(self.file.read(b - a)))
+                except Exception as exc:
+                    out.append(exc)
+            return out
+        try:
+            return list(self.fs.cat_ranges([self.path] * len(starts), starts, stops, on_error="return"))
+        except Exception as exc:
+            return [exc] * len(starts)
+
+
+def _infer_size(body: bytes, label: str) -> int | None:
+    """The object's size from its last ``len(body)`` bytes, when the end records tell it.
+
+    A standard zip's end record follows its central directory (and the zip64
+    locator gives the zip64 end record's offset), so the suffix read alone
+    places the tail; None when the records do not allow it (then a size
+    request is made).
+    """
+    end = records.END_SIG
+    pos = body.rfind(end)
+    while pos >= 0:
+        if pos + 22 <= len(body) and pos + 22 + struct.unpack_from("<H", body, pos + 20)[0] == len(body):
+            break
+        pos = body.rfind(end, 0, pos)
+    if pos < 0:
+        return None
+    loc = pos - 20
+    if loc >= 0 and body[loc : loc + 4] == records.ZIP64_LOCATOR_SIG:
+        z_end = struct.unpack_from("<Q", body, loc + 8)[0]
+        q = body.rfind(records.ZIP64_END_SIG, 0, loc)
+        return None if q < 0 else z_end + (len(body) - q)
+    _, _, _, _, count, cd_size, cd_offset, _ = struct.unpack_from("<4sHHHHIIH", body, pos)
+    size = cd_offset + cd_size + (len(body) - pos)
+    start = size - len(body)
+    if start < 0:
+        return None
+    if count and cd_offset >= start and body[cd_offset - start : cd_offset - start + 4] != b"PK\x01\x02":
+        return None
+    return size
+
+
+# -- the index -------------------------------------------------------------------------------
+class RemoteIndex(ArchiveIndex):
+    """An :class:`~tdz_numba.reader.ArchiveIndex` over a remote object, fetched on demand.
+
+    ``buffer`` is a sparse anonymous mapping of the object's size; entries are
+    fetched into place (:meth:`fetch`) before anything reads them.
+    ``requests`` and ``bytes_fetched`` count the traffic.
+    """
+
+    def __init__(self, target: Any, *, storage_options: dict[str, Any] | None = None, verify: bool = True,
+                 tail_bytes: int = TAIL_BYTES) -> None:  # fmt: skip
+        self.fetcher = _Fetcher(target, storage_options)
+        label = self.fetcher.label
+        self.path = label  # type: ignore[assignment]  # a URL, not a local path
+        self.writable = False
+        self.verify = verify
+        body = self.fetcher.tail(tail_bytes)
+        self.bytes_fetched = len(body)
+        if not body:
+            raise BadArchiveError(f"{label}: empty object, not a zip archive")
+        size = len(body) if len(body) < tail_bytes else _infer_size(body, label)
+        if size is None:
+            size = self.fetcher.size()
+        if len(body) > size:  # a server ignoring the Range header sent everything
+            body = body[-size:] if size else b""
+        self.size = size
+        self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE)
+        self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)
+        self.tail_start = size - len(body)
+        self.buffer[self.tail_start :] = np.frombuffer(body, np.uint8)
+        del body
+        self._torch = None
+        self._untyped = None
+        self._rows = None
+        self.end = end = records.find_end_record(self.buffer, label)
+        if end.cd_offset < self.tail_start:  # a central directory larger than the tail read
+            self._get([(end.cd_offset, self.tail_start)], lambda a, b: "the central directory")
+            self.tail_start = end.cd_offset
+        self._finish_open(end)
+        self._ready = np.zeros(len(self.names), np.bool_)  # fetched, header parsed, CRC checked
+
+    def _finish_open(self, end: records.EndRecord) -> None:
+        """The part of :class:`ArchiveIndex`'s open that follows the mapping."""
+        from .errors import UnsupportedError
+        from .kernels import parse_central_directory
+
+        fields, status = parse_central_directory(self.buffer, end.cd_offset, end.cd_size, end.count, False)
+        self.fields = fields
+        self._raise_status(status)
+        self.local_checked = False
+        order = np.argsort(fields[:, 5], kind="stable")
+        limit = np.empty(len(order), np.int64)
+        limit[order[:-1]] = fields[order[1:], 5]
+        if len(order):
+            limit[order[-1]] = end.cd_offset
+        self._limit = limit
+        self.names = self._decode_names()
+        flags, methods = fields[:, 0], fields[:, 1]
+        encrypted = np.nonzero(flags & records.FLAG_ENCRYPTED)[0]
+        if encrypted.size:
+            raise UnsupportedError(f"{self.path}: entry {self.names[encrypted[0]]!r} is encrypted")
+        known = np.isin(methods, list(records.METHOD_NAMES))
+        if not known.all():
+            i = int(np.nonzero(~known)[0][0])
+            raise UnsupportedError(f"{self.path}: entry {self.names[i]!r} uses compression method "
+                                   f"{int(methods[i])}, expected one of {sorted(records.METHOD_NAMES)}")  # fmt: skip
+        self._by_name = {name: i for i, name in enumerate(self.names)}
+        if len(self._by_name) != len(self.names):
+            seen: set[str] = set()
+            dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
+            raise BadArchiveError(f"{self.path}: entry {dup!r} appears twice")
+        self._files = None
+        self._dirs = None
+
+    @property
+    def requests(self) -> int:
+        """Requests made so far (tail, sizes, ranges; retries included)."""
+        return self.fetcher.requests
+
+    # -- fetching ----------------------------------------------------------------------------
+    def _names_in(self, a: int, b: int) -> str:
+        hoff = self.fields[:, 5]
+        rows = np.nonzero((hoff < b) & (self._limit > a))[0][:3].tolist()
+        text = ", ".join(repr(self.names[i]) for i in rows)
+        more = int(((hoff < b) & (self._limit > a)).sum()) - len(rows)
+        return f"entries {text}" + (f" (+{more} more)" if more > 0 else "") if rows else "no entry"
+
+    def _get(self, spans: list[tuple[int, int]], what: Callable[[int, int], str] | None = None) -> None:
+        """Fetches ``[start, stop)`` spans into :attr:`buffer`: in parts of at most
+        :data:`PART_BYTES`, :data:`GROUP_PARTS` at a time, retrying failed parts."""
+        what = what or self._names_in
+        parts = [(a, min(a + PART_BYTES, b)) for a0, b in spans for a in range(a0, b, PART_BYTES)]
+        for g in range(0, len(parts), GROUP_PARTS):
+            todo = parts[g : g + GROUP_PARTS]
+            for attempt in range(ATTEMPTS):
+                got = self.fetcher.ranges([a for a, _ in todo], [b for _, b in todo])
+                failed = []
+                for (a, b), data in zip(todo, got):
+                    if isinstance(data, (bytes, bytearray, memoryview)) and len(data) == b - a:
+                        self.buffer[a:b] = np.frombuffer(data, np.uint8)
+                        self.bytes_fetched += b - a
+                    else:
+                        failed.append(((a, b), data))
+                if not failed:
+                    break
+                if attempt == ATTEMPTS - 1:
+                    (a, b), data = failed[0]
+                    why = (f"{type(data).__name__}: {data}" if isinstance(data, BaseException)
+                           else f"got {len(data)} bytes (the object is shorter than when it was opened?)")  # fmt: skip
+                    raise RemoteError(f"{self.path}: reading bytes [{a}, {b}) ({what(a, b)}) failed after "
+                                      f"{ATTEMPTS} attempts: {why}")  # fmt: skip
+                todo = [span for span, _ in failed]
+                time.sleep(0.05 * 4**attempt)
+
+    def _spans(self, rows: np.ndarray) -> list[tuple[int, int]]:
+        """Coalesced extents of ``rows``: adjacent merged, gaps up to :data:`MAX_GAP` bridged
+        while the bridged bytes stay under :data:`MAX_WASTE` of the bytes needed."""
+        starts = self.fields[rows, 5]
+        stops = np.maximum(self._limit[rows], starts)
+        inside = starts >= self.tail_start  # already here with the tail read
+        starts, stops = starts[~inside], np.minimum(stops[~inside], self.tail_start)
+        if not starts.size:
+            return []
+        order = np.argsort(starts, kind="stable")
+        starts, stops = starts[order].tolist(), stops[order].tolist()
+        budget = MAX_WASTE * sum(b - a for a, b in zip(starts, stops))
+        spans = [[starts[0], stops[0]]]
+        for a, b in zip(starts[1:], stops[1:]):
+            gap = a - spans[-1][1]
+            if gap <= 0 or (gap <= MAX_GAP and gap <= budget):
+                budget -= max(gap, 0)
+                spans[-1][1] = max(spans[-1][1], b)
+            else:
+                spans.append([a, b])
+        return [(a, b) for a, b in spans]
+
+    def fetch(self, rows: Sequence[int] | np.ndarray) -> None:
+        """Makes entries ``rows`` readable: fetches what is not here, checks each local
+        header and (unless ``verify=False``) the CRC-32 of STORED entries."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        rows = np.unique(rows[~self._ready[rows]])
+        if not rows.size:
+            return
+        self._get(self._spans(rows))
+        for i in rows.tolist():
+            ArchiveIndex.payload_offset(self, i)  # signature, name, bounds
+        if self.verify:
+            from .integrity import stored_crcs
+
+            stored = rows[(self.fields[rows, 1] == records.STORED) & (self.fields[rows, 3] > 0)]
+            if stored.size:
+                bad = np.nonzero(stored_crcs(self, stored) != self.fields[stored, 2])[0]
+                if bad.size:
+                    i = int(stored[bad[0]])
+                    raise ChecksumError(
+                        f"{self.path}: entry {self.names[i]!r}: CRC-32 mismatch: recorded "
+                        f"{int(self.fields[i, 2]):#010x}, computed {int(stored_crcs(self, stored[bad[:1]])[0]):#010x} "
+                        f"(the object changed since it was opened, or its bytes are corrupt)"
+                    )
+        self._ready[rows] = True
+
+    def fetch_prefix(self, prefix: str) -> None:
+        """Fetches every entry under directory ``prefix`` ("" for all) in one coalesced batch."""
+        rows = [i for i, n in enumerate(self.names) if n.startswith(prefix)] if prefix else range(len(self.names))
+        self.fetch(np.fromiter(rows, np.int64))
+
+    def payload_offset(self, i: int) -> int:
+        if not self._ready[i]:
+            self.fetch([i])
+        return self.rows[i][8]
+
+    def check_all(self) -> None:
+        self.fetch(np.arange(len(self.names)))
+        super().check_all()
+
+
+# -- archives ----------------------------------------------------------------------------------
+class RemoteArchive(Archive):
+    """An :class:`~tdz_numba.Archive` over a :class:`RemoteIndex`: ``to_dict`` fetches every
+    entry below the level in one coalesced, concurrent batch first."""
+
+    def _sub(self, prefix: str) -> Archive:
+        view = self._state.views.get(prefix)
+        if view is None:
+            view = self._state.views[prefix] = RemoteArchive(self._state, prefix)
+        return view
+
+    def to_dict(self):  # noqa: D102 - Archive.to_dict
+        self._index.fetch_prefix(self._prefix)
+        return super().to_dict()
+
+    @property
+    def url(self) -> str:
+        """The object's URL (or the file object's name)."""
+        return self._index.path
+
+
+def open_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, mode: str = "r",
+                allow_pickle: bool = False, num_threads: int | None = None,
+                storage_options: dict[str, Any] | None = None, verify: bool = True,
+                tail_bytes: int = TAIL_BYTES) -> RemoteArchive:  # fmt: skip
+    """Opens a remote archive lazily; see :func:`tdz_numba.open`.
+
+    Parameters
+    ----------
+    target : str or file object
+        An fsspec URL (``s3://``, ``gs://``, ``https://``, ``memory://``, ...)
+        or a seekable binary file object (an ``fsspec`` file, ``io.BytesIO``).
+    storage_options : dict, optional
+        Passed to the fsspec filesystem (credentials, endpoint, ...).
+    verify : bool
+        Check the CRC-32 of every fetched STORED entry (compressed entries are
+        always checked when inflated).
+    tail_bytes : int
+        Bytes read from the end at open (end records + central directory).
+
+    Examples
+    --------
+    >>> import io, torch, tdz_numba
+    >>> from tdz_numba.remote import open_remote
+    >>> buf = io.BytesIO()
+    >>> _ = tdz_numba.save({"x": torch.ones(3)}, buf)
+    >>> ar = open_remote(buf)
+    >>> print(ar["x"].tolist(), ar._index.requests)
+    [1.0, 1.0, 1.0] 1
+    """
+    if mode != "r":
+        raise InvalidArgumentError(f"{target}: remote archives are read-only: mode must be 'r', got {mode!r}")
+    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+        raise InvalidArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
+    if not isinstance(tail_bytes, int) or tail_bytes < 22:
+        raise InvalidArgumentError(f"tail_bytes must be an int >= 22, got {tail_bytes!r}")
+    index = RemoteIndex(target, storage_options=storage_options, verify=verify, tail_bytes=tail_bytes)
+    label = index.path
+    prefix = subpath_prefix(subpath)
+    if prefix and prefix + "meta.json" not in index:
+        raise MissingKeyError(f"{label}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})")
+    if "meta.json" not in index:
+        raise BadArchiveError(f"{label}: not a tensor archive: no top-level meta.json entry")
+    return RemoteArchive(_State(index, "r", allow_pickle, num_threads), prefix)
+
+
+def load_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, **kwargs: Any):
+    """Loads a remote archive (or the level at ``subpath``) as nested dicts, fetching only
+    its entries, in one coalesced batch; see :func:`tdz_numba.load`."""
+    ar = open_remote(target, subpath=subpath, **kwargs)
+    try:
+        return ar.to_dict()
+    finally:
+        ar.close()
+
+
+def verify_remote(target: Any, *, storage_options: dict[str, Any] | None = None, progress: bool | None = None):
+    """Fetches the whole object and checks every CRC-32 and the structure; see :func:`tdz_numba.verify`."""
+    from .integrity import VerifyReport, _check_leaf
+
+    ar = open_remote(target, storage_options=storage_options)
+    try:
+        index = ar._index
+        index.check_all()  # fetches everything (CRCs of STORED entries checked) + every local header
+        methods = index.fields[:, 1]
+        deflated = [index.entry(index.names[i]) for i in np.nonzero(methods == records.DEFLATED)[0].tolist()]
+        if deflated:
+            index.inflate(deflated)  # checks the CRCs
+        for i in np.nonzero((methods != records.STORED) & (methods != records.DEFLATED))[0].tolist():
+            index.read(index.names[i])
+        levels = leaves = 0
+        stack: list[Archive] = [ar]
+        while stack:
+            node = stack.pop()
+            levels += 1
+            for spec in node._level()[1].values():
+                if spec.kind == "leaf":
+                    leaves += 1
+                    _check_leaf(node, spec.leaf)
+                elif spec.kind == "level":
+                    stack.append(node._sub(spec.path))
+        return VerifyReport(index.path, len(index.names), levels, leaves, int(index.fields[:, 4].sum()))
+    finally:
+        ar.close()
+
+
+def is_archive_remote(target: Any, *, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether the remote object is a zip with a top-level ``meta.json`` (tail + meta.json read)."""
+    try:
+        ar = open_remote(target, storage_options=storage_options)
+    except (TdzError, OSError):
+        return False
+    try:
+        return isinstance(ar.meta, dict)
+    except (TdzError, OSError, ValueError):
+        return False
+    finally:
+        ar.close()
