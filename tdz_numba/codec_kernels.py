@@ -42,7 +42,8 @@ from ._jit import (
     zng_inflateInit2,
 )
 
-__all__ = ["deflate_bound", "deflate_segments", "inflate_segments", "Z_OK", "Z_STREAM_END"]
+__all__ = ["deflate_bound", "deflate_segments", "inflate_segments", "inflate_open", "inflate_step",
+           "inflate_close", "Z_OK", "Z_STREAM_END", "MAX_SEGMENT", "FEED"]
 
 Z_OK = 0
 Z_STREAM_END = 1
@@ -52,8 +53,13 @@ _Z_DEFLATED = 8
 #: zng_stream is 13 machine words on 64-bit platforms; fields used here:
 _NEXT_IN, _AVAIL_IN, _TOTAL_IN, _NEXT_OUT, _AVAIL_OUT, _TOTAL_OUT = 0, 1, 2, 3, 4, 5
 _STREAM_WORDS = 13
-#: Largest segment: avail_in / avail_out are 32-bit in zng_stream.
+#: Largest deflate segment (input bytes of one ``deflate_segments`` row): its
+#: worst-case output must fit zng_stream's 32-bit ``avail_out``.
 MAX_SEGMENT = 1 << 30
+#: Largest ``avail_in`` / ``avail_out`` given to zlib-ng in one call: longer
+#: inputs and outputs (a >= 4 GiB entry) are fed in pieces of this size.
+FEED = 1 << 30
+_U32 = 0xFFFFFFFF
 
 
 @njit(**KERNEL)
@@ -77,6 +83,9 @@ def deflate_segments(src, src_len, dst, dst_cap, last, level):
     crc = np.zeros(n, np.uint32)
     status = np.zeros(n, np.int64)
     for i in prange(n):
+        if src_len[i] < 0 or src_len[i] > MAX_SEGMENT or dst_cap[i] < 0 or dst_cap[i] > _U32:
+            status[i] = -2  # Z_STREAM_ERROR: 32-bit avail_in / avail_out
+            continue
         strm = np.zeros(_STREAM_WORDS, np.uint64)
         p = strm.ctypes.data
         rc = zng_deflateInit2(p, np.int32(level), np.int32(_Z_DEFLATED), np.int32(-15), np.int32(8), np.int32(0))
@@ -98,9 +107,46 @@ def deflate_segments(src, src_len, dst, dst_cap, last, level):
     return out_len, crc, status
 
 
+@njit(**KERNEL)
+def _feed(p, strm, src, src_len, dst, dst_cap, stop_when_full):
+    """Runs ``zng_inflate`` on ``src_len`` input bytes and ``dst_cap`` output
+    bytes (64-bit counts, fed in <= ``FEED`` pieces to the 32-bit fields).
+
+    Never writes outside ``dst[0:dst_cap]``. Stops at the end of the stream,
+    on an error, when no progress is possible, or (``stop_when_full``) when the
+    output is full. Returns ``(consumed, produced, last zlib code)``.
+    """
+    consumed = np.int64(0)
+    produced = np.int64(0)
+    rc = np.int32(0)
+    while True:
+        a_in = min(src_len - consumed, FEED)
+        a_out = min(dst_cap - produced, FEED)
+        strm[_NEXT_IN] = src + consumed
+        strm[_AVAIL_IN] = a_in
+        strm[_NEXT_OUT] = dst + produced
+        strm[_AVAIL_OUT] = a_out
+        rc = zng_inflate(p, np.int32(0))  # Z_NO_FLUSH
+        used = a_in - np.int64(strm[_AVAIL_IN] & _U32)
+        got = a_out - np.int64(strm[_AVAIL_OUT] & _U32)
+        consumed += used
+        produced += got
+        if rc == Z_STREAM_END or (rc < 0 and rc != -5):
+            break
+        if used == 0 and got == 0:
+            break
+        if stop_when_full and produced == dst_cap:
+            break
+    return consumed, produced, rc
+
+
 @njit(**PARALLEL)
 def inflate_segments(src, src_len, dst, dst_len, last):
     """Inflates each raw-deflate segment ``src[i]`` into exactly ``dst_len[i]`` bytes at ``dst[i]``.
+
+    Lengths are 64-bit: zlib-ng gets them in <= ``FEED`` pieces, so one
+    segment (a whole entry without a segment table) may be larger than 4 GiB.
+    Never writes past ``dst[i] + dst_len[i]``, whatever the stream says.
 
     Returns ``(crc, status)``: CRC-32 of each output segment and a status:
     0 when the segment consumed all its input and produced exactly
@@ -112,25 +158,22 @@ def inflate_segments(src, src_len, dst, dst_len, last):
     crc = np.zeros(n, np.uint32)
     status = np.zeros(n, np.int64)
     for i in prange(n):
+        if src_len[i] < 0 or dst_len[i] < 0:
+            status[i] = -2
+            continue
         strm = np.zeros(_STREAM_WORDS, np.uint64)
         p = strm.ctypes.data
         rc = zng_inflateInit2(p, np.int32(-15))
         if rc != Z_OK:
             status[i] = rc
             continue
-        strm[_NEXT_IN] = src[i]
-        strm[_AVAIL_IN] = src_len[i]
-        strm[_NEXT_OUT] = dst[i]
-        strm[_AVAIL_OUT] = dst_len[i]
-        rc = zng_inflate(p, np.int32(Z_FINISH if last[i] else 2))  # Z_SYNC_FLUSH
-        produced = np.int64(strm[_TOTAL_OUT])
-        left = np.int64(strm[_AVAIL_IN])
+        consumed, produced, rc = _feed(p, strm, src[i], src_len[i], dst[i], dst_len[i], False)
         zng_inflateEnd(p)
         if rc < 0 and rc != -5:
             status[i] = rc
         elif produced < dst_len[i]:
             status[i] = 2
-        elif left > 0:
+        elif consumed < src_len[i]:
             status[i] = 3
         elif last[i] and rc != Z_STREAM_END:
             status[i] = 4
@@ -142,3 +185,31 @@ def inflate_segments(src, src_len, dst, dst_len, last):
             crc[i] = zng_crc32_z(np.uint32(0), dst[i], dst_len[i])
         strm[0] = 0
     return crc, status
+
+
+@njit(**KERNEL)
+def inflate_open(strm):
+    """Initializes a raw-inflate stream in ``strm`` (``uint64[13]``, which must
+    not move until :func:`inflate_close`). Returns zlib's code."""
+    return zng_inflateInit2(strm.ctypes.data, np.int32(-15))
+
+
+@njit(**KERNEL)
+def inflate_step(strm, src, src_len, dst, dst_cap, crc):
+    """Continues the stream ``strm`` on ``src_len`` bytes at ``src`` until
+    ``dst[0:dst_cap]`` is full, the stream ends, an error or no progress.
+
+    Returns ``(consumed, produced, zlib code, crc)``: ``crc`` is the running
+    CRC-32 updated with the produced bytes. Never writes past ``dst_cap``.
+    """
+    p = strm.ctypes.data
+    consumed, produced, rc = _feed(p, strm, src, src_len, dst, dst_cap, True)
+    if produced > 0:
+        crc = zng_crc32_z(np.uint32(crc), dst, produced)
+    return consumed, produced, rc, np.uint32(crc)
+
+
+@njit(**KERNEL)
+def inflate_close(strm):
+    """Frees the zlib-ng state of a stream opened by :func:`inflate_open`."""
+    return zng_inflateEnd(strm.ctypes.data)
