@@ -17,7 +17,7 @@ import lzma
 import os
 import resource
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np

@@ -69,16 +69,8 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
             bar.update(int(index.fields[stored, 3].sum()))
             bad = np.nonzero(crcs != index.fields[stored, 2])[0]
             first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
-            deflated = [index.entry(index.names[i]) for i in np.nonzero(methods == records.DEFLATED)[0].tolist()
-                        if i < first_bad]  # fmt: skip
-            if deflated:
-                index.inflate(deflated)  # in parallel; checks the CRCs
-                bar.update(sum(e.compressed_size for e in deflated))
-            for i in np.nonzero((methods != records.STORED) & (methods != records.DEFLATED))[0].tolist():
-                if i > first_bad:
-                    break
-                index.read(index.names[i])  # bzip2 / lzma: inflates and checks the CRC
-                bar.update(int(index.fields[i, 3]))
+            compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
+            _verify_compressed(index, compressed, bar)
         if bad.size:
             raise ChecksumError(
                 f"{index.path}: entry {index.names[first_bad]!r}: CRC-32 mismatch: recorded "
@@ -99,6 +91,33 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
         return VerifyReport(Path(path), len(index.names), levels, leaves, int(index.fields[:, 4].sum()))
     finally:
         ar.close()
+
+
+def _verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
+    """Checks the CRC-32 of compressed entries in bounded memory: small deflate
+    entries inflated in parallel batches of <= 2 x ``codecs.STREAM_CHUNK``
+    bytes, the others streamed through one ``STREAM_CHUNK`` buffer."""
+    from . import codecs
+
+    batch: list = []
+    held = 0
+    for i in rows:
+        e = index.entry(index.names[i])
+        if e.method == records.DEFLATED and e.size <= codecs.STREAM_CHUNK:
+            if batch and held + e.size > 2 * codecs.STREAM_CHUNK:
+                index.inflate(batch)  # in parallel; checks the CRCs
+                bar.update(sum(b.compressed_size for b in batch))
+                batch, held = [], 0
+            batch.append(e)
+            held += e.size
+            continue
+        where = f"{index.path}: entry {e.name!r}"
+        table = codecs.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
+        codecs.stream_member(index.raw(e), e.method, e.size, e.crc, table, None, where)
+        bar.update(e.compressed_size)
+    if batch:
+        index.inflate(batch)
+        bar.update(sum(b.compressed_size for b in batch))
 
 
 def _check_leaf(node, leaf) -> None:

@@ -15,8 +15,9 @@ Covers:
 6. corrupt payloads, segment tables and CRCs; ``mode="r+"``; unknown codecs;
 7. ``verify`` on compressed archives.
 
-Data stay small (a few hundred KiB per test): ``codecs.SEGMENT_SIZE`` is
-monkeypatched to 4 KiB to reach segment boundaries cheaply.
+Data stay small (a few hundred KiB per test): the writer's deflate is given
+4 KiB segments (``deflate_many(..., segment_size=...)``) to reach segment
+boundaries cheaply.
 """
 
 from __future__ import annotations
@@ -62,8 +63,14 @@ EDGE_SIZES = [0, 1, 63, 64, 65, 4096, 4097]
 
 @pytest.fixture
 def small_segments(monkeypatch):
-    """4 KiB deflate segments (``segment_size_for`` reads SEGMENT_SIZE at call time)."""
-    monkeypatch.setattr(codecs, "SEGMENT_SIZE", SEG)
+    """4 KiB deflate segments for every save in the test (the writer calls
+    ``codecs.deflate_many``; its ``segment_size`` argument is bound here)."""
+    real = codecs.deflate_many
+
+    def small(arrays, level, num_threads, segment_size=SEG):
+        return real(arrays, level, num_threads, segment_size)
+
+    monkeypatch.setattr(codecs, "deflate_many", small)
     return SEG
 
 
@@ -438,12 +445,11 @@ def test_deflate_many_and_inflate_many_roundtrip(small_segments):
         assert out.tobytes() == a.tobytes()
 
 
-def test_segment_size_grows_to_bound_the_table(monkeypatch, tmp_path):
-    monkeypatch.setattr(codecs, "SEGMENT_SIZE", SEG)
+def test_segment_size_grows_to_bound_the_table(small_segments, monkeypatch, tmp_path):
     monkeypatch.setattr(codecs, "_MAX_SEGMENTS", 3)
-    assert codecs.segment_size_for(3 * SEG) == SEG
-    assert codecs.segment_size_for(3 * SEG + 1) == 2 * SEG
-    assert codecs.segment_size_for(5 * SEG) == 2 * SEG
+    assert codecs.segment_size_for(3 * SEG, SEG) == SEG
+    assert codecs.segment_size_for(3 * SEG + 1, SEG) == 2 * SEG
+    assert codecs.segment_size_for(5 * SEG, SEG) == 2 * SEG
     data = torch.from_numpy(make_bytes("text", 5 * SEG))
     p = tdz_numba.save({"x": data}, tmp_path / "x.tdz", compression="deflate")
     _, version, seg, count, lens = zip_entries(p)["x.memmap"].table()
@@ -720,9 +726,9 @@ def inflate_calls(monkeypatch):
     calls: list[list[str]] = []
     real = codecs.inflate_many
 
-    def counting(jobs, num_threads):
+    def counting(jobs, num_threads, **kw):
         calls.append([re.search(r"entry '([^']*)'", j[0]).group(1) for j in jobs])
-        return real(jobs, num_threads)
+        return real(jobs, num_threads, **kw)
 
     monkeypatch.setattr(codecs, "inflate_many", counting)
     return calls
