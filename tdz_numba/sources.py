@@ -260,7 +260,7 @@ def tensor_from_spec(spec: TensorSpec, files: list[MappedFile], *, copy: bool = 
         # element-granular view of the whole mapping: one tensor object, no copy
         typed = base[spec.offset : spec.offset + span - (span % itemsize)]
         typed = typed.view(spec.dtype) if spec.dtype != torch.uint8 else typed
-        return typed.as_strided(spec.shape, strides, 0)
+        return typed.as_strided(spec.shape, strides, typed.storage_offset())  # offsets count from the mapping
     raw = base[spec.offset : spec.offset + span].clone()
     typed = raw.view(spec.dtype) if spec.dtype != torch.uint8 else raw
     return typed.as_strided(spec.shape, strides, 0) if not copy else typed.as_strided(spec.shape, strides, 0).clone()
@@ -328,7 +328,8 @@ class TreeSource(Source):
                     stack.append((sub, value, depth + 1))
                 else:
                     children[key] = Child(key, "value", prefix + key, value)
-            self._levels[prefix] = LevelInfo(True, children, dict(level_meta.get(prefix, {})))
+            meta = level_meta.get(prefix, getattr(node, "meta", None))  # a tree.Level carries its own
+            self._levels[prefix] = LevelInfo(True, children, dict(meta or {}))
 
     def level(self, prefix: str) -> LevelInfo:
         try:

@@ -1,0 +1,154 @@
+"""A tensordict memmap directory (``TensorDict.memmap(dir)``, ``tdz unpack``) opened in place.
+
+The directory holds the same tree as a packed ``.tdz`` archive: a
+``meta.json`` per level, one ``<key>.memmap`` file per tensor leaf. Each level's
+``meta.json`` is read with the archive's own
+:func:`~tdz_numba.tree.describe_level`, each payload file is mapped once and
+its leaf is a zero-copy view. NonTensorData levels come back as plain values,
+other files (``other.pickle``, ``json_types.json``) as
+:class:`~tdz_numba.tree.RawFile`/:class:`~tdz_numba.tree.PickledData` values,
+never unpickled.
+
+Examples
+--------
+>>> import tempfile, pathlib, torch, tdz_numba
+>>> from tdz_numba.formats import memmap_dir, to_tree
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = tdz_numba.save({"a": {"b": torch.arange(3)}, "tag": "x"}, pathlib.Path(d) / "x.tdz")
+...     out = tdz_numba.unpack(p, pathlib.Path(d) / "dir")
+...     tree = to_tree(memmap_dir.open_memmap_dir(out))
+...     print(tree["a"]["b"].tolist(), tree["tag"])
+[0, 1, 2] x
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..dtypes import torch_dtype
+from ..errors import BadArchiveError, UnsupportedError
+from ..sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
+from ..tree import NON_TENSOR_DATA_TYPE, Level, PickledData, RawFile, describe_level
+
+__all__ = ["open_memmap_dir", "MAX_META_BYTES"]
+
+#: Largest meta.json read.
+MAX_META_BYTES = 64 << 20
+_PICKLE_SUFFIXES = (".pickle", ".pkl")
+
+
+def _listing(d: Path) -> tuple[set[str], set[str]]:
+    files, dirs = set(), set()
+    with os.scandir(d) as it:
+        for e in it:
+            (dirs if e.is_dir() else files).add(e.name)
+    return files, dirs
+
+
+def _read_meta(path: Path, where: str) -> Any:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise BadArchiveError(f"{where}: no meta.json") from None
+    if size > MAX_META_BYTES:
+        raise BadArchiveError(f"{where}: meta.json of {size} bytes (at most {MAX_META_BYTES})")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise BadArchiveError(f"{where}/meta.json: not valid JSON: {exc}") from None
+
+
+def open_memmap_dir(path: str | os.PathLike, **options: Any) -> TreeSource:
+    """A memmap directory as a :class:`~tdz_numba.sources.TreeSource` (the tree a packed archive has).
+
+    Raises
+    ------
+    BadArchiveError
+        A missing or malformed ``meta.json``, a payload file of the wrong size,
+        a directory reached twice (symlink loops), nesting deeper than ``MAX_DEPTH``.
+    UnsupportedError
+        Nested (jagged) tensor leaves.
+    """
+    root = Path(path)
+    files: list[MappedFile] = []
+    try:
+        tree = _walk(root, files)
+    except BaseException:
+        for f in files:
+            f.close()
+        raise
+    return TreeSource("memmap_dir", root, tree, files=files, metadata={},
+                      level_meta={"": tree.meta})  # fmt: skip
+
+
+def _walk(root: Path, files: list[MappedFile]) -> Level:
+    seen: set[str] = set()
+    out: Level | None = None
+    # (directory prefix, depth, parent level, key in parent)
+    stack: list[tuple[str, int, Level | None, str]] = [("", 0, None, "")]
+    while stack:
+        prefix, depth, parent, pkey = stack.pop()
+        d = root / prefix if prefix else root
+        where = str(d)
+        if depth > MAX_DEPTH:
+            raise BadArchiveError(f"{where}: levels nested deeper than {MAX_DEPTH}")
+        real = os.path.realpath(d)
+        if real in seen:
+            raise BadArchiveError(f"{where}: directory reached twice (a symlink loop?)")
+        seen.add(real)
+        meta = _read_meta(d / "meta.json", where)
+        keyed, children = describe_level(
+            meta, prefix, lambda d=d: _listing(d),
+            lambda sub: (root / sub).is_dir(), f"{where}/meta.json",
+        )  # fmt: skip
+        if not keyed and meta.get("_type") == NON_TENSOR_DATA_TYPE and meta.get("_metadata") is None \
+                and "data" in meta and not isinstance(meta["data"], dict):  # fmt: skip
+            value: Any = meta["data"]
+            if parent is None:
+                out = Level({"data": value}, meta=meta, keyed=False)
+            else:
+                parent[pkey] = value
+            continue
+        keys = {c.key for c in children}
+        own = {k: v for k, v in meta.items() if k not in keys} if keyed else dict(meta)
+        level = Level(meta=own, keyed=keyed)
+        if parent is None:
+            out = level
+        else:
+            parent[pkey] = level
+        for c in children:
+            if c.kind == "level":
+                level[c.key] = None  # keeps the order; filled when its directory is read
+                stack.append((c.path, depth + 1, level, c.key))
+            elif c.kind == "file":
+                data = (root / c.path).read_bytes()
+                level[c.key] = PickledData(data) if c.path.endswith(_PICKLE_SUFFIXES) else RawFile(data)
+            else:
+                level[c.key] = _leaf(root, c.leaf, files, where)
+    assert out is not None
+    return out
+
+
+def _leaf(root: Path, leaf: Any, files: list[MappedFile], where: str) -> TensorSpec:
+    entry = f"{where}: {leaf.entry}"
+    dtype = torch_dtype(leaf.dtype, entry=entry)
+    if leaf.nested:
+        raise UnsupportedError(f"{entry}: nested (jagged) tensor leaves are not read from memmap directories")
+    nbytes = math.prod(leaf.shape) * dtype.itemsize
+    p = root / leaf.entry
+    if nbytes == 0:
+        return TensorSpec(leaf.key, dtype, leaf.shape, None, 0, 0, 0, leaf.dtype)
+    if not p.is_file():
+        raise BadArchiveError(f"{entry}: leaf {leaf.key!r} of shape {list(leaf.shape)} has no file {leaf.entry!r}")
+    f = MappedFile.open(p)
+    files.append(f)
+    if f.size != nbytes:
+        raise BadArchiveError(f"{entry}: leaf {leaf.key!r} ({leaf.dtype}, shape {list(leaf.shape)}) needs "
+                              f"{nbytes} bytes, the file holds {f.size}")  # fmt: skip
+    spec = TensorSpec(leaf.key, dtype, leaf.shape, None, len(files) - 1, 0, nbytes, leaf.dtype)
+    check_extent(spec, f.size, entry)
+    return spec

@@ -1,0 +1,231 @@
+"""numpy ``.npy`` and ``.npz`` files as zero-copy sources; headers parsed without ``eval``.
+
+A ``.npy`` header (magic, version 1/2/3, length, a Python dict literal with
+``descr``, ``fortran_order`` and ``shape``) is read with
+:func:`ast.literal_eval` on a length-bounded string, then every field's type
+is checked. ``.npy`` files and STORED ``.npz`` members are mapped zero-copy
+(Fortran order as strided views); ``savez_compressed`` members are inflated
+on access (CRC checked). Byte-swapped data is copied and swapped on access;
+object arrays raise :class:`~tdz_numba.UnsafeContentError`, structured and
+string dtypes :class:`~tdz_numba.UnsupportedError`.
+
+Examples
+--------
+>>> import tempfile, pathlib, numpy as np
+>>> from tdz_numba.formats import numpy_fmt, to_tree
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = pathlib.Path(d) / "x.npz"
+...     np.savez(p, a=np.arange(4), b=np.eye(2, order="F"))
+...     tree = to_tree(numpy_fmt.open_npz(p))
+...     print(tree["a"].tolist(), tree["b"].stride())
+[0, 1, 2, 3] (1, 2)
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..dtypes import from_numpy_dtype
+from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
+from ..reader import ArchiveIndex
+from ..records import DEFLATED, STORED
+from ..sources import MappedFile, TensorSpec, TreeSource, check_extent
+
+__all__ = ["open_npy", "open_npz", "parse_npy_header", "NpyHeader", "MAX_HEADER"]
+
+MAGIC = b"\x93NUMPY"
+#: Longest header read (numpy itself refuses headers over 10,000 bytes without allow_pickle).
+MAX_HEADER = 1 << 16
+
+
+class NpyHeader(NamedTuple):
+    """A parsed ``.npy`` header: ``data_offset`` is where the array's bytes start."""
+
+    dtype: np.dtype
+    fortran: bool
+    shape: tuple[int, ...]
+    data_offset: int
+
+
+def parse_npy_header(head: bytes, where: str) -> NpyHeader:
+    """The header at the start of ``head`` (which must hold the whole header)."""
+    if len(head) < 10 or not head.startswith(MAGIC):
+        raise BadArchiveError(f"{where}: not a .npy file (magic {head[:6]!r})")
+    major = head[6]
+    if major == 1:
+        (hlen,) = struct.unpack_from("<H", head, 8)
+        start = 10
+    elif major in (2, 3):
+        if len(head) < 12:
+            raise BadArchiveError(f"{where}: truncated .npy header")
+        (hlen,) = struct.unpack_from("<I", head, 8)
+        start = 12
+    else:
+        raise UnsupportedError(f"{where}: .npy format version {major}.{head[7]} (expected 1, 2 or 3)")
+    if hlen > MAX_HEADER:
+        raise BadArchiveError(f"{where}: .npy header of {hlen} bytes (at most {MAX_HEADER} read)")
+    if start + hlen > len(head):
+        raise BadArchiveError(f"{where}: .npy header of {hlen} bytes runs past the end of the data")
+    raw = head[start : start + hlen]
+    try:
+        text = raw.decode("utf-8" if major == 3 else "latin-1")
+        d = ast.literal_eval(text)
+    except (UnicodeDecodeError, ValueError, SyntaxError, MemoryError, RecursionError, TypeError) as exc:
+        raise BadArchiveError(f"{where}: .npy header is not a Python literal: {type(exc).__name__}") from None
+    if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
+        raise BadArchiveError(f"{where}: .npy header must be a dict of descr, fortran_order, shape")
+    shape, fortran, descr = d["shape"], d["fortran_order"], d["descr"]
+    if not isinstance(shape, tuple) or not all(type(s) is int and s >= 0 for s in shape):
+        raise BadArchiveError(f"{where}: .npy header shape {shape!r:.80} is not a tuple of non-negative ints")
+    if type(fortran) is not bool:
+        raise BadArchiveError(f"{where}: .npy header fortran_order {fortran!r:.40} is not a bool")
+    if not isinstance(descr, str):
+        if isinstance(descr, list):
+            raise UnsupportedError(f"{where}: structured dtype (record arrays) are not read")
+        raise BadArchiveError(f"{where}: .npy header descr {descr!r:.80} is not a dtype string")
+    if len(descr) > 64:
+        raise BadArchiveError(f"{where}: .npy header descr of {len(descr)} characters")
+    try:
+        dtype = np.dtype(descr)
+    except (TypeError, ValueError, SyntaxError) as exc:
+        raise BadArchiveError(f"{where}: .npy header descr {descr!r}: {exc}") from None
+    if dtype.hasobject:
+        raise UnsafeContentError(f"{where}: object array (descr {descr!r}) holds pickles; not read")
+    if dtype.fields is not None or dtype.subdtype is not None:
+        raise UnsupportedError(f"{where}: structured or sub-array dtype {descr!r} is not read")
+    if from_numpy_dtype(dtype.newbyteorder("=")) is None:
+        raise UnsupportedError(f"{where}: dtype {descr!r} has no torch equivalent")
+    return NpyHeader(dtype, fortran, tuple(shape), start + hlen)
+
+
+def _strides(shape: tuple[int, ...], fortran: bool) -> tuple[int, ...] | None:
+    if not fortran or len(shape) < 2:
+        return None
+    out, acc = [], 1
+    for d in shape:
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(out)
+
+
+def _swapped_loader(f: MappedFile, offset: int, h: NpyHeader) -> Any:
+    def load() -> np.ndarray:
+        n = math.prod(h.shape) * h.dtype.itemsize
+        arr = f.buffer[offset : offset + n].view(h.dtype).astype(h.dtype.newbyteorder("="))
+        return arr.reshape(h.shape, order="F" if h.fortran else "C")
+
+    return load
+
+
+def _spec(key: str, h: NpyHeader, f: MappedFile, file: int, offset: int, avail: int, where: str) -> TensorSpec:
+    dtype = from_numpy_dtype(h.dtype.newbyteorder("="))
+    need = math.prod(h.shape) * h.dtype.itemsize
+    if avail < need:
+        raise BadArchiveError(f"{where}: array {key!r} ({h.dtype.str}, shape {list(h.shape)}) needs {need} bytes, "
+                              f"{avail} follow its header")  # fmt: skip
+    loader = None
+    if not h.dtype.isnative and h.dtype.itemsize > 1:
+        loader = _swapped_loader(f, offset, h)
+    spec = TensorSpec(key, dtype, h.shape, _strides(h.shape, h.fortran), file, offset, need, h.dtype.str, loader=loader)
+    if loader is not None:
+        check_extent(spec._replace(loader=None), f.size, where)
+    check_extent(spec, f.size, where)
+    return spec
+
+
+def open_npy(path: str | os.PathLike, **options: Any) -> TreeSource:
+    """A ``.npy`` file as a source with one leaf, key ``"0"`` (zero-copy unless byte-swapped)."""
+    f = MappedFile.open(path)
+    try:
+        where = str(f.path)
+        h = parse_npy_header(f.buffer[: MAX_HEADER + 12].tobytes(), where)
+        spec = _spec("0", h, f, 0, h.data_offset, f.size - h.data_offset, where)
+    except BaseException:
+        f.close()
+        raise
+    return TreeSource("npy", path, {"0": spec}, files=[f], metadata={})
+
+
+def _inflate_head(raw: np.ndarray, where: str) -> bytes:
+    """The first bytes of a deflated member: enough for its .npy header."""
+    d = zlib.decompressobj(-15)
+    try:
+        out = d.decompress(raw[: MAX_HEADER + 64].tobytes(), MAX_HEADER + 12)
+    except zlib.error as exc:
+        raise BadArchiveError(f"{where}: deflate stream: {exc}") from None
+    return out
+
+
+def _deflated_loader(index: ArchiveIndex, name: str, h: NpyHeader, where: str) -> Any:
+    def load() -> np.ndarray:
+        data = index.read(name)  # inflated in parallel, CRC checked
+        n = math.prod(h.shape) * h.dtype.itemsize
+        if data.size != h.data_offset + n:
+            raise BadArchiveError(f"{where}: member {name!r} inflates to {data.size} bytes, "
+                                  f"expected {h.data_offset + n}")  # fmt: skip
+        arr = data[h.data_offset :].view(h.dtype)
+        if not h.dtype.isnative:
+            arr = arr.astype(h.dtype.newbyteorder("="))
+        return arr.reshape(h.shape, order="F" if h.fortran else "C")
+
+    return load
+
+
+def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **options: Any) -> TreeSource:
+    """An ``.npz`` file: one leaf per ``<name>.npy`` member, keyed ``<name>``.
+
+    STORED members are zero-copy views; deflated ones (``savez_compressed``)
+    are inflated when first read.
+    """
+    index = ArchiveIndex(path) if index is None else index
+    where = str(path)
+    try:
+        f = MappedFile.open(path)
+    except BaseException:
+        index.close()
+        raise
+    try:
+        if f.size != index.size:
+            raise BadArchiveError(f"{where}: the file changed while it was opened")
+        tree: dict[str, TensorSpec] = {}
+        for name in index.names:
+            if not name.endswith(".npy"):
+                raise UnsupportedError(f"{where}: member {name!r} is not a .npy array")
+            key = name[: -len(".npy")]
+            e = index.entry(name)
+            what = f"{where}: member {name!r}"
+            if e.method == STORED:
+                if e.size != e.compressed_size:
+                    raise BadArchiveError(f"{what}: stored with sizes {e.compressed_size} and {e.size}")
+                head = index.raw(e)[: MAX_HEADER + 12].tobytes()
+                h = parse_npy_header(head, what)
+                spec = _spec(key, h, f, 0, e.payload_offset + h.data_offset, e.size - h.data_offset, what)
+            elif e.method == DEFLATED:
+                h = parse_npy_header(_inflate_head(index.raw(e), what), what)
+                need = math.prod(h.shape) * h.dtype.itemsize
+                if e.size != h.data_offset + need:
+                    raise BadArchiveError(f"{what}: holds {e.size} bytes, header and shape say {h.data_offset + need}")
+                dtype = from_numpy_dtype(h.dtype.newbyteorder("="))
+                spec = TensorSpec(key, dtype, h.shape, None, 0, e.payload_offset, e.compressed_size, h.dtype.str,
+                                  codec="deflate", size=e.size, crc=e.crc,
+                                  loader=_deflated_loader(index, name, h, what))  # fmt: skip
+            else:
+                raise UnsupportedError(f"{what}: compression method {e.method} (numpy writes stored or deflate)")
+            if key in tree:
+                raise BadArchiveError(f"{where}: two members named {name!r}")
+            tree[key] = spec
+    except BaseException:
+        f.close()
+        index.close()
+        raise
+    src = TreeSource("npz", path, tree, files=[f], metadata={})
+    src._index = index  # deflated members are read through it
+    return src

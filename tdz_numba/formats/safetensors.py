@@ -1,0 +1,221 @@
+"""safetensors files, single and sharded, as zero-copy sources.
+
+The header (a little-endian u64 length, then a JSON object) is validated as
+strictly as safetensors' own reader: header size at most 100 MB and inside the
+file, every entry with a known ``dtype``, a ``shape`` of non-negative ints and
+``data_offsets`` ``[begin, end]`` that tile the data area exactly (sorted by
+offset, each tensor starts where the previous ends, the last ends at the end
+of the file), ``end - begin == numel * itemsize``, and ``__metadata__`` a
+str -> str object. Any violation raises :class:`~tdz_numba.BadArchiveError`
+naming the tensor and the field.
+
+A sharded checkpoint (``model.safetensors.index.json`` with a ``weight_map``)
+opens as one name space over all its shards; each shard is mapped once.
+
+Examples
+--------
+>>> import tempfile, pathlib, torch
+>>> from safetensors.torch import save_file
+>>> from tdz_numba.formats.safetensors import open_safetensors
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = pathlib.Path(d) / "m.safetensors"
+...     save_file({"a": torch.zeros(3), "b": torch.ones(2, 2)}, str(p), metadata={"format": "pt"})
+...     src = open_safetensors(p)
+...     print(list(src.level("").children), src.metadata)
+['a', 'b'] {'format': 'pt'}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import BadArchiveError, UnsupportedError
+from ..sources import MappedFile, TensorSpec, TreeSource, check_extent
+from .detect import read_json_file
+
+__all__ = ["open_safetensors", "open_sharded", "parse_header", "DTYPES", "MAX_HEADER_SIZE"]
+
+#: safetensors' own limit on the JSON header.
+MAX_HEADER_SIZE = 100_000_000
+
+_NAMES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
+    "I16": "int16", "U16": "uint16", "F16": "float16", "BF16": "bfloat16", "I32": "int32",
+    "U32": "uint32", "F32": "float32", "F64": "float64", "I64": "int64", "U64": "uint64",
+    "C64": "complex64", "C128": "complex128",
+}  # fmt: skip
+#: safetensors dtype names -> torch dtypes (those this torch has).
+DTYPES: dict[str, torch.dtype] = {k: getattr(torch, v) for k, v in _NAMES.items() if hasattr(torch, v)}
+#: dtypes safetensors defines that have no torch equivalent here (sub-byte floats, ...).
+_UNSUPPORTED = {"F4", "F6_E2M3", "F6_E3M2"} | (set(_NAMES) - set(DTYPES))
+
+
+def _fail(where: str, msg: str) -> BadArchiveError:
+    return BadArchiveError(f"{where}: {msg}")
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"key {dup!r} appears twice")
+    return out
+
+
+def parse_header(buf: Any, size: int, where: str, file: int = 0) -> tuple[dict[str, TensorSpec], dict[str, str]]:
+    """Validated ``({name: spec}, metadata)`` of the safetensors bytes ``buf`` (``size`` long).
+
+    ``buf`` supports slicing to bytes-like objects (a numpy uint8 array or ``bytes``).
+    Specs keep the header's order; their offsets are absolute in the file.
+    """
+    if size < 8:
+        raise _fail(where, f"{size} bytes: too short for the 8-byte header length")
+    (n,) = struct.unpack("<Q", bytes(buf[:8]))
+    if n > MAX_HEADER_SIZE:
+        raise _fail(where, f"header length {n} exceeds safetensors' limit of {MAX_HEADER_SIZE} bytes")
+    if 8 + n > size:
+        raise _fail(where, f"header length {n} runs past the end of the file ({size} bytes)")
+    raw = bytes(buf[8 : 8 + n])
+    if not raw.startswith(b"{"):
+        raise _fail(where, f"header does not start with '{{': {raw[:16]!r}")
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_object)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _fail(where, f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise _fail(where, "header is not a JSON object")
+    metadata = header.pop("__metadata__", {})
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _fail(where, f"__metadata__ must be an object of strings to strings, found {metadata!r:.200}")
+    data_start = 8 + n
+    data_len = size - data_start
+    specs: dict[str, TensorSpec] = {}
+    extents: list[tuple[int, int, str]] = []
+    for name, info in header.items():
+        what = f"{where}: tensor {name!r}"
+        if not isinstance(info, dict):
+            raise BadArchiveError(f"{what}: entry must be an object, found {info!r:.100}")
+        extra = set(info) - {"dtype", "shape", "data_offsets"}
+        missing = {"dtype", "shape", "data_offsets"} - set(info)
+        if missing or extra:
+            raise BadArchiveError(f"{what}: fields must be dtype, shape, data_offsets "
+                                  f"(missing {sorted(missing)}, unknown {sorted(extra)})")  # fmt: skip
+        tname = info["dtype"]
+        if tname in _UNSUPPORTED:
+            raise UnsupportedError(f"{what}: dtype {tname} has no torch {torch.__version__} equivalent")
+        dtype = DTYPES.get(tname) if isinstance(tname, str) else None
+        if dtype is None:
+            raise BadArchiveError(f"{what}: dtype: unknown {tname!r} (expected one of {sorted(DTYPES)})")
+        shape = info["shape"]
+        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+            raise BadArchiveError(f"{what}: shape: {shape!r:.100} is not a list of non-negative ints")
+        offs = info["data_offsets"]
+        if type(offs) is not list or len(offs) != 2 or not all(type(o) is int and o >= 0 for o in offs):
+            raise BadArchiveError(f"{what}: data_offsets: {offs!r:.100} is not [begin, end]")
+        begin, end = offs
+        if end < begin:
+            raise BadArchiveError(f"{what}: data_offsets: end {end} < begin {begin}")
+        if end > data_len:
+            raise BadArchiveError(f"{what}: data_offsets: end {end} is past the data area ({data_len} bytes)")
+        need = math.prod(shape) * dtype.itemsize
+        if end - begin != need:
+            raise BadArchiveError(f"{what}: data_offsets: {end - begin} bytes, but {tname} of shape "
+                                  f"{shape} needs {need}")  # fmt: skip
+        spec = TensorSpec(name, dtype, tuple(shape), None, file, data_start + begin, end - begin, tname)
+        check_extent(spec, size, where)
+        specs[name] = spec
+        extents.append((begin, end, name))
+    extents.sort()
+    pos = 0
+    for begin, end, name in extents:
+        if begin != pos:
+            why = "overlaps the previous tensor" if begin < pos else f"leaves a gap after offset {pos}"
+            raise BadArchiveError(f"{where}: tensor {name!r}: data_offsets: begins at {begin}, {why}")
+        pos = end
+    if pos != data_len:
+        raise BadArchiveError(f"{where}: tensors end at data offset {pos}, the data area has {data_len} bytes")
+    return specs, metadata
+
+
+def open_safetensors(path: str | os.PathLike, **options: Any) -> TreeSource:
+    """One ``.safetensors`` file as a flat :class:`~tdz_numba.sources.TreeSource`
+    (keys: the file's tensor names; ``metadata``: its ``__metadata__``)."""
+    f = MappedFile.open(path)
+    try:
+        specs, metadata = parse_header(f.buffer, f.size, str(f.path))
+    except BaseException:
+        f.close()
+        raise
+    return TreeSource("safetensors", path, specs, files=[f], metadata=dict(metadata))
+
+
+def _shard_path(root: Path, name: Any, where: str) -> Path:
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise BadArchiveError(f"{where}: weight_map names shard {name!r}: not a file name in the same directory")
+    return root / name
+
+
+def open_sharded(path: str | os.PathLike, **options: Any) -> TreeSource:
+    """A sharded checkpoint: ``path`` is its ``*.safetensors.index.json`` or a directory
+    holding exactly one. One flat name space over every shard, each shard mapped once;
+    every name of the ``weight_map`` must be in its shard, and every shard tensor in the map."""
+    p = Path(path)
+    if p.is_dir():
+        found = sorted(p.glob("*.safetensors.index.json"))
+        if len(found) != 1:
+            raise UnsupportedError(f"{p}: expected one *.safetensors.index.json, found {len(found)}")
+        p = found[0]
+    where = str(p)
+    index = read_json_file(p)
+    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+        raise BadArchiveError(f"{where}: an index must be a JSON object with a 'weight_map' object")
+    wmap: dict[str, Any] = index["weight_map"]
+    meta = index.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise BadArchiveError(f"{where}: 'metadata' must be an object, found {meta!r:.100}")
+    shard_names = list(dict.fromkeys(wmap.values()))
+    files: list[MappedFile] = []
+    tree: dict[str, TensorSpec] = {}
+    metadata: dict[str, Any] = {}
+    try:
+        per_shard: dict[str, dict[str, TensorSpec]] = {}
+        for i, name in enumerate(shard_names):
+            sp = _shard_path(p.parent, name, where)
+            if not sp.is_file():
+                raise BadArchiveError(f"{where}: shard {name!r} does not exist")
+            f = MappedFile.open(sp)
+            files.append(f)
+            specs, smeta = parse_header(f.buffer, f.size, str(sp), file=i)
+            metadata.update(smeta)
+            per_shard[name] = specs
+        owner: dict[str, str] = {}
+        for name, specs in per_shard.items():
+            for key in specs:
+                if key in owner:
+                    raise BadArchiveError(f"{where}: tensor {key!r} is in shards {owner[key]!r} and {name!r}")
+                owner[key] = name
+        for key, shard in wmap.items():
+            spec = per_shard[shard].get(key)
+            if spec is None:
+                raise BadArchiveError(f"{where}: weight_map puts {key!r} in {shard!r}, which does not hold it")
+            tree[key] = spec
+        extra = [k for k in owner if k not in wmap]
+        if extra:
+            raise BadArchiveError(f"{where}: shard {owner[extra[0]]!r} holds {extra[0]!r}, which weight_map does not list")
+    except BaseException:
+        for f in files:
+            f.close()
+        raise
+    metadata.update(meta)
+    return TreeSource("safetensors", p, tree, files=files, metadata=metadata)

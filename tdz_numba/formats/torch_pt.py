@@ -1,0 +1,238 @@
+"""``torch.save`` files (the zip format) as zero-copy sources, read without unpickling.
+
+The pickle (``<archive>/data.pkl``) runs in :mod:`.pickle_vm`, which interprets
+opcodes and recognizes only tensor and storage reconstruction, containers and
+scalars; it imports and calls nothing from the file. Each tensor becomes a
+:class:`~tdz_numba.sources.TensorSpec` over its storage record
+(``<archive>/data/<key>``, STORED and 64-byte aligned by torch): storage
+offsets and strides are kept, so transposes and offset slices come back as
+correct strided views, and tensors that share a storage are views of the same
+bytes. Every view is checked to stay inside its storage record.
+
+Dicts become levels (non-str keys as ``str(key)``), lists and tuples that hold
+tensors become levels keyed ``"0"``, ``"1"``, ...; other values (ints, floats,
+strings, None, bools, ``torch.Size``, ``torch.device``, dtypes, and containers
+of them) are plain values. A top-level tensor is the single key ``"0"``.
+
+Examples
+--------
+>>> import tempfile, pathlib, torch
+>>> from tdz_numba.formats import torch_pt, to_tree
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = pathlib.Path(d) / "ckpt.pt"
+...     a = torch.arange(6.0).reshape(2, 3)
+...     torch.save({"a": a, "at": a.t(), "step": 3}, p)
+...     tree = to_tree(torch_pt.open_torch(p))
+...     print(tree["at"].tolist(), tree["step"])
+[[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]] 3
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from ..errors import BadArchiveError, UnsupportedError
+from ..reader import ArchiveIndex
+from ..records import STORED
+from ..sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
+from ..tree import Level
+from . import pickle_vm
+from .detect import zip_kind
+
+__all__ = ["open_torch", "open_torch_legacy"]
+
+
+class _Record(NamedTuple):
+    key: str
+    offset: int
+    nbytes: int
+
+
+def open_torch_legacy(path: str | os.PathLike, **options: Any) -> TreeSource:
+    """Refuses a legacy (pre-1.6, non-zip) ``torch.save`` file with what to do."""
+    raise UnsupportedError(
+        f"{path}: a legacy (non-zip) torch.save file; re-save it with a current torch "
+        f"(torch.save(torch.load(path, weights_only=True), new_path)) to read it here"
+    )
+
+
+def _prefix(index: ArchiveIndex, where: str) -> str:
+    kind = zip_kind(index.names, where)  # TorchScript archives are refused here
+    if kind != "torch":
+        raise UnsupportedError(f"{where}: not a torch.save archive (a {kind} zip)")
+    pkls = [n for n in index.names if n.count("/") == 1 and n.endswith("/data.pkl")]
+    if len(pkls) != 1:
+        raise BadArchiveError(f"{where}: expected one <archive>/data.pkl entry, found {pkls[:4]}")
+    return pkls[0][: -len("data.pkl")]
+
+
+def open_torch(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **options: Any) -> TreeSource:
+    """A ``torch.save`` zip as a :class:`~tdz_numba.sources.TreeSource`.
+
+    ``allow_pickle`` (and other options) are ignored: the pickle is always read
+    by the restricted VM.
+
+    Raises
+    ------
+    UnsafeContentError
+        The pickle names a global that is not tensor reconstruction.
+    UnsupportedError
+        TorchScript archives, big-endian files, compressed storage records,
+        sparse/quantized/nested tensors.
+    BadArchiveError
+        Malformed zips or pickles, views outside their storage.
+    """
+    own = index is None
+    index = ArchiveIndex(path) if own else index
+    try:
+        return _open(Path(path), index)
+    finally:
+        index.close()
+
+
+def _open(path: Path, index: ArchiveIndex) -> TreeSource:
+    where = str(path)
+    prefix = _prefix(index, where)
+    order = prefix + "byteorder"
+    if order in index:
+        value = index.read_bytes(order)
+        if value == b"big":
+            raise UnsupportedError(f"{where}: saved on a big-endian machine (byteorder 'big'); not read")
+        if value != b"little":
+            raise BadArchiveError(f"{where}: byteorder record holds {value[:16]!r}, expected 'little'")
+    data = index.read_bytes(prefix + "data.pkl")
+    records: dict[str, _Record] = {}
+    size = index.size
+
+    def persistent_load(pid: tuple) -> _Record:
+        if len(pid) != 5 or pid[0] != "storage":
+            raise BadArchiveError(f"{where}: persistent id of {len(pid)} fields, expected ('storage', type, key, location, numel)")
+        _, stype, key, location, numel = pid
+        if not isinstance(key, str) or not isinstance(location, str) or type(numel) is not int or numel < 0:
+            raise BadArchiveError(f"{where}: malformed storage id (key, location, numel)")
+        rec = records.get(key)
+        if rec is None:
+            name = prefix + "data/" + key
+            if "/" in key or name not in index:
+                raise BadArchiveError(f"{where}: storage {key!r} has no record {name!r}")
+            e = index.entry(name)
+            if e.method != STORED:
+                raise UnsupportedError(f"{where}: storage record {name!r} is compressed; torch.save writes them stored")
+            if e.size != e.compressed_size:
+                raise BadArchiveError(f"{where}: stored record {name!r} has sizes {e.compressed_size} and {e.size}")
+            rec = records[key] = _Record(key, e.payload_offset, e.size)
+        if numel * stype.dtype.itemsize > rec.nbytes:
+            raise BadArchiveError(f"{where}: storage {key!r} claims {numel} {stype.name} elements, "
+                                  f"its record holds {rec.nbytes} bytes")  # fmt: skip
+        return rec
+
+    root = pickle_vm.load(data, persistent_load, f"{where}: {prefix}data.pkl")
+    f = MappedFile.open(path)
+    try:
+        if f.size != size:
+            raise BadArchiveError(f"{where}: the file changed while it was opened")
+        tree = _to_tree(root, where, size)
+    except BaseException:
+        f.close()
+        raise
+    return TreeSource("torch", path, tree, files=[f], metadata={})
+
+
+def _spec(ref: pickle_vm.TensorRef, key: str, where: str, size: int) -> TensorSpec:
+    rec = ref.storage
+    if not isinstance(rec, _Record):
+        raise BadArchiveError(f"{where}: tensor {key!r} is not backed by a storage record")
+    itemsize = ref.dtype.itemsize
+    start = ref.offset * itemsize
+    if start > rec.nbytes:
+        raise BadArchiveError(f"{where}: tensor {key!r}: storage offset {ref.offset} is past its storage "
+                              f"{rec.key!r} ({rec.nbytes} bytes)")  # fmt: skip
+    spec = TensorSpec(key, ref.dtype, ref.shape, ref.stride, 0, rec.offset + start, rec.nbytes - start,
+                      str(ref.dtype)[len("torch."):])  # fmt: skip
+    check_extent(spec, size, f"{where}: storage {rec.key!r}")
+    return spec
+
+
+_CONTAINERS = (dict, list, tuple)
+_INTERNAL = (pickle_vm._Fn, pickle_vm.StorageType, pickle_vm._Storage)
+
+
+def _what(v: Any) -> str:
+    if isinstance(v, (pickle_vm._Fn, pickle_vm.StorageType)):
+        return f"the class or function {v.name}"
+    return "a set of tensors" if isinstance(v, (set, frozenset)) else "a bare storage"
+
+
+def _holds_tensor(root: Any, where: str) -> dict[int, bool]:
+    """For every container reachable from ``root``: whether a tensor is below it.
+
+    Iterative; raises BadArchiveError on a cycle or nesting deeper than MAX_DEPTH.
+    """
+    result: dict[int, bool] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        nid = id(node)
+        if done:
+            on_path.discard(nid)
+            values = node.values() if isinstance(node, Mapping) else node
+            result[nid] = any(isinstance(v, pickle_vm.TensorRef) or result.get(id(v), False) for v in values)
+            continue
+        if nid in result:
+            continue
+        if nid in on_path:
+            raise BadArchiveError(f"{where}: the pickle holds a container that contains itself")
+        if len(on_path) >= MAX_DEPTH:
+            raise BadArchiveError(f"{where}: containers nested deeper than {MAX_DEPTH}")
+        on_path.add(nid)
+        stack.append((node, True))
+        values = node.values() if isinstance(node, Mapping) else node
+        for v in values:
+            if isinstance(v, _CONTAINERS):
+                stack.append((v, False))
+            elif isinstance(v, _INTERNAL) or (isinstance(v, (set, frozenset)) and
+                                              any(isinstance(x, (pickle_vm.TensorRef, *_INTERNAL)) for x in v)):
+                raise UnsupportedError(f"{where}: the pickle holds {_what(v)} as a value, not tensor data")
+    return result
+
+
+def _key(k: Any, where: str) -> str:
+    if isinstance(k, str):
+        return k
+    if k is None or isinstance(k, (int, float, bool, torch.dtype)):
+        return str(k)
+    raise UnsupportedError(f"{where}: a dict key of type {type(k).__name__}")
+
+
+def _to_tree(root: Any, where: str, size: int) -> Level:
+    """The level tree of the unpickled object (containers with tensors -> levels)."""
+    if isinstance(root, pickle_vm.TensorRef):
+        return Level({"0": _spec(root, "0", where, size)}, meta={"_torch_type": "Tensor"})
+    if isinstance(root, _INTERNAL):
+        raise UnsupportedError(f"{where}: the pickle holds {_what(root)}, not tensor data")
+    if not isinstance(root, _CONTAINERS):
+        return Level({"0": root}, meta={"_torch_type": type(root).__name__})
+    holds = _holds_tensor(root, where)
+    out = Level(meta={"_torch_type": type(root).__name__})
+    stack: list[tuple[Any, Level, str]] = [(root, out, "")]
+    while stack:
+        node, level, path = stack.pop()
+        items = ((_key(k, where), v) for k, v in node.items()) if isinstance(node, Mapping) else \
+            ((str(i), v) for i, v in enumerate(node))  # fmt: skip
+        for key, value in items:
+            if key in level:
+                raise UnsupportedError(f"{where}: two keys of {path or '<root>'} both read as {key!r}")
+            if isinstance(value, pickle_vm.TensorRef):
+                level[key] = _spec(value, path + key, where, size)
+            elif isinstance(value, dict) or (isinstance(value, _CONTAINERS) and holds.get(id(value))):
+                level[key] = sub = Level(meta={"_torch_type": type(value).__name__})
+                stack.append((value, sub, path + key + "/"))
+            else:
+                level[key] = value
+    return out
