@@ -135,7 +135,7 @@ def _dir_kind(path: Path) -> str:
         return "memmap_dir"
     indexes = sorted(path.glob("*.safetensors.index.json"))
     if len(indexes) == 1:
-        return "safetensors"
+        return "safetensors_index"
     if len(indexes) > 1:
         raise UnsupportedError(f"{path}: several *.safetensors.index.json files; open one of them")
     raise UnsupportedError(

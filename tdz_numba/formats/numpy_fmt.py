@@ -28,7 +28,6 @@ import math
 import os
 import struct
 import zlib
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
