@@ -1,11 +1,14 @@
 """asv suite: tdz_numba against torch.save, safetensors and tensordict, side by side.
 
 Parameters: layout (``flat``: few large leaves, ``small``: 100 groups x 20 leaves)
-x size (MiB) x format. ``time_*`` and ``peakmem_*`` for save, lazy open and
-open + read of every leaf. Numba kernels are compiled (or loaded from cache)
-in ``setup``, never timed.
+x size (MiB) x format. ``time_*`` for save, lazy open and open + read of every
+leaf; ``track_peak_rss_*`` for the memory ONE save or read needs (peak RSS growth
+in a child process, see ``peak.py``: asv's own ``peakmem_*`` is the whole process's
+peak, the same for every format). Numba kernels are compiled (or loaded from
+cache) in ``setup``, never timed.
 
-Run from the repository root: ``cd asv_bench && ../.venv/bin/asv run --python=same --quick``.
+Run from the repository root (no prompt: ``asv machine --yes`` records this machine first):
+``cd asv_bench && ../.venv/bin/asv machine --yes && ../.venv/bin/asv run --python=same --quick``.
 """
 
 import os
@@ -14,6 +17,11 @@ import tempfile
 import warnings
 
 import torch
+
+try:
+    from .peak import peak_rss_growth
+except ImportError:  # asv imports benchmark files as top-level modules
+    from peak import peak_rss_growth
 
 warnings.filterwarnings("ignore")
 
@@ -123,8 +131,10 @@ class Save(_Base):
     def time_save(self, layout, size_mib, fmt):
         self.save(fmt)
 
-    def peakmem_save(self, layout, size_mib, fmt):
-        self.save(fmt)
+    def track_peak_rss_save(self, layout, size_mib, fmt):
+        return peak_rss_growth("formats", "Save", (layout, size_mib, fmt), "save", (fmt,))
+
+    track_peak_rss_save.unit = "bytes"
 
 
 class Open(_Base):
@@ -136,5 +146,7 @@ class Read(_Base):
     def time_read_all(self, layout, size_mib, fmt):
         self.read_all(fmt)
 
-    def peakmem_read_all(self, layout, size_mib, fmt):
-        self.read_all(fmt)
+    def track_peak_rss_read_all(self, layout, size_mib, fmt):
+        return peak_rss_growth("formats", "Read", (layout, size_mib, fmt), "read_all", (fmt,))
+
+    track_peak_rss_read_all.unit = "bytes"

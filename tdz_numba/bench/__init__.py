@@ -69,7 +69,7 @@ from .constants import (
     WORKLOADS,
 )
 from .harness import BenchResult, run
-from .peers import leaf_sum, sum_tree
+from .peers import COMPRESSED_CLASSES, FORMAT_CLASSES, Format, leaf_sum, sum_tree
 from .plot import plot
 from .reporting import format_table, goal_lines, report
 from .workloads import Workload, make_images, make_workload
@@ -77,7 +77,7 @@ from .workloads import Workload, make_images, make_workload
 __all__ = ["WORKLOADS", "OPS", "FORMATS", "CRC_FORMAT", "COMPRESSIONS", "COMPRESSED_WORKLOADS",
            "COMPRESSED_OPS", "COMPRESSED_FORMATS", "BenchResult", "Workload", "run", "main", "format_table",
            "goal_lines", "report", "plot", "make_images", "make_workload", "leaf_sum", "sum_tree",
-           "build_parser"]  # fmt: skip
+           "build_parser", "Format", "FORMAT_CLASSES", "COMPRESSED_CLASSES"]  # fmt: skip
 
 # -- command line -------------------------------------------------------------------------------
 
