@@ -320,3 +320,17 @@ def test_is_remote_detection(tmp_path):
     assert not remote.is_remote(str(tmp_path / "x.tdz")) and not remote.is_remote(Path("x.tdz"))
     assert not remote.is_remote("file:///tmp/x.tdz") and not remote.is_remote("C:/x.tdz")
     assert np.frombuffer(b"", np.uint8).size == 0
+
+
+def test_cli_accepts_urls(http, tmp_path, capsys):
+    from tdz_numba.cli import main
+
+    p = tdz_numba.save({"obs": {"x": torch.arange(12.0).reshape(3, 4)}, "r": torch.ones(3)}, tmp_path / "c.tdz")
+    url = http.put("cli.tdz", p.read_bytes())
+    for argv in (["info", url], ["tree", url], ["show", url, "obs/x"], ["verify", url, "--json"]):
+        assert main(argv) == 0, argv
+    out = capsys.readouterr().out
+    assert '"ok": true' in out and "obs" in out
+    bad = http.put("cli-bad.tdz", p.read_bytes()[:-10])
+    assert main(["verify", bad]) == 2
+    assert "cli-bad.tdz" in capsys.readouterr().err
