@@ -446,18 +446,16 @@ def load_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, **
 
 def verify_remote(target: Any, *, storage_options: dict[str, Any] | None = None, progress: bool | None = None):
     """Fetches the whole object and checks every CRC-32 and the structure; see :func:`tdz_numba.verify`."""
-    from .integrity import VerifyReport, _check_leaf
+    from .integrity import VerifyReport, _check_leaf, _verify_compressed
+    from .progress import progress as _progress
 
     ar = open_remote(target, storage_options=storage_options)
     try:
         index = ar._index
         index.check_all()  # fetches everything (CRCs of STORED entries checked) + every local header
-        methods = index.fields[:, 1]
-        deflated = [index.entry(index.names[i]) for i in np.nonzero(methods == records.DEFLATED)[0].tolist()]
-        if deflated:
-            index.inflate(deflated)  # checks the CRCs
-        for i in np.nonzero((methods != records.STORED) & (methods != records.DEFLATED))[0].tolist():
-            index.read(index.names[i])
+        compressed = np.nonzero(index.fields[:, 1] != records.STORED)[0].tolist()
+        with _progress(int(index.fields[compressed, 3].sum()), "verify", enabled=progress) as bar:
+            _verify_compressed(index, compressed, bar)  # checks the CRCs, in bounded memory
         levels = leaves = 0
         stack: list[Archive] = [ar]
         while stack:
