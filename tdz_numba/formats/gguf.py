@@ -1,0 +1,367 @@
+"""GGUF (llama.cpp's weight format, versions 2 and 3): a mapped reader and dequantization.
+
+The header, every metadata key/value and every tensor info are parsed in
+Python from the mapped file, each count and length checked against the bytes
+that remain before anything is allocated or looped over. Tensors become
+:class:`~tdz_numba.sources.TensorSpec` leaves of one flat level keyed by the
+file's tensor names; ``metadata`` is the key/value dict.
+
+Shapes: GGUF lists dimensions fastest first (``ne[0]`` is the row length), so
+they are reversed into numpy/torch order. Plain types (F32, F16, BF16, F64,
+I8, I16, I32, I64) are typed zero-copy views of that shape. Quantized tensors
+are zero-copy ``uint8`` views of their blocks with shape ``(*rows,
+bytes_per_row)`` where ``rows`` are the reversed ``ne[1:]`` and
+``bytes_per_row = ne[0] // block_size * type_size`` (the ``gguf`` package's
+``GGUFReader`` gives the same shape); ``TensorSpec.type_name`` names the ggml
+type (``"Q4_K"``) and :meth:`GGUFSource.dequantize` / :func:`dequantize`
+decode them to float32 with the Numba kernels of
+:mod:`~tdz_numba.formats.gguf_kernels`.
+
+Examples
+--------
+>>> import tempfile, pathlib, numpy as np, gguf
+>>> from tdz_numba.formats.gguf import open_gguf
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = str(pathlib.Path(d) / "m.gguf")
+...     w = gguf.GGUFWriter(p, "llama"); w.add_tensor("w", np.arange(6, dtype=np.float32).reshape(2, 3))
+...     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+...     src = open_gguf(p)
+...     spec = src.level("").children["w"].leaf
+...     print(spec.shape, spec.type_name, src.metadata["general.architecture"])
+(2, 3) F32 llama
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+import struct
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..errors import BadArchiveError, InvalidArgumentError, MissingKeyError, UnsupportedError
+from ..sources import MappedFile, TensorSpec, TreeSource, check_extent, tensor_from_spec
+
+__all__ = ["GGML_TYPES", "GGUFTensorInfo", "GGUFSource", "detect_gguf", "open_gguf", "dequantize",
+           "MAX_DIMS", "MAX_ARRAY_DEPTH"]  # fmt: skip
+
+MAGIC = b"GGUF"
+#: Most dimensions a tensor info may list.
+MAX_DIMS = 8
+#: Deepest nesting of metadata arrays accepted.
+MAX_ARRAY_DEPTH = 8
+
+#: ggml type id -> (name, elements per block, bytes per block)
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+}  # fmt: skip
+_BY_NAME = {v[0]: k for k, v in GGML_TYPES.items()}
+_PLAIN = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8",
+          "I16": "int16", "I32": "int32", "I64": "int64"}  # fmt: skip
+
+# metadata value types: id -> (struct format, size); 7 bool, 8 string, 9 array
+_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+            6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}  # fmt: skip
+_NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8",
+       11: "<i8", 12: "<f8"}  # fmt: skip
+_MIN_SIZE = {**{k: v[1] for k, v in _SCALARS.items()}, 8: 8, 9: 12}
+
+
+class GGUFTensorInfo(NamedTuple):
+    """One tensor info: ggml type, logical shape in numpy order, offset of its data in the file."""
+
+    name: str
+    ggml_type: int
+    type_name: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from the mapped header."""
+
+    def __init__(self, buf: memoryview, where: str) -> None:
+        self.buf = buf
+        self.size = len(buf)
+        self.pos = 0
+        self.where = where
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise BadArchiveError(
+                f"{self.where}: {what} at offset {self.pos} needs {n} bytes, the file has {self.size - self.pos} left"
+            )
+
+    def unpack(self, fmt: str, n: int, what: str) -> Any:
+        self.need(n, what)
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return v
+
+    def u32(self, what: str) -> int:
+        return self.unpack("<I", 4, what)
+
+    def u64(self, what: str) -> int:
+        return self.unpack("<Q", 8, what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"{what} length")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def count(self, what: str, min_item: int) -> int:
+        n = self.u64(what)
+        if n * min_item > self.size - self.pos:
+            raise BadArchiveError(
+                f"{self.where}: {what} {n} at offset {self.pos - 8} exceeds the {self.size - self.pos} bytes left"
+            )
+        return n
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
+        if vtype in _SCALARS:
+            fmt, n = _SCALARS[vtype]
+            return self.unpack(fmt, n, what)
+        if vtype == 8:
+            return self.string(what)
+        if vtype != 9:
+            raise BadArchiveError(f"{self.where}: {what}: unknown value type {vtype} at offset {self.pos - 4}")
+        if depth >= MAX_ARRAY_DEPTH:
+            raise BadArchiveError(f"{self.where}: {what}: arrays nested deeper than {MAX_ARRAY_DEPTH}")
+        itype = self.u32(f"{what} item type")
+        if itype not in _MIN_SIZE:
+            raise BadArchiveError(f"{self.where}: {what}: unknown array item type {itype} at offset {self.pos - 4}")
+        n = self.count(f"{what} item count", _MIN_SIZE[itype])
+        if itype in _NP:
+            arr = np.frombuffer(self.buf, dtype=_NP[itype], count=n, offset=self.pos)
+            self.pos += n * _SCALARS[itype][1]
+            return arr.astype(bool).tolist() if itype == 7 else arr.tolist()
+        return [self.value(itype, what, depth + 1) for _ in range(n)]
+
+
+def detect_gguf(head: bytes, path: str | os.PathLike | None = None) -> bool:
+    """Whether the first bytes of a file are a GGUF header (magic ``b"GGUF"``).
+
+    >>> detect_gguf(b"GGUF\\x03\\x00\\x00\\x00")
+    True
+    """
+    return bytes(head[:4]) == MAGIC
+
+
+def _parse(buf: memoryview, where: str) -> tuple[dict[str, Any], list[GGUFTensorInfo], int, int]:
+    c = _Cursor(buf, where)
+    c.need(4, "magic")
+    if bytes(buf[:4]) != MAGIC:
+        raise BadArchiveError(f"{where}: not a GGUF file (magic {bytes(buf[:4])!r})")
+    c.pos = 4
+    version = c.u32("version")
+    if version not in (2, 3):
+        if version & 0xFFFF == 0 and int.from_bytes(version.to_bytes(4, "little"), "big") in (1, 2, 3):
+            raise UnsupportedError(f"{where}: big-endian GGUF files are not supported")
+        if version == 1:
+            raise UnsupportedError(f"{where}: GGUF version 1 is not supported (only 2 and 3)")
+        raise BadArchiveError(f"{where}: unknown GGUF version {version}")
+    n_tensors = c.count("tensor count", 24)
+    n_kv = c.count("metadata count", 13)
+    meta: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = c.string(f"metadata key #{i}")
+        if key in meta:
+            raise BadArchiveError(f"{where}: duplicate metadata key {key!r}")
+        vtype = c.u32(f"metadata {key!r} type")
+        meta[key] = c.value(vtype, f"metadata {key!r}")
+    alignment = meta.get("general.alignment", 32)
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
+        raise BadArchiveError(f"{where}: general.alignment {alignment!r} is not a power of two")
+    infos: list[tuple[str, int, tuple[int, ...], int]] = []
+    for i in range(n_tensors):
+        name = c.string(f"tensor #{i} name")
+        n_dims = c.u32(f"tensor {name!r} dimension count")
+        if n_dims > MAX_DIMS:
+            raise BadArchiveError(f"{where}: tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
+        c.need(8 * n_dims, f"tensor {name!r} dimensions")
+        dims = struct.unpack_from(f"<{n_dims}Q", buf, c.pos)
+        c.pos += 8 * n_dims
+        ggml_type = c.u32(f"tensor {name!r} type")
+        offset = c.u64(f"tensor {name!r} offset")
+        infos.append((name, ggml_type, dims, offset))
+    data_start = -(-c.pos // alignment) * alignment
+    out: list[GGUFTensorInfo] = []
+    seen: set[str] = set()
+    for name, ggml_type, dims, offset in infos:
+        if name in seen:
+            raise BadArchiveError(f"{where}: duplicate tensor name {name!r}")
+        seen.add(name)
+        if ggml_type not in GGML_TYPES:
+            raise BadArchiveError(f"{where}: tensor {name!r}: unknown ggml type {ggml_type}")
+        tname, block, tsize = GGML_TYPES[ggml_type]
+        if block > 1 and (not dims or dims[0] % block):
+            raise BadArchiveError(f"{where}: tensor {name!r}: row length {dims[0] if dims else None} is not a "
+                                  f"multiple of the {tname} block size {block}")  # fmt: skip
+        if offset % alignment:
+            raise BadArchiveError(f"{where}: tensor {name!r}: offset {offset} is not a multiple of {alignment}")
+        nbytes = math.prod(dims) // block * tsize
+        start = data_start + offset
+        if start + nbytes > len(buf):
+            raise BadArchiveError(f"{where}: tensor {name!r} ({tname}, {nbytes} bytes at {start}) lies "
+                                  f"outside the file ({len(buf)} bytes)")  # fmt: skip
+        out.append(GGUFTensorInfo(name, ggml_type, tname, tuple(reversed(dims)), start, nbytes))
+    return meta, out, version, data_start
+
+
+class GGUFSource(TreeSource):
+    """A GGUF file as a flat tree of tensors; ``metadata`` holds the key/value pairs.
+
+    ``tensor_info[name]`` gives each tensor's ggml type and logical shape;
+    :meth:`dequantize` decodes any tensor to float32.
+    """
+
+    tensor_info: dict[str, GGUFTensorInfo]
+    version: int
+    data_start: int
+
+    def dequantize(self, key: str, *, num_threads: int | None = None) -> Any:
+        """Tensor ``key`` decoded to a float32 torch tensor of its logical shape.
+
+        Plain tensors (F32, F64, I8-I64) come back as they are (a zero-copy view).
+        """
+        try:
+            info = self.tensor_info[key]
+        except KeyError:
+            raise MissingKeyError(f"{self.path}: no tensor {key!r}") from None
+        spec = self.level("").children[key].leaf
+        raw = tensor_from_spec(spec, self.files, where=str(self.path))
+        return dequantize(raw, info.type_name, info.shape, num_threads=num_threads)
+
+
+def open_gguf(path: str | os.PathLike, **kw: Any) -> GGUFSource:
+    """Maps a GGUF file and describes its tensors (see the module docstring for shapes).
+
+    Raises :class:`~tdz_numba.BadArchiveError` for any malformed header and
+    :class:`~tdz_numba.UnsupportedError` for version 1 and big-endian files.
+    """
+    import torch
+
+    f = MappedFile.open(path)
+    where = str(path)
+    try:
+        meta, infos, version, data_start = _parse(memoryview(f.buffer), where)
+        tree: dict[str, TensorSpec] = {}
+        for info in infos:
+            plain = _PLAIN.get(info.type_name)
+            if plain is not None:
+                spec = TensorSpec(info.name, getattr(torch, plain), info.shape, None, 0, info.offset,
+                                  info.nbytes, info.type_name)  # fmt: skip
+            else:
+                _, block, tsize = GGML_TYPES[info.ggml_type]
+                shape = (*info.shape[:-1], info.shape[-1] // block * tsize)
+                spec = TensorSpec(info.name, torch.uint8, shape, None, 0, info.offset, info.nbytes, info.type_name)
+            check_extent(spec, f.size, where)
+            tree[info.name] = spec
+        src = GGUFSource("gguf", path, tree, files=[f], metadata=meta)
+    except BaseException:
+        f.close()
+        raise
+    src.tensor_info = {i.name: i for i in infos}
+    src.version = version
+    src.data_start = data_start
+    return src
+
+
+def _type(ggml_type: int | str) -> tuple[str, int, int]:
+    if isinstance(ggml_type, str):
+        if ggml_type not in _BY_NAME:
+            raise InvalidArgumentError(f"unknown ggml type {ggml_type!r}")
+        return GGML_TYPES[_BY_NAME[ggml_type]]
+    try:
+        tid = operator.index(ggml_type)  # ints, numpy ints, gguf's GGMLQuantizationType
+    except TypeError:
+        raise InvalidArgumentError(f"ggml_type must be a name or an id, got {ggml_type!r}") from None
+    if tid not in GGML_TYPES:
+        raise InvalidArgumentError(f"unknown ggml type {ggml_type!r}")
+    return GGML_TYPES[tid]
+
+
+def dequantize(data: Any, ggml_type: int | str, shape: tuple[int, ...] | list[int], *,
+               num_threads: int | None = None) -> Any:  # fmt: skip
+    """Decodes GGML blocks to float32 of the logical ``shape`` (numpy order, last dim = row).
+
+    ``data`` holds the raw bytes (a numpy array, a torch tensor or any buffer,
+    e.g. the uint8 block view of a GGUF leaf); a torch tensor in gives a torch
+    tensor out, anything else a numpy array. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+    Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16 and BF16 are decoded by parallel Numba
+    kernels; F32/F64/I8-I64 are returned as they are (reshaped); other types
+    go through the ``gguf`` package when it is installed
+    (:class:`~tdz_numba.UnsupportedError` otherwise).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from tdz_numba.formats.gguf import dequantize
+    >>> block = np.zeros(34, np.uint8); block[:2] = np.frombuffer(np.float16(2).tobytes(), np.uint8)
+    >>> block[2:] = np.arange(32, dtype=np.int8).view(np.uint8)
+    >>> dequantize(block, "Q8_0", (32,))[:4].tolist()
+    [0.0, 2.0, 4.0, 6.0]
+    """
+    from .._jit import run_parallel
+    from .gguf_kernels import KERNELS, half_table
+
+    name, block, tsize = _type(ggml_type)
+    try:
+        shape = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise InvalidArgumentError(f"bad shape {shape!r}") from None
+    if any(d < 0 for d in shape):
+        raise InvalidArgumentError(f"bad shape {list(shape)}")
+    is_torch = type(data).__module__.startswith("torch")
+    if is_torch:
+        import torch
+
+        raw = data.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
+    elif isinstance(data, np.ndarray):
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    else:
+        raw = np.frombuffer(data, np.uint8)
+    numel = math.prod(shape)
+    if block > 1 and (not shape or shape[-1] % block):
+        raise InvalidArgumentError(f"{name}: row length of shape {list(shape)} is not a multiple of the "
+                                   f"block size {block}")  # fmt: skip
+    need = numel // block * tsize
+    if raw.size != need:
+        raise InvalidArgumentError(f"{name}: shape {list(shape)} needs {need} bytes of blocks, got {raw.size}")
+    if name in _PLAIN and name not in ("F16", "BF16"):
+        out = raw.view(np.dtype(_PLAIN[name]).newbyteorder("<")).reshape(shape)
+    elif name in KERNELS:
+        out = np.empty(numel, np.float32)
+        target = out.view(np.uint32) if name == "BF16" else out
+        if numel and not run_parallel(KERNELS[name][0], raw, half_table(), target, num_threads=num_threads):
+            raise BadArchiveError(f"{name}: block buffer of {raw.size} bytes does not match {numel} elements")
+        out = out.reshape(shape)
+    else:
+        try:
+            from gguf import GGMLQuantizationType
+            from gguf.quants import dequantize as gguf_dequantize
+        except ImportError:
+            raise UnsupportedError(f"dequantizing {name} needs the gguf package") from None
+        try:
+            out = gguf_dequantize(raw.reshape(-1, tsize), GGMLQuantizationType(_BY_NAME[name]))
+        except NotImplementedError:
+            raise UnsupportedError(f"dequantizing {name} is not supported") from None
+        out = np.ascontiguousarray(out, dtype=np.float32).reshape(shape)
+    if is_torch:
+        import torch
+
+        return torch.from_numpy(out)
+    return out
