@@ -1,0 +1,290 @@
+"""HDF5 files through h5py (optional): groups as levels, contiguous datasets mapped zero-copy.
+
+The group tree is walked iteratively (depth limited to
+:data:`~tdz_numba.sources.MAX_DEPTH`, each group visited once even when hard
+or soft links make cycles; external links are not followed). Each dataset
+becomes a leaf:
+
+- contiguous, unfiltered, allocated datasets of a native numeric dtype: a
+  :class:`~tdz_numba.sources.TensorSpec` at ``dset.id.get_offset()`` in the
+  mapped file (zero-copy, bounds checked against the file size);
+- chunked, filtered (gzip, ...), compact, not yet allocated, big-endian
+  datasets: a spec whose ``loader`` reads it through h5py (a copy);
+- scalars and strings: plain Python values (``str`` for strings, lists for
+  string arrays); compound/opaque datasets: a numpy array read at open.
+
+Attributes of the root group become ``metadata``, those of other groups the
+level's metadata (numpy values as Python scalars/lists, bytes decoded).
+Virtual datasets and datasets with external raw storage name other files and
+are refused (:class:`~tdz_numba.UnsupportedError` when read). The h5py file
+stays open for the loaders until :meth:`HDF5Source.close`. Errors raised by
+h5py on malformed files become :class:`~tdz_numba.BadArchiveError`.
+
+Examples
+--------
+>>> import tempfile, pathlib, numpy as np, h5py
+>>> from tdz_numba.formats.hdf5 import open_hdf5
+>>> from tdz_numba.sources import tensor_from_spec
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = pathlib.Path(d) / "x.h5"
+...     with h5py.File(p, "w") as f:
+...         f.attrs["note"] = "hi"; f.create_dataset("g/w", data=np.arange(4.0))
+...     src = open_hdf5(p)
+...     g = src.level(src.level("").children["g"].path)
+...     print(src.metadata, tensor_from_spec(g.children["w"].leaf, src.files).tolist())
+...     src.close()
+{'note': 'hi'} [0.0, 1.0, 2.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadArchiveError, TdzError, UnsupportedError
+from ..sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
+
+__all__ = ["HDF5Source", "detect_hdf5", "open_hdf5", "SIGNATURE", "MAX_OBJECTS"]
+
+#: The 8-byte HDF5 superblock signature (at offset 0, 512, 1024, 2048, ...).
+SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: Most groups + datasets walked in one file.
+MAX_OBJECTS = 1_000_000
+_ZERO_COPY_KINDS = "biufc"
+_LAYOUT_CONTIGUOUS, _LAYOUT_VIRTUAL = 1, 3
+
+
+def detect_hdf5(head: bytes, path: str | os.PathLike | None = None) -> bool:
+    """Whether a file holds the HDF5 signature at offset 0, 512, 1024, 2048, ...
+
+    ``head`` is the file's first bytes; when ``path`` is given, later
+    power-of-two offsets are read from the file.
+
+    >>> detect_hdf5(b"\\x89HDF\\r\\n\\x1a\\n" + bytes(8))
+    True
+    """
+    head = bytes(head)
+    if head[:8] == SIGNATURE:
+        return True
+    off = 512
+    while off + 8 <= len(head):
+        if head[off : off + 8] == SIGNATURE:
+            return True
+        off *= 2
+    if path is None:
+        return False
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            while off + 8 <= size:
+                fh.seek(off)
+                if fh.read(8) == SIGNATURE:
+                    return True
+                off *= 2
+    except OSError:
+        return False
+    return False
+
+
+def _plain(value: Any) -> Any:
+    """An attribute or scalar dataset value as plain Python (arrays become lists)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "O" or value.dtype.kind == "S":
+            return [_plain(v) for v in value.reshape(-1).tolist()] if value.ndim else _plain(value.item())
+        return value.tolist() if value.dtype.fields is None else value
+    if isinstance(value, np.generic):
+        return value.item() if value.dtype.fields is None else value
+    return value
+
+
+def _attrs(obj: Any, where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    try:
+        names = list(obj.attrs.keys())
+    except Exception as e:  # noqa: BLE001 - h5py raises many kinds on corrupt files
+        raise BadArchiveError(f"{where}: cannot list attributes of {obj.name!r}: {e}") from None
+    for name in names:
+        try:
+            out[name] = _plain(obj.attrs[name])
+        except Exception:  # noqa: BLE001 - an attribute of a type h5py cannot read: left out
+            continue
+    return out
+
+
+class HDF5Source(TreeSource):
+    """An HDF5 file as a tree; keeps the h5py file open for the loaders until :meth:`close`."""
+
+    _h5: Any = None
+
+    def close(self) -> None:
+        if self._h5 is not None:
+            try:
+                self._h5.close()
+            finally:
+                self._h5 = None
+        super().close()
+
+
+class _Group(dict):
+    """A level of the tree with the group's attributes."""
+
+    meta: dict[str, Any]
+
+
+def _loader(dset: Any, native: np.dtype, where: str):
+    def load() -> np.ndarray:
+        try:
+            value = dset[()]
+        except TdzError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise BadArchiveError(f"{where}: cannot read dataset {dset.name!r}: {e}") from None
+        return np.ascontiguousarray(np.asarray(value).astype(native, copy=False))
+
+    return load
+
+
+def _refused(name: str, why: str):
+    def load() -> None:
+        raise UnsupportedError(f"dataset {name!r}: {why}")
+
+    return load
+
+
+def _dataset(dset: Any, key: str, f: MappedFile, where: str) -> Any:
+    import torch
+
+    from ..dtypes import from_numpy_dtype
+
+    dtype = dset.dtype
+    shape = tuple(int(d) for d in dset.shape) if dset.shape is not None else None
+    if shape is None:  # an HDF5 null dataspace
+        return None
+    if dtype.kind in "SUO" or h5_string(dtype):
+        try:
+            value = dset.asstr()[()] if h5_string(dtype) else dset[()]
+        except Exception as e:  # noqa: BLE001
+            raise BadArchiveError(f"{where}: cannot read dataset {dset.name!r}: {e}") from None
+        return _plain(value)
+    if shape == ():
+        try:
+            return _plain(dset[()])
+        except Exception as e:  # noqa: BLE001
+            raise BadArchiveError(f"{where}: cannot read dataset {dset.name!r}: {e}") from None
+    native = dtype.newbyteorder("=") if dtype.kind in _ZERO_COPY_KINDS else dtype
+    tdtype = from_numpy_dtype(native) if dtype.kind in _ZERO_COPY_KINDS else None
+    if tdtype is None:  # compound, opaque, references...: a numpy value
+        try:
+            return dset[()]
+        except Exception as e:  # noqa: BLE001
+            raise BadArchiveError(f"{where}: cannot read dataset {dset.name!r}: {e}") from None
+    plist = dset.id.get_create_plist()
+    layout = plist.get_layout()
+    if layout == _LAYOUT_VIRTUAL:
+        return TensorSpec(key, tdtype, shape, None, 0, 0, 0, dtype.str,
+                          loader=_refused(dset.name, "a virtual dataset (its data live in other files)"))  # fmt: skip
+    if plist.get_external_count() > 0:
+        return TensorSpec(key, tdtype, shape, None, 0, 0, 0, dtype.str,
+                          loader=_refused(dset.name, "external raw storage (its data live in other files)"))  # fmt: skip
+    offset = dset.id.get_offset() if layout == _LAYOUT_CONTIGUOUS else None
+    if offset is not None and dtype.isnative and plist.get_nfilters() == 0:
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        spec = TensorSpec(key, tdtype, shape, None, 0, int(offset), nbytes, dtype.str)
+        check_extent(spec, f.size, where)
+        return spec
+    return TensorSpec(key, tdtype, shape, None, 0, 0, 0, dtype.str, loader=_loader(dset, native, where))
+
+
+def h5_string(dtype: np.dtype) -> bool:
+    import h5py
+
+    return h5py.check_string_dtype(dtype) is not None
+
+
+def open_hdf5(path: str | os.PathLike, **kw: Any) -> HDF5Source:
+    """Opens an HDF5 file (needs h5py): see the module docstring for what each object becomes.
+
+    Raises :class:`~tdz_numba.UnsupportedError` when h5py is not installed and
+    :class:`~tdz_numba.BadArchiveError` for files h5py cannot read.
+    """
+    try:
+        import h5py
+    except ImportError:
+        raise UnsupportedError(f"{path}: reading HDF5 files needs h5py (pip install 'tdz_numba[hdf5]')") from None
+    where = str(path)
+    f = MappedFile.open(path)
+    h5 = None
+    try:
+        try:
+            h5 = h5py.File(path, "r")
+        except Exception as e:  # noqa: BLE001 - OSError for most, others on odd files
+            raise BadArchiveError(f"{where}: not a readable HDF5 file: {e}") from None
+        root = _Group()
+        root.meta = {}
+        metadata = _attrs(h5, where)
+        visited = {h5.id}
+        stack: list[tuple[Any, _Group, int]] = [(h5, root, 0)]
+        count = 0
+        while stack:
+            group, node, depth = stack.pop()
+            if depth > MAX_DEPTH:
+                raise BadArchiveError(f"{where}: groups nested deeper than {MAX_DEPTH}")
+            try:
+                names = list(group.keys())
+            except Exception as e:  # noqa: BLE001
+                raise BadArchiveError(f"{where}: cannot list group {group.name!r}: {e}") from None
+            for name in names:
+                count += 1
+                if count > MAX_OBJECTS:
+                    raise BadArchiveError(f"{where}: more than {MAX_OBJECTS} objects")
+                try:
+                    link = group.get(name, getlink=True)
+                    if isinstance(link, h5py.ExternalLink):
+                        continue  # another file: not followed
+                    obj = group.get(name)
+                except Exception as e:  # noqa: BLE001
+                    raise BadArchiveError(f"{where}: cannot open {group.name}/{name}: {e}") from None
+                if obj is None:  # a dangling soft link
+                    continue
+                if isinstance(obj, h5py.Group):
+                    if obj.id in visited:
+                        continue  # a link back to a group already walked
+                    visited.add(obj.id)
+                    sub = _Group()
+                    sub.meta = _attrs(obj, where)
+                    node[name] = sub
+                    stack.append((obj, sub, depth + 1))
+                elif isinstance(obj, h5py.Dataset):
+                    try:
+                        node[name] = _dataset(obj, name, f, where)
+                    except TdzError:
+                        raise
+                    except Exception as e:  # noqa: BLE001
+                        raise BadArchiveError(f"{where}: cannot describe dataset {obj.name!r}: {e}") from None
+                # committed datatypes are not data: left out
+        src = HDF5Source("hdf5", path, root, files=[f], metadata=metadata)
+    except BaseException:
+        if h5 is not None:
+            h5.close()
+        f.close()
+        raise
+    src._h5 = h5
+    _set_level_meta(src, root)
+    return src
+
+
+def _set_level_meta(src: TreeSource, root: _Group) -> None:
+    """Copies each group's attributes into its level (the levels' prefixes are the source's)."""
+    stack: list[tuple[str, _Group]] = [("", root)]
+    while stack:
+        prefix, node = stack.pop()
+        info = src.level(prefix)
+        if node.meta and prefix:
+            src._levels[prefix] = info._replace(meta={**node.meta, **info.meta})
+        for key, child in info.children.items():
+            if child.kind == "level":
+                stack.append((child.path, node[key]))
