@@ -8,12 +8,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from fuzz_readers import fuzz_iterations, run_fuzz
 
 from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError, UnsupportedError
 from tdz_numba.formats.gguf import GGML_TYPES, dequantize, detect_gguf, open_gguf
 from tdz_numba.sources import tensor_from_spec
-
-from fuzz_readers import fuzz_iterations, run_fuzz
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402

@@ -8,12 +8,11 @@ import sys
 import numpy as np
 import pytest
 import torch
+from fuzz_readers import fuzz_iterations, run_fuzz
 
 from tdz_numba.errors import BadArchiveError, TdzError, UnsupportedError
 from tdz_numba.formats.hdf5 import detect_hdf5, open_hdf5
 from tdz_numba.sources import tensor_from_spec
-
-from fuzz_readers import fuzz_iterations, run_fuzz
 
 h5py = pytest.importorskip("h5py")
 

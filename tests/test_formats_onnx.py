@@ -8,12 +8,11 @@ import sys
 import numpy as np
 import pytest
 import torch
+from fuzz_readers import fuzz_iterations, run_fuzz
 
 from tdz_numba.errors import BadArchiveError, TdzError, UnsafeContentError, UnsupportedError
 from tdz_numba.formats.onnx import detect_onnx, open_onnx
 from tdz_numba.sources import tensor_from_spec
-
-from fuzz_readers import fuzz_iterations, run_fuzz
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402

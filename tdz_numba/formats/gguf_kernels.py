@@ -186,9 +186,9 @@ def _q3_k(raw, half, out):  # pragma: no cover - compiled
             base = p + 32 + c * 32 + (k % 2) * 16
             for e in range(16):
                 pos = k * 16 + e
-                l = pos % 32
+                lane = pos % 32
                 ql = np.int32((raw[base + e] >> sh) & 3)
-                qh = np.int32(((raw[p + l] >> (pos // 32)) & 1) ^ 1)
+                qh = np.int32(((raw[p + lane] >> (pos // 32)) & 1) ^ 1)
                 out[o + pos] = dl * np.float32(ql - (qh << 2))
     return True
 

@@ -28,7 +28,7 @@ Examples
 >>> with tempfile.TemporaryDirectory() as d:
 ...     p = pathlib.Path(d) / "x.h5"
 ...     with h5py.File(p, "w") as f:
-...         f.attrs["note"] = "hi"; f.create_dataset("g/w", data=np.arange(4.0))
+...         f.attrs["note"] = "hi"; _ = f.create_dataset("g/w", data=np.arange(4.0))
 ...     src = open_hdf5(p)
 ...     g = src.level(src.level("").children["g"].path)
 ...     print(src.metadata, tensor_from_spec(g.children["w"].leaf, src.files).tolist())
@@ -156,7 +156,6 @@ def _refused(name: str, why: str):
 
 
 def _dataset(dset: Any, key: str, f: MappedFile, where: str) -> Any:
-    import torch
 
     from ..dtypes import from_numpy_dtype
 
