@@ -321,3 +321,13 @@ def test_fuzz_gguf(tmp_path):
     })  # fmt: skip
     head = open_gguf(seed).data_start
     run_fuzz(seed, "tdz_numba.formats.gguf.open_gguf", fuzz_iterations(1000), tmp_path, head=head, suffix=".gguf")
+
+
+def test_detect_and_open_source(tmp_path):
+    from tdz_numba import formats
+
+    path = _write(tmp_path / "model.bin", {"w": (np.ones((2, 32), np.float32), None)}, extra_kv=False)
+    assert formats.detect(path) == "gguf"
+    src = formats.open_source(path)
+    assert src.format == "gguf" and formats.to_tree(src)["w"].shape == (2, 32)
+    src.close()

@@ -180,3 +180,15 @@ def test_fuzz_hdf5(tmp_path):
         f.create_dataset("g/y", data=np.arange(8, dtype=np.int32), chunks=(4,), compression="gzip")
         f["g"].attrs["s"] = "t"
     run_fuzz(p, "tdz_numba.formats.hdf5.open_hdf5", fuzz_iterations(400), tmp_path, head=2048, suffix=".h5")
+
+
+def test_detect_and_open_source(tmp_path):
+    from tdz_numba import formats
+
+    p = tmp_path / "data.bin"
+    with h5py.File(p, "w", userblock_size=4096) as f:
+        f.create_dataset("g/x", data=np.arange(3.0))
+    assert formats.detect(p) == "hdf5"
+    src = formats.open_source(p)
+    assert src.format == "hdf5" and formats.to_tree(src)["g"]["x"].tolist() == [0, 1, 2]
+    src.close()

@@ -213,3 +213,14 @@ def test_fuzz_onnx(tmp_path):
     p = tmp_path / "seed.onnx"
     onnx.save(_model([numpy_helper.from_array(v, k) for k, v in arrays.items()]), p)
     run_fuzz(p, "tdz_numba.formats.onnx.open_onnx", fuzz_iterations(600), tmp_path, suffix=".onnx")
+
+
+def test_detect_and_open_source(tmp_path):
+    from tdz_numba import formats
+
+    p = tmp_path / "model.bin"
+    onnx.save(_model([numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")]), p)
+    assert formats.detect(p) == "onnx"
+    src = formats.open_source(p)
+    assert src.format == "onnx" and formats.to_tree(src)["w"].tolist() == [0, 1, 2, 3]
+    src.close()

@@ -104,6 +104,27 @@ register("torch_legacy", _is_torch_legacy, "tdz_numba.formats.torch_pt:open_torc
 register("safetensors_index", _is_safetensors_index, "tdz_numba.formats.safetensors:open_sharded", order=90)
 
 
+def _is_gguf(path: Path, head: bytes, size: int) -> bool:
+    return head[:4] == b"GGUF"
+
+
+def _is_hdf5(path: Path, head: bytes, size: int) -> bool:  # signature at 0, 512, 1024, ... (user block)
+    from .hdf5 import detect_hdf5
+
+    return detect_hdf5(head, path)
+
+
+def _is_onnx(path: Path, head: bytes, size: int) -> bool:  # a cheap ModelProto check; the opener parses
+    from .onnx import detect_onnx
+
+    return detect_onnx(head, path)
+
+
+register("gguf", _is_gguf, "tdz_numba.formats.gguf:open_gguf", order=15)
+register("hdf5", _is_hdf5, "tdz_numba.formats.hdf5:open_hdf5", order=40)
+register("onnx", _is_onnx, "tdz_numba.formats.onnx:open_onnx", order=80)
+
+
 # -- zips ------------------------------------------------------------------------------------------
 def zip_kind(names: list[str], where: str) -> str:
     """``"tdz"``, ``"torch"`` or ``"npz"`` from a zip's member names.
