@@ -197,10 +197,11 @@ def _segments(raw: np.ndarray, size: int, table: tuple[int, list[int]], sink: Si
     for g in range(0, count, group):
         rows = np.arange(g, min(g + group, count))
         dlen = np.minimum(segment, size - rows * segment)
-        crcs, status = run_parallel(
-            inflate_segments, base + offsets[rows], offsets[rows + 1] - offsets[rows],
-            out + (rows - g) * segment, dlen, rows == count - 1, num_threads=num_threads,
-        )  # fmt: skip
+        with c.dynamic_schedule():
+            crcs, status = run_parallel(
+                inflate_segments, base + offsets[rows], offsets[rows + 1] - offsets[rows],
+                out + (rows - g) * segment, dlen, rows == count - 1, num_threads=num_threads,
+            )  # fmt: skip
         bad = np.flatnonzero(status)
         if bad.size:
             j = int(bad[0])

@@ -373,6 +373,18 @@ def deflate_many(arrays: list[np.ndarray], level: int | None, num_threads: int |
     return results
 
 
+def dynamic_schedule(chunk: int = 1):
+    """Hands ``prange`` iterations to threads ``chunk`` at a time (Numba's
+    default splits the range into one static block per thread): segments take
+    unequal times, and on a busy machine one late thread would hold up the other."""
+    import contextlib
+
+    import numba
+
+    chunks = getattr(numba, "parallel_chunksize", None)
+    return chunks(chunk) if chunks is not None else contextlib.nullcontext()
+
+
 Job = tuple[str, np.ndarray, int, "int | None", "tuple[int, list[int]] | None"]
 
 
@@ -426,11 +438,12 @@ def inflate_many(jobs: list[Job], num_threads: int | None, *,
             last.append(j == len(clens) - 1)
             owner.append(k)
             pos += c
-    crcs, status = run_parallel(
-        inflate_segments, np.asarray(src, np.int64), np.asarray(slen, np.int64),
-        np.asarray(dst, np.int64), np.asarray(dlen, np.int64), np.asarray(last, np.bool_),
-        num_threads=num_threads,
-    )  # fmt: skip
+    with dynamic_schedule():
+        crcs, status = run_parallel(
+            inflate_segments, np.asarray(src, np.int64), np.asarray(slen, np.int64),
+            np.asarray(dst, np.int64), np.asarray(dlen, np.int64), np.asarray(last, np.bool_),
+            num_threads=num_threads,
+        )  # fmt: skip
     bad = np.flatnonzero(status)
     if bad.size:
         j = int(bad[0])

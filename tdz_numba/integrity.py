@@ -16,6 +16,7 @@ import math
 import os
 import posixpath
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,10 @@ def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
 
     base = index.buffer.ctypes.data
     addrs = base + index.fields[rows, 8]
-    return run_parallel(crc32_spans, addrs.astype(np.int64), index.fields[rows, 3].copy(), CRC_CHUNK)
+    from .codecs import dynamic_schedule
+
+    with dynamic_schedule(8):  # pieces of <= CRC_CHUNK, handed out 8 at a time
+        return run_parallel(crc32_spans, addrs.astype(np.int64), index.fields[rows, 3].copy(), CRC_CHUNK)
 
 
 def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
@@ -65,7 +69,15 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
         methods = index.fields[:, 1]
         stored = np.nonzero(methods == records.STORED)[0]
         with _progress(int(index.fields[:, 3].sum()), "verify", enabled=progress) as bar:
-            crcs = stored_crcs(index, stored)
+            # the STORED CRCs (a GIL-free parallel kernel) run while this thread walks the structure
+            with ThreadPoolExecutor(1, thread_name_prefix="tdz-verify") as pool:
+                pending = pool.submit(stored_crcs, index, stored)
+                walk_error: Exception | None = None
+                try:
+                    levels, leaves = _walk_structure(ar)
+                except Exception as exc:  # reported after the CRCs, which take precedence
+                    walk_error = exc
+                crcs = pending.result()
             bar.update(int(index.fields[stored, 3].sum()))
             bad = np.nonzero(crcs != index.fields[stored, 2])[0]
             first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
@@ -75,22 +87,28 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
             raise ChecksumError(
                 f"{index.path}: entry {index.names[first_bad]!r}: CRC-32 mismatch: recorded "
                 f"{int(index.fields[first_bad, 2]):#010x}, computed {int(crcs[bad[0]]):#010x}"
-            )
-        # structure: every level's meta.json parses, every leaf matches its entry
-        levels = leaves = 0
-        stack = [ar]
-        while stack:
-            node = stack.pop()
-            levels += 1
-            for spec in node._level()[1].values():
-                if spec.kind == "leaf":
-                    leaves += 1
-                    _check_leaf(node, spec.leaf)
-                elif spec.kind == "level":
-                    stack.append(node._sub(spec.path))
+            ) from walk_error
+        if walk_error is not None:
+            raise walk_error
         return VerifyReport(Path(path), len(index.names), levels, leaves, int(index.fields[:, 4].sum()))
     finally:
         ar.close()
+
+
+def _walk_structure(ar) -> tuple[int, int]:
+    """Every level's meta.json parses, every leaf matches its entry: ``(levels, leaves)``."""
+    levels = leaves = 0
+    stack = [ar]
+    while stack:
+        node = stack.pop()
+        levels += 1
+        for spec in node._level()[1].values():
+            if spec.kind == "leaf":
+                leaves += 1
+                _check_leaf(node, spec.leaf)
+            elif spec.kind == "level":
+                stack.append(node._sub(spec.path))
+    return levels, leaves
 
 
 def _verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
