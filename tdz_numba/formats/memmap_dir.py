@@ -33,6 +33,7 @@ from ..dtypes import torch_dtype
 from ..errors import BadArchiveError, UnsupportedError
 from ..sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
 from ..tree import NON_TENSOR_DATA_TYPE, Level, PickledData, RawFile, describe_level
+from ._shape import check_shape
 
 __all__ = ["open_memmap_dir", "MAX_META_BYTES"]
 
@@ -138,6 +139,7 @@ def _leaf(root: Path, leaf: Any, files: list[MappedFile], where: str) -> TensorS
     dtype = torch_dtype(leaf.dtype, entry=entry)
     if leaf.nested:
         raise UnsupportedError(f"{entry}: nested (jagged) tensor leaves are not read from memmap directories")
+    check_shape(leaf.shape, None, dtype.itemsize, f"{entry}: leaf {leaf.key!r}")
     nbytes = math.prod(leaf.shape) * dtype.itemsize
     p = root / leaf.entry
     if nbytes == 0:

@@ -37,12 +37,14 @@ from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
 from ..reader import ArchiveIndex
 from ..records import DEFLATED, STORED
 from ..sources import MappedFile, TensorSpec, TreeSource, check_extent
+from ._shape import check_shape
 
 __all__ = ["open_npy", "open_npz", "parse_npy_header", "NpyHeader", "MAX_HEADER"]
 
 MAGIC = b"\x93NUMPY"
 #: Longest header read (numpy itself refuses headers over 10,000 bytes without allow_pickle).
 MAX_HEADER = 1 << 16
+_MAX_DEFLATE_RATIO = 1032  # deflate's largest expansion
 
 
 class NpyHeader(NamedTuple):
@@ -102,6 +104,7 @@ def parse_npy_header(head: bytes, where: str) -> NpyHeader:
         raise UnsupportedError(f"{where}: structured or sub-array dtype {descr!r} is not read")
     if from_numpy_dtype(dtype.newbyteorder("=")) is None:
         raise UnsupportedError(f"{where}: dtype {descr!r} has no torch equivalent")
+    check_shape(tuple(shape), None, dtype.itemsize, where)
     return NpyHeader(dtype, fortran, tuple(shape), start + hlen)
 
 
@@ -212,6 +215,8 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
                 need = math.prod(h.shape) * h.dtype.itemsize
                 if e.size != h.data_offset + need:
                     raise BadArchiveError(f"{what}: holds {e.size} bytes, header and shape say {h.data_offset + need}")
+                if e.size > e.compressed_size * _MAX_DEFLATE_RATIO + 4096:
+                    raise BadArchiveError(f"{what}: {e.compressed_size} deflated bytes cannot inflate to {e.size}")
                 dtype = from_numpy_dtype(h.dtype.newbyteorder("="))
                 spec = TensorSpec(key, dtype, h.shape, None, 0, e.payload_offset, e.compressed_size, h.dtype.str,
                                   codec="deflate", size=e.size, crc=e.crc,

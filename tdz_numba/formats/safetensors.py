@@ -38,6 +38,7 @@ import torch
 
 from ..errors import BadArchiveError, UnsupportedError
 from ..sources import MappedFile, TensorSpec, TreeSource, check_extent
+from ._shape import check_shape
 from .detect import read_json_file
 
 __all__ = ["open_safetensors", "open_sharded", "parse_header", "DTYPES", "MAX_HEADER_SIZE"]
@@ -128,6 +129,7 @@ def parse_header(buf: Any, size: int, where: str, file: int = 0) -> tuple[dict[s
             raise BadArchiveError(f"{what}: data_offsets: end {end} < begin {begin}")
         if end > data_len:
             raise BadArchiveError(f"{what}: data_offsets: end {end} is past the data area ({data_len} bytes)")
+        check_shape(tuple(shape), None, dtype.itemsize, what)
         need = math.prod(shape) * dtype.itemsize
         if end - begin != need:
             raise BadArchiveError(f"{what}: data_offsets: {end - begin} bytes, but {tname} of shape "

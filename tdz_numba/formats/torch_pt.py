@@ -42,6 +42,7 @@ from ..records import STORED
 from ..sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
 from ..tree import Level
 from . import pickle_vm
+from ._shape import check_shape
 from .detect import zip_kind
 
 __all__ = ["open_torch", "open_torch_legacy"]
@@ -148,6 +149,8 @@ def _spec(ref: pickle_vm.TensorRef, key: str, where: str, size: int) -> TensorSp
     if not isinstance(rec, _Record):
         raise BadArchiveError(f"{where}: tensor {key!r} is not backed by a storage record")
     itemsize = ref.dtype.itemsize
+    check_shape(ref.shape, ref.stride if all(s >= 0 for s in ref.stride) else None, itemsize,
+                f"{where}: tensor {key!r}")  # negative strides are refused by check_extent
     start = ref.offset * itemsize
     if start > rec.nbytes:
         raise BadArchiveError(f"{where}: tensor {key!r}: storage offset {ref.offset} is past its storage "
