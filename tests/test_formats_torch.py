@@ -297,6 +297,7 @@ def test_malicious_pickles_run_nothing(tmp_path, make, name, protocol):
     (b"\x80\x02cposix\nsystem\n.", UnsafeContentError),
     (b"\x80\x04\x8c\x05posix\x8c\x06system\x93.", UnsafeContentError),
     (b"\x80\x02ctorch._utils\n_rebuild_qtensor\n.", UnsupportedError),
+    (b"\x80\x02ctorch\nQUInt8Storage\n.", UnsupportedError),
     (b"\x80\x02ctorch\nFloatStorage\n.", UnsupportedError),  # a bare class as the value
     (b"\x80\x02]q\x00h\x00a.", BadArchiveError),              # a list that holds itself
     (b"\x80\x02K\x01K\x02.", BadArchiveError),               # two items at STOP
@@ -355,3 +356,13 @@ def test_vm_does_not_import():
         builtins.__import__ = real
     assert out == {"a": OrderedDict(b=[1, 2.0, "x", None, True, (b"z",)]), "s": frozenset({1})}
     assert calls == []
+
+
+def test_quantized_and_sparse_refused(tmp_path):
+    p = tmp_path / "q.pt"
+    torch.save({"q": torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.quint8)}, p)
+    with pytest.raises(UnsupportedError, match="quantized"):
+        formats.open_source(p)
+    torch.save({"s": torch.eye(3).to_sparse()}, p)
+    with pytest.raises(UnsupportedError, match="sparse"):
+        formats.open_source(p)

@@ -130,6 +130,7 @@ _KNOWN_UNSUPPORTED = {
     "_rebuild_device_tensor_from_cpu_tensor": "device tensors", "_rebuild_xla_tensor": "XLA tensors",
     "_rebuild_mps_tensor": "MPS tensors", "_rebuild_sparse_csr_tensor": "sparse tensors",
 }  # fmt: skip
+_QUANTIZED_STORAGES = {"QUInt8Storage", "QInt8Storage", "QInt32Storage", "QUInt4x2Storage", "QUInt2x4Storage"}
 _LATIN1 = ("latin1", "latin-1", "iso-8859-1", "iso8859-1", "l1")
 
 
@@ -137,6 +138,9 @@ def _lookup(module: str, name: str, where: str) -> Any:
     value = GLOBALS.get((module, name))
     if value is not None:
         return value
+    if module == "torch" and name in _QUANTIZED_STORAGES:
+        raise UnsupportedError(f"{where}: the pickle holds quantized storage (torch.{name}), which tdz_numba "
+                               f"does not read; dequantize the tensors first")  # fmt: skip
     if module == "torch._utils" and name in _KNOWN_UNSUPPORTED:
         raise UnsupportedError(f"{where}: the pickle holds {_KNOWN_UNSUPPORTED[name]} (torch._utils.{name}), "
                                f"which tdz_numba does not read; convert them to dense tensors first")  # fmt: skip
