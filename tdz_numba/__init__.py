@@ -28,6 +28,7 @@ from .errors import (
     MissingKeyError,
     TdzError,
     UnsafeContentError,
+    UnknownCompressionError,
     UnsupportedError,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "InvalidTreeError",
     "InvalidArgumentError",
     "MissingKeyError",
+    "UnknownCompressionError",
 ]
 
 _LAZY = {

@@ -315,7 +315,8 @@ class Archive(Mapping):
         i = index._by_name.get(spec.entry)
         if dtype is not None and i is not None and not spec.nested:
             # the common case, kept lean: one view into the file's single mapping
-            _, method, _, _, size, _, _, _, offset, *_ = index.rows[i]
+            r = index.rows[i]
+            method, size, offset = r.method, r.size, r.payload_offset
             if offset < 0:
                 offset = index.payload_offset(i)
             itemsize = dtype.itemsize
@@ -418,14 +419,14 @@ class Archive(Mapping):
     def _prefetch_compressed(self) -> None:
         """Inflates every DEFLATE leaf below this level in one parallel batch."""
         index = self._index
-        if not (index.fields[:, 1] == records.DEFLATED).any():
+        if not (index.table["method"] == records.DEFLATED).any():
             return  # nothing to inflate: do not walk the leaves
         todo, specs = [], []
         for _, leaf in self.leaves():
             if leaf.nested or leaf.entry in self._state.tensors:
                 continue
             row = index.row(leaf.entry)
-            if row is not None and index.rows[row][1] == records.DEFLATED:
+            if row is not None and index.rows[row].method == records.DEFLATED:
                 todo.append(index.entry(leaf.entry))
                 specs.append(leaf)
         if not todo:
@@ -554,7 +555,7 @@ class Archive(Mapping):
             extra = ""
             if not self._prefix and len(index.names):
                 extra = (f' <span style="color:#777">&middot; {len(index.names)} entries, '
-                         f"{human(int(index.fields[:, 4].sum()))} payload</span>")  # fmt: skip
+                         f"{human(int(index.table['size'].sum()))} payload</span>")  # fmt: skip
             return (f'<div class="tdz-archive">{style}<details open><summary><b>Archive</b> {where} '
                     f"{level_label(self)}{extra}</summary>"
                     f'<div style="margin-left:1.2em">{body}</div></details></div>')  # fmt: skip

@@ -94,16 +94,17 @@ def info_dict(path: str | os.PathLike) -> dict[str, Any]:
         index = ar._index
         index.check_all()  # payload offsets of every entry
         names = index.names
-        fields = index.fields
+        table = index.table
         methods: dict[str, int] = {}
-        for m in fields[:, 1].tolist():
+        for m in table["method"].tolist():
             name = records.METHOD_NAMES.get(int(m), f"method {m}")
             methods[name] = methods.get(name, 0) + 1
         memmaps = [i for i, n in enumerate(names) if n.endswith(".memmap")]
-        misaligned = [names[i] for i in memmaps if int(fields[i, 8]) % records.ALIGNMENT]
-        compressed = sum(1 for i in memmaps if int(fields[i, 1]) != records.STORED)
+        method, payload = table["method"], table["payload_offset"]
+        misaligned = [names[i] for i in memmaps if int(payload[i]) % records.ALIGNMENT]
+        compressed = sum(1 for i in memmaps if int(method[i]) != records.STORED)
         misaligned_stored = sum(
-            1 for i in memmaps if int(fields[i, 1]) == records.STORED and int(fields[i, 8]) % records.ALIGNMENT
+            1 for i in memmaps if int(method[i]) == records.STORED and int(payload[i]) % records.ALIGNMENT
         )
         leaves = sum(1 for _ in ar.leaves())
         return {
@@ -114,8 +115,8 @@ def info_dict(path: str | os.PathLike) -> dict[str, Any]:
             "levels": sum(1 for n in names if n == "meta.json" or n.endswith("/meta.json")),
             "leaves": leaves,
             "file_bytes": int(index.size),
-            "payload_bytes": int(fields[:, 4].sum()) if len(names) else 0,
-            "stored_bytes": int(fields[:, 3].sum()) if len(names) else 0,
+            "payload_bytes": int(table["size"].sum()),
+            "stored_bytes": int(table["csize"].sum()),
             "compression": methods,
             "alignment": records.ALIGNMENT,
             "memmap_entries": len(memmaps),
@@ -481,10 +482,9 @@ def _archive_sizes(path: str | os.PathLike) -> dict[str, int] | None:
     except (TdzError, OSError):
         return None
     try:
-        fields = index.fields
-        n = len(index.names)
-        return {"entries": n, "payload_bytes": int(fields[:, 4].sum()) if n else 0,
-                "stored_entries": int((fields[:, 1] == records.STORED).sum()) if n else 0}  # fmt: skip
+        table = index.table
+        return {"entries": len(index.names), "payload_bytes": int(table["size"].sum()),
+                "stored_entries": int((table["method"] == records.STORED).sum())}  # fmt: skip
     finally:
         index.close()
 

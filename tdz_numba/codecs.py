@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import records
-from .errors import BadArchiveError, ChecksumError, UnsupportedError
+from .errors import BadArchiveError, ChecksumError, UnknownCompressionError, UnsupportedError
 
 __all__ = ["method_of", "check_level", "compress", "decompress", "decode_member", "stream_member",
            "check_declared", "memory_budget", "deflate_many", "inflate_many", "segment_size_for",
@@ -119,10 +119,6 @@ def _alloc(size: int, where: str) -> np.ndarray:
         return np.empty(size, np.uint8)
     except (MemoryError, ValueError):
         raise _bad(where, f"cannot allocate {size} bytes for the decoded entry", found=size) from None
-
-
-class UnknownCompressionError(UnsupportedError, ValueError):
-    """An unknown compression name was passed to ``save``/``pack``."""
 
 
 _LEVELS = {records.DEFLATED: range(-1, 10), records.BZIP2: range(1, 10), records.LZMA: range(0, 10)}

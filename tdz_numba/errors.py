@@ -5,11 +5,19 @@ the built-in exception a caller would expect (``ValueError``,
 ``NotImplementedError``, ``FileExistsError``, ``RuntimeError``), so that
 ``except ValueError`` keeps working.
 
+Errors carry their data as attributes, as numcodecs' errors do: ``path`` (the
+archive), ``entry`` (the entry name), ``offset`` (a byte offset in the file),
+``expected`` and ``found`` (the values compared); each is None where it does
+not apply. The message repeats them for people.
+
 Examples
 --------
 >>> import tdz_numba
 >>> issubclass(tdz_numba.BadArchiveError, ValueError)
 True
+>>> e = tdz_numba.BadArchiveError("x.tdz: bad", path="x.tdz", offset=12)
+>>> (e.path, e.offset, e.entry, str(e))
+('x.tdz', 12, None, 'x.tdz: bad')
 """
 
 from __future__ import annotations
@@ -24,11 +32,37 @@ __all__ = [
     "InvalidTreeError",
     "InvalidArgumentError",
     "MissingKeyError",
+    "UnknownCompressionError",
+    "InternalError",
 ]
 
 
 class TdzError(Exception):
-    """Root of every error raised by tdz_numba."""
+    """Root of every error raised by tdz_numba.
+
+    Parameters
+    ----------
+    message : str
+        The whole human-readable message.
+    path, entry, offset, expected, found
+        The data of the error, kept as attributes of the same names (None
+        where they do not apply).
+    """
+
+    path: object
+    entry: str | None
+    offset: int | None
+    expected: object
+    found: object
+
+    def __init__(self, *args: object, path: object = None, entry: str | None = None, offset: int | None = None,
+                 expected: object = None, found: object = None) -> None:  # fmt: skip
+        super().__init__(*args)
+        self.path = None if path is None else str(path)
+        self.entry = entry
+        self.offset = offset
+        self.expected = expected
+        self.found = found
 
 
 class BadArchiveError(TdzError, ValueError):
@@ -46,6 +80,10 @@ class ChecksumError(BadArchiveError):
 class UnsupportedError(TdzError, NotImplementedError):
     """A valid request that tdz_numba cannot do: an encrypted entry, an unknown
     compression method, a write-through view of a compressed leaf, ..."""
+
+
+class UnknownCompressionError(UnsupportedError, ValueError):
+    """An unknown compression name was passed to ``save``/``pack``."""
 
 
 class ArchiveExistsError(TdzError, FileExistsError):
@@ -70,3 +108,8 @@ class MissingKeyError(TdzError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else ""
+
+
+class InternalError(TdzError, RuntimeError):
+    """tdz_numba broke one of its own invariants (a bug: please report it),
+    e.g. a header whose length differs from the layout plan."""

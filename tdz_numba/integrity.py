@@ -53,11 +53,11 @@ def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
     from .kernels import CRC_CHUNK, crc32_spans
 
     base = index.buffer.ctypes.data
-    addrs = base + index.fields[rows, 8]
+    addrs = base + index.table["payload_offset"][rows]
     from .codecs import dynamic_schedule
 
     with dynamic_schedule(8):  # pieces of <= CRC_CHUNK, handed out 8 at a time
-        return run_parallel(crc32_spans, addrs.astype(np.int64), index.fields[rows, 3].copy(), CRC_CHUNK)
+        return run_parallel(crc32_spans, addrs.astype(np.int64), index.table["csize"][rows].copy(), CRC_CHUNK)
 
 
 def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
@@ -66,9 +66,10 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
     try:
         index = ar._index
         index.check_all()  # every central record and local header
-        methods = index.fields[:, 1]
+        table = index.table
+        methods = table["method"]
         stored = np.nonzero(methods == records.STORED)[0]
-        with _progress(int(index.fields[:, 3].sum()), "verify", enabled=progress) as bar:
+        with _progress(int(table["csize"].sum()), "verify", enabled=progress) as bar:
             # the STORED CRCs (a GIL-free parallel kernel) run while this thread walks the structure
             with ThreadPoolExecutor(1, thread_name_prefix="tdz-verify") as pool:
                 pending = pool.submit(stored_crcs, index, stored)
@@ -78,19 +79,22 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
                 except Exception as exc:  # reported after the CRCs, which take precedence
                     walk_error = exc
                 crcs = pending.result()
-            bar.update(int(index.fields[stored, 3].sum()))
-            bad = np.nonzero(crcs != index.fields[stored, 2])[0]
+            bar.update(int(table["csize"][stored].sum()))
+            bad = np.nonzero(crcs != table["crc"][stored])[0]
             first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
             compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
             _verify_compressed(index, compressed, bar)
         if bad.size:
+            expected, found = int(table["crc"][first_bad]), int(crcs[bad[0]])
             raise ChecksumError(
                 f"{index.path}: entry {index.names[first_bad]!r}: CRC-32 mismatch: recorded "
-                f"{int(index.fields[first_bad, 2]):#010x}, computed {int(crcs[bad[0]]):#010x}"
-            ) from walk_error
+                f"{expected:#010x}, computed {found:#010x}",
+                path=str(index.path), entry=index.names[first_bad],
+                offset=int(table["payload_offset"][first_bad]), expected=expected, found=found,
+            ) from walk_error  # fmt: skip
         if walk_error is not None:
             raise walk_error
-        return VerifyReport(Path(path), len(index.names), levels, leaves, int(index.fields[:, 4].sum()))
+        return VerifyReport(Path(path), len(index.names), levels, leaves, int(table["size"].sum()))
     finally:
         ar.close()
 
@@ -148,7 +152,7 @@ def _check_leaf(node, leaf) -> None:
     nbytes = math.prod(leaf.shape) * dtype.itemsize
     index = node._index
     row = index.row(leaf.entry)
-    found = int(index.fields[row, 4]) if row is not None else 0
+    found = int(index.table["size"][row]) if row is not None else 0
     if found != nbytes:
         raise BadArchiveError(
             f"{node._where(leaf.entry)}: leaf {leaf.key!r} ({leaf.dtype}, shape "
@@ -163,24 +167,27 @@ def refresh_checksums(path: str | os.PathLike) -> Path:
     try:
         if "meta.json" not in index:
             raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
-        stored = np.nonzero(index.fields[:, 1] == records.STORED)[0]
+        stored = np.nonzero(index.table["method"] == records.STORED)[0]
         crcs = stored_crcs(index, stored)
         buf = index.buffer
+        sig = len(records.DESCRIPTOR_SIG)
         for row, crc in zip(stored.tolist(), crcs.tolist()):
-            f = index.fields[row]
+            r = index.rows[row]
             packed = np.frombuffer(struct.pack("<I", crc), np.uint8)
-            if f[0] & records.FLAG_DESCRIPTOR:
-                pos = int(f[8] + f[3])
-                if buf[pos : pos + 4].tobytes() == records.DESCRIPTOR_SIG:
-                    pos += 4
-                if pos + 4 > index.end.cd_offset:
-                    raise BadArchiveError(f"{path}: entry {index.names[row]!r}: data descriptor past the data area")
+            if r.flags & records.FLAG_DESCRIPTOR:
+                pos = r.payload_offset + r.csize
+                if buf[pos : pos + sig].tobytes() == records.DESCRIPTOR_SIG:
+                    pos += sig
+                pos += records.Descriptor.CRC
+                if pos + 4 > r.next_offset:
+                    raise BadArchiveError(f"{path}: entry {index.names[row]!r}: data descriptor past the data area",
+                                          path=str(path), entry=index.names[row], offset=pos)  # fmt: skip
                 buf[pos : pos + 4] = packed
             else:
-                hoff = int(f[5])
-                buf[hoff + 14 : hoff + 18] = packed
-            cd = int(f[9])
-            buf[cd + 16 : cd + 20] = packed
+                pos = r.header_offset + records.Local.CRC
+                buf[pos : pos + 4] = packed
+            pos = r.central_offset + records.Central.CRC
+            buf[pos : pos + 4] = packed
         index._mmap.flush()
     finally:
         index.close()
@@ -205,7 +212,7 @@ def unpack(path: str | os.PathLike, directory: str | os.PathLike, *, progress: b
             raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
         names = [(n, _safe_member(n, index.path)) for n in index.names]
         directory.mkdir(parents=True, exist_ok=True)
-        with _progress(int(index.fields[:, 4].sum()), "unpack", enabled=progress) as bar:
+        with _progress(int(index.table["size"].sum()), "unpack", enabled=progress) as bar:
             for name, rel in names:
                 target = directory / rel
                 if name.endswith("/"):

@@ -1,5 +1,9 @@
 """Numba kernels: CRC-32, the archive layout plan, the central-directory index.
 
+Record layouts, field offsets, index columns and status codes come from
+:mod:`tdz_numba.records` (frozen into the compiled code as constants: the zip
+format does not change, so the on-disk cache keyed on this file stays valid).
+
 Kernels take arrays and integers and return arrays or status codes. They do
 no I/O, build no strings and touch no Python objects; the Python modules that
 call them validate input first and turn status codes into exceptions.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit, prange
 
+from . import records
 from ._jit import HAVE_ZNG_CRC, KERNEL, PARALLEL, u8_pointer, zng_crc32_z
 
 __all__ = [
@@ -34,7 +39,7 @@ __all__ = [
     "table_crc32",
     "plan_layout",
     "parse_central_directory",
-    "IndexStatus",
+    "resolve_local",
 ]
 
 #: Bytes hashed per parallel work item: large enough to amortize the call,
@@ -197,100 +202,109 @@ def crc32_spans(addrs, lengths, chunk):
 # --------------------------------------------------------------------------
 # Layout plan
 # --------------------------------------------------------------------------
-#: zipfile's (and so tensordict's) threshold for zip64 fields: 2 GiB - 1.
-ZIP64_LIMIT = (1 << 31) - 1
-#: More entries than this need the zip64 end records.
-ZIP_COUNT_LIMIT = (1 << 16) - 1
-_LOCAL_FIXED = 30
-_CENTRAL_FIXED = 46
-_ZIP64_LOCAL_EXTRA = 20  # id, size, file size, compressed size
-_PAD_HEADER = 4  # id, size of the 0x6474 padding block
-
-
 @njit(**KERNEL)
-def plan_layout(name_len, data_size, align, alignment, start, local_more):
-    """Offsets of every record of an archive, in one pass.
+def plan_layout(header_len, data_size, align):
+    """Offsets of every local header and payload of an archive, in one pass.
+
+    The record lengths and zip64 decisions come from :mod:`tdz_numba.records`
+    (through :func:`tdz_numba.layout.plan`); this kernel only places records
+    one after the other and pads aligned payloads.
 
     Parameters
     ----------
-    name_len, data_size : int64 arrays
-        Encoded name length and stored (compressed) payload size per entry.
-    align : bool array
-        Whether the entry's payload is aligned with a ``0x6474`` padding block.
-    alignment : int
-        Payload alignment in bytes (64).
-    start : int
-        Offset of the first local header (0).
-    local_more : int64 array
-        Bytes of other local extra blocks (the segment table of compressed
-        entries), placed first in the extra field.
+    header_len : int64 array
+        Bytes of each local header without its padding bytes
+        (:func:`tdz_numba.records.local_header_len`).
+    data_size : int64 array
+        Stored (compressed) payload size per entry.
+    align : int64 array
+        Payload alignment per entry: > 1 pads the payload to a multiple of it
+        (the padding block's header is counted in ``header_len``); 0 or 1:
+        no padding block.
 
     Returns
     -------
-    header_offset, local_extra_len, pad, payload_offset, central_extra_len : int64 arrays
-    central_zip64 : int64 array
-        Bit 0: sizes go in the central zip64 extra; bit 1: the header offset does.
-    tail : int64 array of 4
-        ``cd_offset, cd_size, needs_zip64_end, file_size``.
+    header_offset : int64 array
+    pad : int64 array
+        Padding bytes of aligned entries; -1 for entries without a padding block.
+    payload_offset : int64 array
+    data_end : int
+        Offset after the last payload: where the central directory starts.
     """
-    n = name_len.size
+    n = header_len.size
     header_offset = np.empty(n, np.int64)
-    local_extra = np.empty(n, np.int64)
-    pad = np.zeros(n, np.int64)
+    pad = np.full(n, -1, np.int64)
     payload = np.empty(n, np.int64)
-    central_extra = np.empty(n, np.int64)
-    central_zip64 = np.zeros(n, np.int64)
-    pos = start
-    cd_size = 0
+    pos = np.int64(0)
     for i in range(n):
         header_offset[i] = pos
-        extra = _ZIP64_LOCAL_EXTRA + local_more[i]
-        if align[i]:
-            base = pos + _LOCAL_FIXED + name_len[i] + local_more[i] + _PAD_HEADER + _ZIP64_LOCAL_EXTRA
-            pad[i] = (alignment - base % alignment) % alignment
-            extra += _PAD_HEADER + pad[i]
-        local_extra[i] = extra
-        payload[i] = pos + _LOCAL_FIXED + name_len[i] + extra
-        pos = payload[i] + data_size[i]
-        cextra = 0
-        fields = 0
-        if data_size[i] > ZIP64_LIMIT:
-            central_zip64[i] |= 1
-            fields += 2
-        if header_offset[i] > ZIP64_LIMIT:
-            central_zip64[i] |= 2
-            fields += 1
-        if fields:
-            cextra += 4 + 8 * fields
-        if align[i]:
-            cextra += _PAD_HEADER + pad[i]
-        central_extra[i] = cextra
-        cd_size += _CENTRAL_FIXED + name_len[i] + cextra
-    tail = np.empty(4, np.int64)
-    tail[0] = pos
-    tail[1] = cd_size
-    zip64_end = n > ZIP_COUNT_LIMIT or pos > ZIP64_LIMIT or cd_size > ZIP64_LIMIT
-    tail[2] = 1 if zip64_end else 0
-    tail[3] = pos + cd_size + (56 + 20 if zip64_end else 0) + 22
-    return header_offset, local_extra, pad, payload, central_extra, central_zip64, tail
+        base = pos + header_len[i]
+        a = align[i]
+        if a > 1:
+            pad[i] = (a - base % a) % a
+            base += pad[i]
+        payload[i] = base
+        pos = base + data_size[i]
+    return header_offset, pad, payload, pos
 
 
 # --------------------------------------------------------------------------
 # Central directory index
 # --------------------------------------------------------------------------
-class IndexStatus:
-    """Status codes of :func:`parse_central_directory` (0 is success)."""
+# Field offsets and column numbers as plain ints (Numba freezes them).
+_CD_SIZEOF = int(records.Central.SIZEOF)
+_CD_FLAGS = int(records.Central.FLAGS)
+_CD_METHOD = int(records.Central.METHOD)
+_CD_TIME = int(records.Central.TIME)
+_CD_DATE = int(records.Central.DATE)
+_CD_CRC = int(records.Central.CRC)
+_CD_CSIZE = int(records.Central.CSIZE)
+_CD_SIZE = int(records.Central.SIZE)
+_CD_NAME_LEN = int(records.Central.NAME_LEN)
+_CD_EXTRA_LEN = int(records.Central.EXTRA_LEN)
+_CD_COMMENT_LEN = int(records.Central.COMMENT_LEN)
+_CD_HEADER_OFFSET = int(records.Central.HEADER_OFFSET)
+_LH_SIZEOF = int(records.Local.SIZEOF)
+_LH_NAME_LEN = int(records.Local.NAME_LEN)
+_LH_EXTRA_LEN = int(records.Local.EXTRA_LEN)
+_X_SIZEOF = int(records.Extra.SIZEOF)
+_X_LEN = int(records.Extra.LEN)
+_ZIP64_ID = records.ZIP64_EXTRA_ID
+_LOCAL_SIG = records.LOCAL_SIG
+_CENTRAL_SIG = records.CENTRAL_SIG
+_STORED = records.STORED
+_U32_MAX = 0xFFFFFFFF
+_I64_MAX = (1 << 63) - 1
 
-    OK = 0
-    CENTRAL_SIGNATURE = 1  # a central record does not start with PK\1\2
-    CENTRAL_OVERRUN = 2  # a central record runs past the central directory
-    ZIP64_EXTRA = 3  # a 0xFFFFFFFF field without its zip64 extra value
-    HEADER_PAST_END = 4  # a local header offset outside the data area
-    LOCAL_SIGNATURE = 5  # the local header does not start with PK\3\4
-    NAME_MISMATCH = 6  # local and central names differ
-    PAYLOAD_PAST_END = 7  # the payload runs into the central directory
-    OVERLAP = 8  # two entries' records overlap
-    COUNT = 9  # the central directory holds another number of records than the end record says
+_NCOLS = len(records.Col)
+_FLAGS = int(records.Col.FLAGS)
+_METHOD = int(records.Col.METHOD)
+_CRC = int(records.Col.CRC)
+_CSIZE = int(records.Col.CSIZE)
+_SIZE = int(records.Col.SIZE)
+_HOFF = int(records.Col.HEADER_OFFSET)
+_NOFF = int(records.Col.NAME_OFFSET)
+_NLEN = int(records.Col.NAME_LEN)
+_PAYLOAD = int(records.Col.PAYLOAD_OFFSET)
+_COFF = int(records.Col.CENTRAL_OFFSET)
+_TIME = int(records.Col.DOS_TIME)
+_DATE = int(records.Col.DOS_DATE)
+_LEXTRA = int(records.Col.LOCAL_EXTRA_LEN)
+_NEXT = int(records.Col.NEXT_OFFSET)
+
+_S = records.Status
+_OK = int(_S.OK)
+_CENTRAL_SIGNATURE = int(_S.CENTRAL_SIGNATURE)
+_CENTRAL_OVERRUN = int(_S.CENTRAL_OVERRUN)
+_ZIP64_EXTRA = int(_S.ZIP64_EXTRA)
+_HEADER_PAST_END = int(_S.HEADER_PAST_END)
+_LOCAL_SIGNATURE = int(_S.LOCAL_SIGNATURE)
+_NAME_MISMATCH = int(_S.NAME_MISMATCH)
+_PAYLOAD_PAST_END = int(_S.PAYLOAD_PAST_END)
+_OVERLAP = int(_S.OVERLAP)
+_COUNT = int(_S.COUNT)
+_SIZE_RANGE = int(_S.SIZE_RANGE)
+_STORED_SIZE = int(_S.STORED_SIZE)
 
 
 @njit(**KERNEL)
@@ -305,147 +319,217 @@ def _u32(buf, p):
 
 @njit(**KERNEL)
 def _u64(buf, p):
+    """A uint64 field as int64: values >= 2**63 come out negative (out of range)."""
     return _u32(buf, p) | (_u32(buf, p + 4) << 32)
 
 
 @njit(**KERNEL)
+def _sat_add(a, b):
+    """``a + b`` for ``a, b >= 0``, saturated at ``2**63 - 1`` (for messages)."""
+    return a + b if b <= _I64_MAX - a else _I64_MAX
+
+
+@njit(**KERNEL)
+def _fail(status, code, i, expected, found):
+    status[0] = code
+    status[1] = i
+    status[2] = expected
+    status[3] = found
+    return False
+
+
+@njit(**KERNEL)
+def _check_local(buf, cols, i, cd_offset, status):
+    """Reads and checks entry ``i``'s local header: the only copy of this check.
+
+    Signature, name equal to the central name, payload and stored bytes
+    within ``[header, next record)``. Fills the payload offset and the local
+    extra length; returns False with ``status`` set on failure. Every bound is
+    checked without overflow (offsets are < ``buf.size``, sizes may be up to
+    ``2**63 - 1``).
+    """
+    hoff = cols[i, _HOFF]
+    limit = cols[i, _NEXT]
+    nlen = cols[i, _NLEN]
+    noff = cols[i, _NOFF]
+    csize = cols[i, _CSIZE]
+    if limit < 0 or limit > cd_offset or cd_offset > buf.size or hoff < 0 or hoff > limit - _LH_SIZEOF:
+        return _fail(status, _HEADER_PAST_END, i, limit, hoff)
+    sig = _u32(buf, hoff)
+    if sig != _LOCAL_SIG:
+        return _fail(status, _LOCAL_SIGNATURE, i, _LOCAL_SIG, sig)
+    lnlen = _u16(buf, hoff + _LH_NAME_LEN)
+    lelen = _u16(buf, hoff + _LH_EXTRA_LEN)
+    if lnlen != nlen:
+        return _fail(status, _NAME_MISMATCH, i, nlen, lnlen)
+    start = hoff + _LH_SIZEOF
+    if nlen > limit - start:
+        return _fail(status, _OVERLAP, i, start + nlen, limit)
+    for k in range(nlen):
+        if buf[start + k] != buf[noff + k]:
+            return _fail(status, _NAME_MISMATCH, i, nlen, nlen)
+    payload = start + lnlen + lelen
+    if payload > limit or csize < 0 or csize > limit - payload:
+        stop = _sat_add(payload, max(csize, 0))
+        if stop > cd_offset:
+            return _fail(status, _PAYLOAD_PAST_END, i, cd_offset, stop)
+        return _fail(status, _OVERLAP, i, stop, limit)
+    cols[i, _PAYLOAD] = payload
+    cols[i, _LEXTRA] = lelen
+    return True
+
+
+@njit(**KERNEL)
+def resolve_local(buf, cols, i, cd_offset):
+    """Checks entry ``i``'s local header now (see :func:`parse_central_directory`
+    with ``check_local=False``) and fills its payload offset in ``cols``.
+
+    Returns the status array ``[code, entry, expected, found]``.
+    """
+    status = np.zeros(4, np.int64)
+    _check_local(buf, cols, i, cd_offset, status)
+    return status
+
+
+@njit(**KERNEL)
 def parse_central_directory(buf, cd_offset, cd_size, count, check_local):
-    """Parses every central record and its local header into arrays.
+    """Parses every central record (and, with ``check_local``, its local header).
 
     Parameters
     ----------
     buf : uint8 array
-        The whole archive (usually its memory map).
+        The whole archive (usually its memory map, possibly read-only).
     cd_offset, cd_size, count : int
-        From the end-of-central-directory record (zip64 where present).
+        From the end-of-central-directory record (zip64 where present);
+        checked again against ``buf``.
     check_local : bool
         Also read and check every local header (signature, name, payload
-        bounds, exact overlaps). Without it (a lazy open touches no payload
-        page), payload offsets and local extra lengths are -1, to be resolved
-        per entry on access, and overlaps are checked on the smallest extent
-        a record can have (its fixed header, name and data).
+        bounds). Without it (a lazy open touches no payload page), payload
+        offsets and local extra lengths are -1, to be filled per entry by
+        :func:`resolve_local`; overlaps are then checked on the smallest
+        extent a record can have (its fixed header, name and stored bytes).
 
     Returns
     -------
-    fields : int64 array (count, 13)
-        Per entry: flags, method, crc, compressed size, size, header offset,
-        name offset (in ``buf``), name length, payload offset, central record
-        offset, dos time, dos date, local extra length.
+    cols : int64 array (count, len(records.Col))
+        One row per entry, columns named by :class:`tdz_numba.records.Col`.
     status : int64 array of 4
-        ``code, entry index, expected, found`` (see :class:`IndexStatus`).
+        ``code, entry index, expected, found`` (:class:`tdz_numba.records.Status`).
+
+    Notes
+    -----
+    Every value read from the file is treated as untrusted: uint64 fields
+    >= 2**63 are out of range, and every bound is compared as
+    ``value > limit - known`` so that no sum can overflow.
     """
-    f = np.zeros((count, 13), np.int64)
     status = np.zeros(4, np.int64)
+    if (cd_offset < 0 or cd_size < 0 or count < 0 or cd_offset > buf.size or cd_size > buf.size - cd_offset
+            or count > cd_size // _CD_SIZEOF):  # fmt: skip
+        _fail(status, _CENTRAL_OVERRUN, -1, buf.size, cd_offset)
+        return np.zeros((0, _NCOLS), np.int64), status
+    cols = np.zeros((count, _NCOLS), np.int64)
     end = cd_offset + cd_size
     p = cd_offset
     for i in range(count):
-        if p + 46 > end:
-            status[0], status[1], status[2], status[3] = 9, i, count, i
-            return f, status
-        if _u32(buf, p) != 0x02014B50:
-            status[0], status[1], status[2], status[3] = 1, i, 0x02014B50, _u32(buf, p)
-            return f, status
-        flags = _u16(buf, p + 8)
-        method = _u16(buf, p + 10)
-        dtime = _u16(buf, p + 12)
-        ddate = _u16(buf, p + 14)
-        crc = _u32(buf, p + 16)
-        csize = _u32(buf, p + 20)
-        usize = _u32(buf, p + 24)
-        nlen = _u16(buf, p + 28)
-        elen = _u16(buf, p + 30)
-        clen = _u16(buf, p + 32)
-        hoff = _u32(buf, p + 42)
-        rec_end = p + 46 + nlen + elen + clen
-        f[i, 0] = flags  # name fields first: an error below can then name the entry
-        f[i, 6] = p + 46
-        f[i, 7] = nlen
+        if p > end - _CD_SIZEOF:
+            _fail(status, _COUNT, i, count, i)
+            return cols, status
+        sig = _u32(buf, p)
+        if sig != _CENTRAL_SIG:
+            _fail(status, _CENTRAL_SIGNATURE, i, _CENTRAL_SIG, sig)
+            return cols, status
+        csize = _u32(buf, p + _CD_CSIZE)
+        usize = _u32(buf, p + _CD_SIZE)
+        hoff = _u32(buf, p + _CD_HEADER_OFFSET)
+        nlen = _u16(buf, p + _CD_NAME_LEN)
+        elen = _u16(buf, p + _CD_EXTRA_LEN)
+        rec_end = p + _CD_SIZEOF + nlen + elen + _u16(buf, p + _CD_COMMENT_LEN)
+        # name fields first: an error below can then name the entry
+        cols[i, _FLAGS] = _u16(buf, p + _CD_FLAGS)
+        cols[i, _NOFF] = p + _CD_SIZEOF
+        cols[i, _NLEN] = nlen
+        cols[i, _COFF] = p
         if rec_end > end:
-            status[0], status[1], status[2], status[3] = 2, i, end, rec_end
-            return f, status
+            _fail(status, _CENTRAL_OVERRUN, i, end, rec_end)
+            return cols, status
         # zip64 extra: values appear only for the fields set to 0xFFFFFFFF
         need = 0
-        if usize == 0xFFFFFFFF:
+        if usize == _U32_MAX:
             need += 1
-        if csize == 0xFFFFFFFF:
+        if csize == _U32_MAX:
             need += 1
-        if hoff == 0xFFFFFFFF:
+        if hoff == _U32_MAX:
             need += 1
         if need:
-            q = p + 46 + nlen
+            q = p + _CD_SIZEOF + nlen
             qend = q + elen
             found = False
-            while q + 4 <= qend:
+            while q <= qend - _X_SIZEOF:
                 tag = _u16(buf, q)
-                size = _u16(buf, q + 2)
-                if q + 4 + size > qend:
+                size = _u16(buf, q + _X_LEN)
+                if size > qend - q - _X_SIZEOF:
                     break
-                if tag == 1:
+                if tag == _ZIP64_ID:
                     if size < 8 * need:
                         break
-                    r = q + 4
-                    if usize == 0xFFFFFFFF:
+                    r = q + _X_SIZEOF
+                    if usize == _U32_MAX:
                         usize = _u64(buf, r)
                         r += 8
-                    if csize == 0xFFFFFFFF:
+                    if csize == _U32_MAX:
                         csize = _u64(buf, r)
                         r += 8
-                    if hoff == 0xFFFFFFFF:
+                    if hoff == _U32_MAX:
                         hoff = _u64(buf, r)
                     found = True
                     break
-                q += 4 + size
+                q += _X_SIZEOF + size
             if not found:
-                status[0], status[1], status[2], status[3] = 3, i, need, 0
-                return f, status
-        if hoff < 0 or hoff + 30 > cd_offset:
-            status[0], status[1], status[2], status[3] = 4, i, cd_offset, hoff
-            return f, status
-        f[i, 1] = method
-        f[i, 2] = crc
-        f[i, 3] = csize
-        f[i, 4] = usize
-        f[i, 5] = hoff
-        f[i, 9] = p
-        f[i, 10] = dtime
-        f[i, 11] = ddate
+                _fail(status, _ZIP64_EXTRA, i, need, 0)
+                return cols, status
+        if hoff < 0 or hoff > cd_offset - _LH_SIZEOF:
+            _fail(status, _HEADER_PAST_END, i, cd_offset, hoff)
+            return cols, status
+        if csize < 0:
+            _fail(status, _SIZE_RANGE, i, _I64_MAX, csize)
+            return cols, status
+        if usize < 0:
+            _fail(status, _SIZE_RANGE, i, _I64_MAX, usize)
+            return cols, status
+        method = _u16(buf, p + _CD_METHOD)
+        if method == _STORED and usize != csize:
+            _fail(status, _STORED_SIZE, i, csize, usize)
+            return cols, status
+        cols[i, _METHOD] = method
+        cols[i, _CRC] = _u32(buf, p + _CD_CRC)
+        cols[i, _CSIZE] = csize
+        cols[i, _SIZE] = usize
+        cols[i, _HOFF] = hoff
+        cols[i, _TIME] = _u16(buf, p + _CD_TIME)
+        cols[i, _DATE] = _u16(buf, p + _CD_DATE)
+        cols[i, _PAYLOAD] = -1
+        cols[i, _LEXTRA] = -1
         p = rec_end
-        if not check_local:
-            f[i, 8] = -1
-            f[i, 12] = -1
-            if csize < 0 or hoff + 30 + nlen + csize > cd_offset:
-                status[0], status[1], status[2], status[3] = 7, i, cd_offset, hoff + 30 + nlen + csize
-                return f, status
-            continue
-        if _u32(buf, hoff) != 0x04034B50:
-            status[0], status[1], status[2], status[3] = 5, i, 0x04034B50, _u32(buf, hoff)
-            return f, status
-        lnlen = _u16(buf, hoff + 26)
-        lelen = _u16(buf, hoff + 28)
-        if lnlen != nlen or hoff + 30 + lnlen > cd_offset:
-            status[0], status[1], status[2], status[3] = 6, i, nlen, lnlen
-            return f, status
-        for k in range(nlen):
-            if buf[hoff + 30 + k] != buf[f[i, 6] + k]:
-                status[0], status[1], status[2], status[3] = 6, i, nlen, k
-                return f, status
-        payload = hoff + 30 + lnlen + lelen
-        if csize < 0 or payload + csize > cd_offset:
-            status[0], status[1], status[2], status[3] = 7, i, cd_offset, payload + csize
-            return f, status
-        f[i, 8] = payload
-        f[i, 12] = lelen
-    # Records must not overlap: sorted by header offset, each payload ends
-    # before the next local header starts.
-    order = np.argsort(f[:, 5], kind="mergesort")
-    for j in range(count - 1):
+    # Records must not overlap: sorted by header offset, each record's
+    # smallest extent (header, name, stored bytes) ends before the next starts.
+    order = np.argsort(cols[:, _HOFF], kind="mergesort")
+    for j in range(count):
         a = order[j]
-        b = order[j + 1]
-        end_a = f[a, 8] + f[a, 3] if check_local else f[a, 5] + 30 + f[a, 7] + f[a, 3]
-        if end_a > f[b, 5]:
-            status[0], status[1], status[2], status[3] = 8, a, end_a, f[b, 5]
-            return f, status
+        limit = cols[order[j + 1], _HOFF] if j + 1 < count else cd_offset
+        cols[a, _NEXT] = limit
+        least = cols[a, _HOFF] + _LH_SIZEOF + cols[a, _NLEN]  # <= cd_offset + 65535: no overflow
+        csize = cols[a, _CSIZE]
+        if least > limit or csize > limit - least:
+            stop = _sat_add(least, csize)
+            if stop > cd_offset:
+                _fail(status, _PAYLOAD_PAST_END, a, cd_offset, stop)
+            else:
+                _fail(status, _OVERLAP, a, stop, limit)
+            return cols, status
+    if check_local:
+        for i in range(count):
+            if not _check_local(buf, cols, i, cd_offset, status):
+                return cols, status
     if p != end:  # more records than the end record counts
-        status[0], status[1], status[2], status[3] = 9, count, count, -1
-        return f, status
-    return f, status
+        _fail(status, _COUNT, count, count, -1)
+    return cols, status

@@ -1,16 +1,19 @@
 """The layout plan: every offset of an archive, computed before a byte is written.
 
-:func:`plan` encodes entry names, then calls the
+:func:`plan` encodes entry names, asks :mod:`tdz_numba.records` for every
+record length and zip64 decision, then calls the
 :func:`~tdz_numba.kernels.plan_layout` kernel once for all entries: local
-header offsets, padding of aligned payloads, payload offsets, central
-directory offset and size, and whether zip64 end records are needed.
+header offsets, padding of aligned payloads, payload offsets. The central
+directory's length follows from the records' rules; the packers
+(:func:`tdz_numba.records.local_headers`,
+:func:`tdz_numba.records.central_directory`) receive the plan's decisions.
 
 Examples
 --------
 >>> from tdz_numba.layout import plan
->>> p = plan(["meta.json", "a.memmap"], [100, 24], [False, True], [0, 0])
->>> int(p.payload_offset[1]) % 64
-0
+>>> p = plan(["meta.json", "a.memmap"], [100, 24], [0, 64], [0, 0])
+>>> int(p.payload_offset[1]) % 64, p.pad_of(0)
+(0, None)
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import records
+from .errors import InvalidArgumentError, InvalidTreeError
 
 __all__ = ["Plan", "plan"]
+
+_MAX_U16 = 0xFFFF
 
 
 @dataclass(frozen=True)
@@ -32,12 +38,13 @@ class Plan:
     names: list[bytes]
     flags: np.ndarray
     methods: np.ndarray
-    data_size: np.ndarray
+    size: np.ndarray  # uncompressed sizes
+    data_size: np.ndarray  # stored sizes
+    align: np.ndarray  # payload alignment per entry (0 or 1: no padding block)
     header_offset: np.ndarray
-    local_extra_len: np.ndarray
-    pad: np.ndarray
+    pad: np.ndarray  # padding bytes; -1: no padding block
     payload_offset: np.ndarray
-    aligned: np.ndarray
+    central_zip64: np.ndarray  # records.central_zip64 of every entry
     cd_offset: int
     cd_size: int
     zip64_end: bool
@@ -45,41 +52,87 @@ class Plan:
 
     def pad_of(self, i: int) -> int | None:
         """Padding block length of entry ``i`` (None when it has no block)."""
-        return int(self.pad[i]) if self.aligned[i] else None
+        pad = int(self.pad[i])
+        return None if pad < 0 else pad
 
 
-def plan(names: Sequence[str], data_size: Sequence[int], aligned: Sequence[bool],
-         methods: Sequence[int], alignment: int = records.ALIGNMENT,
+def _alignments(align, n: int) -> np.ndarray:
+    a = np.asarray(align).reshape(-1)
+    if a.size != n:
+        raise InvalidArgumentError(f"{a.size} alignments for {n} entries")
+    if a.dtype == np.bool_:  # True: the default alignment
+        return np.where(a, records.ALIGNMENT, 0).astype(np.int64)
+    a = a.astype(np.int64)
+    bad = (a < 0) | ((a > 1) & ((a & (a - 1)) != 0))
+    if bad.any():
+        raise InvalidArgumentError(f"alignment {int(a[bad][0])}: expected 0, 1 or a power of two")
+    return a
+
+
+def plan(names: Sequence[str], data_size: Sequence[int], align: Sequence[int] | Sequence[bool],
+         methods: Sequence[int], *, size: Sequence[int] | None = None,
          local_more: Sequence[int] | None = None) -> Plan:  # fmt: skip
     """Plans the layout of an archive from entry names and stored sizes.
 
-    ``aligned`` entries (STORED ``*.memmap`` payloads) get a ``0x6474`` padding
-    block so that their payload starts at a multiple of ``alignment``.
-    ``local_more`` counts other local extra bytes per entry (segment tables).
+    Parameters
+    ----------
+    names : sequence of str
+        Entry names, in archive order.
+    data_size : sequence of int
+        Stored (compressed) size of each entry.
+    align : sequence of int (or bool)
+        Payload alignment per entry: entries with an alignment > 1 get a
+        ``0x6474`` padding block so that their payload starts at a multiple of
+        it (64 for ``*.memmap`` entries, as tensordict); 0 or 1: no block.
+        ``True`` means :data:`tdz_numba.records.ALIGNMENT`.
+    methods : sequence of int
+        Compression method per entry.
+    size : sequence of int, optional
+        Uncompressed sizes (default: ``data_size``); with the stored sizes
+        they decide the central zip64 fields.
+    local_more : sequence of int, optional
+        Bytes of other local extra blocks per entry (segment tables).
     """
     from .kernels import plan_layout
 
-    encoded = [records.name_flags(n, m) for n, m in zip(names, methods)]
+    n = len(names)
+    methods_arr = np.asarray(methods, dtype=np.int64).reshape(n)
+    encoded = [records.name_flags(name, int(m)) for name, m in zip(names, methods_arr.tolist())]
     name_bytes = [e[0] for e in encoded]
-    name_len = np.fromiter((len(b) for b in name_bytes), np.int64, len(name_bytes))
-    sizes = np.asarray(data_size, dtype=np.int64).reshape(-1)
-    align = np.asarray(aligned, dtype=np.bool_).reshape(-1)
-    more = np.zeros(len(name_bytes), np.int64) if local_more is None else np.asarray(local_more, np.int64)
-    hoff, lextra, pad, payload, _cextra, _c64, tail = plan_layout(
-        name_len, sizes, align, alignment, 0, more
-    )
+    name_len = np.fromiter((len(b) for b in name_bytes), np.int64, n)
+    if n and int(name_len.max()) > _MAX_U16:
+        i = int(name_len.argmax())
+        raise InvalidTreeError(f"entry name {names[i][:60]!r}... is {int(name_len[i])} bytes long, "
+                               f"a zip entry name can hold {_MAX_U16}")  # fmt: skip
+    stored = np.asarray(data_size, dtype=np.int64).reshape(n)
+    usize = stored if size is None else np.asarray(size, dtype=np.int64).reshape(n)
+    alignment = _alignments(align, n)
+    more = np.zeros(n, np.int64) if local_more is None else np.asarray(local_more, np.int64).reshape(n)
+    has_pad = alignment > 1
+    header_len = records.local_header_len(name_len, more, has_pad)
+    widest = header_len - records.Local.SIZEOF - name_len + np.maximum(alignment - 1, 0)
+    if n and int(widest.max()) > _MAX_U16:
+        i = int(widest.argmax())
+        raise InvalidArgumentError(f"entry {names[i]!r}: alignment {int(alignment[i])} with "
+                                   f"{int(more[i])} other extra bytes does not fit a zip extra field")  # fmt: skip
+    hoff, pad, payload, data_end = plan_layout(header_len, stored, alignment)
+    zip64 = records.central_zip64(usize, stored, hoff)
+    cd_offset = int(data_end)
+    cd_size = int(records.central_record_len(name_len, zip64, pad).sum())
+    zip64_end = records.needs_zip64_end(n, cd_offset, cd_size)
     return Plan(
         names=name_bytes,
-        flags=np.fromiter((e[1] for e in encoded), np.int64, len(encoded)),
-        methods=np.asarray(methods, dtype=np.int64).reshape(-1),
-        data_size=sizes,
+        flags=np.fromiter((e[1] for e in encoded), np.int64, n),
+        methods=methods_arr,
+        size=usize,
+        data_size=stored,
+        align=alignment,
         header_offset=hoff,
-        local_extra_len=lextra,
         pad=pad,
         payload_offset=payload,
-        aligned=align,
-        cd_offset=int(tail[0]),
-        cd_size=int(tail[1]),
-        zip64_end=bool(tail[2]),
-        file_size=int(tail[3]),
+        central_zip64=zip64,
+        cd_offset=cd_offset,
+        cd_size=cd_size,
+        zip64_end=zip64_end,
+        file_size=cd_offset + cd_size + records.end_records_len(zip64_end),
     )

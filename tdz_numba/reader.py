@@ -24,7 +24,6 @@ from __future__ import annotations
 import mmap
 import os
 import stat
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,21 +31,27 @@ import numpy as np
 
 from . import codecs, records
 from .errors import BadArchiveError, ChecksumError, UnsupportedError
+from .records import Col, IndexRow, Status
 
 __all__ = ["ArchiveIndex", "EntryInfo"]
 
+_U64 = (1 << 64) - 1
 _STATUS_TEXT = {
-    1: "central record signature: expected {expected:#x}, found {found:#x}",
-    2: "central record runs past the central directory end ({expected}) to {found}",
-    3: "a 0xFFFFFFFF field has no zip64 extra value ({expected} expected)",
-    4: "local header offset {found} is outside the data area (< {expected})",
-    5: "local header signature: expected {expected:#x}, found {found:#x}",
-    6: "local header name differs from the central directory name (length {expected}, at byte {found})",
-    7: "payload runs to offset {found}, past the start of the central directory at {expected}",
-    8: "payload runs to offset {expected}, overlapping the next local header at {found}",
-    9: "the end record lists {expected} entries, the central directory holds "
-    "{found_text}",
+    Status.CENTRAL_SIGNATURE: "central record signature: expected {expected:#x}, found {found:#x}",
+    Status.CENTRAL_OVERRUN: "central record runs past the central directory end ({expected}) to {found}",
+    Status.ZIP64_EXTRA: "a 0xFFFFFFFF field has no zip64 extra value ({expected} expected)",
+    Status.HEADER_PAST_END: "local header offset {found} is outside the data area (< {expected})",
+    Status.LOCAL_SIGNATURE: "local header signature: expected {expected:#x}, found {found:#x}",
+    Status.NAME_MISMATCH: "local header name differs from the central directory name "
+    "(central length {expected}, local {found})",
+    Status.PAYLOAD_PAST_END: "payload runs to offset {found}, past the start of the central directory at {expected}",
+    Status.OVERLAP: "payload runs to offset {expected}, overlapping the next record at {found}",
+    Status.COUNT: "the end record lists {expected} entries, the central directory holds {found_text}",
+    Status.SIZE_RANGE: "a size of {found} bytes is out of range (expected < 2**63)",
+    Status.STORED_SIZE: "is stored with {expected} bytes but records an uncompressed size of {found}",
 }
+#: Status codes raised before the entry's name is known.
+_UNNAMED = (Status.CENTRAL_SIGNATURE, Status.CENTRAL_OVERRUN, Status.COUNT)
 
 
 @dataclass(frozen=True)
@@ -64,13 +69,14 @@ class EntryInfo:
     flags: int
     central_offset: int
 
-    @property
-    def has_descriptor(self) -> bool:
-        return bool(self.flags & records.FLAG_DESCRIPTOR)
-
 
 class ArchiveIndex:
-    """Index over an archive and the single memory map of its bytes."""
+    """Index over an archive and the single memory map of its bytes.
+
+    :attr:`table` holds one row per entry (a structured array with the fields
+    of :data:`tdz_numba.records.INDEX_DTYPE`: ``method``, ``csize``, ``size``,
+    ``payload_offset``, ...); :attr:`rows` the same as :class:`~tdz_numba.records.IndexRow` tuples.
+    """
 
     def __init__(self, path: str | os.PathLike, *, writable: bool = False, check_local: bool = False) -> None:
         self.path = Path(path)
@@ -79,14 +85,14 @@ class ArchiveIndex:
         try:
             fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         except IsADirectoryError:
-            raise BadArchiveError(f"{label}: is a directory, not an archive") from None
+            raise BadArchiveError(f"{label}: is a directory, not an archive", path=label) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise BadArchiveError(f"{label}: not a regular file (a directory or a device)")
+                raise BadArchiveError(f"{label}: not a regular file (a directory or a device)", path=label)
             size = st.st_size
             if size == 0:
-                raise BadArchiveError(f"{label}: empty file, not a zip archive")
+                raise BadArchiveError(f"{label}: empty file, not a zip archive", path=label)
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
             self._mmap = mmap.mmap(fd, size, access=access)
         finally:
@@ -95,106 +101,106 @@ class ArchiveIndex:
         self.size = size
         self._torch = None
         self._untyped = None
-        self._rows: list[list[int]] | None = None
-        end = records.find_end_record(self.buffer, label)
-        self.end = end
-        from .kernels import parse_central_directory
+        self._rows: list[IndexRow] | None = None
+        self._index_entries(records.find_end_record(self.buffer, label), check_local)
 
-        fields, status = parse_central_directory(self.buffer, end.cd_offset, end.cd_size, end.count,
-                                                 check_local)  # fmt: skip
-        self.fields = fields
-        self._raise_status(status)
-        self.local_checked = check_local
-        # where each record's extent must end: the next local header, or the central directory
-        order = np.argsort(fields[:, 5], kind="stable")
-        limit = np.empty(len(order), np.int64)
-        limit[order[:-1]] = fields[order[1:], 5]
-        if len(order):
-            limit[order[-1]] = end.cd_offset
-        self._limit = limit
+    def _index_entries(self, end: records.EndRecord, check_local: bool) -> None:
+        """The part of the open that follows the mapping (shared with :class:`tdz_numba.remote.RemoteIndex`):
+        parse the central directory, decode the names, refuse what cannot be read."""
+        label = str(self.path)
+        self.end = end
+        self.local_checked = False
+        self._parse(check_local)
         self.names: list[str] = self._decode_names()
-        flags, methods = fields[:, 0], fields[:, 1]
-        encrypted = np.nonzero(flags & records.FLAG_ENCRYPTED)[0]
+        table = self.table
+        encrypted = np.nonzero(table["flags"] & records.FLAG_ENCRYPTED)[0]
         if encrypted.size:
-            raise UnsupportedError(f"{label}: entry {self.names[encrypted[0]]!r} is encrypted")
-        known = np.zeros(methods.shape, np.bool_)
-        for m in records.METHOD_NAMES:
-            known |= methods == m
+            name = self.names[encrypted[0]]
+            raise UnsupportedError(f"{label}: entry {name!r} is encrypted", path=label, entry=name)
+        methods = table["method"]
+        known = np.isin(methods, list(records.METHOD_NAMES))
         unknown = np.nonzero(~known)[0]
         if unknown.size:
             i = int(unknown[0])
             raise UnsupportedError(
                 f"{label}: entry {self.names[i]!r} uses compression method {int(methods[i])}, "
-                f"expected one of {sorted(records.METHOD_NAMES)} (stored, deflate, bzip2, lzma)"
-            )
+                f"expected one of {sorted(records.METHOD_NAMES)} (stored, deflate, bzip2, lzma)",
+                path=label, entry=self.names[i], expected=sorted(records.METHOD_NAMES), found=int(methods[i]),
+            )  # fmt: skip
         self._by_name: dict[str, int] = {name: i for i, name in enumerate(self.names)}
         if len(self._by_name) != len(self.names):
             seen: set[str] = set()
             dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
-            raise BadArchiveError(f"{label}: entry {dup!r} appears twice")
+            raise BadArchiveError(f"{label}: entry {dup!r} appears twice", path=label, entry=dup)
         self._files: dict[str, set[str]] | None = None  # directory listings, built on first use
         self._dirs: dict[str, set[str]] | None = None
 
-    def _raise_status(self, status) -> None:
-        code = int(status[0])
-        if code:
-            i = int(status[1])
-            who = self._name_at(i) if code not in (1, 2, 9) else f"entry #{i}"
-            found = int(status[3])
-            text = _STATUS_TEXT[code].format(expected=int(status[2]), found=found,
-                                             found_text="more" if found < 0 else found)  # fmt: skip
-            raise BadArchiveError(f"{self.path}: {who}: {text}")
-
-    def check_all(self) -> None:
-        """Reads and checks every local header now (an open reads them lazily)."""
-        if self.local_checked:
-            return
+    def _parse(self, check_local: bool) -> None:
         from .kernels import parse_central_directory
 
         end = self.end
-        fields, status = parse_central_directory(self.buffer, end.cd_offset, end.cd_size, end.count, True)
-        self._raise_status(status)
-        self.fields = fields
+        cols, status = parse_central_directory(self.buffer, end.cd_offset, end.cd_size, end.count, check_local)
+        self._cols = cols
+        #: One row per entry, fields named as :class:`tdz_numba.records.Col` (lower case).
+        self.table = cols.view(records.INDEX_DTYPE)[:, 0]
         self._rows = None
-        self.local_checked = True
+        self._raise_status(status)
+        self.local_checked = check_local
+
+    def _raise_status(self, status) -> None:
+        code = int(status[0])
+        if code == Status.OK:
+            return
+        code = Status(code)
+        i = int(status[1])
+        expected, found = int(status[2]), int(status[3])
+        label = str(self.path)
+        if i < 0:
+            raise BadArchiveError(
+                f"{label}: the central directory (offset {self.end.cd_offset}, {self.end.cd_size} bytes, "
+                f"{self.end.count} records) does not fit the file of {self.size} bytes",
+                path=label, offset=self.end.cd_offset, expected=expected, found=found,
+            )  # fmt: skip
+        name = None if code in _UNNAMED or i >= len(self._cols) else self._name_at(i)
+        who = f"entry #{i}" if name is None else f"entry {name!r}"
+        if code == Status.SIZE_RANGE:
+            found &= _U64
+        text = _STATUS_TEXT[code].format(expected=expected, found=found, found_text="more" if found < 0 else found)
+        offset = None
+        if i < len(self._cols):
+            column = Col.HEADER_OFFSET if code in (Status.LOCAL_SIGNATURE, Status.NAME_MISMATCH) else Col.CENTRAL_OFFSET
+            offset = int(self._cols[i, column])
+        raise BadArchiveError(f"{label}: {who}: {text}", path=label, entry=name, offset=offset,
+                              expected=expected, found=found)  # fmt: skip
+
+    def check_all(self) -> None:
+        """Reads and checks every local header now (an open reads them lazily)."""
+        if not self.local_checked:
+            self._parse(True)
 
     def payload_offset(self, i: int) -> int:
         """Payload offset of row ``i``, reading and checking its local header on first use."""
-        f = self.rows[i]
-        if f[8] >= 0:
-            return f[8]
-        hoff, nlen, csize = f[5], f[7], f[3]
-        mm = self._mmap
-        sig, lnlen, lelen = struct.unpack_from("<I22xHH", mm, hoff)
-        status = None
-        if sig != records.LOCAL_SIG:
-            status = (5, i, records.LOCAL_SIG, sig)
-        elif lnlen != nlen or mm[hoff + 30 : hoff + 30 + nlen] != mm[f[6] : f[6] + nlen]:
-            status = (6, i, nlen, lnlen)
-        else:
-            payload = hoff + 30 + lnlen + lelen
-            limit = int(self._limit[i])
-            if payload + csize > limit:
-                cd = limit == self.end.cd_offset
-                status = (7, i, limit, payload + csize) if cd else (8, i, payload + csize, limit)
-        if status is not None:
-            self._raise_status(status)
-        f[8] = payload
-        f[12] = lelen
-        self.fields[i, 8] = payload
-        self.fields[i, 12] = lelen
-        return payload
+        row = self.rows[i]
+        if row.payload_offset >= 0:
+            return row.payload_offset
+        from .kernels import resolve_local
+
+        self._raise_status(resolve_local(self.buffer, self._cols, i, self.end.cd_offset))
+        self._rows[i] = row = IndexRow(*self._cols[i].tolist())  # type: ignore[index]
+        return row.payload_offset
 
     # -- names and directories -------------------------------------------------
     def _name_at(self, i: int) -> str:
-        start, length, flags = int(self.fields[i, 6]), int(self.fields[i, 7]), int(self.fields[i, 0])
+        row = self._cols[i]
+        start, length, flags = int(row[Col.NAME_OFFSET]), int(row[Col.NAME_LEN]), int(row[Col.FLAGS])
         raw = self.buffer[start : start + length].tobytes()
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
             if flags & records.FLAG_UTF8:
                 raise BadArchiveError(
-                    f"{self.path}: entry #{i} has the UTF-8 flag but its name is not UTF-8: {raw!r}"
+                    f"{self.path}: entry #{i} has the UTF-8 flag but its name is not UTF-8: {raw!r}",
+                    path=str(self.path), offset=start, found=raw,
                 ) from None
         # zip's legacy encoding is cp437; but Info-ZIP stores UTF-8 names without
         # the flag, and meta.json keys are UTF-8, so UTF-8 is tried first
@@ -202,12 +208,12 @@ class ArchiveIndex:
 
     def _decode_names(self) -> list[str]:
         """All entry names, sliced from one decoded copy of the central directory."""
-        if not len(self.fields):
+        if not len(self.table):
             return []
         cd0 = self.end.cd_offset
         text = self.buffer[cd0 : cd0 + self.end.cd_size].tobytes().decode("latin-1")  # one char per byte: offsets carry over
-        starts = self.fields[:, 6] - cd0
-        stops = starts + self.fields[:, 7]
+        starts = self.table["name_offset"] - cd0
+        stops = starts + self.table["name_len"]
         names = [text[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
         # names with bytes >= 0x80 are UTF-8 (or legacy cp437): decode them properly
         for i, name in enumerate(names):
@@ -219,6 +225,12 @@ class ArchiveIndex:
         self._files = files = {"": set()}
         self._dirs = dirs = {"": set()}
         for name in self.names:
+            if name.count("/") > records.MAX_NAME_DEPTH:
+                raise BadArchiveError(
+                    f"{self.path}: entry {name[:60]!r}... has {name.count('/') + 1} path components, "
+                    f"more than the {records.MAX_NAME_DEPTH} tdz_numba reads",
+                    path=str(self.path), entry=name, expected=records.MAX_NAME_DEPTH, found=name.count("/") + 1,
+                )  # fmt: skip
             if name.endswith("/"):
                 self._add_dir(name.rstrip("/"))
                 continue
@@ -242,28 +254,33 @@ class ArchiveIndex:
         return self._dirs  # type: ignore[return-value]
 
     def _add_dir(self, d: str) -> None:
-        dirs, files = self._dirs, self._files
-        while d not in dirs:
+        """Adds directory ``d`` and its missing ancestors (a loop: names may be deep)."""
+        dirs: dict[str, set[str]] = self._dirs  # type: ignore[assignment]  # built by _build_listing
+        files: dict[str, set[str]] = self._files  # type: ignore[assignment]
+        missing = []
+        while d not in dirs:  # "" (the root) is always there
+            missing.append(d)
+            d = d.rpartition("/")[0]
+        for d in reversed(missing):
+            parent, _, base = d.rpartition("/")
             dirs[d] = set()
             files[d] = set()
-            parent, _, base = d.rpartition("/")
-            self._add_dir(parent)
             dirs[parent].add(base)
-            d = parent
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
 
     def row(self, name: str) -> int | None:
-        """Row of entry ``name`` in :attr:`fields` (None if absent)."""
+        """Row of entry ``name`` in :attr:`table` (None if absent)."""
         return self._by_name.get(name)
 
     def entry(self, name: str) -> EntryInfo:
         """Location and storage of entry ``name`` (``KeyError`` if absent)."""
         i = self._by_name[name]
         payload = self.payload_offset(i)
-        f = self.rows[i]
-        return EntryInfo(name, i, f[5], payload, f[3], f[4], f[1], f[2], f[0], f[9])
+        r = self.rows[i]
+        return EntryInfo(name, i, r.header_offset, payload, r.csize, r.size, r.method, r.crc, r.flags,
+                         r.central_offset)  # fmt: skip
 
     def listing(self, directory: str) -> tuple[set[str], set[str]]:
         """``(files, sub-directories)`` directly under ``directory`` ("" is the root)."""
@@ -275,10 +292,10 @@ class ArchiveIndex:
 
     # -- payloads ----------------------------------------------------------------
     @property
-    def rows(self) -> list[list[int]]:
-        """:attr:`fields` as Python lists (built on first use, for per-leaf lookups)."""
+    def rows(self) -> list[IndexRow]:
+        """:attr:`table` as named tuples of Python ints (built on first use, for per-leaf lookups)."""
         if self._rows is None:
-            self._rows = self.fields.tolist()
+            self._rows = list(map(IndexRow._make, self._cols.tolist()))
         return self._rows
 
     @property
@@ -299,9 +316,10 @@ class ArchiveIndex:
 
     def local_extra(self, e: EntryInfo) -> bytes:
         """The extra field of an entry's local header."""
-        f = self.fields[e.index]
-        start = e.header_offset + 30 + int(f[7])
-        return self.buffer[start : start + int(f[12])].tobytes()
+        self.payload_offset(e.index)
+        r = self.rows[e.index]
+        start = r.header_offset + records.Local.SIZEOF + r.name_len
+        return self.buffer[start : start + r.local_extra_len].tobytes()
 
     def inflate(self, entries: list[EntryInfo], num_threads: int | None = None) -> list[np.ndarray]:
         """Inflates DEFLATE entries in parallel (across entries and across the
@@ -325,12 +343,7 @@ class ArchiveIndex:
         """
         e = self.entry(name)
         raw = self.raw(e)
-        if e.method == records.STORED:
-            if e.size != e.compressed_size:
-                raise BadArchiveError(
-                    f"{self.path}: entry {name!r} is stored with {e.compressed_size} bytes "
-                    f"but records an uncompressed size of {e.size}"
-                )
+        if e.method == records.STORED:  # size == compressed size: checked by the index
             data = raw
             if check_crc:
                 self.check_crc(e, data)
@@ -348,8 +361,9 @@ class ArchiveIndex:
         if found != e.crc:
             raise ChecksumError(
                 f"{self.path}: entry {e.name!r}: CRC-32 mismatch: recorded "
-                f"{e.crc:#010x}, computed {found:#010x}"
-            )
+                f"{e.crc:#010x}, computed {found:#010x}",
+                path=str(self.path), entry=e.name, offset=e.payload_offset, expected=e.crc, found=found,
+            )  # fmt: skip
 
     def read_bytes(self, name: str) -> bytes:
         """An entry's uncompressed bytes as ``bytes`` (for small files: meta.json)."""

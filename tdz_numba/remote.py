@@ -235,36 +235,8 @@ class RemoteIndex(ArchiveIndex):
 
     def _finish_open(self, end: records.EndRecord) -> None:
         """The part of :class:`ArchiveIndex`'s open that follows the mapping."""
-        from .errors import UnsupportedError
-        from .kernels import parse_central_directory
-
-        fields, status = parse_central_directory(self.buffer, end.cd_offset, end.cd_size, end.count, False)
-        self.fields = fields
-        self._raise_status(status)
-        self.local_checked = False
-        order = np.argsort(fields[:, 5], kind="stable")
-        limit = np.empty(len(order), np.int64)
-        limit[order[:-1]] = fields[order[1:], 5]
-        if len(order):
-            limit[order[-1]] = end.cd_offset
-        self._limit = limit
-        self.names = self._decode_names()
-        flags, methods = fields[:, 0], fields[:, 1]
-        encrypted = np.nonzero(flags & records.FLAG_ENCRYPTED)[0]
-        if encrypted.size:
-            raise UnsupportedError(f"{self.path}: entry {self.names[encrypted[0]]!r} is encrypted")
-        known = np.isin(methods, list(records.METHOD_NAMES))
-        if not known.all():
-            i = int(np.nonzero(~known)[0][0])
-            raise UnsupportedError(f"{self.path}: entry {self.names[i]!r} uses compression method "
-                                   f"{int(methods[i])}, expected one of {sorted(records.METHOD_NAMES)}")  # fmt: skip
-        self._by_name = {name: i for i, name in enumerate(self.names)}
-        if len(self._by_name) != len(self.names):
-            seen: set[str] = set()
-            dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
-            raise BadArchiveError(f"{self.path}: entry {dup!r} appears twice")
-        self._files = None
-        self._dirs = None
+        self._index_entries(end, False)
+        self._limit = self.table["next_offset"]
 
     @property
     def requests(self) -> int:
@@ -273,7 +245,7 @@ class RemoteIndex(ArchiveIndex):
 
     # -- fetching ----------------------------------------------------------------------------
     def _names_in(self, a: int, b: int) -> str:
-        hoff = self.fields[:, 5]
+        hoff = self.table["header_offset"]
         rows = np.nonzero((hoff < b) & (self._limit > a))[0][:3].tolist()
         text = ", ".join(repr(self.names[i]) for i in rows)
         more = int(((hoff < b) & (self._limit > a)).sum()) - len(rows)
@@ -309,7 +281,7 @@ class RemoteIndex(ArchiveIndex):
     def _spans(self, rows: np.ndarray) -> list[tuple[int, int]]:
         """Coalesced extents of ``rows``: adjacent merged, gaps up to :data:`MAX_GAP` bridged
         while the bridged bytes stay under :data:`MAX_WASTE` of the bytes needed."""
-        starts = self.fields[rows, 5]
+        starts = self.table["header_offset"][rows]
         stops = np.maximum(self._limit[rows], starts)
         inside = starts >= self.tail_start  # already here with the tail read
         starts, stops = starts[~inside], np.minimum(stops[~inside], self.tail_start)
@@ -341,14 +313,15 @@ class RemoteIndex(ArchiveIndex):
         if self.verify:
             from .integrity import stored_crcs
 
-            stored = rows[(self.fields[rows, 1] == records.STORED) & (self.fields[rows, 3] > 0)]
+            t = self.table
+            stored = rows[(t["method"][rows] == records.STORED) & (t["csize"][rows] > 0)]
             if stored.size:
-                bad = np.nonzero(stored_crcs(self, stored) != self.fields[stored, 2])[0]
+                bad = np.nonzero(stored_crcs(self, stored) != t["crc"][stored])[0]
                 if bad.size:
                     i = int(stored[bad[0]])
                     raise ChecksumError(
                         f"{self.path}: entry {self.names[i]!r}: CRC-32 mismatch: recorded "
-                        f"{int(self.fields[i, 2]):#010x}, computed {int(stored_crcs(self, stored[bad[:1]])[0]):#010x} "
+                        f"{int(t['crc'][i]):#010x}, computed {int(stored_crcs(self, stored[bad[:1]])[0]):#010x} "
                         f"(the object changed since it was opened, or its bytes are corrupt)"
                     )
         self._ready[rows] = True
@@ -361,7 +334,7 @@ class RemoteIndex(ArchiveIndex):
     def payload_offset(self, i: int) -> int:
         if not self._ready[i]:
             self.fetch([i])
-        return self.rows[i][8]
+        return self.rows[i].payload_offset
 
     def check_all(self) -> None:
         self.fetch(np.arange(len(self.names)))
@@ -453,8 +426,8 @@ def verify_remote(target: Any, *, storage_options: dict[str, Any] | None = None,
     try:
         index = ar._index
         index.check_all()  # fetches everything (CRCs of STORED entries checked) + every local header
-        compressed = np.nonzero(index.fields[:, 1] != records.STORED)[0].tolist()
-        with _progress(int(index.fields[compressed, 3].sum()), "verify", enabled=progress) as bar:
+        compressed = np.nonzero(index.table["method"] != records.STORED)[0].tolist()
+        with _progress(int(index.table["csize"][compressed].sum()), "verify", enabled=progress) as bar:
             _verify_compressed(index, compressed, bar)  # checks the CRCs, in bounded memory
         levels = leaves = 0
         stack: list[Archive] = [ar]
@@ -467,7 +440,7 @@ def verify_remote(target: Any, *, storage_options: dict[str, Any] | None = None,
                     _check_leaf(node, spec.leaf)
                 elif spec.kind == "level":
                     stack.append(node._sub(spec.path))
-        return VerifyReport(index.path, len(index.names), levels, leaves, int(index.fields[:, 4].sum()))
+        return VerifyReport(index.path, len(index.names), levels, leaves, int(index.table["size"].sum()))
     finally:
         ar.close()
 

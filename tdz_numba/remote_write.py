@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from . import codecs, records
-from .errors import ArchiveExistsError, InvalidArgumentError, TdzError
+from .errors import ArchiveExistsError, InternalError, InvalidArgumentError, TdzError
 from .layout import plan
 from .tree import Entry
 
@@ -109,13 +109,13 @@ def stream_entries(entries: Sequence[Entry], stream: Any, *, compression: str | 
         for i, d in zip(to_deflate, codecs.deflate_many([sources[i] for i in to_deflate], compresslevel,
                                                         num_threads)):  # fmt: skip
             sources[i], stored_size[i], crc[i], more[i] = d.parts, d.csize, d.crc, d.table
-    aligned = [e.is_payload and methods[i] == records.STORED for i, e in enumerate(entries)]
-    p = plan([e.name for e in entries], stored_size, aligned, methods, local_more=[len(m) for m in more])
+    align = [records.ALIGNMENT if e.is_payload and methods[i] == records.STORED else 0 for i, e in enumerate(entries)]
+    p = plan([e.name for e in entries], stored_size, align, methods, size=size, local_more=[len(m) for m in more])
     for i in range(n):
         if sources[i] is None and size[i]:
             crc[i] = crc32_zeros(int(size[i]))
     fields = dict(crc=crc, size=size, csize=stored_size, method=methods, dos=records.dos_datetime(),
-                  pad=np.where(p.aligned, p.pad, -1), flags=p.flags)  # fmt: skip
+                  pad=p.pad, flags=p.flags)  # fmt: skip
     pending = [i for i in range(n) if not hashed[i] and sources[i] is not None and sources[i].size]
     pos = 0
     zeros = np.zeros(min(SLICE_BYTES, int(size.max(initial=0))), np.uint8)
@@ -134,7 +134,7 @@ def stream_entries(entries: Sequence[Entry], stream: Any, *, compression: str | 
             heads = records.local_headers(p.names[start:stop], more=more[start:stop], **rows)
             for i, head in zip(range(start, stop), heads):
                 if pos != int(p.header_offset[i]) or pos + len(head) != int(p.payload_offset[i]):
-                    raise AssertionError(f"{p.names[i]!r}: stream position differs from the layout plan")
+                    raise InternalError(f"{p.names[i]!r}: stream position differs from the layout plan")
                 pos += _write(stream, head)
                 src = sources[i]
                 if src is None:
@@ -147,9 +147,9 @@ def stream_entries(entries: Sequence[Entry], stream: Any, *, compression: str | 
                     if part is not None and part.size:
                         pos += _write(stream, part)
             start = stop
-    tail = records.central_directory(p.names, header_offset=p.header_offset, **fields)
+    tail = records.central_directory(p.names, header_offset=p.header_offset, zip64=p.central_zip64, **fields)
     if pos != p.cd_offset or len(tail) != p.cd_size:
-        raise AssertionError("central directory offset or size differs from the layout plan")
+        raise InternalError("central directory offset or size differs from the layout plan")
     pos += _write(stream, tail + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))
     return pos
 

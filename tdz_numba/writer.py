@@ -48,7 +48,7 @@ import numpy as np
 
 from . import codecs, records
 from ._jit import run_parallel
-from .errors import ArchiveExistsError, BadArchiveError
+from .errors import ArchiveExistsError, BadArchiveError, InternalError
 from .layout import plan
 from .progress import progress as _progress
 from .tree import Entry
@@ -108,8 +108,8 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
         for i, d in zip(to_deflate, codecs.deflate_many([sources[i] for i in to_deflate],
                                                         compresslevel, num_threads)):  # fmt: skip
             sources[i], stored_size[i], crc[i], more[i] = d.parts, d.csize, d.crc, d.table
-    aligned = [e.is_payload and methods[i] == records.STORED for i, e in enumerate(entries)]
-    p = plan([e.name for e in entries], stored_size, aligned, methods,
+    align = [records.ALIGNMENT if e.is_payload and methods[i] == records.STORED else 0 for i, e in enumerate(entries)]
+    p = plan([e.name for e in entries], stored_size, align, methods, size=size,
              local_more=[len(m) for m in more])  # fmt: skip
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +121,7 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
             if sources[i] is None and size[i]:
                 crc[i] = crc32_zeros(int(size[i]))
         fields = dict(crc=crc, size=size, csize=stored_size, method=methods, dos=records.dos_datetime(),
-                      pad=np.where(p.aligned, p.pad, -1), flags=p.flags)  # fmt: skip
+                      pad=p.pad, flags=p.flags)  # fmt: skip
         pending = [i for i in range(n) if not hashed[i] and sources[i] is not None and sources[i].size]
         crc_threads = _crc_threads(num_threads)
         with ThreadPoolExecutor(1) as pool, _progress(int(stored_size.sum()), f"save {target.name}",
@@ -146,7 +146,8 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
                 for i, head in zip(range(start, stop), heads):
                     h = int(p.header_offset[i])
                     if h + len(head) != int(p.payload_offset[i]):
-                        raise AssertionError(f"{p.names[i]!r}: local header differs from the layout plan")
+                        raise InternalError(f"{p.names[i]!r}: local header of {len(head)} bytes differs from "
+                                            f"the layout plan ({int(p.payload_offset[i]) - h})")  # fmt: skip
                     segments.append((h, head))
                     pos = h + len(head)
                     for part in sources[i] if isinstance(sources[i], list) else [sources[i]]:
@@ -156,9 +157,9 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
                 write_segments(fd, segments)
                 bar.update(int(stored_size[start:stop].sum()))
                 start = stop
-        tail = records.central_directory(p.names, header_offset=p.header_offset, **fields)
+        tail = records.central_directory(p.names, header_offset=p.header_offset, zip64=p.central_zip64, **fields)
         if len(tail) != p.cd_size:
-            raise AssertionError("central directory size differs from the layout plan")
+            raise InternalError(f"central directory of {len(tail)} bytes differs from the layout plan ({p.cd_size})")
         write_segments(fd, [(p.cd_offset, tail + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))])
         mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else _default_mode()
         os.fchmod(fd, mode)

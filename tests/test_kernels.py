@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tdz_numba import kernels, layout, records
-from tdz_numba.kernels import IndexStatus
+from tdz_numba.records import Col
+from tdz_numba.records import Status as IndexStatus
 
 EDGE_SIZES = [0, 1, 63, 64, 65, 4095, 4096, 4097, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 17]
 
@@ -76,67 +77,36 @@ def test_table_crc32_fallback(data, n):
 
 
 # ---------------------------------------------------------------- layout ----
-def _layout_oracle(name_len, sizes, align, alignment=64):
-    """The obvious per-entry loop (what tensordict's writer does one entry at a time)."""
-    pos, out, cd = 0, [], 0
-    for n, s, a in zip(name_len, sizes, align):
-        extra = 20
-        pad = 0
-        if a:
-            pad = -(pos + 30 + n + 4 + 20) % alignment
-            extra += 4 + pad
-        payload = pos + 30 + n + extra
-        out.append((pos, extra, pad, payload))
-        fields = (2 if s > 0x7FFFFFFF else 0) + (1 if pos > 0x7FFFFFFF else 0)
-        cd += 46 + n + (4 + 8 * fields if fields else 0) + ((4 + pad) if a else 0)
-        pos = payload + s
-    return out, pos, cd
-
-
-@given(st.lists(st.tuples(st.integers(1, 300), st.integers(0, 10**6), st.booleans()), max_size=50))
-@settings(max_examples=200, deadline=None)
-def test_plan_layout_matches_oracle(entries):
-    name_len = np.array([e[0] for e in entries], np.int64)
-    sizes = np.array([e[1] for e in entries], np.int64)
-    align = np.array([e[2] for e in entries], np.bool_)
-    hoff, lextra, pad, payload, _, _, tail = kernels.plan_layout(name_len, sizes, align, 64, 0, np.zeros(len(name_len), np.int64))
-    oracle, cd_offset, cd_size = _layout_oracle(name_len, sizes, align)
-    assert [tuple(map(int, x)) for x in zip(hoff, lextra, pad, payload)] == oracle
-    assert (int(tail[0]), int(tail[1])) == (cd_offset, cd_size)
-    assert all(int(p) % 64 == 0 for p, a in zip(payload, align) if a)
-
-
 def test_plan_layout_beyond_4gib_offsets_by_arithmetic():
     # three 3 GiB payloads: offsets past 4 GiB need zip64 central fields and end records
-    sizes = np.array([3 << 30] * 3, np.int64)
-    name_len = np.array([8, 8, 8], np.int64)
-    align = np.array([True] * 3)
-    hoff, _, pad, payload, cextra, c64, tail = kernels.plan_layout(name_len, sizes, align, 64, 0, np.zeros(len(name_len), np.int64))
-    oracle, cd_offset, cd_size = _layout_oracle(name_len, sizes, align)
-    assert [int(p) for p in payload] == [o[3] for o in oracle]
-    assert all(int(p) % 64 == 0 for p in payload)
-    assert int(hoff[2]) > 1 << 32
-    assert list(c64) == [1, 3, 3]  # sizes > 2 GiB everywhere, header offsets past 2 GiB after the first
-    assert (int(tail[0]), int(tail[1]), int(tail[2])) == (cd_offset, cd_size, 1)
-    assert int(tail[3]) == cd_offset + cd_size + 56 + 20 + 22
+    sizes = [3 << 30] * 3
+    p = layout.plan(["a.memmap", "b.memmap", "c.memmap"], sizes, [64] * 3, [0] * 3)
+    assert all(int(x) % 64 == 0 for x in p.payload_offset)
+    assert int(p.header_offset[2]) > 1 << 32
+    # sizes > 2 GiB everywhere, header offsets past 2 GiB after the first
+    assert list(p.central_zip64) == [records.ZIP64_SIZES, 3, 3]
+    assert p.zip64_end
+    assert p.file_size == p.cd_offset + p.cd_size + 56 + 20 + 22
 
 
 def test_plan_wrapper_and_records_agree_with_zipfile(tmp_path):
     """Headers planned by the kernel and packed by records parse with the stdlib."""
     names = ["meta.json", "a.memmap", "sub/é.memmap"]
     payloads = [b"{}", bytes(range(100)), b"x" * 65]
-    p = layout.plan(names, [len(x) for x in payloads], [False, True, True], [0, 0, 0])
+    n = len(names)
+    p = layout.plan(names, [len(x) for x in payloads], [0, 64, 4096], [0] * n)
+    kw = dict(crc=[zlib.crc32(x) for x in payloads], size=p.size, csize=p.data_size, method=p.methods,
+              dos=(0, 33), pad=p.pad, flags=p.flags)  # fmt: skip
     buf = bytearray(p.file_size)
-    central = b""
-    for i, data in enumerate(payloads):
-        kw = dict(crc=zlib.crc32(data), size=len(data), csize=len(data), method=0, dos=(0, 33),
-                  pad=p.pad_of(i), flags=int(p.flags[i]))  # fmt: skip
-        head = records.local_header(p.names[i], **kw)
+    for i, head in enumerate(records.local_headers(p.names, **kw)):
         h = int(p.header_offset[i])
+        assert h + len(head) == int(p.payload_offset[i])
         buf[h : h + len(head)] = head
-        buf[int(p.payload_offset[i]) : int(p.payload_offset[i]) + len(data)] = data
-        central += records.central_header(p.names[i], header_offset=h, **kw)
-    buf[p.cd_offset :] = central + records.end_records(3, p.cd_offset, p.cd_size, False)
+        buf[int(p.payload_offset[i]) : int(p.payload_offset[i]) + len(payloads[i])] = payloads[i]
+    central = records.central_directory(p.names, header_offset=p.header_offset, zip64=p.central_zip64, **kw)
+    assert len(central) == p.cd_size
+    buf[p.cd_offset :] = central + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end)
+    assert int(p.payload_offset[2]) % 4096 == 0
     path = tmp_path / "x.zip"
     path.write_bytes(bytes(buf))
     with zipfile.ZipFile(path) as zf:
@@ -165,14 +135,14 @@ def test_parse_central_directory_matches_zipfile(tmp_path, method):
     fields, status = _index(buf)
     assert status[0] == IndexStatus.OK
     with zipfile.ZipFile(path) as zf:
-        for row, info in zip(fields, zf.infolist()):
-            start, length = int(row[6]), int(row[7])
+        for row, info in zip(fields.view(records.INDEX_DTYPE)[:, 0], zf.infolist()):
+            start, length = int(row["name_offset"]), int(row["name_len"])
             assert buf[start : start + length].decode() == info.filename
-            assert (int(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5])) == (
+            assert tuple(int(row[k]) for k in ("method", "crc", "csize", "size", "header_offset")) == (
                 info.compress_type, info.CRC, info.compress_size, info.file_size, info.header_offset)
             # payload offset from the local header's own name/extra lengths
             n, e = np.frombuffer(buf[info.header_offset + 26 : info.header_offset + 30], "<u2")
-            assert int(row[8]) == info.header_offset + 30 + int(n) + int(e)
+            assert int(row["payload_offset"]) == info.header_offset + 30 + int(n) + int(e)
 
 
 def test_parse_central_directory_on_read_only_map(tmp_path):
@@ -181,7 +151,7 @@ def test_parse_central_directory_on_read_only_map(tmp_path):
         arr = np.frombuffer(mm, np.uint8)
         end = records.find_end_record(arr)
         fields, status = kernels.parse_central_directory(arr, end.cd_offset, end.cd_size, end.count, True)
-        assert status[0] == 0 and fields.shape == (5, 13)
+        assert status[0] == 0 and fields.shape == (5, len(Col))
         del arr
 
 
@@ -195,20 +165,24 @@ def test_parse_central_directory_status_codes(tmp_path):
     # local header offset of entry 1 pointing past the data area
     bad = bytearray(buf)
     fields, _ = _index(buf)
-    cd1 = int(fields[1, 9])
+    cd1 = int(fields[1, Col.CENTRAL_OFFSET])
     bad[cd1 + 42 : cd1 + 46] = (end.cd_offset + 10).to_bytes(4, "little")
     status = _index(bytes(bad))[1]
     assert (status[0], status[1]) == (IndexStatus.HEADER_PAST_END, 1)
     # local signature broken
     bad = bytearray(buf)
-    bad[int(fields[2, 5])] = 0
+    bad[int(fields[2, Col.HEADER_OFFSET])] = 0
     assert tuple(_index(bytes(bad))[1][:2]) == (IndexStatus.LOCAL_SIGNATURE, 2)
     # two central records pointing at the same local header: overlap
     bad = bytearray(buf)
-    bad[cd1 + 42 : cd1 + 46] = int(fields[0, 5]).to_bytes(4, "little")
+    bad[cd1 + 42 : cd1 + 46] = int(fields[0, Col.HEADER_OFFSET]).to_bytes(4, "little")
     assert _index(bytes(bad))[1][0] in (IndexStatus.OVERLAP, IndexStatus.NAME_MISMATCH)
     # compressed size running into the central directory
     bad = bytearray(buf)
-    cd4 = int(fields[4, 9])
-    bad[cd4 + 20 : cd4 + 24] = (10**6).to_bytes(4, "little")
+    cd4 = int(fields[4, Col.CENTRAL_OFFSET])
+    bad[cd4 + 20 : cd4 + 28] = (10**6).to_bytes(4, "little") * 2
     assert tuple(_index(bytes(bad))[1][:2]) == (IndexStatus.PAYLOAD_PAST_END, 4)
+    # a STORED entry whose uncompressed size differs from its stored size
+    bad = bytearray(buf)
+    bad[cd4 + 24 : cd4 + 28] = (10**6).to_bytes(4, "little")
+    assert tuple(_index(bytes(bad))[1][:2]) == (IndexStatus.STORED_SIZE, 4)

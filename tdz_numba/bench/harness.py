@@ -222,8 +222,8 @@ def _payload_spans(path: Path) -> list[tuple[int, int]]:
 
     index = ArchiveIndex(path, check_local=True)  # payload offsets of every entry
     try:
-        f = index.fields
-        return [(int(f[i, 8]), int(f[i, 3])) for i in range(len(index.names)) if int(f[i, 1]) == 0]
+        stored = index.table[index.table["method"] == 0]
+        return list(zip(stored["payload_offset"].tolist(), stored["csize"].tolist()))
     finally:
         index.close()
 
