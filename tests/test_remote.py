@@ -89,7 +89,7 @@ def test_subpath_bytes_close_to_needed(http, wide):
     local = tdz_numba.open(path)
     idx = local._index
     prefix = "g003/"
-    needed = sum(int(idx.fields[i, 3]) for i, n in enumerate(idx.names) if n.startswith(prefix))
+    needed = sum(int(idx.table["csize"][i]) for i, n in enumerate(idx.names) if n.startswith(prefix))
     http.reset_log()
     with tdz_numba.open(url) as ar:
         tail = http.bytes_served
