@@ -427,16 +427,18 @@ class Archive(Mapping):
                 continue
             row = index.row(leaf.entry)
             if row is not None and index.rows[row].method == records.DEFLATED:
-                todo.append(index.entry(leaf.entry))
+                e = index.entry(leaf.entry)
+                dtype = torch_dtype(leaf.dtype, entry=self._where(leaf.entry))
+                if e.size != math.prod(leaf.shape) * dtype.itemsize:
+                    continue  # _make_leaf reports the size mismatch on access, before inflating
+                todo.append(e)
                 specs.append(leaf)
         if not todo:
             return
         if self._state.mode == "r+":
             self._refuse_rw(specs[0], "is compressed (deflate)")
-        for leaf, e, data in zip(specs, todo, index.inflate(todo, self._state.num_threads)):
+        for leaf, data in zip(specs, index.inflate(todo, self._state.num_threads)):
             dtype = torch_dtype(leaf.dtype, entry=self._where(leaf.entry))
-            if e.size != math.prod(leaf.shape) * dtype.itemsize:
-                continue  # _make_leaf reports the size mismatch on access
             self._state.tensors[leaf.entry] = _from_bytes(data, dtype, leaf.shape)
 
     def to_dict(self) -> Level:

@@ -82,6 +82,8 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
             bar.update(int(table["csize"][stored].sum()))
             bad = np.nonzero(crcs != table["crc"][stored])[0]
             first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
+            if walk_error is not None and not bad.size:
+                raise walk_error  # before inflating anything (a leaf may claim another size)
             compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
             _verify_compressed(index, compressed, bar)
         if bad.size:

@@ -299,3 +299,75 @@ def test_decode_member_single_stream_past_4_gib():
     out = codecs.decode_member(raw, "deflate", size, crc, "big", 2)
     assert out.size == size
     assert not out[(1 << 32) - 8 : (1 << 32) + 8].any() and not out[-16:].any()
+
+
+@pytest.mark.skipif(_mem_available() < 12 << 30, reason="needs ~5 GiB of free memory")
+def test_zipfile_written_entry_past_4_gib_loads_and_verifies(tmp_path, monkeypatch):
+    """A >= 4 GiB deflate entry as zipfile writes it (zip64, one stream, no
+    segment table): ``zipfile`` writes the headers and CRC, the stream is the
+    repeated full-flushed piece (so the test needs no 4 GiB deflate)."""
+    import json
+    import zipfile
+
+    import tdz_numba
+
+    piece, reps = 64 << 20, 65
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    body = c.compress(bytes(piece)) + c.flush(zlib.Z_FULL_FLUSH)
+    end = c.flush(zlib.Z_FINISH)
+
+    class Repeat:  # stands in for zlib's compressor: one piece per 64 MiB written
+        def compress(self, data):
+            assert len(data) == piece
+            return body
+
+        def flush(self):
+            return end
+
+    real = zipfile._get_compressor
+    p = tmp_path / "big.tdz"
+    with zipfile.ZipFile(p, "w") as z:
+        meta = {"x": {"device": "cpu", "shape": [piece * reps], "dtype": "torch.uint8", "is_nested": False},
+                "shape": [], "device": "cpu", "_type": "<class 'tensordict._td.TensorDict'>",
+                "_format_version": 1, "_class": "tensordict:TensorDict"}  # fmt: skip
+        z.writestr("meta.json", json.dumps(meta))
+        monkeypatch.setattr(zipfile, "_get_compressor", lambda *a, **k: Repeat())
+        info = zipfile.ZipInfo("x.memmap")
+        info.compress_type = zipfile.ZIP_DEFLATED
+        zeros = bytes(piece)
+        with z.open(info, "w", force_zip64=True) as f:
+            for _ in range(reps):
+                f.write(zeros)
+        monkeypatch.setattr(zipfile, "_get_compressor", real)
+    with zipfile.ZipFile(p) as z:
+        assert z.getinfo("x.memmap").file_size == piece * reps > 1 << 32
+    assert tdz_numba.verify(p).payload_bytes > 1 << 32  # streamed
+    with tdz_numba.open(p) as ar:
+        x = ar["x"]
+        assert x.numel() == piece * reps
+        assert not x[(1 << 32) - 8 : (1 << 32) + 8].any() and not x[-16:].any()
+
+
+def test_leaf_size_claims_checked_before_inflating(tmp_path, monkeypatch):
+    """meta.json claims 1e12 floats for a small deflated entry: load, to_dict
+    and verify refuse it without inflating anything."""
+    import json
+    import zipfile
+
+    import tdz_numba
+
+    p = tmp_path / "claim.tdz"
+    meta = {"x": {"device": "cpu", "shape": [10**12], "dtype": "torch.float32", "is_nested": False},
+            "shape": [], "device": "cpu", "_type": "<class 'tensordict._td.TensorDict'>",
+            "_format_version": 1, "_class": "tensordict:TensorDict"}  # fmt: skip
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("meta.json", json.dumps(meta))
+        z.writestr("x.memmap", bytes(4000), compress_type=zipfile.ZIP_DEFLATED)
+    calls = []
+    real = codecs.inflate_many
+    monkeypatch.setattr(codecs, "inflate_many", lambda jobs, *a, **k: calls.append(jobs) or real(jobs, *a, **k))
+    with pytest.raises(BadArchiveError, match="4000"):
+        tdz_numba.load(p)
+    with pytest.raises(BadArchiveError, match="4000"):
+        tdz_numba.verify(p)
+    assert calls == []
