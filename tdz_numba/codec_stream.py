@@ -30,7 +30,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import records
-from .errors import ChecksumError, UnsupportedError
+from .errors import UnsupportedError
 
 __all__ = ["stream_member"]
 
@@ -108,7 +108,7 @@ def stream_member(raw: np.ndarray, method: int, size: int, crc: int | None,
     else:
         raise UnsupportedError(f"{where}: unsupported compression method {method}")
     if crc is not None and found != crc:
-        raise ChecksumError(f"{where}: CRC-32 mismatch: recorded {crc:#010x}, computed {found:#010x}")
+        raise c._crc_error(where, crc, found)
     return found
 
 

@@ -56,9 +56,12 @@ _LZMA_DICT_MIN = 4096
 
 
 def _bad(where: str, message: str, *, expected: object = None, found: object = None) -> BadArchiveError:
-    exc = BadArchiveError(f"{where}: {message}")
-    exc.entry, exc.expected, exc.found = where, expected, found  # type: ignore[attr-defined]
-    return exc
+    return BadArchiveError(f"{where}: {message}", entry=where, expected=expected, found=found)
+
+
+def _crc_error(where: str, crc: int, found: int) -> ChecksumError:
+    return ChecksumError(f"{where}: CRC-32 mismatch: recorded {crc:#010x}, computed {found:#010x}",
+                         entry=where, expected=crc, found=found)  # fmt: skip
 
 
 def memory_budget() -> int:
@@ -450,7 +453,7 @@ def inflate_many(jobs: list[Job], num_threads: int | None, *,
         found[k] = int(crc32_combine(found[k], crcs[j], dlen[j])) if len(plans[k][1]) > 1 else int(crcs[j])
     for k, (where, _raw, _size, crc, _t) in enumerate(jobs):
         if crc is not None and found[k] != crc:
-            raise ChecksumError(f"{where}: CRC-32 mismatch: recorded {crc:#010x}, computed {found[k]:#010x}")
+            raise _crc_error(where, crc, found[k])
     return outs
 
 
@@ -508,7 +511,7 @@ def _crc(data, crc: int = 0) -> int:
 def _check_crc(data: np.ndarray, crc: int, where: str) -> None:
     found = _crc(data)
     if found != crc:
-        raise ChecksumError(f"{where}: CRC-32 mismatch: recorded {crc:#010x}, computed {found:#010x}")
+        raise _crc_error(where, crc, found)
 
 
 from .codec_stream import stream_member  # noqa: E402  (uses this module's checks)
