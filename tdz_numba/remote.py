@@ -288,17 +288,17 @@ class RemoteIndex(ArchiveIndex):
         if not starts.size:
             return []
         order = np.argsort(starts, kind="stable")
-        starts, stops = starts[order].tolist(), stops[order].tolist()
-        budget = MAX_WASTE * sum(b - a for a, b in zip(starts, stops))
-        spans = [[starts[0], stops[0]]]
-        for a, b in zip(starts[1:], stops[1:]):
-            gap = a - spans[-1][1]
-            if gap <= 0 or (gap <= MAX_GAP and gap <= budget):
-                budget -= max(gap, 0)
-                spans[-1][1] = max(spans[-1][1], b)
-            else:
-                spans.append([a, b])
-        return [(a, b) for a, b in spans]
+        starts, stops = starts[order], np.maximum.accumulate(stops[order])
+        gaps = starts[1:] - stops[:-1]  # > 0: bytes between an extent and the next
+        small = np.nonzero((gaps > 0) & (gaps <= MAX_GAP))[0]
+        budget = MAX_WASTE * float((stops - starts).sum())
+        n_bridge = int((np.cumsum(np.sort(gaps[small])) <= budget).sum())  # smallest gaps first
+        keep = small[np.argsort(gaps[small], kind="stable")][:n_bridge]
+        cut = gaps > 0
+        cut[keep] = False
+        first = np.concatenate(([0], np.nonzero(cut)[0] + 1))
+        last = np.concatenate((np.nonzero(cut)[0], [starts.size - 1]))
+        return list(zip(starts[first].tolist(), stops[last].tolist()))
 
     def fetch(self, rows: Sequence[int] | np.ndarray) -> None:
         """Makes entries ``rows`` readable: fetches what is not here, checks each local
@@ -308,8 +308,11 @@ class RemoteIndex(ArchiveIndex):
         if not rows.size:
             return
         self._get(self._spans(rows))
-        for i in rows.tolist():
-            ArchiveIndex.payload_offset(self, i)  # signature, name, bounds
+        if int(self._ready.sum()) + rows.size == len(self.names):  # everything is here now:
+            ArchiveIndex.check_all(self)  # every local header in one kernel pass
+        else:
+            for i in rows.tolist():
+                ArchiveIndex.payload_offset(self, i)  # signature, name, bounds
         if self.verify:
             from .integrity import stored_crcs
 

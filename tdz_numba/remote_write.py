@@ -7,10 +7,11 @@ central directory. No local temporary file; payloads are written in slices of
 at most :data:`SLICE_BYTES`, so memory stays bounded by the stream's buffer
 (s3fs uploads each ``block_size`` as one multipart part).
 
-The object appears only when the stream is complete: s3fs (and every fsspec
-file honouring ``autocommit=False``) commits the multipart upload at the end
-and aborts it on error, so an interrupted upload leaves no object and an
-existing one intact; other filesystems get a temporary name moved into place.
+The object appears only when the stream is complete: s3fs puts a small
+archive in one request at close and completes a multipart upload at close
+(aborted on error); other fsspec files honouring ``autocommit=False`` commit
+at the end or discard; other filesystems get a temporary name moved into
+place. An interrupted upload leaves no object and an existing one intact.
 
 Examples
 --------
@@ -42,8 +43,11 @@ __all__ = ["stream_entries", "save_remote", "SLICE_BYTES"]
 #: Largest single ``write`` to the stream (bounds the stream's buffering of big payloads).
 SLICE_BYTES = 8 << 20
 _CRC_BATCH = 16 << 20
-#: fsspec protocols whose files honour ``autocommit=False`` (multipart uploads, local temp files).
-_TRANSACTIONAL = {"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "abfss", "file", "local"}
+#: fsspec protocols whose objects appear only when the file is closed (one-shot PUT below the
+#: block size, multipart upload completed at close above it); an error before close discards it.
+_COMMIT_ON_CLOSE = {"s3", "s3a"}
+#: Other fsspec protocols whose files honour ``autocommit=False`` (commit / discard).
+_TRANSACTIONAL = {"gs", "gcs", "abfs", "az", "adl", "abfss", "file", "local"}
 
 
 def _batches(rows: list[int], sizes: np.ndarray) -> list[list[int]]:
@@ -178,8 +182,12 @@ def save_remote(entries: Sequence[Entry], target: Any, *, storage_options: dict[
     tmp = None
     try:
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-        if protocols & _TRANSACTIONAL:  # the object appears at commit(); discard() aborts
+        commit = False
+        if protocols & _COMMIT_ON_CLOSE:  # the object appears at close() (one PUT, or the multipart completion)
+            f = fs.open(path, "wb", **opts)
+        elif protocols & _TRANSACTIONAL:  # the object appears at commit(); discard() aborts
             f = fs.open(path, "wb", autocommit=False, **opts)
+            commit = True
         else:  # e.g. memory:// creates the object at open: write elsewhere, move into place
             tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
             f = fs.open(tmp, "wb", **opts)
@@ -188,9 +196,9 @@ def save_remote(entries: Sequence[Entry], target: Any, *, storage_options: dict[
     try:
         stream_entries(entries, f, **kwargs)
         f.close()
-        if tmp is None:
+        if commit:
             f.commit()
-        else:
+        elif tmp is not None:
             fs.mv(tmp, path)
     except BaseException as exc:
         _discard(f)

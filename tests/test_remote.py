@@ -334,3 +334,43 @@ def test_cli_accepts_urls(http, tmp_path, capsys):
     bad = http.put("cli-bad.tdz", p.read_bytes()[:-10])
     assert main(["verify", bad]) == 2
     assert "cli-bad.tdz" in capsys.readouterr().err
+
+
+def _naive_spans(extents, max_gap, waste):
+    """Oracle of RemoteIndex._spans: merge touching extents, then bridge the smallest
+    gaps (<= max_gap) while their total stays within waste x the bytes needed."""
+    ext = sorted(extents)
+    runs = []
+    for a, b in ext:
+        if runs and a <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], b)
+        else:
+            runs.append([a, b])
+    budget = waste * sum(b - a for a, b in ext)
+    gaps = sorted((runs[i + 1][0] - runs[i][1], i) for i in range(len(runs) - 1))
+    bridge, used = set(), 0
+    for g, i in gaps:
+        if g > max_gap or used + g > budget:
+            break
+        used += g
+        bridge.add(i)
+    out = [list(runs[0])] if runs else []
+    for i in range(1, len(runs)):
+        if i - 1 in bridge:
+            out[-1][1] = runs[i][1]
+        else:
+            out.append(list(runs[i]))
+    return [tuple(x) for x in out]
+
+
+def test_spans_match_oracle(wide, http):
+    rng = np.random.default_rng(0)
+    url = http.put("wide.tdz", wide[2])
+    with remote.open_remote(url, tail_bytes=64) as ar:
+        idx = ar._index
+        for _ in range(50):
+            rows = rng.choice(len(idx.names), size=int(rng.integers(1, 300)), replace=False)
+            got = idx._spans(rows)
+            ext = [(int(idx.fields[i, 5]), int(min(idx._limit[i], idx.tail_start))) for i in rows
+                   if idx.fields[i, 5] < idx.tail_start]  # fmt: skip
+            assert got == _naive_spans(ext, remote.MAX_GAP, remote.MAX_WASTE)

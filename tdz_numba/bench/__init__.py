@@ -151,6 +151,8 @@ def build_parser(prog: str = "tdz bench") -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="save a bar chart (matplotlib)")
     p.add_argument("--quick", action="store_true", help=f"size {QUICK_SIZE_MIB:g} MiB, repeat {QUICK_REPEAT}")
     p.add_argument("-v", "--verbose", action="store_true", help="print each cell to stderr as it is measured")
+    p.add_argument("--remote", action="store_true",
+                   help="remote archives (HTTP, S3) and DCP on loopback servers (see --remote --help)")  # fmt: skip
     return p
 
 
@@ -159,6 +161,10 @@ def main(argv: list[str] | None = None, prog: str = "tdz bench") -> int:
     import json
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--remote" in argv:  # remote archives and DCP on loopback servers: tdz_numba.bench.remote
+        from .remote import main as remote_main
+
+        return remote_main([a for a in argv if a != "--remote"], f"{prog} --remote")
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.compression is None:
