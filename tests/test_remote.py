@@ -371,6 +371,6 @@ def test_spans_match_oracle(wide, http):
         for _ in range(50):
             rows = rng.choice(len(idx.names), size=int(rng.integers(1, 300)), replace=False)
             got = idx._spans(rows)
-            ext = [(int(idx.fields[i, 5]), int(min(idx._limit[i], idx.tail_start))) for i in rows
-                   if idx.fields[i, 5] < idx.tail_start]  # fmt: skip
+            ext = [(int(idx.table["header_offset"][i]), int(min(idx._limit[i], idx.tail_start))) for i in rows
+                   if idx.table["header_offset"][i] < idx.tail_start]  # fmt: skip
             assert got == _naive_spans(ext, remote.MAX_GAP, remote.MAX_WASTE)

@@ -131,7 +131,7 @@ def run_remote(size_mib: float = 64, repeat: int = 3, *, dcp_size_mib: float | N
                     list(ar)
                 res["open_list_requests"] = http.requests
                 idx = tdz_numba.open(local)._index
-                needed = sum(int(idx.fields[i, 3]) for i, n in enumerate(idx.names) if n.startswith("group_050/"))
+                needed = sum(int(idx.table["csize"][i]) for i, n in enumerate(idx.names) if n.startswith("group_050/"))
                 http.reset_log()
                 tdz_numba.load(url, subpath="group_050")
                 res["subpath_requests"] = http.requests
