@@ -280,6 +280,8 @@ def _entry_mutation(data: bytes, rng: random.Random) -> tuple[bytes, str] | None
     except Exception:
         return None
     names = [m.name for m in members]
+    if not names:
+        return None
     base = rng.choice(names)
     stem = base.rsplit(b"/", 1)[0] + b"/" if b"/" in base else b""
     new_name = rng.choice([b"", b"meta.json/", stem + b"meta.json/x", base + b"/y", base.rstrip(b"/") + b"//",
@@ -308,7 +310,10 @@ def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, str]:
             break
         kind = rng.choice(KINDS)
         if kind in ("meta", "entry"):
-            res = (_meta_mutation if kind == "meta" else _entry_mutation)(bytes(data), rng)
+            try:
+                res = (_meta_mutation if kind == "meta" else _entry_mutation)(bytes(data), rng)
+            except (AssertionError, struct.error, IndexError, ValueError):  # damaged by an earlier edit
+                res = None
             if res is not None:
                 data = bytearray(res[0])
                 done.append(res[1])
