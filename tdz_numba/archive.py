@@ -19,7 +19,6 @@ torch.Size([2, 3]) 7 ['obs', 'step']
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterator, Mapping
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 
 from . import records
+from .bounds import build_levels, check_nested_sizes, parse_meta, walk_leaves
 from .dtypes import dtype_table, numpy_dtype, torch_dtype
 from .errors import BadArchiveError, InvalidArgumentError, MissingKeyError, UnsupportedError
 from .reader import ArchiveIndex
@@ -210,11 +210,7 @@ class Archive(Mapping):
         meta_name = self._prefix + "meta.json"
         if meta_name not in index:
             raise BadArchiveError(f"{self._where()}: no meta.json entry {meta_name!r}")
-        raw = index.read_bytes(meta_name)
-        try:
-            meta = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise BadArchiveError(f"{self._where('meta.json')}: not valid JSON: {exc}") from None
+        meta = parse_meta(index.read_bytes(meta_name), self._where("meta.json"))
         keyed, children = describe_level(
             meta, self._prefix, lambda: index.listing(self._prefix),
             lambda sub: sub + "meta.json" in index or index.is_dir(sub), self._where("meta.json"),
@@ -370,9 +366,7 @@ class Archive(Mapping):
                 f"{self._where(spec.shape_entry)}: expected {n * ndim * 8} bytes of sizes, found {raw.size}"
             )
         sizes = torch.from_numpy(raw.copy().view(np.int64).reshape(n, ndim))
-        if (sizes < 0).any():
-            raise BadArchiveError(f"{self._where(spec.shape_entry)}: negative nested sizes")
-        numel = int(sizes.prod(-1).sum())
+        numel = check_nested_sizes(sizes.numpy(), dtype.itemsize, self._where(spec.shape_entry))
         if numel == 0:
             buf = torch.empty(0, dtype=dtype)
         else:
@@ -449,21 +443,17 @@ class Archive(Mapping):
         return self._to_dict()
 
     def _to_dict(self) -> Level:
-        keyed, children, meta = self._level()
-        out = Level(meta=self.meta, keyed=keyed)
-        for key, spec in children.items():
-            value = self._value(spec)
-            out[key] = value._to_dict() if isinstance(value, Archive) else value
-        return out
+        def expand(node: Archive) -> tuple[Level, list]:  # iterative: any depth (tdz_numba.bounds)
+            keyed, children, _ = node._level()
+            return Level(meta=node.meta, keyed=keyed), [(k, node._value(c)) for k, c in children.items()]
+
+        return build_levels(self, expand, lambda v: isinstance(v, Archive))  # type: ignore[return-value]
 
     def leaves(self) -> Iterator[tuple[str, LeafSpec]]:
         """``(path, spec)`` of every tensor leaf below this level, depth first."""
-        for key, spec in self._level()[1].items():
-            if spec.kind == "leaf":
-                yield key, spec.leaf
-            elif spec.kind == "level":
-                for sub_key, leaf in self._sub(spec.path).leaves():
-                    yield f"{key}/{sub_key}", leaf
+        return walk_leaves(self, lambda node: [
+            (k, c.kind, c.leaf if c.kind == "leaf" else node._sub(c.path) if c.kind == "level" else None)
+            for k, c in node._level()[1].items()])  # fmt: skip
 
     def __repr__(self) -> str:
         try:

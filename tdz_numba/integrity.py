@@ -11,7 +11,6 @@ Examples
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import posixpath
@@ -24,6 +23,7 @@ import numpy as np
 
 from . import records
 from .archive import DTYPES, open_archive
+from .bounds import parse_meta
 from .dtypes import torch_dtype
 from .errors import BadArchiveError, ChecksumError, TdzError
 from .progress import progress as _progress
@@ -244,7 +244,7 @@ def is_archive(path: str | os.PathLike, *, thorough: bool = True) -> bool:
     try:
         if "meta.json" not in index:
             return False
-        json.loads(index.read_bytes("meta.json"))
+        parse_meta(index.read_bytes("meta.json"), str(p))  # deep JSON: BadArchiveError, not RecursionError
         return True
     except (TdzError, ValueError):
         return False

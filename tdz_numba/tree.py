@@ -32,7 +32,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .dtypes import from_numpy_dtype
+from .bounds import check_shape, shape_ok
+from .dtypes import dtype_table, from_numpy_dtype
 from .errors import InvalidTreeError, UnsafeContentError
 
 __all__ = [
@@ -433,6 +434,9 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool) -
 # ---------------------------------------------------------------------------
 # Reading: meta.json + listing -> children
 # ---------------------------------------------------------------------------
+_ITEMSIZE = {name: dt.itemsize for name, dt in dtype_table().items()}
+
+
 class LeafSpec(NamedTuple):
     """A tensor leaf described by meta.json."""
 
@@ -453,11 +457,7 @@ class ChildSpec(NamedTuple):
     leaf: LeafSpec | None = None
 
 
-def _is_shape(shape: list) -> bool:
-    for s in shape:  # a loop: a generator in all() costs more than the check here
-        if type(s) is not int or s < 0:
-            return False
-    return True
+_is_shape = shape_ok  # the check lives in tdz_numba.bounds
 
 
 def describe_level(meta: Any, prefix: str, listing: Callable[[], tuple[set[str], set[str]]],
@@ -487,7 +487,7 @@ def describe_level(meta: Any, prefix: str, listing: Callable[[], tuple[set[str],
                 continue
             if not isinstance(value, dict):
                 raise BadArchiveError(
-                    f"{where}: meta.json entry {key!r} must be an object, found {value!r}"
+                    f"{where}: meta.json entry {key!r} must be an object, found {value!r:.200}"
                 )
             fname = encode_key(key)
             if "type" in value and "dtype" not in value:
@@ -501,15 +501,19 @@ def describe_level(meta: Any, prefix: str, listing: Callable[[], tuple[set[str],
             if "dtype" not in value or "shape" not in value:
                 raise BadArchiveError(
                     f"{where}: meta.json entry {key!r} has neither 'dtype'/'shape' "
-                    f"nor 'type': {value!r}"
+                    f"nor 'type': {value!r:.200}"
                 )
-            shape = value["shape"]
-            if type(shape) is not list or not _is_shape(shape):
+            shape, dtype = value["shape"], value["dtype"]
+            nested = value.get("is_nested", False)
+            if type(dtype) is not str or type(nested) is not bool:
                 raise BadArchiveError(
-                    f"{where}: leaf {key!r} has a bad shape {shape!r} "
-                    f"(expected a list of non-negative ints)"
+                    f"{where}: leaf {key!r}: 'dtype' must be a str and 'is_nested' a bool, found "
+                    f"{dtype!r:.100} and {nested!r:.100}"
                 )
-            nested = bool(value.get("is_nested", False))
+            # nested leaves: the shape is that of their int64 sizes
+            itemsize = 8 if nested else _ITEMSIZE.get(dtype, 1)
+            if type(shape) is not list or not _is_shape(shape, itemsize):
+                check_shape(shape, itemsize, f"{where}: leaf {key!r}")
             spec = LeafSpec(key, prefix + fname + ".memmap", value["dtype"], tuple(shape), nested,
                             prefix + fname + ".shape.memmap" if nested else None)  # fmt: skip
             children.append(ChildSpec(key, "leaf", spec.entry, spec))

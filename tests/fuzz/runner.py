@@ -43,7 +43,7 @@ ROOT = HERE.parents[1]
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from fuzz.worker import OPS  # noqa: E402
+from fuzz.worker import OPS, rmtree  # noqa: E402
 
 __all__ = ["Case", "case_plan", "make_cases", "run_cases", "summarize", "main"]
 
@@ -97,7 +97,7 @@ class _Worker:
         self.starts = 0
 
     def start(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        rmtree(str(self.dir))
         self.dir.mkdir(parents=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
