@@ -267,7 +267,7 @@ def _meta_mutation(data: bytes, rng: random.Random) -> bytes | None:
     m = rng.choice(metas)
     try:
         meta = json.loads(m.data)
-    except ValueError:
+    except (ValueError, RecursionError):
         meta = {}
     new, how = _meta_edit(meta, rng)
     raw = new if isinstance(new, bytes) else json.dumps(new).encode("utf-8", "surrogatepass")
@@ -312,8 +312,8 @@ def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, str]:
         if kind in ("meta", "entry"):
             try:
                 res = (_meta_mutation if kind == "meta" else _entry_mutation)(bytes(data), rng)
-            except (AssertionError, struct.error, IndexError, ValueError):  # damaged by an earlier edit
-                res = None
+            except (AssertionError, struct.error, IndexError, ValueError, RecursionError, TypeError):
+                res = None  # the input was damaged by an earlier edit
             if res is not None:
                 data = bytearray(res[0])
                 done.append(res[1])

@@ -169,8 +169,10 @@ class _Worker:
 
 
 def run_cases(cases, *, jobs: int, work: Path, warm: Path, timeout: float = 10.0,
-              failures: Path | None = None, progress: bool = False) -> list[dict]:  # fmt: skip
-    """Runs ``cases`` (an iterable of :class:`Case`) in ``jobs`` workers; returns one record per case."""
+              failures: Path | None = None, progress: bool = False,
+              log: Path | None = None) -> list[dict]:  # fmt: skip
+    """Runs ``cases`` (an iterable of :class:`Case`) in ``jobs`` workers; returns one record per
+    case (also appended to ``log``, one JSON line each, as they come)."""
     work.mkdir(parents=True, exist_ok=True)
     todo: queue.Queue = queue.Queue(maxsize=4 * jobs)
     results: list[dict] = []
@@ -189,8 +191,13 @@ def run_cases(cases, *, jobs: int, work: Path, warm: Path, timeout: float = 10.0
                     (failures / f"case{case.id}.bin").write_bytes(case.data)
                 with lock:
                     results.append(rec)
+                    if sink is not None:
+                        sink.write(json.dumps(rec) + "\n")
                     if progress and len(results) % 500 == 0:
-                        print(f"  {len(results)} cases", file=sys.stderr, flush=True)
+                        bad = sum(r["cat"] in FAILURES for r in results)
+                        rate = len(results) / (time.perf_counter() - t0)
+                        print(f"  {len(results)} cases, {bad} failures, {rate:.1f} cases/s", file=sys.stderr,
+                              flush=True)  # fmt: skip
         except BaseException as exc:  # surfaced by the caller
             errors.append(exc)
             while todo.get() is not None:  # drain so the producer never blocks
@@ -198,18 +205,24 @@ def run_cases(cases, *, jobs: int, work: Path, warm: Path, timeout: float = 10.0
         finally:
             w.stop()
 
+    sink = open(log, "w", buffering=1) if log is not None else None
+    t0 = time.perf_counter()
     workers = [_Worker(k, work, warm, timeout) for k in range(jobs)]
     threads = [threading.Thread(target=loop, args=(w,), daemon=True) for w in workers]
     for t in threads:
         t.start()
-    for case in cases:
-        if errors:
-            break
-        todo.put(case)
-    for _ in threads:
-        todo.put(None)
-    for t in threads:
-        t.join()
+    try:
+        for case in cases:
+            if errors:
+                break
+            todo.put(case)
+    finally:
+        for _ in threads:
+            todo.put(None)
+        for t in threads:
+            t.join()
+    if sink is not None:
+        sink.close()
     if errors:
         raise errors[0]
     results.sort(key=lambda r: r["id"])
@@ -266,11 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     t1 = time.perf_counter()
     cases = make_cases(seeds, args.tag, args.start, args.cases)
     results = run_cases(cases, jobs=args.jobs, work=args.out / "work", warm=warm, timeout=args.timeout,
-                        failures=args.out / "failures", progress=True)  # fmt: skip
+                        failures=args.out / "failures", progress=True,
+                        log=args.out / "results.jsonl")  # fmt: skip
     t2 = time.perf_counter()
-    with open(args.out / "results.jsonl", "w") as f:
-        for r in results:
-            f.write(json.dumps(r) + "\n")
     summary = summarize(results)
     summary.update(seeds_s=round(t1 - t0, 1), run_s=round(t2 - t1, 1), tag=args.tag, start=args.start)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -1,0 +1,269 @@
+"""The fuzz harness in the test-suite (issue 10).
+
+- ``test_fuzz_ci``: a few thousand mutated archives (``TDZ_FUZZ_CASES``,
+  default 1,500, about two minutes on 2 busy cores) through the five ops, each
+  case in an isolated worker process with a 10 s timeout and a 4 GiB address
+  space; only success or a :class:`~tdz_numba.TdzError` may come out.
+- ``test_fuzz_long`` (``pytest -m fuzz``): 10,000 cases, for humans.
+- ``test_hostile_fixture``: every input that ever failed
+  (``tests/fixtures/hostile/index.json``), replayed with the op that failed.
+  Causes in code other helpers own are ``xfail(strict=False)`` naming the owner.
+- Unit tests of :mod:`tdz_numba.bounds` and the shape checks in ``describe_level``.
+
+A failing run leaves its inputs in pytest's temporary directory
+(``.../fuzz/failures/caseN.bin``); the report names the case numbers, and
+``python tests/fuzz/runner.py --start N --cases 1`` replays one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fuzz.runner import Case, make_cases, prepare_seeds, run_cases, summarize  # noqa: E402
+
+HOSTILE = Path(__file__).resolve().parent / "fixtures" / "hostile"
+TIMEOUT = 10.0
+
+
+def _report(summary: dict) -> str:
+    lines = [json.dumps(summary["counts"])]
+    for g in summary["root_causes"][:15]:
+        ex = g["examples"][0]
+        lines.append(f"{g['count']:5d} {g['cause']} ops={g['ops']} e.g. case {ex['id']} ({ex['seed']}: {ex['how']})")
+    return "\n".join(lines)
+
+
+def _run(tmp_path: Path, count: int, tag: str = "tdz-fuzz-1") -> dict:
+    seeds, warm = prepare_seeds(tmp_path)
+    jobs = min(2, os.cpu_count() or 1)
+    results = run_cases(make_cases(seeds, tag, 0, count), jobs=jobs, work=tmp_path / "work", warm=warm,
+                        timeout=TIMEOUT, failures=tmp_path / "failures")  # fmt: skip
+    summary = summarize(results)
+    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def test_fuzz_ci(tmp_path):
+    count = int(os.environ.get("TDZ_FUZZ_CASES", "1500"))
+    summary = _run(tmp_path / "fuzz", count)
+    assert summary["cases"] == count
+    assert summary["counts"]["tdzerror"] > count // 10, summary["counts"]  # the mutations reach the parser
+    assert not summary["root_causes"], _report(summary)
+
+
+@pytest.mark.fuzz
+def test_fuzz_long(tmp_path, request):
+    if "fuzz" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the long fuzz run: pytest -m fuzz")
+    count = int(os.environ.get("TDZ_FUZZ_LONG_CASES", "10000"))
+    summary = _run(tmp_path / "fuzz", count, tag=os.environ.get("TDZ_FUZZ_TAG", "tdz-fuzz-1"))
+    assert not summary["root_causes"], _report(summary)
+
+
+# ---------------------------------------------------------------------------
+# regression inputs: every input that ever failed
+# ---------------------------------------------------------------------------
+def _fixtures() -> list[dict]:
+    path = HOSTILE / "index.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+FIXTURES = _fixtures()
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    """Every fixture run once, in one isolated worker: ``{file: record}``."""
+    if not FIXTURES:
+        return {}
+    tmp = tmp_path_factory.mktemp("hostile")
+    warm = tmp / "warm.tdz"
+    import torch
+
+    import tdz_numba
+
+    tdz_numba.save({"a": torch.ones(3), "b": {"c": torch.arange(4)}}, warm, compression="deflate")
+    cases = [Case(i, f["file"], f["op"], f.get("subpath"), f.get("how", ""),
+                  gzip.decompress((HOSTILE / f["file"]).read_bytes()))
+             for i, f in enumerate(FIXTURES)]  # fmt: skip
+    results = run_cases(cases, jobs=1, work=tmp / "work", warm=warm, timeout=TIMEOUT)
+    return {FIXTURES[r["id"]]["file"]: r for r in results}
+
+
+def _params():
+    out = []
+    for f in FIXTURES:
+        marks = []
+        if f.get("owner"):
+            marks.append(pytest.mark.xfail(strict=False, reason=f"owner {f['owner']}: {f.get('cause', '')}"))
+        out.append(pytest.param(f, id=f"{f['file'].split('.')[0]}-{f['op']}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("fixture", _params())
+def test_hostile_fixture(fixture, replayed):
+    rec = replayed[fixture["file"]]
+    assert rec["cat"] in ("accepted", "tdzerror"), (
+        f"{fixture['file']} ({fixture.get('how', '')}): {rec['cat']} {rec.get('exc')} at {rec.get('frame')}: "
+        f"{rec.get('msg', '')[:500]}"
+    )
+
+
+def test_fixtures_stay_small():
+    total = sum(p.stat().st_size for p in HOSTILE.iterdir()) if HOSTILE.exists() else 0
+    assert total < 2_000_000, total
+    listed = {f["file"] for f in FIXTURES}
+    on_disk = {p.name for p in HOSTILE.glob("*.gz")}
+    assert listed == on_disk
+
+
+# ---------------------------------------------------------------------------
+# bounds: shapes, nested sizes, deep JSON, deep trees
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [[2**63], [2**64], [-1], [0, 2**62], [2**62, 0], [2**32, 2**32], [1] * 65,
+                                   [3.0], ["3"], [True], [None], "3", 3, None, [2**61, 4]])  # fmt: skip
+def test_check_shape_refuses(shape):
+    from tdz_numba import BadArchiveError
+    from tdz_numba.bounds import check_shape
+
+    with pytest.raises(BadArchiveError, match="bad shape"):
+        check_shape(shape, 4, "leaf")
+
+
+@pytest.mark.parametrize("shape,itemsize", [([], 8), ([0], 1), ([2**62, 1], 1), ([0, 2**61 - 1], 4), ([1] * 64, 16),
+                                            ([2**31, 2**31], 1), ([3, 0, 5], 8)])  # fmt: skip
+def test_check_shape_accepts(shape, itemsize):
+    from tdz_numba.bounds import check_shape
+
+    assert check_shape(shape, itemsize, "leaf") == tuple(shape)
+
+
+def test_check_nested_sizes():
+    import numpy as np
+
+    from tdz_numba import BadArchiveError
+    from tdz_numba.bounds import check_nested_sizes
+
+    assert check_nested_sizes(np.array([[2, 3], [0, 5]], np.int64), 4, "x") == 6
+    assert check_nested_sizes(np.zeros((0, 2), np.int64), 4, "x") == 0
+    for bad in ([[-1, 2]], [[2**32, 2**32]], [[2**62, 2]], [[0, 2**62, 2**62]], [[2**61, 1]] * 4):
+        with pytest.raises(BadArchiveError):
+            check_nested_sizes(np.array(bad, np.int64), 4, "x")
+
+
+def test_parse_meta_deep_json():
+    from tdz_numba import BadArchiveError
+    from tdz_numba.bounds import parse_meta
+
+    assert parse_meta(b'{"a": [1]}', "x") == {"a": [1]}
+    for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000, b"\xff", b"{"):
+        with pytest.raises(BadArchiveError, match="not valid JSON"):
+            parse_meta(raw, "x")
+
+
+def _zip(entries: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in entries.items():
+            z.writestr(zipfile.ZipInfo(name), data)
+    return buf.getvalue()
+
+
+_TD = {"_type": "<class 'tensordict._td.TensorDict'>", "_format_version": 1, "_class": "tensordict:TensorDict",
+       "device": "cpu"}  # fmt: skip
+
+
+def _leaf_meta(shape, dtype="torch.float32", nested=False):
+    return {"device": "cpu", "shape": shape, "dtype": dtype, "is_nested": nested}
+
+
+def test_deep_json_meta_is_refused(tmp_path):
+    import tdz_numba
+
+    p = tmp_path / "deep.tdz"
+    p.write_bytes(_zip({"meta.json": b"[" * 100_000 + b"]" * 100_000}))
+    assert tdz_numba.is_archive(p) is False
+    with pytest.raises(tdz_numba.BadArchiveError, match="not valid JSON"):
+        tdz_numba.load(p)
+
+
+@pytest.mark.parametrize("shape", [[2**63], [0, 2**62], [2**32, 2**32], [1] * 70, [2**62, 0]])
+def test_huge_shapes_refused_at_open(tmp_path, shape):
+    import tdz_numba
+
+    p = tmp_path / "h.tdz"
+    p.write_bytes(_zip({"meta.json": json.dumps({"x": _leaf_meta(shape), "shape": [], **_TD}).encode()}))
+    with pytest.raises(tdz_numba.BadArchiveError, match="bad shape"):
+        tdz_numba.open(p)
+    with pytest.raises(tdz_numba.BadArchiveError):
+        tdz_numba.verify(p)
+
+
+def test_bad_dtype_and_nested_flag_types(tmp_path):
+    import tdz_numba
+
+    for leaf in (_leaf_meta([2], dtype=["torch.float32"]), _leaf_meta([2], nested="yes"), _leaf_meta([2], dtype=3)):
+        p = tmp_path / "t.tdz"
+        p.write_bytes(_zip({"meta.json": json.dumps({"x": leaf, "shape": [], **_TD}).encode()}))
+        with pytest.raises(tdz_numba.BadArchiveError, match="must be a str"):
+            tdz_numba.load(p)
+
+
+def test_nested_sizes_overflow_refused(tmp_path):
+    import numpy as np
+
+    import tdz_numba
+
+    sizes = np.array([[2**32, 2**32], [1, 1]], np.int64)  # products wrap to 0 + 1 in int64
+    p = tmp_path / "n.tdz"
+    p.write_bytes(_zip({"meta.json": json.dumps({"x": _leaf_meta([2, 2], nested=True), "shape": [], **_TD}).encode(),
+                        "x.memmap": bytes(4), "x.shape.memmap": sizes.tobytes()}))  # fmt: skip
+    with pytest.raises(tdz_numba.BadArchiveError, match="nested sizes too large"):
+        tdz_numba.load(p)
+
+
+def test_zero_size_leaf_with_large_dims_still_loads(tmp_path):
+    import numpy as np
+
+    import tdz_numba
+
+    p = tmp_path / "z.tdz"
+    p.write_bytes(_zip({"meta.json": json.dumps({"x": _leaf_meta([0, 2**40]), "shape": [], **_TD}).encode()}))
+    with tdz_numba.open(p) as ar:
+        assert tuple(ar["x"].shape) == (0, 2**40)
+        assert ar.numpy("x").shape == (0, 2**40) and ar.numpy("x").dtype == np.float32
+
+
+def _deep_levels(n: int) -> bytes:
+    entries = {}
+    for i in range(n + 1):
+        meta = {"d": {"type": "TensorDict"}} if i < n else {"x": _leaf_meta([2])}
+        entries["d/" * i + "meta.json"] = json.dumps(meta | {"shape": [], **_TD}).encode()
+    entries["d/" * n + "x.memmap"] = bytes(8)
+    return _zip(entries)
+
+
+def test_1100_nested_levels_walked_iteratively(tmp_path):
+    import tdz_numba
+
+    p = tmp_path / "deep.tdz"
+    p.write_bytes(_deep_levels(1100))
+    tree = tdz_numba.load(p)
+    depth = 0
+    while "d" in tree:
+        tree, depth = tree["d"], depth + 1
+    assert depth == 1100 and tree["x"].tolist() == [0.0, 0.0]
+    with tdz_numba.open(p) as ar:
+        (path, leaf), = list(ar.leaves())  # fmt: skip
+        assert path == "d/" * 1100 + "x" and leaf.shape == (2,)
+    assert tdz_numba.verify(p).levels == 1101
