@@ -161,7 +161,8 @@ def _dup_central(data: bytearray, fields: list[Field], rng: random.Random) -> st
     count, cd_size = struct.unpack_from("<H4xI", data, e + 8)[0], struct.unpack_from("<I", data, e + 12)[0]
     data[e:e] = rec
     e += len(rec)
-    struct.pack_into("<HHI", data, e + 8, (count + 1) & 0xFFFF, (count + 1) & 0xFFFF, cd_size + len(rec))
+    struct.pack_into("<HHI", data, e + 8, (count + 1) & 0xFFFF, (count + 1) & 0xFFFF,
+                     (cd_size + len(rec)) & 0xFFFFFFFF)  # fmt: skip
     return f"dup central[{k}]"
 
 
@@ -301,6 +302,22 @@ def _entry_mutation(data: bytes, rng: random.Random) -> tuple[bytes, str] | None
     return rebuild(members, extra_members=[(new_name, payload)]), f"entry: add {new_name[:40]!r}"
 
 
+def _apply(kind: str, data: bytearray, fields: list[Field], rng: random.Random) -> str:
+    if kind == "field":
+        return _field_edit(data, fields, rng)
+    if kind == "name":
+        return _name_edit(data, fields, rng)
+    if kind == "flip":
+        return _flip(data, rng, fields)
+    if kind == "bytes":
+        return _random_bytes(data, rng, fields)
+    if kind == "truncate":
+        return _truncate(data, rng, fields)
+    if kind == "append":
+        return _append(data, rng)
+    return _dup_central(data, fields, rng)
+
+
 def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, str]:
     """One hostile input from ``seed``, and a description of the edits."""
     data = bytearray(seed)
@@ -320,18 +337,8 @@ def mutate(seed: bytes, rng: random.Random) -> tuple[bytes, str]:
                 continue
             kind = "field"
         fields = field_map(bytes(data))
-        if kind == "field":
-            done.append(_field_edit(data, fields, rng))
-        elif kind == "name":
-            done.append(_name_edit(data, fields, rng))
-        elif kind == "flip":
-            done.append(_flip(data, rng, fields))
-        elif kind == "bytes":
-            done.append(_random_bytes(data, rng, fields))
-        elif kind == "truncate":
-            done.append(_truncate(data, rng, fields))
-        elif kind == "append":
-            done.append(_append(data, rng))
-        else:
-            done.append(_dup_central(data, fields, rng))
+        try:
+            done.append(_apply(kind, data, fields, rng))
+        except (struct.error, IndexError, ValueError):  # a field cut short by an earlier edit
+            done.append(_flip(data, rng))
     return bytes(data), "; ".join(done)
