@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import struct
 
 from .zipmodel import Field, entries, field_map, rebuild
@@ -54,6 +55,7 @@ _TYPES = ["<class 'tensordict._td.TensorDict'>", "<class 'tensordict.tensorclass
           "<class 'x.Y'>", "<class ''>", 5, None, ""]  # fmt: skip
 _NAMES = [b"", b"/", b"meta.json/", b"../x", b"/abs", b"a//b", b"./meta.json", b"\xff\xfe", b"a\x00b",
           b"x" * 300, b"q/" * 1500 + b"f", b"C:\\x", b"meta.json", b"%", b"..", b"a\\b"]  # fmt: skip
+_CRITICAL = re.compile(r"size|offset|count|hoff|zip64_|seg_|len|z64_end|n_disk|extra_id")
 KINDS = ("field", "field", "field", "field", "name", "flip", "bytes", "truncate", "append", "dup",
          "meta", "meta", "meta", "meta", "entry")  # fmt: skip
 
@@ -76,9 +78,11 @@ def _field_edit(data: bytearray, fields: list[Field], rng: random.Random) -> str
     ints = [f for f in fields if f.kind == "int" and f.width in (2, 4, 8)]
     if not ints:
         return _flip(data, rng)
-    # favour the rarer records so that each kind gets hit
+    # half the time a size, offset or count (the fields the reader must bound), the other half any
+    # field; either way the record kind is drawn first, so that rare records (zip64) get hit
+    pool = [f for f in ints if _CRITICAL.search(f.name)] if rng.random() < 0.5 else ints
     by_record: dict[str, list[Field]] = {}
-    for f in ints:
+    for f in pool or ints:
         by_record.setdefault(f.record, []).append(f)
     rec = rng.choice(sorted(by_record))
     f = rng.choice(by_record[rec])

@@ -5,7 +5,8 @@ mutations (:mod:`fuzz.mutators`) and one op (cycling through the five ops).
 Cases run in ``jobs`` worker processes (:mod:`fuzz.worker`), one case at a
 time each, with a ``timeout`` per case and ``RLIMIT_AS`` of 4 GiB; a worker
 that dies (signal) or hangs is killed and restarted, and the case is counted
-as ``signal`` or ``timeout``. Pass = ``accepted`` or ``tdzerror`` (a
+as ``signal`` or ``timeout`` (a case that times out is retried once in a
+fresh worker with three times the timeout: a busy machine is not a hang). Pass = ``accepted`` or ``tdzerror`` (a
 :class:`~tdz_numba.TdzError`; ``is_archive`` must return False instead);
 ``other``, ``memory``, ``signal`` and ``timeout`` are failures, and their
 inputs are written to ``OUT/failures``.
@@ -134,6 +135,13 @@ class _Worker:
             self.stderr.close()
 
     def run(self, case: Case) -> dict:
+        rec = self._run(case, self.timeout)
+        if rec["cat"] == "timeout":  # a busy machine, or a hang: a hang hangs again, with 3x the time
+            rec = self._run(case, 3 * self.timeout)
+            rec["retried"] = True
+        return rec
+
+    def _run(self, case: Case, timeout: float) -> dict:
         if self.proc is None:
             self.start()
         path = self.dir / "case.bin"
@@ -145,7 +153,7 @@ class _Worker:
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass
-        line = self._readline(self.timeout)
+        line = self._readline(timeout)
         secs = time.perf_counter() - t0
         if line:
             rec = json.loads(line)
