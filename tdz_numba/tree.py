@@ -504,14 +504,9 @@ def describe_level(meta: Any, prefix: str, listing: Callable[[], tuple[set[str],
                     f"nor 'type': {value!r:.200}"
                 )
             shape, dtype = value["shape"], value["dtype"]
-            nested = value.get("is_nested", False)
-            if type(dtype) is not str or type(nested) is not bool:
-                raise BadArchiveError(
-                    f"{where}: leaf {key!r}: 'dtype' must be a str and 'is_nested' a bool, found "
-                    f"{dtype!r:.100} and {nested!r:.100}"
-                )
-            # nested leaves: the shape is that of their int64 sizes
-            itemsize = 8 if nested else _ITEMSIZE.get(dtype, 1)
+            nested = bool(value.get("is_nested", False))
+            # nested leaves: the shape is that of their int64 sizes; a bad dtype fails on access
+            itemsize = 8 if nested else _ITEMSIZE.get(dtype, 1) if type(dtype) is str else 1
             if type(shape) is not list or not _is_shape(shape, itemsize):
                 check_shape(shape, itemsize, f"{where}: leaf {key!r}")
             spec = LeafSpec(key, prefix + fname + ".memmap", value["dtype"], tuple(shape), nested,

@@ -787,7 +787,17 @@ def test_bad_leaf_shape(shape, base, tmp_path):
     _raises(BadArchiveError, lambda: tdz_numba.verify(path), "'a'")
 
 
-@pytest.mark.parametrize("shape", [[11], [5], [2, 5, 2], [0], [2**40, 2**40], [2**62, 2**62, 2**62]])
+@pytest.mark.parametrize("shape", [[2**40, 2**40], [2**62, 2**62, 2**62], [0, 2**62], [2**63]])
+def test_leaf_shape_too_large(shape, base, tmp_path):
+    # refused when the level is read: the byte size and strides must fit in 64 bits
+    meta = meta_of(base)
+    meta["a"]["shape"] = shape
+    path = _with_meta(base, tmp_path, meta)
+    for op in (tdz_numba.open, tdz_numba.load, tdz_numba.verify):
+        _raises(BadArchiveError, lambda: op(path), "'a'", "bad shape")  # noqa: B023
+
+
+@pytest.mark.parametrize("shape", [[11], [5], [2, 5, 2], [0], [2**20, 2**20]])
 def test_leaf_size_disagrees_with_shape(shape, base, tmp_path):
     meta = meta_of(base)
     meta["a"]["shape"] = shape

@@ -8,6 +8,7 @@
   ``0x6474`` padding and ``0x7A74`` segment-table blocks, data descriptors) set
   to an interesting value: 0, all ones, signed and unsigned limits, values
   near 2**63 and 2**64, the file size, its neighbours, another field's value;
+- ``z64``: a 64-bit size, offset or count set near 2**63 or 2**64;
 - ``name``: a name field overwritten with a hostile name (same length);
 - ``flip`` / ``bytes``: bit flips and random bytes, in headers or anywhere;
 - ``truncate`` / ``append`` / ``dup``: a cut file, trailing junk, a
@@ -56,7 +57,7 @@ _TYPES = ["<class 'tensordict._td.TensorDict'>", "<class 'tensordict.tensorclass
 _NAMES = [b"", b"/", b"meta.json/", b"../x", b"/abs", b"a//b", b"./meta.json", b"\xff\xfe", b"a\x00b",
           b"x" * 300, b"q/" * 1500 + b"f", b"C:\\x", b"meta.json", b"%", b"..", b"a\\b"]  # fmt: skip
 _CRITICAL = re.compile(r"size|offset|count|hoff|zip64_|seg_|len|z64_end|n_disk|extra_id")
-KINDS = ("field", "field", "field", "field", "name", "flip", "bytes", "truncate", "append", "dup",
+KINDS = ("field", "field", "field", "field", "z64", "name", "flip", "bytes", "truncate", "append", "dup",
          "meta", "meta", "meta", "meta", "entry")  # fmt: skip
 
 
@@ -93,6 +94,20 @@ def _field_edit(data: bytearray, fields: list[Field], rng: random.Random) -> str
     new = _int_values(f, old, len(data), rng, others)
     struct.pack_into(fmt, data, f.offset, new)
     return f"field {f.record}[{f.index}].{f.name}@{f.offset}: {old}->{new}"
+
+
+def _z64_edit(data: bytearray, fields: list[Field], rng: random.Random) -> str:
+    """A 64-bit size, offset or count (zip64 extra, zip64 end record, locator) near 2**63 or 2**64:
+    where ``offset + header size`` overflows a signed or unsigned 64-bit sum."""
+    wide = [f for f in fields if f.width == 8 and f.kind == "int"]
+    if not wide:
+        return _field_edit(data, fields, rng)
+    f = rng.choice(wide)
+    old = struct.unpack_from("<Q", data, f.offset)[0]
+    k = rng.choice([1, 2, 10, 22, 30, 46, 56, 64, 4096, old % 4096])
+    new = rng.choice([2**63 - k, 2**63 + k, 2**64 - k, 2**63 - old, 2**64 - old, 2**62 + old]) & (2**64 - 1)
+    struct.pack_into("<Q", data, f.offset, new)
+    return f"z64 {f.record}[{f.index}].{f.name}@{f.offset}: {old}->{new}"
 
 
 def _name_edit(data: bytearray, fields: list[Field], rng: random.Random) -> str:
@@ -311,6 +326,8 @@ def _apply(kind: str, data: bytearray, fields: list[Field], rng: random.Random) 
         return _field_edit(data, fields, rng)
     if kind == "name":
         return _name_edit(data, fields, rng)
+    if kind == "z64":
+        return _z64_edit(data, fields, rng)
     if kind == "flip":
         return _flip(data, rng, fields)
     if kind == "bytes":

@@ -187,6 +187,7 @@ def make_seeds(work: Path) -> list[Seed]:
                                "g": np.zeros(0, np.float64), "sub": {"h": torch.zeros(0)},
                                "full": torch.ones(2)}, work / "empty.tdz"), ("sub",))  # fmt: skip
     s["zip64"] = (to_zip64(s["stored"][0]), ("obs",))
+    s["zip64_deflate"] = (to_zip64(s["deflate_segments"][0]), ("sub",))
     s["descriptors"] = (_descriptor_zip(s["deflate_segments"][0]), ("sub",))
     s.update(_td_seeds(work))
     s["deep_levels"] = (_deep_levels(), ("d", "d/d/d"))
@@ -195,7 +196,7 @@ def make_seeds(work: Path) -> list[Seed]:
 
 
 SEED_NAMES = ("stored", "deflate_segments", "bzip2", "lzma", "nested", "nested_tensor", "lazy_stack",
-              "tensorclass", "non_tensor", "empty_leaves", "zip64", "descriptors", "td_stored", "td_deflate",
+              "tensorclass", "non_tensor", "empty_leaves", "zip64", "zip64_deflate", "descriptors", "td_stored", "td_deflate",
               "td_bzip2", "td_lazy", "deep_levels", "long_name")  # fmt: skip
 
 
