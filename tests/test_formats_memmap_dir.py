@@ -135,3 +135,14 @@ def test_registry_two_line_extension(tmp_path):
         assert formats.detect(p) == "fake"
     finally:
         del formats.FORMATS["fake"]
+
+
+def test_open_source_reuses_a_sniff(tmp_path):
+    from tdz_numba.formats.detect import sniff
+
+    p = tmp_path / "x.pt"
+    torch.save({"a": torch.arange(3)}, p)
+    name, ctx = sniff(p)
+    assert name == "torch" and ctx is not None
+    src = formats.open_source(p, sniffed=(name, ctx))
+    assert formats.to_tree(src)["a"].tolist() == [0, 1, 2]

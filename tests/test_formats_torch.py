@@ -366,3 +366,11 @@ def test_quantized_and_sparse_refused(tmp_path):
     torch.save({"s": torch.eye(3).to_sparse()}, p)
     with pytest.raises(UnsupportedError, match="sparse"):
         formats.open_source(p)
+
+
+def test_negative_dims_with_positive_product(tmp_path):
+    s = _S("0", torch.FloatStorage, 12)
+    p = tmp_path / "neg.pt"
+    _write_pt(p, {"a": _T(s, 0, (-2, -3), (1, 1))}, {"0": bytes(48)})
+    with pytest.raises(BadArchiveError):
+        open_torch(p)

@@ -33,7 +33,8 @@ from .detect import opener as _opener
 __all__ = ["open_source", "detect", "register", "FORMATS", "to_tree"]
 
 
-def open_source(path: str | os.PathLike, *, copy: bool = False, **options: Any) -> Source | None:
+def open_source(path: str | os.PathLike, *, copy: bool = False, sniffed: tuple[str, Any] | None = None,
+                **options: Any) -> Source | None:  # fmt: skip
     """Opens a tensor file of any supported format other than ``.tdz``.
 
     Parameters
@@ -43,6 +44,10 @@ def open_source(path: str | os.PathLike, *, copy: bool = False, **options: Any) 
     copy : bool
         Recorded on the source (``source.copy``); leaves are made by
         :func:`~tdz_numba.sources.tensor_from_spec`, which copies on request.
+    sniffed : (str, context), optional
+        What :func:`~tdz_numba.formats.detect.sniff` returned for ``path``, when the
+        caller sniffed it already: the zip index it parsed is reused (and owned
+        by the source from here on), so the file is not parsed twice.
     **options
         Passed to the format's opener (unknown ones are ignored).
 
@@ -61,9 +66,10 @@ def open_source(path: str | os.PathLike, *, copy: bool = False, **options: Any) 
         A torch file whose pickle names anything but tensor reconstruction,
         numpy object arrays.
     """
-    name, ctx = sniff(path)
+    name, ctx = sniff(path) if sniffed is None else sniffed
     if name == "tdz":
-        ctx.close()
+        if ctx is not None:
+            ctx.close()
         return None
     try:
         fn = _opener(name)

@@ -38,13 +38,14 @@ from typing import Any, NamedTuple
 import torch
 
 from ..dtypes import dtype_table
-from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
+from ..errors import BadArchiveError, TdzError, UnsafeContentError, UnsupportedError
 
 __all__ = ["load", "TensorRef", "StorageType", "MAX_PICKLE_BYTES", "MAX_MEMO", "MAX_STACK", "MAX_ITEMS",
            "GLOBALS"]  # fmt: skip
 
-#: Largest pickle this VM reads (tensor data lives outside the pickle).
-MAX_PICKLE_BYTES = 256 << 20
+#: Largest pickle this VM reads (tensor data lives outside the pickle). Every opcode pushes at
+#: most one item, so this also bounds the stack between MARKs.
+MAX_PICKLE_BYTES = 64 << 20
 #: Most memo entries.
 MAX_MEMO = 1 << 22
 #: Most items on the stack (all frames) and nested MARKs.
@@ -313,8 +314,10 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pick
     except struct.error:
         raise BadArchiveError(f"{where}: truncated pickle") from None
     except (TypeError, KeyError, AttributeError, ValueError, RecursionError, OverflowError) as exc:
-        if isinstance(exc, (BadArchiveError, UnsupportedError)):
+        if isinstance(exc, TdzError):
             raise
+        if type(exc) is KeyError:
+            raise BadArchiveError(f"{where}: memo key {exc} was never stored (or an unhashable dict key)") from None
         raise BadArchiveError(f"{where}: malformed pickle: {type(exc).__name__}: {exc}") from None
 
 
@@ -356,20 +359,25 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
         except UnicodeDecodeError:
             raise BadArchiveError(f"{where}: GLOBAL name at byte {start} is not ASCII") from None
 
-    def check_stack() -> None:
-        if below + len(stack) > MAX_STACK:
-            raise BadArchiveError(f"{where}: more than {MAX_STACK} items on the stack")
-
     memo_put = memo.__setitem__  # BINPUT keys are one byte; the wider puts check the size
     push = stack.append
     while True:
         op = data[pos]
         pos += 1
-        if op == 0x71:  # q BINPUT
-            memo_put(data[pos], stack[-1])
+        # the opcodes of a torch state dict first, most frequent first (an if-chain is the dispatch)
+        if op == 0x72:  # r LONG_BINPUT
+            if len(memo) >= MAX_MEMO:
+                raise BadArchiveError(f"{where}: more than {MAX_MEMO} memo entries")
+            memo_put(_U(data, pos)[0], stack[-1])
+            pos += 4
+        elif op == 0x4B:  # K BININT1
+            push(data[pos])
             pos += 1
-        elif op == 0x68:  # h BINGET
-            push(memo_get(data[pos]))
+        elif op == 0x68:  # h BINGET (a miss is a KeyError: load() reports it)
+            push(memo[data[pos]])
+            pos += 1
+        elif op == 0x71:  # q BINPUT
+            memo_put(data[pos], stack[-1])
             pos += 1
         elif op == 0x28:  # ( MARK
             below += len(stack)
@@ -378,28 +386,55 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
                 raise BadArchiveError(f"{where}: more than {MAX_STACK} items or marks on the stack")
             stack = []
             push = stack.append
-        elif op == 0x4B:  # K BININT1
-            push(data[pos])
-            pos += 1
-        elif op == 0x58:  # X BINUNICODE
-            (length,) = _U(data, pos)
-            push(text(pos + 4, length))
-            pos += 4 + length
-        elif op == 0x8C:  # SHORT_BINUNICODE
-            length = data[pos]
-            push(text(pos + 1, length))
-            pos += 1 + length
-        elif op == 0x74 or op == 0x6C or op == 0x64 or op == 0x65 or op == 0x75 or op == 0x91 or op == 0x90:
-            # t TUPLE, l LIST, d DICT, e APPENDS, u SETITEMS, FROZENSET, ADDITEMS: all pop a MARK
+        elif op == 0x74:  # t TUPLE
             if not metastack:
                 raise no_mark()
             items = stack
             stack = metastack.pop()
             below -= len(stack)
             push = stack.append
-            if op == 0x74:
-                push(tuple(items))
-            elif op == 0x75 or op == 0x64:
+            push(tuple(items))
+        elif op == 0x86:  # TUPLE2
+            b = stack.pop()
+            stack[-1] = (stack[-1], b)
+        elif op == 0x58:  # X BINUNICODE
+            (length,) = _U(data, pos)
+            pos += 4
+            raw = data[pos : pos + length]
+            if len(raw) != length:
+                raise BadArchiveError(f"{where}: string of {length} bytes runs past the end of the pickle")
+            push(raw.decode("utf-8", "surrogatepass"))  # a UnicodeDecodeError is a ValueError: reported
+            pos += length
+        elif op == 0x52:  # R REDUCE
+            args = stack.pop()
+            fn = stack[-1]
+            if type(fn) is not _Fn:
+                raise BadArchiveError(f"{where}: REDUCE of a {type(fn).__name__}, not an allowed callable")
+            stack[-1] = _call(fn, args, where)
+        elif op == 0x51:  # Q BINPERSID
+            pid = stack[-1]
+            if type(pid) is not tuple or len(pid) < 2 or type(pid[1]) is not StorageType:
+                raise BadArchiveError(f"{where}: persistent id {_short(pid)} is not a storage id")
+            stack[-1] = _Storage(persistent_load(pid), pid[1])
+        elif op == 0x89:  # NEWFALSE
+            push(False)
+        elif op == 0x29:  # ) EMPTY_TUPLE
+            push(())
+        elif op == 0x85:  # TUPLE1
+            stack[-1] = (stack[-1],)
+        elif op == 0x8C:  # SHORT_BINUNICODE
+            length = data[pos]
+            push(text(pos + 1, length))
+            pos += 1 + length
+        elif op == 0x6C or op == 0x64 or op == 0x65 or op == 0x75 or op == 0x91 or op == 0x90:
+            # l LIST, d DICT, e APPENDS, u SETITEMS, FROZENSET, ADDITEMS: all pop a MARK
+            if not metastack:
+                raise no_mark()
+            items = stack
+            stack = metastack.pop()
+            below -= len(stack)
+            push = stack.append
+            if op == 0x75 or op == 0x64:
                 if len(items) % 2:
                     raise BadArchiveError(f"{where}: odd number of items for a dict")
                 if op == 0x64:
@@ -433,32 +468,12 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
                 target.update(items)
                 if len(target) > MAX_ITEMS:
                     raise BadArchiveError(f"{where}: a set of more than {MAX_ITEMS} items")
-        elif op == 0x85:  # TUPLE1
-            stack[-1] = (stack[-1],)
-        elif op == 0x86:  # TUPLE2
-            b = stack.pop()
-            stack[-1] = (stack[-1], b)
         elif op == 0x87:  # TUPLE3
             c = stack.pop()
             b = stack.pop()
             stack[-1] = (stack[-1], b, c)
-        elif op == 0x52:  # R REDUCE
-            args = stack.pop()
-            fn = stack[-1]
-            if not isinstance(fn, _Fn):
-                raise BadArchiveError(f"{where}: REDUCE of a {type(fn).__name__}, not an allowed callable")
-            stack[-1] = _call(fn, args, where)
-        elif op == 0x51:  # Q BINPERSID
-            pid = stack[-1]
-            if not isinstance(pid, tuple) or len(pid) < 2 or not isinstance(pid[1], StorageType):
-                raise BadArchiveError(f"{where}: persistent id {_short(pid)} is not a storage id")
-            stack[-1] = _Storage(persistent_load(pid), pid[1])
-        elif op == 0x89:  # NEWFALSE
-            push(False)
         elif op == 0x88:  # NEWTRUE
             push(True)
-        elif op == 0x29:  # ) EMPTY_TUPLE
-            push(())
         elif op == 0x4E:  # N NONE
             push(None)
         elif op == 0x7D:  # } EMPTY_DICT
@@ -487,11 +502,6 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
         elif op == 0x47:  # G BINFLOAT
             push(_D(data, pos)[0])
             pos += 8
-        elif op == 0x72:  # r LONG_BINPUT
-            if len(memo) >= MAX_MEMO:
-                raise BadArchiveError(f"{where}: more than {MAX_MEMO} memo entries")
-            memo_put(_U(data, pos)[0], stack[-1])
-            pos += 4
         elif op == 0x6A:  # j LONG_BINGET
             push(memo_get(_U(data, pos)[0]))
             pos += 4
@@ -613,5 +623,3 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
             raise UnsupportedError(f"{where}: text opcode {_name(op)} (pickle protocol 0) is not read")
         else:
             raise BadArchiveError(f"{where}: unknown pickle opcode 0x{op:02x} at byte {pos - 1}")
-        if len(stack) > 65536:
-            check_stack()

@@ -36,13 +36,14 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..dtypes import dtype_table
 from ..errors import BadArchiveError, UnsupportedError
 from ..reader import ArchiveIndex
 from ..records import STORED
 from ..sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
 from ..tree import Level
 from . import pickle_vm
-from ._shape import check_shape
+from ._shape import MAX_NDIM, check_shape
 from .detect import zip_kind
 
 __all__ = ["open_torch", "open_torch_legacy"]
@@ -144,21 +145,42 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
     return TreeSource("torch", path, tree, files=[f], metadata={})
 
 
-def _spec(ref: pickle_vm.TensorRef, key: str, where: str, size: int) -> TensorSpec:
+def _spec(ref: pickle_vm.TensorRef, key: str, where: str, size: int, contiguous: dict) -> TensorSpec:
     rec = ref.storage
-    if not isinstance(rec, _Record):
+    if type(rec) is not _Record:
         raise BadArchiveError(f"{where}: tensor {key!r} is not backed by a storage record")
-    itemsize = ref.dtype.itemsize
-    check_shape(ref.shape, ref.stride if all(s >= 0 for s in ref.stride) else None, itemsize,
-                f"{where}: tensor {key!r}")  # negative strides are refused by check_extent
+    dtype = ref.dtype
+    itemsize = dtype.itemsize
     start = ref.offset * itemsize
+    shape, stride = ref.shape, ref.stride
+    spec = TensorSpec(key, dtype, shape, stride, 0, rec.offset + start, rec.nbytes - start, _TYPE_NAMES[dtype])
+    # the common case, checked cheaply: C-contiguous, non-empty, inside its record
+    c = contiguous.get(shape, False)
+    if c is False:
+        c = contiguous[shape] = _c_strides(shape) if len(shape) <= MAX_NDIM else None
+    if c == stride and spec.numel * itemsize <= rec.nbytes - start:
+        return spec
     if start > rec.nbytes:
         raise BadArchiveError(f"{where}: tensor {key!r}: storage offset {ref.offset} is past its storage "
                               f"{rec.key!r} ({rec.nbytes} bytes)")  # fmt: skip
-    spec = TensorSpec(key, ref.dtype, ref.shape, ref.stride, 0, rec.offset + start, rec.nbytes - start,
-                      str(ref.dtype)[len("torch."):])  # fmt: skip
+    check_shape(shape, stride if all(s >= 0 for s in stride) else None, itemsize,
+                f"{where}: tensor {key!r}")  # negative strides are refused by check_extent
     check_extent(spec, size, f"{where}: storage {rec.key!r}")
     return spec
+
+
+def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """C-contiguous strides of a shape of positive dims (None otherwise: the slow path checks it)."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        if d <= 0:
+            return None
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+_TYPE_NAMES = {dt: str(dt)[len("torch.") :] for dt in dtype_table().values()}
 
 
 _CONTAINERS = (dict, list, tuple)
@@ -216,12 +238,13 @@ def _key(k: Any, where: str) -> str:
 def _to_tree(root: Any, where: str, size: int) -> Level:
     """The level tree of the unpickled object (containers with tensors -> levels)."""
     if isinstance(root, pickle_vm.TensorRef):
-        return Level({"0": _spec(root, "0", where, size)}, meta={"_torch_type": "Tensor"})
+        return Level({"0": _spec(root, "0", where, size, {})}, meta={"_torch_type": "Tensor"})
     if isinstance(root, _INTERNAL):
         raise UnsupportedError(f"{where}: the pickle holds {_what(root)}, not tensor data")
     if not isinstance(root, _CONTAINERS):
         return Level({"0": root}, meta={"_torch_type": type(root).__name__})
     holds = _holds_tensor(root, where)
+    contiguous: dict[tuple[int, ...], tuple[int, ...]] = {}
     out = Level(meta={"_torch_type": type(root).__name__})
     stack: list[tuple[Any, Level, str]] = [(root, out, "")]
     while stack:
@@ -232,7 +255,7 @@ def _to_tree(root: Any, where: str, size: int) -> Level:
             if key in level:
                 raise UnsupportedError(f"{where}: two keys of {path or '<root>'} both read as {key!r}")
             if isinstance(value, pickle_vm.TensorRef):
-                level[key] = _spec(value, path + key, where, size)
+                level[key] = _spec(value, path + key, where, size, contiguous)
             elif isinstance(value, dict) or (isinstance(value, _CONTAINERS) and holds.get(id(value))):
                 level[key] = sub = Level(meta={"_torch_type": type(value).__name__})
                 stack.append((value, sub, path + key + "/"))
