@@ -342,7 +342,9 @@ class TdzStorageReader(StorageReader):
             try:
                 index = ar._index
                 if hasattr(index, "fetch"):  # remote: every needed leaf in one coalesced batch
-                    rows = [index.row(encode_key(self.storage_data[r.storage_index].key) + ".memmap") for r in reqs]
+                    names = ["meta.json"] + [encode_key(self.storage_data[r.storage_index].key) + ".memmap"
+                                             for r in reqs]  # fmt: skip
+                    rows = [index.row(n) for n in names]
                     index.fetch([r for r in rows if r is not None])
                 for req in reqs:
                     key = self.storage_data[req.storage_index].key

@@ -9,7 +9,8 @@ and keeps the object's bytes in one sparse anonymous mapping the size of the
 object: a range is fetched into its place there before any leaf views it, so
 the whole :class:`~tdz_numba.Archive` machinery (levels, zero-copy leaves
 over one buffer, parallel inflate) works unchanged. Nothing is fetched at
-open but the tail; each level's ``meta.json`` when first reached; a leaf on
+open but the tail; each level's ``meta.json`` when first reached (listing the
+root: a second request); a leaf on
 access (its local header and payload in one request). ``to_dict``/``load``
 fetch every entry below the level at once: extents sorted, adjacent ones
 merged, small gaps bridged, cut into parts fetched concurrently
@@ -348,6 +349,12 @@ class RemoteIndex(ArchiveIndex):
 class RemoteArchive(Archive):
     """An :class:`~tdz_numba.Archive` over a :class:`RemoteIndex`: ``to_dict`` fetches every
     entry below the level in one coalesced, concurrent batch first."""
+
+    def __init__(self, state: _State, prefix: str = "") -> None:
+        # unlike a local open, the level's meta.json is fetched when first needed (listing,
+        # a key, to_dict): opening costs the tail read only
+        self._state = state
+        self._prefix = prefix
 
     def _sub(self, prefix: str) -> Archive:
         view = self._state.views.get(prefix)
