@@ -68,6 +68,7 @@ ATTEMPTS = 3
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*::?//|^[A-Za-z][A-Za-z0-9+.\-]*::")
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
 
 
 class RemoteError(TdzError, OSError):
@@ -259,8 +260,12 @@ class RemoteIndex(ArchiveIndex):
         parts = [(a, min(a + PART_BYTES, b)) for a0, b in spans for a in range(a0, b, PART_BYTES)]
         for g in range(0, len(parts), GROUP_PARTS):
             todo = parts[g : g + GROUP_PARTS]
+            faults = self._populate(todo)  # page faults taken while the bytes travel
             for attempt in range(ATTEMPTS):
                 got = self.fetcher.ranges([a for a, _ in todo], [b for _, b in todo])
+                if faults is not None:
+                    faults.join()
+                    faults = None
                 failed = []
                 for (a, b), data in zip(todo, got):
                     if isinstance(data, (bytes, bytearray, memoryview)) and len(data) == b - a:
@@ -278,6 +283,26 @@ class RemoteIndex(ArchiveIndex):
                                       f"{ATTEMPTS} attempts: {why}")  # fmt: skip
                 todo = [span for span, _ in failed]
                 time.sleep(0.05 * 4**attempt)
+
+    def _populate(self, parts: list[tuple[int, int]]) -> threading.Thread | None:
+        """Pre-faults the pages of ``parts`` (``MADV_POPULATE_WRITE``, Linux >= 5.14) in a thread,
+        so that placing the fetched bytes is a plain copy. None when not worth it or unsupported."""
+        if _POPULATE_WRITE is None or sum(b - a for a, b in parts) < (1 << 20):
+            return None
+        page = mmap.PAGESIZE
+        spans = [(a - a % page, b) for a, b in parts]
+        mm = self._mmap
+
+        def run() -> None:
+            for a, b in spans:
+                try:
+                    mm.madvise(_POPULATE_WRITE, a, b - a)
+                except (OSError, ValueError):  # an older kernel: the copy faults the pages in
+                    return
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
 
     def _spans(self, rows: np.ndarray) -> list[tuple[int, int]]:
         """Coalesced extents of ``rows``: adjacent merged, gaps up to :data:`MAX_GAP` bridged
