@@ -22,3 +22,7 @@ def small_tree():
 
 def pytest_report_header(config):
     return f"NUMBA_CACHE_DIR={os.environ.get('NUMBA_CACHE_DIR', '<default>')}"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fuzz: long fuzzing runs; they skip unless selected with -m fuzz")

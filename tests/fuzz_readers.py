@@ -14,7 +14,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-__all__ = ["run_fuzz", "fuzz_iterations"]
+__all__ = ["run_fuzz", "fuzz_iterations", "require_fuzz_selected", "LONG_ITERATIONS"]
+
+#: Mutants per reader in the ``-m fuzz`` runs (``$TDZ_FUZZ_ITERS`` overrides).
+LONG_ITERATIONS = 20000
 
 _CHILD = textwrap.dedent(
     r'''
@@ -98,6 +101,14 @@ _CHILD = textwrap.dedent(
 def fuzz_iterations(default: int) -> int:
     """Iterations per fuzz test: ``default``, or ``$TDZ_FUZZ_ITERS`` when set (long runs)."""
     return int(os.environ.get("TDZ_FUZZ_ITERS", default))
+
+
+def require_fuzz_selected(request) -> None:
+    """Skips a long ``@pytest.mark.fuzz`` test unless the run selected it with ``-m fuzz``."""
+    import pytest
+
+    if "fuzz" not in (request.config.getoption("markexpr", "") or ""):
+        pytest.skip("long fuzzing run: select it with -m fuzz")
 
 
 def run_fuzz(seed: Path, reader: str, n: int, tmp_path: Path, *, rseed: int = 0, head: int = 0,

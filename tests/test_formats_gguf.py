@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from fuzz_readers import fuzz_iterations, run_fuzz
+from fuzz_readers import LONG_ITERATIONS, fuzz_iterations, require_fuzz_selected, run_fuzz
 
 from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError, UnsupportedError
 from tdz_numba.formats.gguf import GGML_TYPES, dequantize, detect_gguf, open_gguf
@@ -331,3 +331,28 @@ def test_detect_and_open_source(tmp_path):
     src = formats.open_source(path)
     assert src.format == "gguf" and formats.to_tree(src)["w"].shape == (2, 32)
     src.close()
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K"])
+def test_dequantize_accepts_block_view_shape(name):
+    """Archive.dequantize passes the leaf's own (block view) shape."""
+    rng = np.random.default_rng(8)
+    _, block, tsize = GGML_TYPES[T[name].value]
+    raw = _random_blocks(rng, name, 6, True).reshape(3, 2 * tsize)
+    got = dequantize(torch.from_numpy(raw), name, raw.shape)
+    assert tuple(got.shape) == (3, 2 * block)
+    assert _same_bits(_ref(raw, name), got.numpy())
+
+
+@pytest.mark.fuzz
+def test_fuzz_gguf_long(tmp_path, request):
+    require_fuzz_selected(request)
+    rng = np.random.default_rng(9)
+    seed = _write(tmp_path / "seed.gguf", {
+        "f": (rng.standard_normal((3, 32)).astype(np.float32), None),
+        "q5": (gguf_quantize(rng.standard_normal((2, 64)).astype(np.float32), T.Q5_1), T.Q5_1),
+        "q6k": (_random_blocks(rng, "Q6_K", 2, True).reshape(1, -1), T.Q6_K),
+    })  # fmt: skip
+    n = fuzz_iterations(LONG_ITERATIONS)
+    run_fuzz(seed, "tdz_numba.formats.gguf.open_gguf", n, tmp_path, rseed=1, head=open_gguf(seed).data_start,
+             suffix=".gguf", timeout=max(120.0, n / 20))  # fmt: skip

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from fuzz_readers import fuzz_iterations, run_fuzz
+from fuzz_readers import LONG_ITERATIONS, fuzz_iterations, require_fuzz_selected, run_fuzz
 
 from tdz_numba.errors import BadArchiveError, TdzError, UnsupportedError
 from tdz_numba.formats.hdf5 import detect_hdf5, open_hdf5
@@ -192,3 +192,18 @@ def test_detect_and_open_source(tmp_path):
     src = formats.open_source(p)
     assert src.format == "hdf5" and formats.to_tree(src)["g"]["x"].tolist() == [0, 1, 2]
     src.close()
+
+
+@pytest.mark.fuzz
+def test_fuzz_hdf5_long(tmp_path, request):
+    require_fuzz_selected(request)
+    p = tmp_path / "seed.h5"
+    with h5py.File(p, "w") as f:
+        f.attrs["a"] = np.arange(3)
+        f.create_dataset("x", data=np.arange(16.0))
+        f.create_dataset("g/y", data=np.arange(8, dtype=np.int32), chunks=(4,), compression="gzip")
+        f.create_dataset("g/s", data="text")
+        f["g"].attrs["s"] = "t"
+    n = fuzz_iterations(LONG_ITERATIONS)
+    run_fuzz(p, "tdz_numba.formats.hdf5.open_hdf5", n, tmp_path, rseed=1, head=4096, suffix=".h5",
+             timeout=max(120.0, n / 10))  # fmt: skip

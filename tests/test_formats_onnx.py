@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from fuzz_readers import fuzz_iterations, run_fuzz
+from fuzz_readers import LONG_ITERATIONS, fuzz_iterations, require_fuzz_selected, run_fuzz
 
 from tdz_numba.errors import BadArchiveError, TdzError, UnsafeContentError, UnsupportedError
 from tdz_numba.formats.onnx import detect_onnx, open_onnx
@@ -224,3 +224,13 @@ def test_detect_and_open_source(tmp_path):
     src = formats.open_source(p)
     assert src.format == "onnx" and formats.to_tree(src)["w"].tolist() == [0, 1, 2, 3]
     src.close()
+
+
+@pytest.mark.fuzz
+def test_fuzz_onnx_long(tmp_path, request):
+    require_fuzz_selected(request)
+    arrays = _arrays()
+    p = tmp_path / "seed.onnx"
+    onnx.save(_model([numpy_helper.from_array(v, k) for k, v in arrays.items()]), p)
+    n = fuzz_iterations(LONG_ITERATIONS)
+    run_fuzz(p, "tdz_numba.formats.onnx.open_onnx", n, tmp_path, rseed=1, suffix=".onnx", timeout=max(120.0, n / 20))

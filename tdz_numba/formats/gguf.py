@@ -298,6 +298,10 @@ def dequantize(data: Any, ggml_type: int | str, shape: tuple[int, ...] | list[in
                num_threads: int | None = None) -> Any:  # fmt: skip
     """Decodes GGML blocks to float32 of the logical ``shape`` (numpy order, last dim = row).
 
+    ``shape`` may also be the shape of the block view a GGUF leaf has,
+    ``(*rows, bytes_per_row)`` (told apart by the byte count: the two never
+    match the same buffer for a quantized type).
+
     ``data`` holds the raw bytes (a numpy array, a torch tensor or any buffer,
     e.g. the uint8 block view of a GGUF leaf); a torch tensor in gives a torch
     tensor out, anything else a numpy array. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
@@ -335,6 +339,11 @@ def dequantize(data: Any, ggml_type: int | str, shape: tuple[int, ...] | list[in
     else:
         raw = np.frombuffer(data, np.uint8)
     numel = math.prod(shape)
+    logical_ok = block == 1 or (bool(shape) and shape[-1] % block == 0 and numel // block * tsize == raw.size)
+    if block > 1 and not logical_ok and shape and shape[-1] % tsize == 0 and numel == raw.size:
+        # the block view's shape (rows..., bytes_per_row), as GGUF leaves are exposed
+        shape = (*shape[:-1], shape[-1] // tsize * block)
+        numel = math.prod(shape)
     if block > 1 and (not shape or shape[-1] % block):
         raise InvalidArgumentError(f"{name}: row length of shape {list(shape)} is not a multiple of the "
                                    f"block size {block}")  # fmt: skip
