@@ -278,6 +278,7 @@ def _pad(b: bytes, n=32) -> bytes:
         (_pad(_header(1, 0) + _tensor_info(dims=(64,))) + b"\0" * 64, BadArchiveError),  # past the end
         (_pad(_header(1, 0) + _tensor_info(dims=(2**40, 2**40))) + b"\0" * 64, BadArchiveError),
         (_pad(_header(1, 0) + _tensor_info(offset=2**64 - 32)) + b"\0" * 64, BadArchiveError),
+        (_pad(_header(1, 0) + _tensor_info(dims=(0, 2**40, 2**40))) + b"\0" * 64, BadArchiveError),  # empty, huge
         (_pad(_header(1, 0) + _tensor_info(dims=(48,), ggml_type=8)) + b"\0" * 64, BadArchiveError),  # row
         (_pad(_header(1, 0) + _tensor_info(dims=(), ggml_type=12)) + b"\0" * 512, BadArchiveError),
         (_pad(_header(2, 0) + _tensor_info() * 2) + b"\0" * 64, BadArchiveError),  # duplicate name

@@ -212,6 +212,8 @@ def _parse(buf: memoryview, where: str) -> tuple[dict[str, Any], list[GGUFTensor
                                   f"multiple of the {tname} block size {block}")  # fmt: skip
         if offset % alignment:
             raise BadArchiveError(f"{where}: tensor {name!r}: offset {offset} is not a multiple of {alignment}")
+        if math.prod(max(d, 1) for d in dims) * 8 >= 2**63:  # even an empty tensor needs a shape numpy can hold
+            raise BadArchiveError(f"{where}: tensor {name!r}: dimensions {list(dims)} are too large")
         nbytes = math.prod(dims) // block * tsize
         start = data_start + offset
         if start + nbytes > len(buf):
@@ -327,7 +329,7 @@ def dequantize(data: Any, ggml_type: int | str, shape: tuple[int, ...] | list[in
         shape = tuple(operator.index(d) for d in shape)
     except TypeError:
         raise InvalidArgumentError(f"bad shape {shape!r}") from None
-    if any(d < 0 for d in shape):
+    if any(d < 0 for d in shape) or math.prod(max(d, 1) for d in shape) * 8 >= 2**63:
         raise InvalidArgumentError(f"bad shape {list(shape)}")
     is_torch = type(data).__module__.startswith("torch")
     if is_torch:

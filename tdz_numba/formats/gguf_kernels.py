@@ -56,17 +56,22 @@ def half_table() -> np.ndarray:
     return _HALF
 
 
+# Each kernel slices its block (``blk``) and its output (``dst``) once, so the inner
+# loops index from 0 with loop-invariant shifts: no wraparound checks, vectorizable.
+
+
 @njit(**PARALLEL)
 def _q8_0(raw, half, out):  # pragma: no cover - compiled
     n = out.size // 32
     if raw.size != n * 34 or out.size != n * 32 or half.size != 65536:
         return False
     for b in prange(n):
-        p = b * 34
-        d = half[np.int64(raw[p]) | (np.int64(raw[p + 1]) << 8)]
-        o = b * 32
+        blk = raw[b * 34 : b * 34 + 34]
+        dst = out[b * 32 : b * 32 + 32]
+        d = half[np.int64(blk[0]) | (np.int64(blk[1]) << 8)]
+        q = blk[2:34].view(np.int8)
         for j in range(32):
-            out[o + j] = np.float32(np.int8(raw[p + 2 + j])) * d
+            dst[j] = np.float32(q[j]) * d
     return True
 
 
@@ -76,13 +81,14 @@ def _q4_0(raw, half, out):  # pragma: no cover - compiled
     if raw.size != n * 18 or out.size != n * 32 or half.size != 65536:
         return False
     for b in prange(n):
-        p = b * 18
-        d = half[np.int64(raw[p]) | (np.int64(raw[p + 1]) << 8)]
-        o = b * 32
+        blk = raw[b * 18 : b * 18 + 18]
+        dst = out[b * 32 : b * 32 + 32]
+        d = half[np.int64(blk[0]) | (np.int64(blk[1]) << 8)]
+        qs = blk[2:18]
         for j in range(16):
-            q = raw[p + 2 + j]
-            out[o + j] = d * np.float32(np.int32(q & 15) - 8)
-            out[o + 16 + j] = d * np.float32(np.int32(q >> 4) - 8)
+            dst[j] = d * np.float32(np.int32(qs[j] & 15) - 8)
+        for j in range(16):
+            dst[16 + j] = d * np.float32(np.int32(qs[j] >> 4) - 8)
     return True
 
 
@@ -92,14 +98,15 @@ def _q4_1(raw, half, out):  # pragma: no cover - compiled
     if raw.size != n * 20 or out.size != n * 32 or half.size != 65536:
         return False
     for b in prange(n):
-        p = b * 20
-        d = half[np.int64(raw[p]) | (np.int64(raw[p + 1]) << 8)]
-        m = half[np.int64(raw[p + 2]) | (np.int64(raw[p + 3]) << 8)]
-        o = b * 32
+        blk = raw[b * 20 : b * 20 + 20]
+        dst = out[b * 32 : b * 32 + 32]
+        d = half[np.int64(blk[0]) | (np.int64(blk[1]) << 8)]
+        m = half[np.int64(blk[2]) | (np.int64(blk[3]) << 8)]
+        qs = blk[4:20]
         for j in range(16):
-            q = raw[p + 4 + j]
-            out[o + j] = d * np.float32(q & 15) + m
-            out[o + 16 + j] = d * np.float32(q >> 4) + m
+            dst[j] = d * np.float32(qs[j] & 15) + m
+        for j in range(16):
+            dst[16 + j] = d * np.float32(qs[j] >> 4) + m
     return True
 
 
@@ -109,17 +116,16 @@ def _q5_0(raw, half, out):  # pragma: no cover - compiled
     if raw.size != n * 22 or out.size != n * 32 or half.size != 65536:
         return False
     for b in prange(n):
-        p = b * 22
-        d = half[np.int64(raw[p]) | (np.int64(raw[p + 1]) << 8)]
-        qh = (np.uint32(raw[p + 2]) | (np.uint32(raw[p + 3]) << 8)
-              | (np.uint32(raw[p + 4]) << 16) | (np.uint32(raw[p + 5]) << 24))  # fmt: skip
-        o = b * 32
+        blk = raw[b * 22 : b * 22 + 22]
+        dst = out[b * 32 : b * 32 + 32]
+        d = half[np.int64(blk[0]) | (np.int64(blk[1]) << 8)]
+        qh = (np.uint32(blk[2]) | (np.uint32(blk[3]) << 8) | (np.uint32(blk[4]) << 16)
+              | (np.uint32(blk[5]) << 24))  # fmt: skip
+        qs = blk[6:22]
         for j in range(16):
-            q = raw[p + 6 + j]
-            lo = np.int32(q & 15) | (np.int32((qh >> j) & 1) << 4)
-            hi = np.int32(q >> 4) | (np.int32((qh >> (j + 16)) & 1) << 4)
-            out[o + j] = d * np.float32(lo - 16)
-            out[o + 16 + j] = d * np.float32(hi - 16)
+            dst[j] = d * np.float32((np.int32(qs[j] & 15) | (np.int32((qh >> j) & 1) << 4)) - 16)
+        for j in range(16):
+            dst[16 + j] = d * np.float32((np.int32(qs[j] >> 4) | (np.int32((qh >> (j + 16)) & 1) << 4)) - 16)
     return True
 
 
@@ -129,18 +135,17 @@ def _q5_1(raw, half, out):  # pragma: no cover - compiled
     if raw.size != n * 24 or out.size != n * 32 or half.size != 65536:
         return False
     for b in prange(n):
-        p = b * 24
-        d = half[np.int64(raw[p]) | (np.int64(raw[p + 1]) << 8)]
-        m = half[np.int64(raw[p + 2]) | (np.int64(raw[p + 3]) << 8)]
-        qh = (np.uint32(raw[p + 4]) | (np.uint32(raw[p + 5]) << 8)
-              | (np.uint32(raw[p + 6]) << 16) | (np.uint32(raw[p + 7]) << 24))  # fmt: skip
-        o = b * 32
+        blk = raw[b * 24 : b * 24 + 24]
+        dst = out[b * 32 : b * 32 + 32]
+        d = half[np.int64(blk[0]) | (np.int64(blk[1]) << 8)]
+        m = half[np.int64(blk[2]) | (np.int64(blk[3]) << 8)]
+        qh = (np.uint32(blk[4]) | (np.uint32(blk[5]) << 8) | (np.uint32(blk[6]) << 16)
+              | (np.uint32(blk[7]) << 24))  # fmt: skip
+        qs = blk[8:24]
         for j in range(16):
-            q = raw[p + 8 + j]
-            lo = np.int32(q & 15) | (np.int32((qh >> j) & 1) << 4)
-            hi = np.int32(q >> 4) | (np.int32((qh >> (j + 16)) & 1) << 4)
-            out[o + j] = d * np.float32(lo) + m
-            out[o + 16 + j] = d * np.float32(hi) + m
+            dst[j] = d * np.float32(np.int32(qs[j] & 15) | (np.int32((qh >> j) & 1) << 4)) + m
+        for j in range(16):
+            dst[16 + j] = d * np.float32(np.int32(qs[j] >> 4) | (np.int32((qh >> (j + 16)) & 1) << 4)) + m
     return True
 
 
@@ -150,20 +155,20 @@ def _q2_k(raw, half, out):  # pragma: no cover - compiled
     if raw.size != n * 84 or out.size != n * 256 or half.size != 65536:
         return False
     for b in prange(n):
-        p = b * 84
-        d = half[np.int64(raw[p + 80]) | (np.int64(raw[p + 81]) << 8)]
-        dmin = half[np.int64(raw[p + 82]) | (np.int64(raw[p + 83]) << 8)]
-        o = b * 256
+        blk = raw[b * 84 : b * 84 + 84]
+        dst = out[b * 256 : b * 256 + 256]
+        d = half[np.int64(blk[80]) | (np.int64(blk[81]) << 8)]
+        dmin = half[np.int64(blk[82]) | (np.int64(blk[83]) << 8)]
         for k in range(16):
-            sc = raw[p + k]
+            sc = blk[k]
             dl = d * np.float32(sc & 15)
             ml = dmin * np.float32(sc >> 4)
-            c = k // 8
             sh = 2 * ((k % 8) // 2)
-            base = p + 16 + c * 32 + (k % 2) * 16
+            base = 16 + (k // 8) * 32 + (k % 2) * 16
+            q = blk[base : base + 16]
+            o = dst[k * 16 : k * 16 + 16]
             for e in range(16):
-                q = (raw[base + e] >> sh) & 3
-                out[o + k * 16 + e] = dl * np.float32(q) - ml
+                o[e] = dl * np.float32((q[e] >> sh) & 3) - ml
     return True
 
 
@@ -173,23 +178,23 @@ def _q3_k(raw, half, out):  # pragma: no cover - compiled
     if raw.size != n * 110 or out.size != n * 256 or half.size != 65536:
         return False
     for b in prange(n):
-        p = b * 110
-        d = half[np.int64(raw[p + 108]) | (np.int64(raw[p + 109]) << 8)]
-        s = p + 96
-        o = b * 256
+        blk = raw[b * 110 : b * 110 + 110]
+        dst = out[b * 256 : b * 256 + 256]
+        d = half[np.int64(blk[108]) | (np.int64(blk[109]) << 8)]
         for k in range(16):
-            lo = (raw[s + (k % 8)] >> (4 * (k // 8))) & 15
-            hi = (raw[s + 8 + (k % 4)] >> (2 * (k // 4))) & 3
+            lo = (blk[96 + (k % 8)] >> (4 * (k // 8))) & 15
+            hi = (blk[104 + (k % 4)] >> (2 * (k // 4))) & 3
             dl = d * np.float32(np.int32(lo | (hi << 4)) - 32)
-            c = k // 8
             sh = 2 * ((k % 8) // 2)
-            base = p + 32 + c * 32 + (k % 2) * 16
+            base = 32 + (k // 8) * 32 + (k % 2) * 16
+            q = blk[base : base + 16]
+            hbit = (k * 16) // 32
+            hm = blk[(k % 2) * 16 : (k % 2) * 16 + 16]  # hmask lanes of these 16 elements
+            o = dst[k * 16 : k * 16 + 16]
             for e in range(16):
-                pos = k * 16 + e
-                lane = pos % 32
-                ql = np.int32((raw[base + e] >> sh) & 3)
-                qh = np.int32(((raw[p + lane] >> (pos // 32)) & 1) ^ 1)
-                out[o + pos] = dl * np.float32(ql - (qh << 2))
+                ql = np.int32((q[e] >> sh) & 3)
+                qh = np.int32(((hm[e] >> hbit) & 1) ^ 1)
+                o[e] = dl * np.float32(ql - (qh << 2))
     return True
 
 
@@ -199,26 +204,29 @@ def _q4_k(raw, half, out):  # pragma: no cover - compiled
     if raw.size != n * 144 or out.size != n * 256 or half.size != 65536:
         return False
     for b in prange(n):
-        p = b * 144
-        d = half[np.int64(raw[p]) | (np.int64(raw[p + 1]) << 8)]
-        dmin = half[np.int64(raw[p + 2]) | (np.int64(raw[p + 3]) << 8)]
-        s = p + 4
-        o = b * 256
+        blk = raw[b * 144 : b * 144 + 144]
+        dst = out[b * 256 : b * 256 + 256]
+        d = half[np.int64(blk[0]) | (np.int64(blk[1]) << 8)]
+        dmin = half[np.int64(blk[2]) | (np.int64(blk[3]) << 8)]
         for c in range(4):
+            qs = blk[16 + c * 32 : 48 + c * 32]
             for h in range(2):
                 j = 2 * c + h
                 if j < 4:
-                    sc = raw[s + j] & 63
-                    mn = raw[s + 4 + j] & 63
+                    sc = blk[4 + j] & 63
+                    mn = blk[8 + j] & 63
                 else:
-                    sc = (raw[s + 4 + j] & 15) | ((raw[s + j - 4] >> 2) & 48)
-                    mn = (raw[s + 4 + j] >> 4) | ((raw[s + j] >> 2) & 48)
+                    sc = (blk[8 + j] & 15) | ((blk[j] >> 2) & 48)
+                    mn = (blk[8 + j] >> 4) | ((blk[4 + j] >> 2) & 48)
                 dd = d * np.float32(sc)
                 dm = dmin * np.float32(mn)
-                q0 = p + 16 + c * 32
-                sh = 4 * h
-                for e in range(32):
-                    out[o + j * 32 + e] = dd * np.float32((raw[q0 + e] >> sh) & 15) - dm
+                o = dst[j * 32 : j * 32 + 32]
+                if h == 0:
+                    for e in range(32):
+                        o[e] = dd * np.float32(qs[e] & 15) - dm
+                else:
+                    for e in range(32):
+                        o[e] = dd * np.float32(qs[e] >> 4) - dm
     return True
 
 
@@ -228,27 +236,28 @@ def _q5_k(raw, half, out):  # pragma: no cover - compiled
     if raw.size != n * 176 or out.size != n * 256 or half.size != 65536:
         return False
     for b in prange(n):
-        p = b * 176
-        d = half[np.int64(raw[p]) | (np.int64(raw[p + 1]) << 8)]
-        dmin = half[np.int64(raw[p + 2]) | (np.int64(raw[p + 3]) << 8)]
-        s = p + 4
-        o = b * 256
+        blk = raw[b * 176 : b * 176 + 176]
+        dst = out[b * 256 : b * 256 + 256]
+        d = half[np.int64(blk[0]) | (np.int64(blk[1]) << 8)]
+        dmin = half[np.int64(blk[2]) | (np.int64(blk[3]) << 8)]
+        qh = blk[16:48]
         for c in range(4):
+            qs = blk[48 + c * 32 : 80 + c * 32]
             for h in range(2):
                 j = 2 * c + h
                 if j < 4:
-                    sc = raw[s + j] & 63
-                    mn = raw[s + 4 + j] & 63
+                    sc = blk[4 + j] & 63
+                    mn = blk[8 + j] & 63
                 else:
-                    sc = (raw[s + 4 + j] & 15) | ((raw[s + j - 4] >> 2) & 48)
-                    mn = (raw[s + 4 + j] >> 4) | ((raw[s + j] >> 2) & 48)
+                    sc = (blk[8 + j] & 15) | ((blk[j] >> 2) & 48)
+                    mn = (blk[8 + j] >> 4) | ((blk[4 + j] >> 2) & 48)
                 dd = d * np.float32(sc)
                 dm = dmin * np.float32(mn)
-                q0 = p + 48 + c * 32
+                o = dst[j * 32 : j * 32 + 32]
                 sh = 4 * h
                 for e in range(32):
-                    q = ((raw[q0 + e] >> sh) & 15) | (((raw[p + 16 + e] >> j) & 1) << 4)
-                    out[o + j * 32 + e] = dd * np.float32(q) - dm
+                    q = ((qs[e] >> sh) & 15) | (((qh[e] >> j) & 1) << 4)
+                    o[e] = dd * np.float32(q) - dm
     return True
 
 
@@ -258,18 +267,22 @@ def _q6_k(raw, half, out):  # pragma: no cover - compiled
     if raw.size != n * 210 or out.size != n * 256 or half.size != 65536:
         return False
     for b in prange(n):
-        p = b * 210
-        d = half[np.int64(raw[p + 208]) | (np.int64(raw[p + 209]) << 8)]
-        o = b * 256
+        blk = raw[b * 210 : b * 210 + 210]
+        dst = out[b * 256 : b * 256 + 256]
+        d = half[np.int64(blk[208]) | (np.int64(blk[209]) << 8)]
+        sc = blk[192:208].view(np.int8)
         for k in range(16):
-            ds = d * np.float32(np.int8(raw[p + 192 + k]))
+            ds = d * np.float32(sc[k])
+            c = k // 8
+            r0 = (k % 8) * 16  # position inside the 128-element half
+            lsh = 4 * (r0 // 64)
+            hsh = 2 * (r0 // 32)
+            ql = blk[c * 64 + r0 % 64 : c * 64 + r0 % 64 + 16]
+            qh = blk[128 + c * 32 + r0 % 32 : 128 + c * 32 + r0 % 32 + 16]
+            o = dst[k * 16 : k * 16 + 16]
             for e in range(16):
-                pos = k * 16 + e
-                c = pos // 128
-                r = pos % 128
-                lo = (raw[p + c * 64 + r % 64] >> (4 * (r // 64))) & 15
-                hi = (raw[p + 128 + c * 32 + r % 32] >> (2 * (r // 32))) & 3
-                out[o + pos] = ds * np.float32(np.int32(lo | (hi << 4)) - 32)
+                q = ((ql[e] >> lsh) & 15) | (((qh[e] >> hsh) & 3) << 4)
+                o[e] = ds * np.float32(np.int32(q) - 32)
     return True
 
 
