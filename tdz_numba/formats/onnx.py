@@ -1,16 +1,18 @@
-"""ONNX models through the onnx package (optional): initializers as flat leaves.
+"""ONNX models: initializers as flat leaves, read from the protobuf wire format of the mapped file.
 
-The model is parsed by ``onnx.load(path, load_external_data=False)``; a small
-walk of the protobuf wire format of the same mapped bytes finds where each
-initializer's ``raw_data`` lies in the file (verified byte for byte), so those
-leaves are zero-copy views when their offset is aligned for the dtype (copies
-otherwise). Data in external files (``external_data``: location, offset,
-length) are mapped zero-copy, each file once; a location that leaves the
-model's directory (absolute, ``..``, a symlink out) raises
-:class:`~tdz_numba.UnsafeContentError`. Initializers stored in typed fields
-(``float_data``, ``int32_data``, ...) are decoded by ``onnx.numpy_helper`` on
-read (copies); STRING initializers become lists of ``str``. 4-bit and 2/6-bit
-types are refused when read (:class:`~tdz_numba.UnsupportedError`).
+The ``ModelProto`` is walked field by field in the mapped bytes (every varint,
+length and nested message bounded by its parent), so nothing is copied at
+open: each initializer's ``raw_data`` is a zero-copy view of the model file
+when its offset is aligned for the dtype (a copy otherwise). Data in external
+files (``external_data``: location, offset, length) are mapped zero-copy, each
+file once; a location that leaves the model's directory (absolute, ``..``, a
+symlink out) raises :class:`~tdz_numba.UnsafeContentError`. Initializers in
+typed fields (``float_data``, ``int32_data``, ``int64_data``, ``double_data``,
+``uint64_data``, packed or not) are decoded on read (copies), with
+``onnx.numpy_helper``'s conventions (float16/bfloat16/float8 bit patterns in
+``int32_data``); STRING initializers become lists of ``str``. 4-, 2- and
+6-bit types and segmented tensors are refused when read
+(:class:`~tdz_numba.UnsupportedError`). The onnx package is not needed to read.
 
 ``metadata``: ``ir_version``, ``producer_name``, ``producer_version``,
 ``domain``, ``model_version``, ``doc_string``, ``opset_import`` (domain ->
@@ -42,81 +44,172 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadArchiveError, TdzError, UnsafeContentError, UnsupportedError
+from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
 from ..sources import MappedFile, TensorSpec, TreeSource, check_extent
 
-__all__ = ["ONNX_DTYPES", "detect_onnx", "open_onnx", "raw_data_offsets"]
+__all__ = ["ONNX_DTYPES", "detect_onnx", "open_onnx", "parse_model"]
 
-#: ONNX TensorProto.DataType -> torch dtype name
-ONNX_DTYPES: dict[int, str] = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-    10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
-    16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz",
-    24: "float8_e8m0fnu",
+#: ONNX TensorProto.DataType -> (torch dtype name, ONNX name)
+ONNX_DTYPES: dict[int, tuple[str, str]] = {
+    1: ("float32", "FLOAT"), 2: ("uint8", "UINT8"), 3: ("int8", "INT8"), 4: ("uint16", "UINT16"),
+    5: ("int16", "INT16"), 6: ("int32", "INT32"), 7: ("int64", "INT64"), 9: ("bool", "BOOL"),
+    10: ("float16", "FLOAT16"), 11: ("float64", "DOUBLE"), 12: ("uint32", "UINT32"), 13: ("uint64", "UINT64"),
+    14: ("complex64", "COMPLEX64"), 15: ("complex128", "COMPLEX128"), 16: ("bfloat16", "BFLOAT16"),
+    17: ("float8_e4m3fn", "FLOAT8E4M3FN"), 18: ("float8_e4m3fnuz", "FLOAT8E4M3FNUZ"),
+    19: ("float8_e5m2", "FLOAT8E5M2"), 20: ("float8_e5m2fnuz", "FLOAT8E5M2FNUZ"),
+    24: ("float8_e8m0fnu", "FLOAT8E8M0"),
 }  # fmt: skip
-_PACKED = {21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1", 25: "UINT2", 26: "INT2", 27: "FLOAT6E2M3", 28: "FLOAT6E3M2"}
+_PACKED_BITS = {21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1", 25: "UINT2", 26: "INT2", 27: "FLOAT6E2M3",
+                28: "FLOAT6E3M2"}  # fmt: skip
 _STRING = 8
+# typed field number -> (wire element: "f4"/"f8" fixed, "v" varint), by data type
+_TYPED_FIELD = {1: 4, 14: 4, 6: 5, 5: 5, 3: 5, 4: 5, 2: 5, 9: 5, 10: 5, 16: 5, 17: 5, 18: 5, 19: 5, 20: 5,
+                24: 5, 7: 7, 11: 10, 15: 10, 12: 11, 13: 11}  # fmt: skip
 # ModelProto fields that may come first (tag bytes): ir_version, producer_name/version, domain,
-# model_version, doc_string, graph, opset_import, metadata_props, training_info, functions, configuration
+# model_version, doc_string, graph, opset_import, metadata_props, training_info, functions
 _MODEL_TAGS = {0x08, 0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0x7A, 0x82}
+#: Most initializers / opset entries / metadata props accepted in one model.
+MAX_ENTRIES = 10_000_000
+
+
+class _Bad(BadArchiveError):
+    pass
 
 
 def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     value = shift = 0
     for _ in range(10):
         if pos >= end:
-            raise BadArchiveError(f"truncated varint at offset {pos}")
+            raise _Bad(f"truncated varint at offset {pos}")
         b = buf[pos]
         pos += 1
         value |= (b & 0x7F) << shift
         if b < 0x80:
-            return value, pos
+            return value & 0xFFFFFFFFFFFFFFFF, pos
         shift += 7
-    raise BadArchiveError(f"varint longer than 10 bytes at offset {pos}")
+    raise _Bad(f"varint longer than 10 bytes at offset {pos}")
 
 
 def _fields(buf: memoryview, start: int, end: int):
-    """(field number, wire type, value or (offset, length)) of one message's fields."""
+    """``(field, wire type, value)`` of one message: varints as ints, LEN as ``(offset, length)``,
+    fixed-size values as their offset."""
     pos = start
     while pos < end:
         tag, pos = _varint(buf, pos, end)
         field, wire = tag >> 3, tag & 7
+        if field == 0:
+            raise _Bad(f"field number 0 at offset {pos}")
         if wire == 0:
             value, pos = _varint(buf, pos, end)
             yield field, wire, value
         elif wire == 2:
             n, pos = _varint(buf, pos, end)
-            if pos + n > end:
-                raise BadArchiveError(f"field {field} at offset {pos}: length {n} runs past its message")
+            if n > end - pos:
+                raise _Bad(f"field {field} at offset {pos}: length {n} runs past its message")
             yield field, wire, (pos, n)
             pos += n
         elif wire in (1, 5):
-            pos += 8 if wire == 1 else 4
-            if pos > end:
-                raise BadArchiveError(f"field {field}: truncated fixed-size value")
-            yield field, wire, None
+            size = 8 if wire == 1 else 4
+            if size > end - pos:
+                raise _Bad(f"field {field} at offset {pos}: truncated fixed-size value")
+            yield field, wire, pos
+            pos += size
         else:
-            raise BadArchiveError(f"field {field}: unsupported wire type {wire} at offset {pos}")
+            raise _Bad(f"field {field}: unsupported wire type {wire} at offset {pos}")
 
 
-def raw_data_offsets(buf: memoryview) -> list[tuple[int, int] | None] | None:
-    """``(offset, length)`` of each main-graph initializer's ``raw_data`` in wire order (None: none),
-    or None when the layout is not the plain one (the caller then copies)."""
-    size = len(buf)
-    graphs = [v for f, w, v in _fields(buf, 0, size) if f == 7 and w == 2]
-    if len(graphs) != 1:
-        return None
-    g_off, g_len = graphs[0]
-    out: list[tuple[int, int] | None] = []
-    for f, w, v in _fields(buf, g_off, g_off + g_len):
-        if f == 5 and w == 2:
-            t_off, t_len = v
-            raw = None
-            for tf, tw, tv in _fields(buf, t_off, t_off + t_len):
-                if tf == 9 and tw == 2:
-                    raw = tv  # the last occurrence wins, as in protobuf
-            out.append(raw)
-    return out
+def _str(buf: memoryview, v: Any) -> str:
+    off, n = v
+    return bytes(buf[off : off + n]).decode("utf-8", errors="replace")
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _pairs(buf: memoryview, v: tuple[int, int]) -> tuple[str, str]:
+    key = value = ""
+    for f, w, x in _fields(buf, v[0], v[0] + v[1]):
+        if w == 2 and f == 1:
+            key = _str(buf, x)
+        elif w == 2 and f == 2:
+            value = _str(buf, x)
+    return key, value
+
+
+def _tensor(buf: memoryview, start: int, end: int) -> dict[str, Any]:
+    t: dict[str, Any] = {"dims": [], "data_type": 0, "name": "", "raw": None, "location": 0, "external": [],
+                         "typed": {}, "strings": [], "segment": False}  # fmt: skip
+    for f, w, v in _fields(buf, start, end):
+        if f == 1:  # dims: packed or one varint each
+            if w == 2:
+                pos, stop = v[0], v[0] + v[1]
+                while pos < stop:
+                    d, pos = _varint(buf, pos, stop)
+                    t["dims"].append(_signed(d))
+            elif w == 0:
+                t["dims"].append(_signed(v))
+        elif f == 2 and w == 0:
+            t["data_type"] = v
+        elif f == 3:
+            t["segment"] = True
+        elif f == 6 and w == 2:
+            t["strings"].append(v)
+        elif f == 8 and w == 2:
+            t["name"] = _str(buf, v)
+        elif f == 9 and w == 2:
+            t["raw"] = v  # the last occurrence wins, as in protobuf
+        elif f == 13 and w == 2:
+            t["external"].append(_pairs(buf, v))
+        elif f == 14 and w == 0:
+            t["location"] = v
+        elif f in (4, 5, 7, 10, 11):
+            t["typed"].setdefault(f, []).append((w, v))
+    return t
+
+
+def parse_model(buf: memoryview, where: str = "<onnx>") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(metadata, initializers)`` of a serialized ModelProto (see the module docstring)."""
+    info: dict[str, Any] = {"ir_version": 0, "producer_name": "", "producer_version": "", "domain": "",
+                            "model_version": 0, "doc_string": "", "opset_import": {}, "graph_name": "",
+                            "graph_doc_string": "", "metadata_props": {}}  # fmt: skip
+    inits: list[dict[str, Any]] = []
+    graphs = 0
+    try:
+        for f, w, v in _fields(buf, 0, len(buf)):
+            if w == 0 and f in (1, 5):
+                info["ir_version" if f == 1 else "model_version"] = _signed(v)
+            elif w == 2 and f in (2, 3, 4, 6):
+                info[{2: "producer_name", 3: "producer_version", 4: "domain", 6: "doc_string"}[f]] = _str(buf, v)
+            elif w == 2 and f == 8:
+                domain, version = "", 0
+                for f2, w2, v2 in _fields(buf, v[0], v[0] + v[1]):
+                    if f2 == 1 and w2 == 2:
+                        domain = _str(buf, v2)
+                    elif f2 == 2 and w2 == 0:
+                        version = _signed(v2)
+                info["opset_import"][domain] = version
+            elif w == 2 and f == 14:
+                key, value = _pairs(buf, v)
+                info["metadata_props"][key] = value
+            elif w == 2 and f == 7:
+                graphs += 1
+                for f2, w2, v2 in _fields(buf, v[0], v[0] + v[1]):
+                    if w2 != 2:
+                        continue
+                    if f2 == 2:
+                        info["graph_name"] = _str(buf, v2)
+                    elif f2 == 10:
+                        info["graph_doc_string"] = _str(buf, v2)
+                    elif f2 == 5:
+                        inits.append(_tensor(buf, v2[0], v2[0] + v2[1]))
+    except _Bad as e:
+        raise BadArchiveError(f"{where}: not a valid ONNX model: {e}") from None
+    if graphs > 1:
+        raise UnsupportedError(f"{where}: {graphs} graph fields (a merged ModelProto) are not supported")
+    if not graphs and not info["ir_version"]:
+        raise BadArchiveError(f"{where}: not an ONNX model (no graph, no ir_version)")
+    return info, inits
 
 
 def detect_onnx(head: bytes, path: str | os.PathLike | None = None) -> bool:
@@ -134,22 +227,6 @@ def detect_onnx(head: bytes, path: str | os.PathLike | None = None) -> bool:
     return head[2] in _MODEL_TAGS
 
 
-def _model_info(model: Any) -> dict[str, Any]:
-    g = model.graph
-    return {
-        "ir_version": int(model.ir_version),
-        "producer_name": model.producer_name,
-        "producer_version": model.producer_version,
-        "domain": model.domain,
-        "model_version": int(model.model_version),
-        "doc_string": model.doc_string,
-        "opset_import": {o.domain: int(o.version) for o in model.opset_import},
-        "graph_name": g.name,
-        "graph_doc_string": g.doc_string,
-        "metadata_props": {p.key: p.value for p in model.metadata_props},
-    }
-
-
 def _refused(key: str, why: str):
     def load() -> None:
         raise UnsupportedError(f"initializer {key!r}: {why}")
@@ -157,134 +234,145 @@ def _refused(key: str, why: str):
     return load
 
 
-def _typed_loader(tensor: Any, dtype: Any, where: str):
-    def load() -> np.ndarray:
-        from onnx import numpy_helper
+def _typed_loader(buf: memoryview, t: dict[str, Any], dtype: Any, where: str):
+    """Decodes the typed field of a tensor (copies), as onnx.numpy_helper.to_array does."""
+    dt, shape, field = t["data_type"], tuple(t["dims"]), _TYPED_FIELD.get(t["data_type"])
+    parts = t["typed"].get(field, []) if field is not None else []
 
-        try:
-            arr = numpy_helper.to_array(tensor)
-        except TdzError:
-            raise
-        except Exception as e:  # noqa: BLE001 - onnx raises ValueError/TypeError/... on bad fields
-            raise BadArchiveError(f"{where}: initializer {tensor.name!r}: {e}") from None
-        arr = np.ascontiguousarray(arr)
-        if arr.dtype.kind not in "biufc" or arr.dtype.itemsize != dtype.itemsize or arr.dtype.name in (
-            "bfloat16",) or arr.dtype.name.startswith("float8"):  # fmt: skip
-            arr = arr.view(f"u{dtype.itemsize}") if dtype.itemsize > 1 else arr.view(np.uint8)
-        return arr
+    def load() -> np.ndarray:
+        numel = math.prod(shape)
+        values: list[Any] = []
+        chunks: list[np.ndarray] = []
+        fixed = "<f4" if field == 4 else "<f8" if field == 10 else None
+        for w, v in parts:
+            if fixed is not None:
+                if w == 2:
+                    if v[1] % np.dtype(fixed).itemsize:
+                        raise BadArchiveError(f"{where}: initializer {t['name']!r}: packed field of {v[1]} bytes")
+                    chunks.append(np.frombuffer(buf[v[0] : v[0] + v[1]], fixed))
+                elif w == (5 if field == 4 else 1):
+                    chunks.append(np.frombuffer(buf[v : v + np.dtype(fixed).itemsize], fixed))
+            elif w == 2:
+                pos, stop = v
+                stop += pos
+                while pos < stop:
+                    x, pos = _varint(buf, pos, stop)
+                    values.append(x)
+                    if len(values) > numel * 2 + 16:
+                        raise BadArchiveError(f"{where}: initializer {t['name']!r}: too many values")
+            elif w == 0:
+                values.append(v)
+        if fixed is not None:
+            flat = np.concatenate(chunks) if chunks else np.zeros(0, fixed)
+        else:
+            flat = np.array(values, dtype=np.uint64) if values else np.zeros(0, np.uint64)
+        want = numel * (2 if dt in (14, 15) else 1)
+        if flat.size != want:
+            raise BadArchiveError(f"{where}: initializer {t['name']!r}: {flat.size} values for shape {list(shape)}")
+        np_name = {1: "<f4", 14: "<f4", 11: "<f8", 15: "<f8", 7: "<i8", 13: "<u8", 12: "<u4", 6: "<i4",
+                   5: "<i2", 3: "i1", 4: "<u2", 2: "u1", 9: "u1", 10: "<u2", 16: "<u2"}.get(dt, "u1")  # fmt: skip
+        if fixed is None:  # varints: int32/int64 are two's complement in 64 bits, then narrowed
+            flat = flat.astype(np.int64 if dt in (3, 5, 6, 7) else np.uint64).astype(np_name)
+        out = flat.astype(fixed, copy=False) if fixed else flat
+        if dt in (14, 15):
+            out = np.ascontiguousarray(out).view(np.complex64 if dt == 14 else np.complex128)
+        else:
+            out = np.ascontiguousarray(out).view(f"u{dtype.itemsize}") if dtype.itemsize > 1 else out.view(np.uint8)
+        return out.reshape(shape)
 
     return load
 
 
-def _external(tensor: Any, model_dir: Path, where: str) -> tuple[str, int, int | None]:
-    info = {e.key: e.value for e in tensor.external_data}
-    location = info.get("location", "")
+def _external(t: dict[str, Any], model_dir: Path, where: str) -> tuple[str, int, int | None]:
+    info = dict(t["external"])
+    key, location = t["name"], info.get("location", "")
     if not location:
-        raise BadArchiveError(f"{where}: initializer {tensor.name!r}: external data without a location")
+        raise BadArchiveError(f"{where}: initializer {key!r}: external data without a location")
     rel = Path(location)
     if rel.is_absolute() or ".." in rel.parts or location.startswith(("/", "\\")) or ":" in rel.parts[0]:
-        raise UnsafeContentError(f"{where}: initializer {tensor.name!r}: external data location {location!r} "
+        raise UnsafeContentError(f"{where}: initializer {key!r}: external data location {location!r} "
                                  f"is outside the model's directory")  # fmt: skip
     full = (model_dir / rel).resolve()
     if not full.is_relative_to(model_dir.resolve()):
-        raise UnsafeContentError(f"{where}: initializer {tensor.name!r}: external data location {location!r} "
+        raise UnsafeContentError(f"{where}: initializer {key!r}: external data location {location!r} "
                                  f"resolves outside the model's directory")  # fmt: skip
     try:
         offset = int(info.get("offset", "0"))
         length = int(info["length"]) if "length" in info else None
     except ValueError:
-        raise BadArchiveError(f"{where}: initializer {tensor.name!r}: bad external offset/length {info}") from None
+        raise BadArchiveError(f"{where}: initializer {key!r}: bad external offset/length {info}") from None
     if offset < 0 or (length is not None and length < 0):
-        raise BadArchiveError(f"{where}: initializer {tensor.name!r}: negative external offset/length")
+        raise BadArchiveError(f"{where}: initializer {key!r}: negative external offset/length")
     return str(full), offset, length
 
 
 def open_onnx(path: str | os.PathLike, **kw: Any) -> TreeSource:
-    """Opens an ONNX model (needs the onnx package): its initializers as flat leaves.
+    """Opens an ONNX model: its main graph's initializers as flat leaves, keyed by name.
 
-    Raises :class:`~tdz_numba.UnsupportedError` when onnx is missing,
-    :class:`~tdz_numba.BadArchiveError` for files onnx cannot parse or
+    Raises :class:`~tdz_numba.BadArchiveError` for malformed protobuf or
     inconsistent initializers, :class:`~tdz_numba.UnsafeContentError` for
     external data outside the model's directory.
     """
-    try:
-        import onnx
-    except ImportError:
-        raise UnsupportedError(f"{path}: reading ONNX models needs onnx (pip install 'tdz_numba[onnx]')") from None
     import torch
 
     where = str(path)
     model_dir = Path(path).parent
     files = [MappedFile.open(path)]
     try:
-        try:
-            model = onnx.load(str(path), load_external_data=False)
-        except Exception as e:  # noqa: BLE001 - DecodeError, RuntimeError, ...
-            raise BadArchiveError(f"{where}: not a readable ONNX model: {e}") from None
-        if not model.HasField("graph") and not model.ir_version:
-            raise BadArchiveError(f"{where}: not an ONNX model (no graph, no ir_version)")
         buf = memoryview(files[0].buffer)
-        inits = list(model.graph.initializer)
-        try:
-            offsets = raw_data_offsets(buf)
-        except BadArchiveError:
-            offsets = None
-        if offsets is not None and len(offsets) != len(inits):
-            offsets = None
+        metadata, inits = parse_model(buf, where)
         by_location: dict[str, int] = {}
         tree: dict[str, Any] = {}
-        for i, t in enumerate(inits):
-            key = t.name
+        for t in inits:
+            key = t["name"]
             if key in tree:
                 raise BadArchiveError(f"{where}: duplicate initializer name {key!r}")
-            if any(d < 0 for d in t.dims):
-                raise BadArchiveError(f"{where}: initializer {key!r}: negative dimension in {list(t.dims)}")
-            shape = tuple(int(d) for d in t.dims)
+            shape = tuple(t["dims"])
+            if any(d < 0 for d in shape) or math.prod(max(d, 1) for d in shape) * 16 >= 2**63:
+                raise BadArchiveError(f"{where}: initializer {key!r}: bad dimensions {list(shape)}")
             numel = math.prod(shape)
-            if t.data_type == _STRING:
-                if len(t.string_data) != numel:
-                    raise BadArchiveError(f"{where}: initializer {key!r}: {len(t.string_data)} strings for "
+            dt = t["data_type"]
+            if dt == _STRING:
+                if len(t["strings"]) != numel:
+                    raise BadArchiveError(f"{where}: initializer {key!r}: {len(t['strings'])} strings for "
                                           f"shape {list(shape)}")  # fmt: skip
-                tree[key] = [s.decode("utf-8", errors="replace") for s in t.string_data]
+                tree[key] = [_str(buf, s) for s in t["strings"]]
                 continue
-            if t.data_type in _PACKED or t.data_type not in ONNX_DTYPES:
-                name = _PACKED.get(t.data_type, f"data type {t.data_type}")
+            if dt not in ONNX_DTYPES:
+                name = _PACKED_BITS.get(dt, f"data type {dt}")
                 tree[key] = TensorSpec(key, torch.uint8, shape, None, 0, 0, 0, name,
                                        loader=_refused(key, f"{name} elements are not supported"))  # fmt: skip
                 continue
-            dtype = getattr(torch, ONNX_DTYPES[t.data_type])
-            type_name = onnx.TensorProto.DataType.Name(t.data_type)
+            dtype = getattr(torch, ONNX_DTYPES[dt][0])
+            type_name = ONNX_DTYPES[dt][1]
             nbytes = numel * dtype.itemsize
-            if t.data_location == onnx.TensorProto.EXTERNAL:
+            if t["segment"]:
+                spec = TensorSpec(key, dtype, shape, None, 0, 0, 0, type_name,
+                                  loader=_refused(key, "segmented tensors are not supported"))  # fmt: skip
+            elif t["location"] == 1:  # EXTERNAL
                 full, offset, length = _external(t, model_dir, where)
                 if length is not None and length != nbytes:
                     raise BadArchiveError(f"{where}: initializer {key!r}: external length {length}, "
                                           f"shape {list(shape)} needs {nbytes}")  # fmt: skip
                 if full not in by_location:
                     try:
-                        by_location[full] = len(files)
-                        files.append(MappedFile.open(full))
+                        mf = MappedFile.open(full)
                     except FileNotFoundError:
                         raise BadArchiveError(f"{where}: initializer {key!r}: external file {full} is missing") from None
+                    by_location[full] = len(files)
+                    files.append(mf)
                 spec = TensorSpec(key, dtype, shape, None, by_location[full], offset, nbytes, type_name)
                 check_extent(spec, files[by_location[full]].size, full)
-            elif t.HasField("raw_data"):
-                if len(t.raw_data) != nbytes:
-                    raise BadArchiveError(f"{where}: initializer {key!r}: raw_data holds {len(t.raw_data)} bytes, "
+            elif t["raw"] is not None:
+                off, n = t["raw"]
+                if n != nbytes:
+                    raise BadArchiveError(f"{where}: initializer {key!r}: raw_data holds {n} bytes, "
                                           f"shape {list(shape)} of {type_name} needs {nbytes}")  # fmt: skip
-                loc = offsets[i] if offsets is not None else None
-                if loc is not None and loc[1] == nbytes and buf[loc[0] : loc[0] + loc[1]] == t.raw_data:
-                    spec = TensorSpec(key, dtype, shape, None, 0, loc[0], nbytes, type_name)
-                    check_extent(spec, files[0].size, where)
-                else:  # not found where expected: a copy of the parsed bytes
-                    raw = bytes(t.raw_data)
-                    spec = TensorSpec(key, dtype, shape, None, 0, 0, 0, type_name,
-                                      loader=lambda raw=raw, dt=dtype, s=shape: np.frombuffer(
-                                          raw, f"u{dt.itemsize}").reshape(s).copy())  # fmt: skip
+                spec = TensorSpec(key, dtype, shape, None, 0, off, nbytes, type_name)
+                check_extent(spec, files[0].size, where)
             else:
-                spec = TensorSpec(key, dtype, shape, None, 0, 0, 0, type_name, loader=_typed_loader(t, dtype, where))
+                spec = TensorSpec(key, dtype, shape, None, 0, 0, 0, type_name, loader=_typed_loader(buf, t, dtype, where))
             tree[key] = spec
-        metadata = _model_info(model)
         src = TreeSource("onnx", path, tree, files=files, metadata=metadata)
     except BaseException:
         for f in files:
