@@ -339,7 +339,7 @@ def deflate_many(arrays: list[np.ndarray], level: int | None, num_threads: int |
         seg = segment_size_for(arr.size, segment_size)
         seg_of.append(seg)
         base = arr.ctypes.data
-        starts = range(0, arr.size, seg)
+        starts = range(0, max(arr.size, 1), seg)  # an empty array: one empty segment
         for j, s in enumerate(starts):
             src.append(base + s)
             length.append(min(seg, arr.size - s))

@@ -207,3 +207,23 @@ def test_verify_peak_rss_is_bounded(tmp_path):
     r = _child(_VERIFY_CHILD, str(big), str(small))
     assert r["payload"] >= 512 << 20
     assert r["growth"] < 96 << 20, r
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 40_000), seg=st.integers(1, 9000), chunk=st.integers(1, 30_000),
+       kind=st.sampled_from(["text", "zeros", "random"]), threads=st.sampled_from([1, 2]))  # fmt: skip
+def test_stream_and_inflate_match_zlib_property(n, seg, chunk, kind, threads):
+    rng = np.random.default_rng(n)
+    b = {"text": data_of(n), "zeros": bytes(n), "random": rng.integers(0, 256, n, dtype=np.uint8).tobytes()}[kind]
+    (d,) = codecs.deflate_many([u8(b)], None, threads, segment_size=seg)
+    stream = b"".join(p.tobytes() for p in d.parts)
+    assert zlib.decompress(stream, wbits=-15) == b and d.crc == zlib.crc32(b)
+    table = codecs.parse_segment_table(d.table, "t") if d.table else None
+    out, sizes, found = collect(u8(stream), 8, n, d.crc, table, chunk, threads)
+    assert out == b and found == d.crc and all(s <= chunk for s in sizes)
+    (inflated,) = codecs.inflate_many([("t", u8(stream), n, d.crc, table)], threads)
+    assert inflated.tobytes() == b
