@@ -190,14 +190,16 @@ def _decode_chunks(raw: np.ndarray, method: int, size: int, where: str, chunk: i
     bytes, never more than ``size`` in all (one byte more is asked for to
     detect a longer stream, and refused)."""
     name = records.METHOD_NAMES.get(method)
+    d: bz2.BZ2Decompressor | lzma.LZMADecompressor
     if method == records.BZIP2:
         d, pos = bz2.BZ2Decompressor(), 0
     elif method == records.LZMA:
         d, pos = _lzma_decoder(raw, size, where)
     else:
         raise UnsupportedError(f"{where}: unsupported compression method {method}")
-    view = memoryview(raw) if raw.size else memoryview(b"")
+    view = memoryview(raw.data).cast("B") if raw.size else memoryview(b"")
     produced = idle = 0
+    data: memoryview | bytes
     try:
         while not d.eof and idle < 2:
             if d.needs_input:
@@ -413,8 +415,14 @@ def inflate_many(jobs: list[Job], num_threads: int | None, *,
         raise _bad(jobs[0][0], f"the {len(jobs)} entries inflated together declare {total} bytes, more "
                                f"than the memory budget of {budget} bytes", expected=budget, found=total)  # fmt: skip
     dummy = np.empty(1, np.uint8)  # zlib refuses a NULL output pointer, even for 0 bytes
-    src, slen, dst, dlen, last, owner, first = [], [], [], [], [], [], []
-    plans = []
+    src: list[int] = []
+    slen: list[int] = []
+    dst: list[int] = []
+    dlen: list[int] = []
+    last: list[bool] = []
+    owner: list[int] = []
+    first: list[int] = []
+    plans: list[tuple[int, list[int]]] = []
     for where, raw, size, _crc, table in jobs:
         if table is None:
             segment, clens = max(size, 1), [raw.size]
