@@ -107,7 +107,7 @@ class _Fetcher:
             try:
                 fs, path = fsspec.core.url_to_fs(target, **(storage_options or {}))
             except (ImportError, ValueError) as exc:
-                raise InvalidArgumentError(f"{target}: cannot open this URL with fsspec: {exc}") from None
+                raise InvalidArgumentError(f"{target}: cannot open this URL with fsspec: {exc}", path=target) from None
             self.fs, self.path, self.label = fs, path, target
         else:
             if storage_options:
@@ -125,9 +125,9 @@ class _Fetcher:
                     return int(self.file.seek(0, 2))
             return int(self.fs.size(self.path))
         except FileNotFoundError:
-            raise RemoteError(f"{self.label}: no such object") from None
+            raise RemoteError(f"{self.label}: no such object", path=self.label) from None
         except Exception as exc:
-            raise RemoteError(f"{self.label}: cannot read the object's size: {exc}") from exc
+            raise RemoteError(f"{self.label}: cannot read the object's size: {exc}", path=self.label) from exc
 
     def tail(self, n: int) -> bytes:
         """The last ``n`` bytes (the whole object when shorter): one suffix-range request."""
@@ -140,9 +140,9 @@ class _Fetcher:
                     return bytes(self.file.read())
             return bytes(self.fs.cat_file(self.path, start=-n))
         except FileNotFoundError:
-            raise RemoteError(f"{self.label}: no such object") from None
+            raise RemoteError(f"{self.label}: no such object", path=self.label) from None
         except Exception as exc:
-            raise RemoteError(f"{self.label}: reading the last {n} bytes failed: {exc}") from exc
+            raise RemoteError(f"{self.label}: reading the last {n} bytes failed: {exc}", path=self.label) from exc
 
     def ranges(self, starts: list[int], stops: list[int]) -> list[Any]:
         """Bytes of each ``[start, stop)`` (or the exception that read raised), fetched concurrently."""
@@ -213,7 +213,7 @@ class RemoteIndex(ArchiveIndex):
         body = self.fetcher.tail(tail_bytes)
         self.bytes_fetched = len(body)
         if not body:
-            raise BadArchiveError(f"{label}: empty object, not a zip archive")
+            raise BadArchiveError(f"{label}: empty object, not a zip archive", path=label)
         size = len(body) if len(body) < tail_bytes else _infer_size(body, label)
         if size is None:
             size = self.fetcher.size()
@@ -253,6 +253,11 @@ class RemoteIndex(ArchiveIndex):
         more = int(((hoff < b) & (self._limit > a)).sum()) - len(rows)
         return f"entries {text}" + (f" (+{more} more)" if more > 0 else "") if rows else "no entry"
 
+    def _first_in(self, a: int, b: int) -> str | None:
+        hoff = self.table["header_offset"]
+        rows = np.nonzero((hoff < b) & (self._limit > a))[0]
+        return self.names[int(rows[0])] if rows.size else None
+
     def _get(self, spans: list[tuple[int, int]], what: Callable[[int, int], str] | None = None) -> None:
         """Fetches ``[start, stop)`` spans into :attr:`buffer`: in parts of at most
         :data:`PART_BYTES`, :data:`GROUP_PARTS` at a time, retrying failed parts."""
@@ -280,7 +285,9 @@ class RemoteIndex(ArchiveIndex):
                     why = (f"{type(data).__name__}: {data}" if isinstance(data, BaseException)
                            else f"got {len(data)} bytes (the object is shorter than when it was opened?)")  # fmt: skip
                     raise RemoteError(f"{self.path}: reading bytes [{a}, {b}) ({what(a, b)}) failed after "
-                                      f"{ATTEMPTS} attempts: {why}")  # fmt: skip
+                                      f"{ATTEMPTS} attempts: {why}", path=self.path, entry=self._first_in(a, b),
+                                      offset=a, expected=b - a,
+                                      found=None if isinstance(data, BaseException) else len(data))  # fmt: skip
                 todo = [span for span, _ in failed]
                 time.sleep(0.05 * 4**attempt)
 
@@ -351,7 +358,9 @@ class RemoteIndex(ArchiveIndex):
                     raise ChecksumError(
                         f"{self.path}: entry {self.names[i]!r}: CRC-32 mismatch: recorded "
                         f"{int(t['crc'][i]):#010x}, computed {int(stored_crcs(self, stored[bad[:1]])[0]):#010x} "
-                        f"(the object changed since it was opened, or its bytes are corrupt)"
+                        f"(the object changed since it was opened, or its bytes are corrupt)",
+                        path=self.path, entry=self.names[i], offset=int(t["payload_offset"][i]),
+                        expected=int(t["crc"][i]),
                     )
         self._ready[rows] = True
 
@@ -436,9 +445,10 @@ def open_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, mo
     label = index.path
     prefix = subpath_prefix(subpath)
     if prefix and prefix + "meta.json" not in index:
-        raise MissingKeyError(f"{label}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})")
+        raise MissingKeyError(f"{label}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})",
+                              path=label, entry=prefix + "meta.json")
     if "meta.json" not in index:
-        raise BadArchiveError(f"{label}: not a tensor archive: no top-level meta.json entry")
+        raise BadArchiveError(f"{label}: not a tensor archive: no top-level meta.json entry", path=label)
     return RemoteArchive(_State(index, "r", allow_pickle, num_threads), prefix)
 
 

@@ -169,7 +169,8 @@ def test_dropped_connection_retries_then_fails(http, wide):
         http.drop = 100  # every attempt cut
         with pytest.raises(remote.RemoteError, match=r"wide\.tdz.*'g011/") as info:
             ar["g011"].to_dict()
-        assert isinstance(info.value, (TdzError, OSError))
+        assert isinstance(info.value, TdzError) and isinstance(info.value, OSError)
+        assert info.value.path == url and info.value.entry.startswith("g011/")
         http.drop = 0
 
 
@@ -192,8 +193,9 @@ def test_object_replaced_between_open_and_read(http, tmp_path):
     url = http.put("swap.tdz", old)
     with remote.open_remote(url, tail_bytes=64) as ar:  # the leaf is not in the tail read
         http.put("swap.tdz", new)
-        with pytest.raises(ChecksumError, match=r"swap\.tdz: entry 'w\.memmap'.*changed"):
+        with pytest.raises(ChecksumError, match=r"swap\.tdz: entry 'w\.memmap'.*changed") as info:
             ar["w"]
+        assert info.value.entry == "w.memmap" and info.value.path == url
     with remote.open_remote(url, tail_bytes=64, verify=False) as ar:
         assert ar["w"].sum() == 1000
 
