@@ -218,8 +218,9 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
                 if e.size > e.compressed_size * _MAX_DEFLATE_RATIO + 4096:
                     raise BadArchiveError(f"{what}: {e.compressed_size} deflated bytes cannot inflate to {e.size}")
                 dtype = from_numpy_dtype(h.dtype.newbyteorder("="))
+                # size: the leaf's own bytes (the member also holds the .npy header); crc: the member's
                 spec = TensorSpec(key, dtype, h.shape, None, 0, e.payload_offset, e.compressed_size, h.dtype.str,
-                                  codec="deflate", size=e.size, crc=e.crc,
+                                  codec="deflate", size=need, crc=e.crc,
                                   loader=_deflated_loader(index, name, h, what))  # fmt: skip
             else:
                 raise UnsupportedError(f"{what}: compression method {e.method} (numpy writes stored or deflate)")

@@ -28,7 +28,6 @@ Examples
 from __future__ import annotations
 
 import json
-import math
 import os
 import struct
 from pathlib import Path
@@ -37,8 +36,8 @@ from typing import Any
 import torch
 
 from ..errors import BadArchiveError, UnsupportedError
-from ..sources import MappedFile, TensorSpec, TreeSource, check_extent
-from ._shape import check_shape
+from ..sources import MappedFile, TensorSpec, TreeSource
+from ._shape import MAX_NDIM, check_shape
 from .detect import read_json_file
 
 __all__ = ["open_safetensors", "open_sharded", "parse_header", "DTYPES", "MAX_HEADER_SIZE"]
@@ -72,6 +71,36 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+_FIELDS = {"dtype": 0, "shape": 0, "data_offsets": 0}.keys()
+
+
+def _explain(name: str, info: Any, where: str, data_len: int | None = None) -> None:
+    """Raises the error that names what is wrong with header entry ``name``."""
+    what = f"{where}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise BadArchiveError(f"{what}: entry must be an object, found {type(info).__name__}")
+    extra = set(info) - set(_FIELDS)
+    missing = set(_FIELDS) - set(info)
+    if missing or extra:
+        raise BadArchiveError(f"{what}: fields must be dtype, shape, data_offsets "
+                              f"(missing {sorted(missing)}, unknown {sorted(extra)[:5]})")  # fmt: skip
+    tname = info["dtype"]
+    if isinstance(tname, str) and tname in _UNSUPPORTED:
+        raise UnsupportedError(f"{what}: dtype {tname} has no torch {torch.__version__} equivalent")
+    if not isinstance(tname, str) or tname not in DTYPES:
+        raise BadArchiveError(f"{what}: dtype: unknown {str(tname)[:40]!r} (expected one of {sorted(DTYPES)})")
+    shape = info["shape"]
+    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+        raise BadArchiveError(f"{what}: shape: {str(shape)[:100]} is not a list of non-negative ints")
+    offs = info["data_offsets"]
+    if type(offs) is not list or len(offs) != 2 or not all(type(o) is int and o >= 0 for o in offs):
+        raise BadArchiveError(f"{what}: data_offsets: {str(offs)[:100]} is not [begin, end]")
+    begin, end = offs
+    if end < begin:
+        raise BadArchiveError(f"{what}: data_offsets: end {end} < begin {begin}")
+    raise BadArchiveError(f"{what}: data_offsets: end {end} is past the data area ({data_len} bytes)")
+
+
 def parse_header(buf: Any, size: int, where: str, file: int = 0) -> tuple[dict[str, TensorSpec], dict[str, str]]:
     """Validated ``({name: spec}, metadata)`` of the safetensors bytes ``buf`` (``size`` long).
 
@@ -103,40 +132,31 @@ def parse_header(buf: Any, size: int, where: str, file: int = 0) -> tuple[dict[s
     data_len = size - data_start
     specs: dict[str, TensorSpec] = {}
     extents: list[tuple[int, int, str]] = []
-    for name, info in header.items():
-        what = f"{where}: tensor {name!r}"
-        if not isinstance(info, dict):
-            raise BadArchiveError(f"{what}: entry must be an object, found {info!r:.100}")
-        extra = set(info) - {"dtype", "shape", "data_offsets"}
-        missing = {"dtype", "shape", "data_offsets"} - set(info)
-        if missing or extra:
-            raise BadArchiveError(f"{what}: fields must be dtype, shape, data_offsets "
-                                  f"(missing {sorted(missing)}, unknown {sorted(extra)})")  # fmt: skip
-        tname = info["dtype"]
-        if tname in _UNSUPPORTED:
-            raise UnsupportedError(f"{what}: dtype {tname} has no torch {torch.__version__} equivalent")
-        dtype = DTYPES.get(tname) if isinstance(tname, str) else None
-        if dtype is None:
-            raise BadArchiveError(f"{what}: dtype: unknown {tname!r} (expected one of {sorted(DTYPES)})")
+    fields = _FIELDS
+    dtypes = DTYPES
+    for name, info in header.items():  # the common case first; _explain() names what is wrong
+        if type(info) is not dict or len(info) != 3 or info.keys() != fields:
+            _explain(name, info, where)
+        dtype = dtypes.get(info["dtype"]) if type(info["dtype"]) is str else None
         shape = info["shape"]
-        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
-            raise BadArchiveError(f"{what}: shape: {shape!r:.100} is not a list of non-negative ints")
         offs = info["data_offsets"]
-        if type(offs) is not list or len(offs) != 2 or not all(type(o) is int and o >= 0 for o in offs):
-            raise BadArchiveError(f"{what}: data_offsets: {offs!r:.100} is not [begin, end]")
+        if dtype is None or type(shape) is not list or type(offs) is not list or len(offs) != 2:
+            _explain(name, info, where)
         begin, end = offs
-        if end < begin:
-            raise BadArchiveError(f"{what}: data_offsets: end {end} < begin {begin}")
-        if end > data_len:
-            raise BadArchiveError(f"{what}: data_offsets: end {end} is past the data area ({data_len} bytes)")
-        check_shape(tuple(shape), None, dtype.itemsize, what)
-        need = math.prod(shape) * dtype.itemsize
-        if end - begin != need:
-            raise BadArchiveError(f"{what}: data_offsets: {end - begin} bytes, but {tname} of shape "
-                                  f"{shape} needs {need}")  # fmt: skip
-        spec = TensorSpec(name, dtype, tuple(shape), None, file, data_start + begin, end - begin, tname)
-        check_extent(spec, size, where)
-        specs[name] = spec
+        if type(begin) is not int or type(end) is not int or not 0 <= begin <= end <= data_len:
+            _explain(name, info, where, data_len)
+        numel = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                _explain(name, info, where)
+            numel *= d
+        if end - begin != numel * dtype.itemsize:
+            raise BadArchiveError(f"{where}: tensor {name!r}: data_offsets: {end - begin} bytes, but "
+                                  f"{info['dtype']} of shape {shape} needs {numel * dtype.itemsize}")  # fmt: skip
+        shape = tuple(shape)
+        if not numel or len(shape) > MAX_NDIM:  # else the bytes, inside the file, bound the shape
+            check_shape(shape, None, dtype.itemsize, f"{where}: tensor {name!r}")
+        specs[name] = TensorSpec(name, dtype, shape, None, file, data_start + begin, end - begin, info["dtype"])
         extents.append((begin, end, name))
     extents.sort()
     pos = 0
