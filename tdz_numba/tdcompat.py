@@ -99,6 +99,43 @@ def _tensorclass_level(obj: Any, allow_pickle: bool, *, with_td: bool) -> Level:
     return lvl
 
 
+def _written_class(obj: Any) -> type:
+    """The class tensordict 0.15.3 records for a ``TensorDictBase`` level of an archive.
+
+    ``td.save(path.tdz)`` stages ``td.apply(...)._memmap_(like=True)``: a
+    ``TensorDict`` (or a user subclass of it) keeps its class; every other
+    collection -- views (``_SubTensorDict``, permuted, (un)squeezed, ...),
+    ``TensorDictParams``, ``TypedTensorDict`` classes, ``PersistentTensorDict``,
+    stores -- is written as a plain ``TensorDict``. Lazy stacks and
+    tensorclasses are handled by the caller.
+    """
+    from tensordict import TensorDict
+
+    cls = type(obj)
+    return cls if issubclass(cls, TensorDict) else TensorDict
+
+
+def _parent_type_name(obj: Any) -> str:
+    """The ``{"type": ...}`` a parent's meta.json records for ``obj``: the class name of
+    ``obj.apply(...)``, which keeps ``TypedTensorDict`` classes and yields ``TensorDict``
+    for views and ``TensorDictParams``."""
+    try:
+        from tensordict import TypedTensorDict
+    except ImportError:  # pragma: no cover
+        return "TensorDict"
+    return type(obj).__name__ if isinstance(obj, TypedTensorDict) else "TensorDict"
+
+
+class _Level(Level):
+    """A Level whose parent records another class name than its own ``_class``."""
+
+    written_as = "TensorDict"
+
+    @property
+    def type_name(self) -> str:
+        return self.written_as
+
+
 def level_from_tensordict(obj: Any, *, allow_pickle: bool = False) -> Level | None:
     """A Level tree for a tensordict collection, or None if ``obj`` is not one.
 
@@ -108,7 +145,7 @@ def level_from_tensordict(obj: Any, *, allow_pickle: bool = False) -> Level | No
     :class:`~tdz_numba.InvalidTreeError`.
     """
     from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDictBase
-    from tensordict.tensorclass import is_tensorclass
+    from tensordict.tensorclass import NonTensorDataBase, is_tensorclass
 
     if isinstance(obj, NonTensorStack):
         data = obj.tolist()
@@ -123,7 +160,7 @@ def level_from_tensordict(obj: Any, *, allow_pickle: bool = False) -> Level | No
         lvl = Level(meta=meta, keyed=False)
         lvl["pickle.pkl"] = RawFile(pickle.dumps(data))
         return lvl
-    if isinstance(obj, NonTensorData):
+    if isinstance(obj, (NonTensorData, NonTensorDataBase)):  # MetaData too: no _tensordict level
         return _tensorclass_level(obj, allow_pickle, with_td=False)
     if isinstance(obj, LazyStackedTensorDict):
         meta = {"_type": str(type(obj)), **_format(type(obj)), "stack_dim": obj.stack_dim,
@@ -135,11 +172,13 @@ def level_from_tensordict(obj: Any, *, allow_pickle: bool = False) -> Level | No
     if is_tensorclass(obj) and not isinstance(obj, TensorDictBase):
         return _tensorclass_level(obj, allow_pickle, with_td=True)
     if isinstance(obj, TensorDictBase):
-        meta = {"shape": list(obj.batch_size), "device": "cpu", "_type": str(type(obj)),
-                **_format(type(obj))}  # fmt: skip
+        cls = _written_class(obj)
+        meta = {"shape": list(obj.batch_size), "device": "cpu", "_type": str(cls), **_format(cls)}
         if obj._has_names():
             meta["_names"] = list(obj.names)
-        lvl = Level(meta=meta, keyed=True)
+        lvl = Level(meta=meta, keyed=True) if cls is type(obj) else _Level(meta=meta, keyed=True)
+        if cls is not type(obj):
+            lvl.written_as = _parent_type_name(obj)
         for key, value in obj.items():
             if isinstance(value, torch.Tensor):
                 lvl[key] = value

@@ -133,6 +133,12 @@ class _Ctx:
         for c in self.allowed:
             if (class_id is not None and _class_id(c) == class_id) or str(c) == type_name:
                 return c
+        # classes tensordict registered itself (e.g. ``MetaData[str]``, made on first use)
+        import tensordict.base as td_base
+
+        for c in getattr(td_base, "_ACCEPTED_CLASSES", ()):
+            if (class_id is not None and _class_id(c) == class_id) or str(c) == type_name:
+                return c
         found = None
         if isinstance(class_id, str) and ":" in class_id:
             found = _lookup(*class_id.split(":", 1))
@@ -194,6 +200,18 @@ def _json_types(node: Any, children: dict) -> dict | None:
     return types
 
 
+def _keyed_children(node: Any, meta: dict) -> tuple[bool, dict]:
+    """The children of a level read as a TensorDict level (keys listed in meta.json)."""
+    from .tree import TD_CLASS, describe_level
+
+    index, prefix = node._index, node._prefix
+    _, children = describe_level(
+        {**meta, "_class": TD_CLASS}, prefix, lambda: index.listing(prefix),
+        lambda sub: sub + "meta.json" in index or index.is_dir(sub), node._where("meta.json"),
+    )  # fmt: skip
+    return True, {c.key: c for c in children}
+
+
 def _build(node: Any, ctx: _Ctx) -> Any:
     import torch
     from tensordict import LazyStackedTensorDict, NonTensorStack, TensorDict
@@ -203,6 +221,8 @@ def _build(node: Any, ctx: _Ctx) -> Any:
 
     keyed, children, meta = node._level()
     cls = ctx.resolve(meta)
+    if not keyed and issubclass(cls, TensorDict):
+        keyed, children = _keyed_children(node, meta)  # a user subclass of TensorDict lists its keys
     if issubclass(cls, NonTensorStack) and meta.get("data") is not None:
         data = meta["data"]
         if isinstance(data, str):
