@@ -20,9 +20,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    AccessDeniedError,
     ArchiveExistsError,
     BadArchiveError,
     ChecksumError,
+    DiskFullError,
+    FileMissingError,
     InvalidArgumentError,
     InvalidTreeError,
     MissingKeyError,
@@ -64,6 +67,9 @@ __all__ = [
     "InvalidArgumentError",
     "MissingKeyError",
     "UnknownCompressionError",
+    "FileMissingError",
+    "AccessDeniedError",
+    "DiskFullError",
 ]
 
 _LAZY = {

@@ -23,10 +23,11 @@ from . import archive as _archive
 from . import integrity as _integrity
 from . import remote as _remote
 from . import writer as _writer
+from ._paths import as_local_path, user_errors
 from .tree import Level, flatten
 
 __all__ = ["save", "open", "load", "pack", "unpack", "is_archive", "verify",
-           "refresh_checksums", "allocate"]  # fmt: skip
+           "refresh_checksums", "allocate", "clean"]  # fmt: skip
 
 PathLike = str | os.PathLike
 
@@ -34,7 +35,7 @@ PathLike = str | os.PathLike
 def save(tree: Any, path: PathLike, *, compression: str | None = None,
          compresslevel: int | None = None, existsok: bool = True,
          num_threads: int | None = None, progress: bool | None = None,
-         storage_options: dict[str, Any] | None = None) -> Path:  # fmt: skip
+         storage_options: dict[str, Any] | None = None, durable: bool = True) -> Path:  # fmt: skip
     """Saves a tree of tensors as a ``.tdz`` archive.
 
     Parameters
@@ -69,11 +70,30 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
         A tqdm progress bar on stderr (None: only when stderr is a terminal).
     storage_options : dict, optional
         Options of the fsspec filesystem of a URL (endpoint, credentials, ...).
+    durable : bool
+        ``fsync`` the file before renaming it into place and the directory
+        after, so that a power loss leaves the old archive or the new one
+        (default). ``False`` skips both: faster on some file systems, but
+        after a crash the file may be renamed yet empty. The temporary file
+        is named ``.{name}.tdz-tmp.{host}.{pid}.{random}``; those of killed
+        saves are removed by the next save in the directory (or
+        :func:`clean`).
 
     Returns
     -------
     pathlib.Path
         The path written (symlinks resolved).
+
+    Raises
+    ------
+    InvalidTreeError
+        A value that cannot be written.
+    ArchiveExistsError
+        ``existsok=False`` and the file exists, or ``path`` is a directory.
+    AccessDeniedError
+        The file or its directory is not writable (also a ``PermissionError``).
+    DiskFullError
+        No space left (also an ``OSError``); the old file, if any, is intact.
 
     Examples
     --------
@@ -88,10 +108,11 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
 
         return save_remote(flatten(tree), path, storage_options=storage_options, existsok=existsok,  # type: ignore[return-value]
                            compression=compression, compresslevel=compresslevel, num_threads=num_threads)  # fmt: skip
-    target = _writer.check_target(path, existsok)
-    entries = flatten(tree)
-    return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
-                                 num_threads=num_threads, progress=progress)  # fmt: skip
+    with user_errors(path, action="write"):
+        target = _writer.check_target(path, existsok)
+        entries = flatten(tree)
+        return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
+                                     num_threads=num_threads, progress=progress, durable=durable)  # fmt: skip
 
 
 def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | None = None,
@@ -143,8 +164,9 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
     if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: ranged reads
         return _remote.open_remote(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
                                    num_threads=num_threads, storage_options=storage_options)  # fmt: skip
-    return _archive.open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
-                                 num_threads=num_threads)  # fmt: skip
+    with user_errors(path):
+        return _archive.open_archive(as_local_path(path), mode=mode, subpath=subpath, allow_pickle=allow_pickle,
+                                     num_threads=num_threads)  # fmt: skip
 
 
 def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: str = "r",
@@ -169,13 +191,14 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
     if storage_options is not None or _remote.is_remote(path):
         return _remote.load_remote(path, subpath=subpath, mode=mode, allow_pickle=allow_pickle,
                                    num_threads=num_threads, storage_options=storage_options)  # fmt: skip
-    return _archive.load(path, subpath=subpath, mode=mode, allow_pickle=allow_pickle,
-                         num_threads=num_threads)  # fmt: skip
+    with user_errors(path, action="load"):
+        return _archive.load(as_local_path(path), subpath=subpath, mode=mode, allow_pickle=allow_pickle,
+                             num_threads=num_threads)  # fmt: skip
 
 
 def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
          compresslevel: int | None = None, num_threads: int | None = None,
-         progress: bool | None = None) -> Path:  # fmt: skip
+         progress: bool | None = None, durable: bool = True) -> Path:  # fmt: skip
     """Packs a tensordict memmap directory into an archive (like ``zip -0 -r``, aligned).
 
     Examples
@@ -188,10 +211,12 @@ def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
     ...     print(tdz_numba.load(tdz_numba.pack(d / "dir", d / "y.tdz"))["a"].tolist())
     [1.0, 1.0]
     """
-    target = _writer.check_target(path, True)
-    entries = _writer.directory_entries(Path(directory), target)
-    return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
-                                 num_threads=num_threads, progress=progress)  # fmt: skip
+    with user_errors(path, action="write"):
+        target = _writer.check_target(path, True)
+        with user_errors(directory, action="pack"):
+            entries = _writer.directory_entries(as_local_path(directory, what="directory"), target)
+        return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
+                                     num_threads=num_threads, progress=progress, durable=durable)  # fmt: skip
 
 
 def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None) -> Path:
@@ -208,7 +233,8 @@ def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None)
     ...     print(sorted(p.name for p in out.iterdir()))
     ['a.memmap', 'meta.json']
     """
-    return _integrity.unpack(path, directory, progress=progress)
+    with user_errors(path, action="unpack"):
+        return _integrity.unpack(as_local_path(path), as_local_path(directory, what="directory"), progress=progress)
 
 
 def is_archive(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> bool:
@@ -222,7 +248,7 @@ def is_archive(path: PathLike, *, storage_options: dict[str, Any] | None = None)
     """
     if storage_options is not None or _remote.is_remote(path):
         return _remote.is_archive_remote(path, storage_options=storage_options)
-    return _integrity.is_archive(path)
+    return _integrity.is_archive(as_local_path(path))
 
 
 def verify(path: PathLike, *, progress: bool | None = None,
@@ -245,7 +271,8 @@ def verify(path: PathLike, *, progress: bool | None = None,
     """
     if storage_options is not None or _remote.is_remote(path):
         return _remote.verify_remote(path, storage_options=storage_options, progress=progress)
-    return _integrity.verify(path, progress=progress)
+    with user_errors(path, action="verify"):
+        return _integrity.verify(as_local_path(path), progress=progress)
 
 
 def refresh_checksums(path: PathLike) -> Path:
@@ -265,16 +292,20 @@ def refresh_checksums(path: PathLike) -> Path:
     ...     print(tdz_numba.verify(p).entries, tdz_numba.load(p)["a"].tolist())
     2 [1.0, 1.0]
     """
-    return _integrity.refresh_checksums(path)
+    with user_errors(path, action="update"):
+        return _integrity.refresh_checksums(as_local_path(path))
 
 
-def allocate(template: Any, path: PathLike, *, existsok: bool = True) -> _archive.Archive:
+def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: bool = True) -> _archive.Archive:
     """Creates a zero-filled archive shaped like ``template``, open with ``mode="r+"``.
 
     Only shapes and dtypes of ``template`` are used: expanded (stride-0)
-    tensors are not materialized, and payloads are never written (the file is
-    created sparse; CRCs of the zeros are computed arithmetically). This is
-    tensordict's ``memmap_like`` to a ``.tdz``.
+    tensors are not materialized, and payloads are never written (CRCs of the
+    zeros are computed arithmetically). The file's space is reserved with
+    ``posix_fallocate``: a full disk raises :class:`~tdz_numba.DiskFullError`
+    here (nothing left behind) instead of a SIGBUS on a later write through the
+    mapping. This is tensordict's ``memmap_like`` to a ``.tdz``. ``durable``:
+    as for :func:`save`.
 
     Examples
     --------
@@ -287,6 +318,33 @@ def allocate(template: Any, path: PathLike, *, existsok: bool = True) -> _archiv
     ...         print(buf["obs"].shape, int(buf["obs"].sum()))
     torch.Size([1000, 84, 84]) 49392
     """
-    target = _writer.check_target(path, existsok)
-    _writer.write_entries(flatten(template, zeros=True), target)
-    return _archive.open_archive(target, mode="r+")
+    with user_errors(path, action="write"):
+        target = _writer.check_target(path, existsok)
+        _writer.write_entries(flatten(template, zeros=True), target, durable=durable)
+        return _archive.open_archive(target, mode="r+")
+
+
+def clean(directory: PathLike, *, dry_run: bool = False) -> list[Path]:
+    """Removes the temporary files and directories that killed saves and unpacks left in
+    ``directory`` (what ``tdz clean DIR`` does).
+
+    Only names of the form ``.{name}.tdz-tmp.{host}.{pid}.{random}`` made on
+    this host by a process that is no longer alive are removed; a save in
+    progress is never disturbed. Every save does this for its own directory.
+
+    Returns
+    -------
+    list of pathlib.Path
+        What was removed (or would be, with ``dry_run=True``).
+
+    Examples
+    --------
+    >>> import tempfile, tdz_numba
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     print(tdz_numba.api.clean(d))
+    []
+    """
+    from . import _tempfiles
+
+    with user_errors(directory, action="clean"):
+        return _tempfiles.clean(as_local_path(directory, what="directory"), dry_run=dry_run)

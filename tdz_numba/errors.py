@@ -34,6 +34,9 @@ __all__ = [
     "MissingKeyError",
     "UnknownCompressionError",
     "InternalError",
+    "FileMissingError",
+    "AccessDeniedError",
+    "DiskFullError",
 ]
 
 
@@ -113,3 +116,24 @@ class MissingKeyError(TdzError, KeyError):
 class InternalError(TdzError, RuntimeError):
     """tdz_numba broke one of its own invariants (a bug: please report it),
     e.g. a header whose length differs from the layout plan."""
+
+
+# -- file-system errors (safety helper): they name the user's path, never a temp name --
+class _OSMessage:
+    """``str()`` is the message, also when ``errno`` / ``filename`` are set."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class FileMissingError(_OSMessage, TdzError, FileNotFoundError):
+    """The archive (or directory) named by the caller does not exist."""
+
+
+class AccessDeniedError(_OSMessage, TdzError, PermissionError):
+    """The caller's path cannot be read or written (permissions, read-only file system)."""
+
+
+class DiskFullError(_OSMessage, TdzError, OSError):
+    """The file system has no room for the archive (``ENOSPC``/``EDQUOT``/``EFBIG``);
+    nothing was left behind."""

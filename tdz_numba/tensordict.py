@@ -64,11 +64,12 @@ def _tensordict():
 # ---------------------------------------------------------------------------
 def save(td: Any, path: str | os.PathLike, *, compression: str | None = None,
          compresslevel: int | None = None, existsok: bool = True, num_threads: int | None = None,
-         allow_pickle: bool = False) -> Path:  # fmt: skip
+         allow_pickle: bool = False, durable: bool = True) -> Path:  # fmt: skip
     """Writes a tensordict collection to a ``.tdz`` archive, as ``td.save(path)`` does.
 
     Non-JSON non-tensor data is pickled as tensordict pickles it only with
     ``allow_pickle=True``; otherwise :class:`~tdz_numba.InvalidTreeError`.
+    ``durable``: ``fsync`` before and after the rename, as :func:`tdz_numba.save`.
     """
     _tensordict()
     from . import api
@@ -78,7 +79,7 @@ def save(td: Any, path: str | os.PathLike, *, compression: str | None = None,
     if level is None:
         raise InvalidTreeError(f"expected a tensordict collection, got {type(td).__name__}")
     return api.save(level, path, compression=compression, compresslevel=compresslevel,
-                    existsok=existsok, num_threads=num_threads)  # fmt: skip
+                    existsok=existsok, num_threads=num_threads, durable=durable)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -468,6 +469,7 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
     def _make_archive_like(td, archive_path, *, num_threads=0, copy_existing=False,
                            share_non_tensor=False, existsok=True, robust_key=True):  # fmt: skip
         from . import writer
+        from ._paths import user_errors
         from .tree import flatten
 
         fallback_kw = dict(num_threads=num_threads, copy_existing=copy_existing,
@@ -480,7 +482,8 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
             level = _level_or_fallback(td, like=True)
         except _Fallback:
             return originals["_make_archive_like"](td, archive_path, existsok=True, **fallback_kw)
-        writer.write_entries(flatten(level, zeros=True), writer.check_target(archive_path, True))
+        with user_errors(archive_path, action="write"):
+            writer.write_entries(flatten(level, zeros=True), writer.check_target(archive_path, True))
         return archive_path
 
     orig_load_memmap = originals["TensorDictBase.load_memmap"].__func__
