@@ -145,6 +145,8 @@ def _oserror(cls: type[OSError], err: int, message: str, path: Any) -> OSError:
         exc.filename = os.fspath(path)
     except TypeError:
         pass
+    if hasattr(exc, "path"):  # TdzError's attribute
+        exc.path = exc.filename
     return exc
 
 

@@ -35,14 +35,13 @@ import hashlib
 import os
 import re
 import secrets
-import shutil
 import socket
 import stat
 import time
 from pathlib import Path
 
 __all__ = ["STALE_AGE", "temp_name", "parse_temp_name", "create_temp_file", "create_temp_dir", "clean",
-           "fsync_directory", "reserve"]  # fmt: skip
+           "fsync_directory", "reserve", "umask", "remove_tree"]  # fmt: skip
 
 #: Seconds without modification before a dead process's temp entry is removed.
 STALE_AGE = 2.0
@@ -144,7 +143,7 @@ def clean(directory: str | os.PathLike, *, min_age: float = STALE_AGE, dry_run: 
         if not dry_run:
             try:
                 if stat.S_ISDIR(st.st_mode):
-                    shutil.rmtree(entry.path)  # fd-based on Linux: never follows symlinks
+                    remove_tree(entry.path)  # iterative; never follows symlinks
                 else:
                     os.unlink(entry.path)
             except FileNotFoundError:  # another process cleaned it first
@@ -153,6 +152,68 @@ def clean(directory: str | os.PathLike, *, min_age: float = STALE_AGE, dry_run: 
                 continue  # not ours to remove (permissions): leave it
         removed.append(Path(entry.path))
     return removed
+
+
+def umask() -> int:
+    """The process umask, read without changing it where possible (``os.umask`` is
+    process-wide: setting it to read it races with other threads creating files)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Removes a directory tree without recursion and without following symbolic links.
+
+    Sub-directories are first renamed up into ``path`` (so that at most two
+    directories are open at a time, whatever the depth), then emptied and
+    removed. ``shutil.rmtree`` recurses once per level and fails on trees
+    deeper than the recursion limit.
+    """
+    path = os.fspath(path)
+    if not stat.S_ISDIR(os.lstat(path).st_mode):
+        os.unlink(path)
+        return
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    root = os.open(path, flags)
+    counter = 0
+    try:
+        while True:
+            names = os.listdir(root)
+            if not names:
+                break
+            for name in names:
+                st = os.stat(name, dir_fd=root, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(name, dir_fd=root)
+                    continue
+                sub = os.open(name, flags, dir_fd=root)
+                try:
+                    for child in os.listdir(sub):
+                        if stat.S_ISDIR(os.stat(child, dir_fd=sub, follow_symlinks=False).st_mode):
+                            while True:  # hoist it into the root under a fresh name
+                                counter += 1
+                                try:
+                                    os.rename(child, f".rm{counter}", src_dir_fd=sub, dst_dir_fd=root)
+                                    break
+                                except OSError:
+                                    if counter > 1 << 40:  # pragma: no cover
+                                        raise
+                        else:
+                            os.unlink(child, dir_fd=sub)
+                finally:
+                    os.close(sub)
+                os.rmdir(name, dir_fd=root)
+    finally:
+        os.close(root)
+    os.rmdir(path)
 
 
 def fsync_directory(directory: Path) -> None:
@@ -171,17 +232,45 @@ def fsync_directory(directory: Path) -> None:
 
 
 def reserve(fd: int, size: int) -> None:
-    """Allocates ``size`` bytes for ``fd`` (``posix_fallocate``), so that writes through a
-    mapping cannot hit a full disk later (SIGBUS). Raises ``OSError(ENOSPC)`` when the file
-    system has no room; falls back to a sparse ``ftruncate`` where allocation is unsupported."""
+    """Allocates ``size`` bytes for ``fd`` without writing them (Linux ``fallocate``:
+    unwritten extents, instant), so that writes through a mapping cannot hit a full disk
+    later (SIGBUS). Raises ``OSError(ENOSPC)`` when the file system has no room. Where
+    the file system cannot allocate (``EOPNOTSUPP``), the file is left sparse: glibc's
+    ``posix_fallocate`` emulation, which writes every block, is not used."""
+    os.ftruncate(fd, size)
     if size <= 0:
-        os.ftruncate(fd, 0)
         return
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS):
-            raise
-        os.ftruncate(fd, size)
-    except AttributeError:  # pragma: no cover - no posix_fallocate (macOS)
-        os.ftruncate(fd, size)
+    fallocate = _libc_fallocate()
+    if fallocate is None:  # pragma: no cover - not Linux
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except (OSError, AttributeError):
+            pass
+        return
+    import ctypes
+
+    if fallocate(fd, 0, ctypes.c_int64(0), ctypes.c_int64(size)) != 0:
+        err = ctypes.get_errno()
+        if err in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL):
+            return
+        raise OSError(err, os.strerror(err))
+
+
+_FALLOCATE: list = []
+
+
+def _libc_fallocate():
+    if not _FALLOCATE:
+        fn = None
+        try:
+            import ctypes
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            fn = libc.fallocate64 if hasattr(libc, "fallocate64") else libc.fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _FALLOCATE.append(fn)
+    return _FALLOCATE[0]

@@ -214,7 +214,10 @@ def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
     with user_errors(path, action="write"):
         target = _writer.check_target(path, True)
         with user_errors(directory, action="pack"):
-            entries = _writer.directory_entries(as_local_path(directory, what="directory"), target)
+            source = as_local_path(directory, what="directory")
+            if not source.exists():
+                raise FileNotFoundError(2, "no such directory", str(source))
+            entries = _writer.directory_entries(source, target)
         return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
                                      num_threads=num_threads, progress=progress, durable=durable)  # fmt: skip
 
@@ -233,8 +236,9 @@ def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None)
     ...     print(sorted(p.name for p in out.iterdir()))
     ['a.memmap', 'meta.json']
     """
-    with user_errors(path, action="unpack"):
-        return _integrity.unpack(as_local_path(path), as_local_path(directory, what="directory"), progress=progress)
+    from . import extract
+
+    return extract.unpack(as_local_path(path), as_local_path(directory, what="directory"), progress=progress)
 
 
 def is_archive(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> bool:
@@ -296,16 +300,20 @@ def refresh_checksums(path: PathLike) -> Path:
         return _integrity.refresh_checksums(as_local_path(path))
 
 
-def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: bool = True) -> _archive.Archive:
+def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: bool = True,
+             reserve: bool = True) -> _archive.Archive:  # fmt: skip
     """Creates a zero-filled archive shaped like ``template``, open with ``mode="r+"``.
 
     Only shapes and dtypes of ``template`` are used: expanded (stride-0)
     tensors are not materialized, and payloads are never written (CRCs of the
-    zeros are computed arithmetically). The file's space is reserved with
-    ``posix_fallocate``: a full disk raises :class:`~tdz_numba.DiskFullError`
-    here (nothing left behind) instead of a SIGBUS on a later write through the
-    mapping. This is tensordict's ``memmap_like`` to a ``.tdz``. ``durable``:
-    as for :func:`save`.
+    zeros are computed arithmetically). With ``reserve=True`` (default) the
+    file's blocks are allocated without being written (Linux ``fallocate``,
+    as ``posix_fallocate`` but never emulated by writing): a full disk raises
+    :class:`~tdz_numba.DiskFullError` here (nothing left behind) instead of a
+    SIGBUS on a later write through the mapping. ``reserve=False`` leaves the
+    file sparse (no disk used until written; then a full disk kills the
+    process with SIGBUS). This is tensordict's ``memmap_like`` to a ``.tdz``.
+    ``durable``: as for :func:`save`.
 
     Examples
     --------
@@ -320,7 +328,7 @@ def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: b
     """
     with user_errors(path, action="write"):
         target = _writer.check_target(path, existsok)
-        _writer.write_entries(flatten(template, zeros=True), target, durable=durable)
+        _writer.write_entries(flatten(template, zeros=True), target, durable=durable, reserve=reserve)
         return _archive.open_archive(target, mode="r+")
 
 

@@ -566,6 +566,17 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_clean(args: argparse.Namespace) -> int:
+    from .api import clean
+
+    removed = clean(args.directory, dry_run=args.dry_run)
+    for path in removed:
+        print(f"{'would remove' if args.dry_run else 'removed'} {path}")
+    print(f"{args.directory}: {len(removed)} stale temporary {'entry' if len(removed) == 1 else 'entries'}"
+          f"{' (dry run)' if args.dry_run else ''}")  # fmt: skip
+    return EXIT_OK
+
+
 # -- bench -----------------------------------------------------------------------------------
 
 
@@ -664,6 +675,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", metavar="FILE", help="the .tdz archive (modified in place)")
     _progress_flag(s)
     s.set_defaults(func=cmd_refresh)
+
+    s = sub.add_parser("clean", parents=[common], help="remove temp files left by killed saves and unpacks",
+                       description="Remove the temporary files and directories (.NAME.tdz-tmp.HOST.PID.RANDOM) "
+                                   "that saves and unpacks killed mid-write left in DIR: only those made on "
+                                   "this host by processes that are no longer running.")  # fmt: skip
+    s.add_argument("directory", metavar="DIR", help="the directory to clean")
+    s.add_argument("--dry-run", action="store_true", help="list what would be removed")
+    s.set_defaults(func=cmd_clean)
 
     sub.add_parser("bench", add_help=False, help="benchmark against tensordict, torch, safetensors "
                                                  "(tdz bench --help for options)")  # fmt: skip

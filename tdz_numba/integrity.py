@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import posixpath
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from .archive import DTYPES, open_archive
 from .bounds import parse_meta
 from .dtypes import torch_dtype
 from .errors import BadArchiveError, ChecksumError, TdzError
+from .extract import unpack  # moved to tdz_numba.extract; re-exported here
 from .progress import progress as _progress
 from .reader import ArchiveIndex
 
@@ -194,40 +194,6 @@ def refresh_checksums(path: str | os.PathLike) -> Path:
     finally:
         index.close()
     return Path(path)
-
-
-def _safe_member(name: str, archive: Path) -> str:
-    if name.startswith("/") or "\\" in name or ":" in name.split("/", 1)[0] or "\x00" in name:
-        raise BadArchiveError(f"{archive}: entry {name!r} has an absolute or unsafe path")
-    parts = name.split("/")
-    if any(p in ("..", ".") for p in parts):
-        raise BadArchiveError(f"{archive}: entry {name!r} escapes the target directory ('..')")
-    return posixpath.normpath(name)
-
-
-def unpack(path: str | os.PathLike, directory: str | os.PathLike, *, progress: bool | None = None) -> Path:
-    """Extracts an archive into a memmap directory; see :func:`tdz_numba.unpack`."""
-    index = ArchiveIndex(path, check_local=True)
-    directory = Path(directory)
-    try:
-        if "meta.json" not in index:
-            raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
-        names = [(n, _safe_member(n, index.path)) for n in index.names]
-        directory.mkdir(parents=True, exist_ok=True)
-        with _progress(int(index.table["size"].sum()), "unpack", enabled=progress) as bar:
-            for name, rel in names:
-                target = directory / rel
-                if name.endswith("/"):
-                    target.mkdir(parents=True, exist_ok=True)
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                data = index.read(name)  # checks the CRC
-                with open(target, "wb") as f:
-                    f.write(memoryview(data))
-                bar.update(data.size)
-    finally:
-        index.close()
-    return directory
 
 
 def is_archive(path: str | os.PathLike, *, thorough: bool = True) -> bool:

@@ -51,7 +51,13 @@ import numpy as np
 from . import _tempfiles, codecs, records
 from ._jit import run_parallel
 from ._paths import as_local_path
-from .errors import AccessDeniedError, ArchiveExistsError, BadArchiveError, InternalError, InvalidArgumentError
+from .errors import (
+    AccessDeniedError,
+    ArchiveExistsError,
+    BadArchiveError,
+    InternalError,
+    InvalidArgumentError,
+)
 from .layout import plan
 from .progress import progress as _progress
 from .tree import Entry
@@ -80,9 +86,11 @@ def check_target(path: str | os.PathLike, existsok: bool) -> Path:
 
 def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | None = None,
                   compresslevel: int | None = None, num_threads: int | None = None,
-                  progress: bool | None = None, durable: bool = True) -> Path:  # fmt: skip
+                  progress: bool | None = None, durable: bool = True, reserve: bool = True) -> Path:  # fmt: skip
     """Writes ``entries`` as an archive at ``target`` (atomically; with ``durable``,
-    ``fsync`` of the file before the rename and of the directory after it)."""
+    ``fsync`` of the file before the rename and of the directory after it). Zero
+    payloads (``allocate``) are never written; with ``reserve`` their blocks are
+    allocated (``fallocate``), so that a full disk fails here, not on a later write."""
     from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
 
     method = codecs.method_of(compression)
@@ -125,7 +133,7 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
     _tempfiles.clean(target.parent)  # leftovers of killed saves (dead processes only)
     fd, tmp = _tempfiles.create_temp_file(target.parent, target.name)
     try:
-        if any(sources[i] is None and size[i] for i in range(n)):
+        if reserve and any(sources[i] is None and size[i] for i in range(n)):
             _tempfiles.reserve(fd, p.file_size)  # allocate: room for the zeros, or ENOSPC now
         else:
             os.ftruncate(fd, p.file_size)
@@ -256,16 +264,7 @@ def write_segments(fd: int, segments: list[tuple[int, object]]) -> None:
 
 
 def _default_mode() -> int:
-    try:  # Linux: read the umask without changing it (os.umask is process-wide, racy)
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    return 0o666 & ~_tempfiles.umask()
 
 
 # ---------------------------------------------------------------------------
