@@ -308,7 +308,7 @@ def test_public_api_is_pinned():
         "refresh_checksums", "allocate", "Archive", "LeafInfo", "Level", "RawFile", "PickledData",
         "VerifyReport", "TdzError", "BadArchiveError", "ChecksumError", "UnsupportedError",
         "ArchiveExistsError", "UnsafeContentError", "InvalidTreeError", "InvalidArgumentError",
-        "MissingKeyError", "UnknownCompressionError",
+        "MissingKeyError", "UnknownCompressionError", "FileMissingError", "AccessDeniedError", "DiskFullError",
     ]  # fmt: skip
     for name in tdz_numba.__all__:
         assert getattr(tdz_numba, name) is not None
