@@ -120,17 +120,31 @@ def _walk_structure(ar) -> tuple[int, int]:
 def _verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
     """Checks the CRC-32 of compressed entries in bounded memory: small deflate
     entries inflated in parallel batches of <= 2 x ``codecs.STREAM_CHUNK``
-    bytes, the others streamed through one ``STREAM_CHUNK`` buffer."""
+    bytes into one reused buffer, the others streamed through one
+    ``STREAM_CHUNK`` buffer (``codecs.stream_member``)."""
     from . import codecs
 
+    limit = 2 * codecs.STREAM_CHUNK
+    scratch: list[np.ndarray] = []
     batch: list = []
     held = 0
+
+    def flush() -> None:
+        if not scratch:  # one buffer for every batch: its pages are faulted in once
+            small = sum(int(index.entry(index.names[i]).size) for i in rows
+                        if index.entry(index.names[i]).size <= codecs.STREAM_CHUNK)  # fmt: skip
+            scratch.append(np.empty(max(1, min(limit, small)), np.uint8))
+        jobs = [(f"{index.path}: entry {e.name!r}", index.raw(e), e.size, e.crc,
+                 codecs.parse_segment_table(index.local_extra(e), f"{index.path}: entry {e.name!r}"))
+                for e in batch]  # fmt: skip
+        codecs.inflate_many(jobs, None, into=scratch[0])  # in parallel; checks the CRCs
+        bar.update(sum(b.compressed_size for b in batch))
+
     for i in rows:
         e = index.entry(index.names[i])
         if e.method == records.DEFLATED and e.size <= codecs.STREAM_CHUNK:
-            if batch and held + e.size > 2 * codecs.STREAM_CHUNK:
-                index.inflate(batch)  # in parallel; checks the CRCs
-                bar.update(sum(b.compressed_size for b in batch))
+            if batch and held + e.size > limit:
+                flush()
                 batch, held = [], 0
             batch.append(e)
             held += e.size
@@ -140,8 +154,7 @@ def _verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
         codecs.stream_member(index.raw(e), e.method, e.size, e.crc, table, None, where)
         bar.update(e.compressed_size)
     if batch:
-        index.inflate(batch)
-        bar.update(sum(b.compressed_size for b in batch))
+        flush()
 
 
 def _check_leaf(node, leaf) -> None:

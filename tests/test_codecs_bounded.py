@@ -121,6 +121,12 @@ def test_memory_budget_is_overridable(monkeypatch):
     jobs = [(f"e{i}", u8(deflate(bytes(6000))), 6000, None, None) for i in range(2)]
     with pytest.raises(BadArchiveError, match="together declare 12000"):
         codecs.inflate_many(jobs, 1)
+    # into a caller's buffer: its size is the limit; outputs are consecutive views of it
+    buf = np.empty(12_000, np.uint8)
+    outs = codecs.inflate_many(jobs, 1, into=buf)
+    assert [o.ctypes.data - buf.ctypes.data for o in outs] == [0, 6000] and not buf.any()
+    with pytest.raises(BadArchiveError, match="12000"):
+        codecs.inflate_many(jobs, 1, into=buf[:11_999])
     # streaming holds nothing of the entry's size: allowed
     assert codecs.stream_member(u8(deflate(b)), 8, len(b), zlib.crc32(b), None, None, "s", chunk=4096) == zlib.crc32(b)
 

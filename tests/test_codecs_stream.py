@@ -139,6 +139,32 @@ def test_verify_streams_large_entries(compression, monkeypatch, tmp_path):
         tdz_numba.verify(p)
 
 
+def test_verify_batches_share_one_buffer(monkeypatch, tmp_path):
+    tree = {f"k{i}": torch.arange(750, dtype=torch.float32) + i for i in range(7)}  # 3000 bytes each
+    p = tdz_numba.save(tree, tmp_path / "x.tdz", compression="deflate")
+    monkeypatch.setattr(codecs, "STREAM_CHUNK", 4096)  # batches of <= 8192 bytes: two entries each
+    seen: list[tuple[int, int]] = []
+    real = codecs.inflate_many
+
+    def spy(jobs, num_threads, **kw):
+        seen.append((len(jobs), kw["into"].ctypes.data))
+        return real(jobs, num_threads, **kw)
+
+    monkeypatch.setattr(codecs, "inflate_many", spy)
+    assert tdz_numba.verify(p).leaves == 7
+    assert [n for n, _ in seen] == [2, 2, 2, 1] and len({a for _, a in seen}) == 1
+    from tdz_numba.reader import ArchiveIndex
+
+    idx = ArchiveIndex(p)
+    e = idx.entry("k6.memmap")
+    idx.close()
+    data = bytearray(p.read_bytes())
+    data[e.payload_offset + 5] ^= 0x10
+    p.write_bytes(bytes(data))
+    with pytest.raises(BadArchiveError, match="k6.memmap"):
+        tdz_numba.verify(p)
+
+
 # ---------------------------------------------------------------------------
 # peak RSS (child processes)
 # ---------------------------------------------------------------------------
