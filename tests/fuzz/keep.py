@@ -77,6 +77,20 @@ def keep(out: Path, per_cause: int = 25) -> int:
     return added
 
 
+def add(data: bytes, op: str, *, subpath: str | None, how: str, cause: str, owner: str | None,
+        seed: str = "manual") -> str:  # fmt: skip
+    """Adds one input by hand (a reproducer found outside a run); returns its file name."""
+    index_path = HOSTILE / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else []
+    name = hashlib.sha256(data).hexdigest()[:16] + f"-{op}.bin.gz"
+    if name not in {f["file"] for f in index}:
+        (HOSTILE / name).write_bytes(gzip.compress(data, 9, mtime=0))
+        index.append({"file": name, "op": op, "subpath": subpath, "seed": seed, "how": how, "cause": cause,
+                      "owner": owner, "msg": ""})  # fmt: skip
+        index_path.write_text(json.dumps(index, indent=1) + "\n")
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out", type=Path)
