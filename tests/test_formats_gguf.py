@@ -269,6 +269,10 @@ def _pad(b: bytes, n=32) -> bytes:
         (_header(0, 1) + _s(b"k") + struct.pack("<IIQ", 9, 4, 2**61), BadArchiveError),  # array count
         (_header(0, 1) + _s(b"k") + struct.pack("<IIQ", 9, 77, 1) + b"\0" * 8, BadArchiveError),  # item type
         (_header(0, 1) + _s(b"k") + struct.pack("<I", 8) + struct.pack("<Q", 10**12), BadArchiveError),
+        (_header(0, 1) + _s(b"k") + struct.pack("<IIQ", 9, 8, 2) + _s(b"a") + struct.pack("<Q", 2**40) + b"\0" * 16,
+         BadArchiveError),  # string array item length
+        (_header(0, 1) + _s(b"k") + struct.pack("<IIQ", 9, 8, 3) + _s(b"a") + _s(b"b") + b"\0" * 4,
+         BadArchiveError),  # string array truncated
         (_header(0, 2) + (_s(b"k") + struct.pack("<IB", 0, 1)) * 2, BadArchiveError),  # duplicate key
         (_header(0, 1) + _s(b"general.alignment") + struct.pack("<II", 4, 48), BadArchiveError),
         (_header(0, 1) + _s(b"general.alignment") + struct.pack("<Q", 8) + b"abcdefgh", BadArchiveError),

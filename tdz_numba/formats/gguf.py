@@ -74,6 +74,7 @@ _SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4)
             6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}  # fmt: skip
 _NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8",
        11: "<i8", 12: "<f8"}  # fmt: skip
+_U64 = struct.Struct("<Q")
 _MIN_SIZE = {**{k: v[1] for k, v in _SCALARS.items()}, 8: 8, 9: 12}
 
 
@@ -130,6 +131,25 @@ class _Cursor:
             )
         return n
 
+    def _strings(self, n: int, what: str) -> list[str]:
+        buf, pos, size = self.buf, self.pos, self.size
+        unpack = _U64.unpack_from
+        out = []
+        append = out.append
+        for i in range(n):
+            if pos + 8 > size:
+                self.pos = pos
+                self.need(8, f"{what} item {i} length")
+            (ln,) = unpack(buf, pos)
+            pos += 8
+            if ln > size - pos:
+                self.pos = pos
+                self.need(ln, f"{what} item {i}")
+            append(str(buf[pos : pos + ln], "utf-8", "replace"))
+            pos += ln
+        self.pos = pos
+        return out
+
     def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if vtype in _SCALARS:
             fmt, n = _SCALARS[vtype]
@@ -144,6 +164,8 @@ class _Cursor:
         if itype not in _MIN_SIZE:
             raise BadArchiveError(f"{self.where}: {what}: unknown array item type {itype} at offset {self.pos - 4}")
         n = self.count(f"{what} item count", _MIN_SIZE[itype])
+        if itype == 8:  # string arrays (vocabularies: 100k+ items): one tight loop
+            return self._strings(n, what)
         if itype in _NP:
             arr = np.frombuffer(self.buf, dtype=_NP[itype], count=n, offset=self.pos)
             self.pos += n * _SCALARS[itype][1]

@@ -12,7 +12,9 @@ typed fields (``float_data``, ``int32_data``, ``int64_data``, ``double_data``,
 ``onnx.numpy_helper``'s conventions (float16/bfloat16/float8 bit patterns in
 ``int32_data``); STRING initializers become lists of ``str``. 4-, 2- and
 6-bit types and segmented tensors are refused when read
-(:class:`~tdz_numba.UnsupportedError`). The onnx package is not needed to read.
+(:class:`~tdz_numba.UnsupportedError`); sparse initializers and the
+initializers of subgraphs (If/Loop bodies) are not listed. The onnx package
+is not needed to read.
 
 ``metadata``: ``ir_version``, ``producer_name``, ``producer_version``,
 ``domain``, ``model_version``, ``doc_string``, ``opset_import`` (domain ->
