@@ -37,6 +37,7 @@ __all__ = [
     "FileMissingError",
     "AccessDeniedError",
     "DiskFullError",
+    "RemoteError",
 ]
 
 
@@ -137,3 +138,9 @@ class AccessDeniedError(_OSMessage, TdzError, PermissionError):
 class DiskFullError(_OSMessage, TdzError, OSError):
     """The file system has no room for the archive (``ENOSPC``/``EDQUOT``/``EFBIG``);
     nothing was left behind."""
+
+
+class RemoteError(TdzError, OSError):
+    """A remote object (fsspec URL) could not be read or written: a network failure
+    after retries, a short read, a missing object, a failed upload. The message and
+    ``path``/``entry``/``offset`` name the URL and the entries concerned."""

@@ -47,7 +47,15 @@ import numpy as np
 
 from . import records
 from .archive import Archive, _State, subpath_prefix
-from .errors import BadArchiveError, ChecksumError, InvalidArgumentError, MissingKeyError, TdzError
+from .errors import (
+    BadArchiveError,
+    ChecksumError,
+    FileMissingError,
+    InvalidArgumentError,
+    MissingKeyError,
+    RemoteError,
+    TdzError,
+)
 from .reader import ArchiveIndex
 
 __all__ = ["RemoteError", "RemoteIndex", "is_remote", "open_remote", "load_remote", "verify_remote",
@@ -69,11 +77,6 @@ ATTEMPTS = 3
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*::?//|^[A-Za-z][A-Za-z0-9+.\-]*::")
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
-
-
-class RemoteError(TdzError, OSError):
-    """A remote object could not be read or written (network failure, short read,
-    missing object); the message names the URL and the entries concerned."""
 
 
 def is_remote(target: Any) -> bool:
@@ -125,7 +128,7 @@ class _Fetcher:
                     return int(self.file.seek(0, 2))
             return int(self.fs.size(self.path))
         except FileNotFoundError:
-            raise RemoteError(f"{self.label}: no such object", path=self.label) from None
+            raise FileMissingError(f"{self.label}: no such object", path=self.label) from None
         except Exception as exc:
             raise RemoteError(f"{self.label}: cannot read the object's size: {exc}", path=self.label) from exc
 
@@ -140,7 +143,7 @@ class _Fetcher:
                     return bytes(self.file.read())
             return bytes(self.fs.cat_file(self.path, start=-n))
         except FileNotFoundError:
-            raise RemoteError(f"{self.label}: no such object", path=self.label) from None
+            raise FileMissingError(f"{self.label}: no such object", path=self.label) from None
         except Exception as exc:
             raise RemoteError(f"{self.label}: reading the last {n} bytes failed: {exc}", path=self.label) from exc
 

@@ -166,7 +166,7 @@ def save_remote(entries: Sequence[Entry], target: Any, *, storage_options: dict[
     interruption) a multipart upload is aborted (s3fs ``discard``) or the
     temporary object removed, and an existing object is left intact.
     """
-    from .remote import RemoteError
+    from .errors import RemoteError
 
     if not isinstance(target, str):
         if storage_options:
@@ -192,7 +192,8 @@ def save_remote(entries: Sequence[Entry], target: Any, *, storage_options: dict[
             tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
             f = fs.open(tmp, "wb", **opts)
     except Exception as exc:
-        raise RemoteError(f"{target}: cannot open the object for writing: {type(exc).__name__}: {exc}") from exc
+        raise RemoteError(f"{target}: cannot open the object for writing: {type(exc).__name__}: {exc}",
+                          path=target) from exc
     try:
         stream_entries(entries, f, **kwargs)
         f.close()
@@ -210,7 +211,7 @@ def save_remote(entries: Sequence[Entry], target: Any, *, storage_options: dict[
         if isinstance(exc, (TdzError, KeyboardInterrupt, SystemExit, AssertionError)):
             raise
         raise RemoteError(f"{target}: upload failed, nothing written (an existing object is intact): "
-                          f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+                          f"{type(exc).__name__}: {exc}", path=target) from exc  # fmt: skip
     return target
 
 

@@ -201,8 +201,9 @@ def test_object_replaced_between_open_and_read(http, tmp_path):
 
 
 def test_missing_object_and_subpath(http, wide):
-    with pytest.raises(remote.RemoteError, match="nothing.tdz"):
+    with pytest.raises(FileNotFoundError, match="nothing.tdz") as info:
         tdz_numba.open(http.url("nothing.tdz"))
+    assert isinstance(info.value, TdzError) and info.value.path == http.url("nothing.tdz")
     url = http.put("wide.tdz", wide[2])
     with pytest.raises(MissingKeyError, match="wide.tdz"):
         tdz_numba.open(url, subpath="nope")
