@@ -11,6 +11,7 @@ the compiled kernels instead of compiling them again.
 from __future__ import annotations
 
 import ctypes
+import numbers
 import threading
 
 import llvmlite.binding as llvm
@@ -20,7 +21,7 @@ from numba.extending import intrinsic
 
 __all__ = ["KERNEL", "PARALLEL", "HAVE_ZNG_CRC", "HAVE_ZNG_CODEC", "zng_crc32_z", "zng_deflateInit2",
            "zng_deflate", "zng_deflateEnd", "zng_inflateInit2", "zng_inflate", "zng_inflateEnd",
-           "u8_pointer", "run_parallel"]  # fmt: skip
+           "u8_pointer", "run_parallel", "check_num_threads"]  # fmt: skip
 
 #: Serial kernels: no Python objects, GIL released, cached on disk.
 KERNEL = {"nogil": True, "cache": True}
@@ -83,6 +84,29 @@ def u8_pointer(typingctx, address):
 _PARALLEL_LOCK = threading.Lock()
 
 
+def check_num_threads(num_threads: object) -> int | None:
+    """The one check of every ``num_threads`` argument: None (all cores) or an int >= 1.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For 0, negative numbers, floats, bools and anything else.
+
+    Examples
+    --------
+    >>> check_num_threads(2), check_num_threads(None)
+    (2, None)
+    """
+    if num_threads is None:
+        return None
+    if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"num_threads must be an int >= 1 or None, got {num_threads!r}",
+                                   expected="an int >= 1 or None", found=num_threads)  # fmt: skip
+    return int(num_threads)
+
+
 def run_parallel(kernel, *args, num_threads: int | None = None):
     """Calls a ``parallel=True`` kernel on ``num_threads`` threads (None: all cores).
 
@@ -93,12 +117,9 @@ def run_parallel(kernel, *args, num_threads: int | None = None):
     import numba
 
     with _PARALLEL_LOCK:
+        num_threads = check_num_threads(num_threads)
         if num_threads is None:
             return kernel(*args)
-        if num_threads < 1:
-            from .errors import InvalidArgumentError
-
-            raise InvalidArgumentError(f"num_threads must be >= 1 or None, got {num_threads}")
         previous = numba.get_num_threads()
         numba.set_num_threads(min(num_threads, numba.config.NUMBA_NUM_THREADS))
         try:

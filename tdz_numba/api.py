@@ -32,6 +32,12 @@ __all__ = ["save", "open", "load", "pack", "unpack", "is_archive", "verify",
 PathLike = str | os.PathLike
 
 
+def _check_num_threads(num_threads: object) -> None:
+    from ._jit import check_num_threads  # numba loads with the first kernel anyway
+
+    check_num_threads(num_threads)
+
+
 def save(tree: Any, path: PathLike, *, compression: str | None = None,
          compresslevel: int | None = None, existsok: bool = True,
          num_threads: int | None = None, progress: bool | None = None,
@@ -103,6 +109,7 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
     ...     print(p.suffix, tdz_numba.load(p)["w"].sum().item())
     .tdz 4.0
     """
+    _writer.check_write_args(compression, compresslevel, num_threads)
     if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: streamed
         from .remote_write import save_remote
 
@@ -161,6 +168,7 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
     ...         print(list(ar), ar["b"].tolist())
     ['b'] [0, 1, 2]
     """
+    _check_num_threads(num_threads)
     if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: ranged reads
         return _remote.open_remote(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
                                    num_threads=num_threads, storage_options=storage_options)  # fmt: skip
@@ -188,6 +196,7 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
     ...     print(isinstance(tree, dict), tree["tag"], tree["x"].tolist())
     True run-1 [1.0, 1.0, 1.0]
     """
+    _check_num_threads(num_threads)
     if storage_options is not None or _remote.is_remote(path):
         return _remote.load_remote(path, subpath=subpath, mode=mode, allow_pickle=allow_pickle,
                                    num_threads=num_threads, storage_options=storage_options)  # fmt: skip

@@ -589,8 +589,9 @@ def open_archive(path: str | os.PathLike, *, mode: str = "r",
     """Opens an archive lazily; see :func:`tdz_numba.open`."""
     if mode not in ("r", "r+"):
         raise InvalidArgumentError(f"mode must be 'r' or 'r+', got {mode!r}")
-    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-        raise InvalidArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
+    from ._jit import check_num_threads
+
+    num_threads = check_num_threads(num_threads)
     index = ArchiveIndex(path, writable=mode == "r+")
     state = _State(index, mode, allow_pickle, num_threads)
     prefix = subpath_prefix(subpath)

@@ -223,9 +223,14 @@ def is_archive(path: str | os.PathLike, *, thorough: bool = True) -> bool:
     try:
         if "meta.json" not in index:
             return False
-        parse_meta(index.read_bytes("meta.json"), str(p))  # deep JSON: BadArchiveError, not RecursionError
+        from .tree import describe_level
+
+        meta = parse_meta(index.read_bytes("meta.json"), str(p))  # deep JSON: BadArchiveError, not RecursionError
+        # the root level as open reads it: is_archive is True exactly when open succeeds
+        describe_level(meta, "", lambda: index.listing(""), lambda sub: sub + "meta.json" in index or index.is_dir(sub),
+                       str(p))  # fmt: skip
         return True
-    except (TdzError, ValueError):
+    except (TdzError, ValueError, RecursionError):
         return False
     finally:
         index.close()

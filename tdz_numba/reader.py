@@ -225,7 +225,7 @@ class ArchiveIndex:
         self._files = files = {"": set()}
         self._dirs = dirs = {"": set()}
         for name in self.names:
-            if name.count("/") > records.MAX_NAME_DEPTH:
+            if name.count("/") >= records.MAX_NAME_DEPTH:
                 raise BadArchiveError(
                     f"{self.path}: entry {name[:60]!r}... has {name.count('/') + 1} path components, "
                     f"more than the {records.MAX_NAME_DEPTH} tdz_numba reads",

@@ -48,7 +48,7 @@ __all__ = [
     "Col", "INDEX_DTYPE", "IndexRow", "Status",
     "ZIP64_SIZES", "ZIP64_OFFSET", "central_zip64", "local_header_len", "central_record_len", "needs_zip64_end",
     "end_records_len", "dos_datetime", "name_flags", "local_headers", "central_directory", "end_records",
-    "EndRecord", "find_end_record",
+    "EndRecord", "find_end_record", "read_record", "end_record_position",
 ]  # fmt: skip
 
 #: Payload alignment of ``*.memmap`` entries (tensordict's ``_ALIGNMENT``).
@@ -556,9 +556,25 @@ class EndRecord:
     zip64: bool
 
 
-def _read(buf, offset: int, dtype: np.dtype):
-    """One record at ``offset`` (the caller has checked it lies inside ``buf``)."""
+def read_record(buf, offset: int, dtype: np.dtype):
+    """One record (a numpy structured scalar) at ``offset`` of ``buf``; None when
+    it does not fit inside ``buf``."""
+    if offset < 0 or offset > len(buf) - dtype.itemsize:
+        return None
     return np.frombuffer(bytes(buf[offset : offset + dtype.itemsize]), dtype)[0]
+
+
+def end_record_position(tail: bytes) -> int:
+    """Position in ``tail`` (the last bytes of a file) of the end-of-central-directory
+    record whose comment reaches exactly to the end; -1 if there is none."""
+    pos = tail.rfind(END_SIG)
+    while pos >= 0:
+        if pos + End.SIZEOF <= len(tail):
+            comment_len = int.from_bytes(tail[pos + End.COMMENT_LEN : pos + End.SIZEOF], "little")
+            if pos + End.SIZEOF + comment_len == len(tail):
+                return pos
+        pos = tail.rfind(END_SIG, 0, pos)
+    return -1
 
 
 def find_end_record(buf, name: str = "archive") -> EndRecord:
@@ -593,14 +609,7 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
         )  # fmt: skip
     lo = max(0, size - (End.SIZEOF + 0xFFFF))
     tail = bytes(buf[lo:size])
-    pos = tail.rfind(END_SIG)
-    while pos >= 0:
-        # the comment length must reach exactly to the end of the file
-        if pos + End.SIZEOF <= len(tail):
-            comment_len = int.from_bytes(tail[pos + End.COMMENT_LEN : pos + End.SIZEOF], "little")
-            if pos + End.SIZEOF + comment_len == len(tail):
-                break
-        pos = tail.rfind(END_SIG, 0, pos)
+    pos = end_record_position(tail)
     if pos < 0:
         raise BadArchiveError(
             f"{name}: no end-of-central-directory record (signature PK\\5\\6) in "
@@ -608,13 +617,13 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
             path=name,
         )
     end_offset = lo + pos
-    rec = _read(tail, pos, END_DT)
+    rec = read_record(tail, pos, END_DT)
     disk, cd_disk, n_disk = int(rec["disk"]), int(rec["cd_disk"]), int(rec["disk_count"])
     count, cd_size, cd_offset = int(rec["count"]), int(rec["cd_size"]), int(rec["cd_offset"])
     zip64 = False
     loc = end_offset - Zip64Locator.SIZEOF
     if loc >= 0 and bytes(buf[loc : loc + 4]) == ZIP64_LOCATOR_SIG:
-        locator = _read(buf, loc, ZIP64_LOCATOR_DT)
+        locator = read_record(buf, loc, ZIP64_LOCATOR_DT)
         z_end, n_disks = int(locator["end_offset"]), int(locator["disks"])
         if z_end > loc - Zip64End.SIZEOF:  # also: the locator left no room for the record
             raise BadArchiveError(
@@ -622,7 +631,7 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
                 f"{z_end}, outside the file (expected <= {loc - Zip64End.SIZEOF})",
                 path=name, offset=loc, expected=loc - Zip64End.SIZEOF, found=z_end,
             )  # fmt: skip
-        z = _read(buf, z_end, ZIP64_END_DT)
+        z = read_record(buf, z_end, ZIP64_END_DT)
         if bytes(z["sig"]) != ZIP64_END_SIG:
             raise BadArchiveError(
                 f"{name}: no zip64 end record at offset {z_end} "

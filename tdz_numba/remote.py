@@ -36,7 +36,6 @@ from __future__ import annotations
 import mmap
 import os
 import re
-import struct
 import sys
 import threading
 import time
@@ -174,25 +173,21 @@ def _infer_size(body: bytes, label: str) -> int | None:
     places the tail; None when the records do not allow it (then a size
     request is made).
     """
-    end = records.END_SIG
-    pos = body.rfind(end)
-    while pos >= 0:
-        if pos + 22 <= len(body) and pos + 22 + struct.unpack_from("<H", body, pos + 20)[0] == len(body):
-            break
-        pos = body.rfind(end, 0, pos)
+    pos = records.end_record_position(body)
     if pos < 0:
         return None
-    loc = pos - 20
+    loc = pos - records.Zip64Locator.SIZEOF
     if loc >= 0 and body[loc : loc + 4] == records.ZIP64_LOCATOR_SIG:
-        z_end = struct.unpack_from("<Q", body, loc + 8)[0]
+        z_end = int(records.read_record(body, loc, records.ZIP64_LOCATOR_DT)["end_offset"])
         q = body.rfind(records.ZIP64_END_SIG, 0, loc)
         return None if q < 0 else z_end + (len(body) - q)
-    _, _, _, _, count, cd_size, cd_offset, _ = struct.unpack_from("<4sHHHHIIH", body, pos)
+    end = records.read_record(body, pos, records.END_DT)
+    count, cd_size, cd_offset = int(end["count"]), int(end["cd_size"]), int(end["cd_offset"])
     size = cd_offset + cd_size + (len(body) - pos)
     start = size - len(body)
     if start < 0:
         return None
-    if count and cd_offset >= start and body[cd_offset - start : cd_offset - start + 4] != b"PK\x01\x02":
+    if count and cd_offset >= start and body[cd_offset - start : cd_offset - start + 4] != records.CENTRAL_SIG.to_bytes(4, "little"):
         return None
     return size
 
@@ -442,8 +437,8 @@ def open_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, mo
         raise InvalidArgumentError(f"{target}: remote archives are read-only: mode must be 'r', got {mode!r}")
     if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
         raise InvalidArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
-    if not isinstance(tail_bytes, int) or tail_bytes < 22:
-        raise InvalidArgumentError(f"tail_bytes must be an int >= 22, got {tail_bytes!r}")
+    if not isinstance(tail_bytes, int) or tail_bytes < records.End.SIZEOF:
+        raise InvalidArgumentError(f"tail_bytes must be an int >= {int(records.End.SIZEOF)}, got {tail_bytes!r}")
     index = RemoteIndex(target, storage_options=storage_options, verify=verify, tail_bytes=tail_bytes)
     label = index.path
     prefix = subpath_prefix(subpath)

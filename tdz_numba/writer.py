@@ -62,7 +62,7 @@ from .layout import plan
 from .progress import progress as _progress
 from .tree import Entry
 
-__all__ = ["write_entries", "check_target", "directory_entries"]
+__all__ = ["write_entries", "check_target", "check_write_args", "directory_entries"]
 
 
 def check_target(path: str | os.PathLike, existsok: bool) -> Path:
@@ -84,6 +84,31 @@ def check_target(path: str | os.PathLike, existsok: bool) -> Path:
     return target
 
 
+def check_write_args(compression: str | None, compresslevel: int | None, num_threads: object) -> None:
+    """The checks of ``save``/``pack`` arguments shared by every write path: a known
+    compression, a level that it takes (none without compression), a valid thread count.
+
+    Examples
+    --------
+    >>> check_write_args("deflate", 6, 2)
+    >>> check_write_args(None, 6, None)
+    Traceback (most recent call last):
+    ...
+    tdz_numba.errors.InvalidArgumentError: compresslevel 6 given without compression: pass compression="deflate", "bzip2" or "lzma", or no compresslevel
+    """
+    from ._jit import check_num_threads
+
+    method = codecs.method_of(compression)
+    if compresslevel is not None and method == records.STORED:
+        raise InvalidArgumentError(
+            f"compresslevel {compresslevel!r} given without compression: pass "
+            f'compression="deflate", "bzip2" or "lzma", or no compresslevel',
+            expected=None, found=compresslevel,
+        )  # fmt: skip
+    codecs.check_level(method, compresslevel)
+    check_num_threads(num_threads)
+
+
 def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | None = None,
                   compresslevel: int | None = None, num_threads: int | None = None,
                   progress: bool | None = None, durable: bool = True, reserve: bool = True) -> Path:  # fmt: skip
@@ -93,8 +118,8 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
     allocated (``fallocate``), so that a full disk fails here, not on a later write."""
     from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
 
+    check_write_args(compression, compresslevel, num_threads)
     method = codecs.method_of(compression)
-    codecs.check_level(method, compresslevel)
     n = len(entries)
     methods = np.zeros(n, np.int64)
     stored_size = np.zeros(n, np.int64)

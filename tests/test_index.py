@@ -1,0 +1,212 @@
+"""The reader's index under hostile input: overflow-safe bounds, STORED sizes, deep names,
+error attributes, and the argument checks every entry point shares."""
+
+import io
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from naive import naive_archive, naive_central_record, naive_end_records, naive_index, naive_local_header
+
+import tdz_numba
+from tdz_numba import kernels, records
+from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError
+from tdz_numba.reader import ArchiveIndex
+from tdz_numba.records import Col, Status
+
+DOS = (0, 33)
+META = b'{"a": {"device": "cpu", "shape": [2], "dtype": "torch.float32", "is_nested": false}, "shape": [], ' \
+       b'"device": null, "_type": "<class \'tensordict._td.TensorDict\'>", "_format_version": 1, ' \
+       b'"_class": "tensordict:TensorDict"}'  # fmt: skip
+DATA = np.arange(2, dtype=np.float32).tobytes()
+
+
+def _crafted(*, hoff=None, csize=None, size=None) -> bytes:
+    """meta.json + a.memmap, with the central record of a.memmap lying about
+    its header offset or sizes (values up to 2**64 - 1, in the zip64 extra)."""
+    out, central = b"", b""
+    for name, data, pad in ((b"meta.json", META, None), (b"a.memmap", DATA, 0)):
+        if pad is not None:
+            pad = -(len(out) + 30 + len(name) + 4 + 20) % 64
+        kw = dict(crc=zlib.crc32(data), size=len(data), csize=len(data), method=0, dos=DOS, pad=pad, flags=0)
+        h = len(out)
+        out += naive_local_header(name, **kw) + data
+        if name == b"a.memmap":
+            kw.update(size=len(data) if size is None else size, csize=len(data) if csize is None else csize)
+            h = h if hoff is None else hoff
+        central += naive_central_record(name, header_offset=h, **kw)
+    return out + central + naive_end_records(2, len(out), len(central))
+
+
+def _write(tmp_path, buf, name="x.tdz"):
+    p = tmp_path / name
+    p.write_bytes(buf)
+    return p
+
+
+def test_crafted_archive_is_valid(tmp_path):
+    p = _write(tmp_path, _crafted())
+    assert tdz_numba.load(p)["a"].tolist() == [0.0, 1.0]
+    assert tdz_numba.is_archive(p)
+
+
+@pytest.mark.parametrize("hoff", [2**63 - 31, 2**63 - 1, 2**63, 2**64 - 30, 2**64 - 1, (1 << 40)])
+@pytest.mark.parametrize("check_local", [False, True])
+def test_header_offset_near_2_63_is_out_of_range(tmp_path, hoff, check_local):
+    """Used to overflow ``hoff + 30`` in the kernel and read out of bounds (SIGSEGV)."""
+    p = _write(tmp_path, _crafted(hoff=hoff))
+    with pytest.raises(BadArchiveError) as info:
+        ArchiveIndex(p, check_local=check_local)
+    e = info.value
+    assert (e.entry, e.path) == ("a.memmap", str(p))
+    assert e.found == (hoff if hoff < 2**63 else hoff - 2**64)  # the kernel's int64 view of the field
+    assert not tdz_numba.is_archive(p)
+    with pytest.raises(BadArchiveError):
+        tdz_numba.load(p)
+    with pytest.raises(BadArchiveError):
+        tdz_numba.verify(p)
+
+
+@pytest.mark.parametrize("csize", [2**62, 2**63 - 1, 2**63, 2**64 - 1])
+@pytest.mark.parametrize("check_local", [False, True])
+def test_compressed_size_near_2_63_is_rejected(tmp_path, csize, check_local):
+    p = _write(tmp_path, _crafted(csize=csize, size=csize))
+    with pytest.raises(BadArchiveError) as info:
+        ArchiveIndex(p, check_local=check_local)
+    assert info.value.entry == "a.memmap"
+    assert not tdz_numba.is_archive(p)
+
+
+@pytest.mark.parametrize("size", [0, 4, 12, 2**40, 2**64 - 1])
+def test_stored_size_must_equal_compressed_size(tmp_path, size):
+    """A STORED entry recording another size than it stores used to load the next
+    header's bytes as its values."""
+    p = _write(tmp_path, _crafted(size=size))
+    with pytest.raises(BadArchiveError) as info:
+        tdz_numba.load(p)
+    e = info.value
+    assert e.entry == "a.memmap"
+    if size < 2**63:
+        assert (e.expected, e.found) == (len(DATA), size)
+    assert not tdz_numba.is_archive(p)
+    with pytest.raises(BadArchiveError):
+        tdz_numba.verify(p)
+
+
+def test_status_codes_are_one_enum():
+    assert kernels.parse_central_directory.__module__ == "tdz_numba.kernels"
+    assert not hasattr(kernels, "IndexStatus")
+    assert Status(int(Status.STORED_SIZE)) is Status.STORED_SIZE
+
+
+def test_lazy_local_check_equals_eager_parse(tmp_path, small_tree):
+    """reader's lazy path (resolve_local) and the eager kernel fill the same columns."""
+    for compression in (None, "deflate"):
+        p = tdz_numba.save(small_tree, tmp_path / f"{compression}.tdz", compression=compression)
+        lazy, eager = ArchiveIndex(p), ArchiveIndex(p, check_local=True)
+        assert (lazy.table["payload_offset"] == -1).all()
+        for i in range(len(lazy.names)):
+            lazy.payload_offset(i)
+        assert np.array_equal(lazy.table, eager.table)
+        assert [tuple(r) for r in lazy.rows] == [tuple(r) for r in eager.table.tolist()]
+
+
+def test_index_matches_naive_parse_of_zipfile_archives(tmp_path):
+    for method in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        b = io.BytesIO()
+        with zipfile.ZipFile(b, "w", compression=method) as zf:
+            for i in range(9):
+                zf.writestr(f"d{i % 3}/f{i}.bin", bytes([i]) * (i * 41))
+        buf = b.getvalue()
+        for check_local in (False, True):
+            end = records.find_end_record(buf)
+            cols, status = kernels.parse_central_directory(np.frombuffer(buf, np.uint8), end.cd_offset,
+                                                           end.cd_size, end.count, check_local)  # fmt: skip
+            assert status[0] == Status.OK
+            t = cols.view(records.INDEX_DTYPE)[:, 0]
+            got = [(buf[r["name_offset"] : r["name_offset"] + r["name_len"]], *(int(r[k]) for k in (
+                "flags", "method", "crc", "csize", "size", "header_offset", "payload_offset", "local_extra_len")))
+                for r in t]  # fmt: skip
+            assert got == naive_index(buf, check_local)
+
+
+def test_deep_names_are_walked_without_recursion(tmp_path):
+    deep = "/".join(["d"] * 1500) + "/x.bin"
+    p = tmp_path / "deep.zip"
+    with zipfile.ZipFile(p, "w") as zf:
+        zf.writestr("meta.json", "{}")
+        zf.writestr(deep, b"1")
+    index = ArchiveIndex(p)
+    assert index.is_dir("/".join(["d"] * 1500))
+    assert index.listing("/".join(["d"] * 1499)) == (set(), {"d"})
+    assert tdz_numba.is_archive(p)
+    too_deep = "/".join(["d"] * (records.MAX_NAME_DEPTH + 1))
+    with zipfile.ZipFile(p, "w") as zf:
+        zf.writestr("meta.json", "{}")
+        zf.writestr(too_deep, b"1")
+    with pytest.raises(BadArchiveError) as info:
+        ArchiveIndex(p).listing("")
+    assert info.value.expected == records.MAX_NAME_DEPTH
+
+
+def test_crc_error_attributes(tmp_path):
+    buf = bytearray(naive_archive(["meta.json", "a.memmap"], [META, DATA], [0, 64]))
+    buf[buf.index(DATA)] ^= 1
+    p = _write(tmp_path, bytes(buf))
+    with pytest.raises(tdz_numba.ChecksumError) as info:
+        tdz_numba.verify(p)
+    e = info.value
+    assert (e.entry, e.path, e.expected) == ("a.memmap", str(p), zlib.crc32(DATA))
+    assert e.found == zlib.crc32(bytes(buf[e.offset : e.offset + len(DATA)]))
+
+
+def test_error_attributes_default_to_none():
+    e = tdz_numba.BadArchiveError("plain message")
+    assert (str(e), e.path, e.entry, e.offset, e.expected, e.found) == ("plain message", None, None, None, None, None)
+    assert issubclass(tdz_numba.UnknownCompressionError, (TdzError, ValueError, NotImplementedError))
+    from tdz_numba.errors import InternalError
+
+    assert issubclass(InternalError, (TdzError, RuntimeError))
+
+
+# ------------------------------------------------------------- arguments ----
+@pytest.mark.parametrize("bad", [0, -3, 1.5, True, "2"])
+def test_num_threads_is_checked_the_same_everywhere(tmp_path, bad):
+    p = tdz_numba.save({"a": torch.ones(3)}, tmp_path / "x.tdz")
+    calls = [
+        lambda: tdz_numba.save({"a": torch.ones(3)}, tmp_path / "y.tdz", num_threads=bad),
+        lambda: tdz_numba.save({"a": torch.ones(3)}, tmp_path / "y.tdz", compression="deflate", num_threads=bad),
+        lambda: tdz_numba.open(p, num_threads=bad),
+        lambda: tdz_numba.load(p, num_threads=bad),
+        lambda: tdz_numba.pack(tdz_numba.unpack(p, tmp_path / "d"), tmp_path / "z.tdz", num_threads=bad),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidArgumentError) as info:
+            call()
+        assert info.value.found == bad
+    assert not (tmp_path / "y.tdz").exists()
+
+
+def test_compresslevel_needs_compression(tmp_path):
+    with pytest.raises(InvalidArgumentError) as info:
+        tdz_numba.save({"a": torch.ones(3)}, tmp_path / "x.tdz", compresslevel=6)
+    assert info.value.found == 6
+    with pytest.raises(InvalidArgumentError):
+        tdz_numba.save({"a": torch.ones(3)}, tmp_path / "x.tdz", compression="stored", compresslevel=1)
+    assert not (tmp_path / "x.tdz").exists()
+
+
+@pytest.mark.parametrize("meta", [b"[1, 2]", b'"x"', b"nan", b'{"a": 1}', b"\xff", b"[" * 100_000, b"{}"])
+def test_is_archive_agrees_with_open(tmp_path, meta):
+    p = tmp_path / "m.tdz"
+    with zipfile.ZipFile(p, "w") as zf:
+        zf.writestr("meta.json", meta)
+    try:
+        tdz_numba.open(p).close()
+        opened = True
+    except TdzError:
+        opened = False
+    assert tdz_numba.is_archive(p) is opened
+    assert opened == (meta == b"{}")
