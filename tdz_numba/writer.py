@@ -111,11 +111,14 @@ def check_write_args(compression: str | None, compresslevel: int | None, num_thr
 
 def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | None = None,
                   compresslevel: int | None = None, num_threads: int | None = None,
-                  progress: bool | None = None, durable: bool = True, reserve: bool = True) -> Path:  # fmt: skip
+                  progress: bool | None = None, durable: bool = True, reserve: bool = True,
+                  segment_size: int | None = None) -> Path:  # fmt: skip
     """Writes ``entries`` as an archive at ``target`` (atomically; with ``durable``,
     ``fsync`` of the file before the rename and of the directory after it). Zero
     payloads (``allocate``) are never written; with ``reserve`` their blocks are
-    allocated (``fallocate``), so that a full disk fails here, not on a later write."""
+    allocated (``fallocate``), so that a full disk fails here, not on a later write.
+    ``segment_size``: uncompressed bytes per deflate segment (default
+    :data:`tdz_numba.codecs.SEGMENT_SIZE`)."""
     from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
 
     check_write_args(compression, compresslevel, num_threads)
@@ -147,8 +150,9 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
         sources[i] = arr
         stored_size[i] = arr.size if arr is not None else e.nbytes
     if to_deflate:  # every segment of every entry in one parallel kernel call
-        for i, d in zip(to_deflate, codecs.deflate_many([sources[i] for i in to_deflate],
-                                                        compresslevel, num_threads)):  # fmt: skip
+        seg = {} if segment_size is None else {"segment_size": segment_size}
+        for i, d in zip(to_deflate, codecs.deflate_many([sources[i] for i in to_deflate], compresslevel,
+                                                        num_threads, **seg)):  # fmt: skip
             sources[i], stored_size[i], crc[i], more[i] = d.parts, d.csize, d.crc, d.table
     align = [records.ALIGNMENT if e.is_payload and methods[i] == records.STORED else 0 for i, e in enumerate(entries)]
     p = plan([e.name for e in entries], stored_size, align, methods, size=size,

@@ -9,6 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from naive import crc32_combine as naive_combine
+from naive import naive_plan, naive_zip64_fields
+from naive import table_crc32 as naive_table_crc32
+
 from tdz_numba import kernels, layout, records
 from tdz_numba.records import Col
 from tdz_numba.records import Status as IndexStatus
@@ -76,7 +80,59 @@ def test_table_crc32_fallback(data, n):
     assert int(kernels.table_crc32(data[:n], 12345, table)) == zlib.crc32(data[:n], 12345)
 
 
+@given(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1), st.integers(0, 5000))
+@settings(max_examples=100, deadline=None)
+def test_crc32_combine_matches_naive(c1, c2, n):
+    c2 = c2 if n else 0  # the CRC of an empty B is 0
+    assert int(kernels.crc32_combine(c1, c2, n)) == naive_combine(c1, c2, n)
+
+
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 300])
+def test_table_crc32_matches_bitwise_oracle(data, n):
+    table = kernels._crc_table()
+    assert int(kernels.table_crc32(data[:n], 99, table)) == naive_table_crc32(data[:n].tobytes(), 99)
+
+
 # ---------------------------------------------------------------- layout ----
+_ALIGNS = st.sampled_from([0, 1, 64, 4096])
+
+
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(0, 10**6), _ALIGNS, st.integers(0, 3000)), max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_plan_layout_matches_naive(entries):
+    name_len = [e[0] for e in entries]
+    sizes = [e[1] for e in entries]
+    align = [e[2] for e in entries]
+    more = [e[3] for e in entries]
+    header_len = records.local_header_len(name_len, more, np.array(align) > 1)
+    hoff, pad, payload, end = kernels.plan_layout(header_len, np.array(sizes, np.int64), np.array(align, np.int64))
+    oracle, oracle_end = naive_plan(name_len, sizes, align, more)
+    assert [tuple(map(int, x)) for x in zip(hoff, pad, payload)] == oracle
+    assert int(end) == oracle_end
+    assert all(int(p) % a == 0 for p, a in zip(payload, align) if a > 1)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**34), st.integers(0, 2**34), _ALIGNS), min_size=1, max_size=20))
+@settings(max_examples=100, deadline=None)
+def test_plan_beyond_4gib_by_arithmetic_matches_naive(entries):
+    """Sizes up to 16 GiB: offsets, zip64 decisions and the central directory length,
+    without writing a byte."""
+    names = [f"e{i}.memmap" for i in range(len(entries))]
+    size = [e[0] for e in entries]
+    csize = [min(e[0], e[1]) for e in entries]
+    align = [e[2] for e in entries]
+    p = layout.plan(names, csize, align, [8] * len(names), size=size)
+    oracle, end = naive_plan([len(n) for n in names], csize, align)
+    assert [(int(h), int(q), int(x)) for h, q, x in zip(p.header_offset, p.pad, p.payload_offset)] == oracle
+    assert p.cd_offset == end
+    z = [naive_zip64_fields(s, c, h) for s, c, (h, _, _) in zip(size, csize, oracle)]
+    assert p.central_zip64.tolist() == z
+    cd = 0
+    for n, bits, (_, pad, _) in zip(names, z, oracle):
+        cd += 46 + len(n) + (4 + 8 * (2 * (bits & 1) + (bits >> 1)) if bits else 0) + (4 + pad if pad >= 0 else 0)
+    assert p.cd_size == cd
+
+
 def test_plan_layout_beyond_4gib_offsets_by_arithmetic():
     # three 3 GiB payloads: offsets past 4 GiB need zip64 central fields and end records
     sizes = [3 << 30] * 3
