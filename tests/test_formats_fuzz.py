@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-FORMATS = ("safetensors", "torch", "npy", "npz", "memmap_dir")
+FORMATS = ("safetensors", "sharded", "torch", "npy", "npz", "memmap_dir")
 #: Seconds per format in the CI run (about a minute in all with the worker's start-up).
-CI_SECONDS = {"safetensors": 8, "torch": 12, "npy": 6, "npz": 8, "memmap_dir": 6}
+CI_SECONDS = {"safetensors": 7, "sharded": 4, "torch": 11, "npy": 5, "npz": 7, "memmap_dir": 5}
 ADDRESS_SPACE = 8 << 30
 EDGES = [0, 1, 2, 7, 8, 63, 64, 255, 256, 4095, 65535, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**64 - 1]
 
@@ -49,6 +49,12 @@ def make_seeds(d: Path) -> dict[str, list]:
     save_file({"a": torch.randn(3, 4), "b": torch.arange(5, dtype=torch.int16), "c": torch.ones(2, dtype=torch.bfloat16),
                "e": torch.zeros(0, 2)}, str(d / "s.safetensors"), metadata={"k": "v"})  # fmt: skip
     out["safetensors"].append((d / "s.safetensors").read_bytes())
+    save_file({"w2": torch.ones(2, 2)}, str(d / "s2.safetensors"))
+    wmap = {"a": "s.safetensors", "b": "s.safetensors", "c": "s.safetensors", "e": "s.safetensors",
+            "w2": "s2.safetensors"}  # fmt: skip
+    out["sharded"].append({"m.safetensors.index.json": json.dumps({"metadata": {"total_size": 1}, "weight_map": wmap})
+                           .encode(), "s.safetensors": out["safetensors"][0],
+                           "s2.safetensors": (d / "s2.safetensors").read_bytes()})  # fmt: skip
     x = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     torch.save({"x": x, "t": x.t(), "s": x[1:, 2:], "p": torch.nn.Parameter(torch.ones(2)),
                 "l": [x[0], (torch.arange(3, dtype=torch.uint8), 5)], "size": torch.Size([1]), "i": 3},
@@ -236,6 +242,39 @@ def mutate_zip_members(members, rng: random.Random, kind: str) -> bytes:
     return _zip([tuple(m) for m in members], rng)
 
 
+def mutate_sharded(seed: dict, rng: random.Random) -> dict:
+    files = dict(seed)
+    r = rng.random()
+    name = "m.safetensors.index.json"
+    if r < 0.3:
+        shard = rng.choice(["s.safetensors", "s2.safetensors"])
+        files[shard] = mutate_safetensors(files[shard], rng)
+    elif r < 0.4:
+        files[name] = _bytes_mutation(files[name], rng)
+    elif r < 0.45:
+        del files[rng.choice(sorted(files))]
+    else:
+        index = json.loads(files[name])
+        wmap = index["weight_map"]
+        for _ in range(rng.randint(1, 2)):
+            k = rng.choice(sorted(wmap))
+            op = rng.random()
+            if op < 0.3:
+                wmap[k] = rng.choice(["s2.safetensors", "s.safetensors", "../s.safetensors", "", "/etc/passwd",
+                                      "missing.safetensors", "m.safetensors.index.json", 5, None])  # fmt: skip
+            elif op < 0.5:
+                del wmap[k]
+            elif op < 0.7:
+                wmap[rng.choice(["zz", k + "x", ""])] = rng.choice(["s.safetensors", "s2.safetensors"])
+            elif op < 0.85:
+                index["metadata"] = _rand_value(rng)
+            else:
+                index[rng.choice(["weight_map", "metadata"])] = _rand_value(rng)
+                break
+        files[name] = json.dumps(index).encode()
+    return files
+
+
 def mutate_memmap_dir(seed: dict, rng: random.Random) -> dict:
     files = dict(seed)
     for _ in range(rng.randint(1, 2)):
@@ -277,6 +316,8 @@ def make_case(fmt: str, seeds: dict, case: int, master: int):
         return mutate_npy(seed, rng)
     if fmt in ("torch", "npz"):
         return mutate_zip_members(seed, rng, fmt)
+    if fmt == "sharded":
+        return mutate_sharded(seed, rng)
     return mutate_memmap_dir(seed, rng)
 
 

@@ -95,7 +95,8 @@ def to_tree(source: Source, *, copy: bool = False) -> dict[str, Any]:
             if child.kind == "leaf":
                 out[key] = tensor_from_spec(child.leaf, source.files, copy=copy, where=str(source.path))
             elif child.kind == "level":
-                out[key] = sub = {}
+                sub: dict[str, Any] = {}
+                out[key] = sub
                 stack.append((child.path, sub))
             else:
                 out[key] = child.leaf

@@ -43,7 +43,8 @@ _PICKLE_SUFFIXES = (".pickle", ".pkl")
 
 
 def _listing(d: Path) -> tuple[set[str], set[str]]:
-    files, dirs = set(), set()
+    files: set[str] = set()
+    dirs: set[str] = set()
     with os.scandir(d) as it:
         for e in it:
             (dirs if e.is_dir() else files).add(e.name)
@@ -103,7 +104,7 @@ def _walk(root: Path, files: list[MappedFile]) -> Level:
         seen.add(real)
         meta = _read_meta(d / "meta.json", where)
         keyed, children = describe_level(
-            meta, prefix, lambda d=d: _listing(d),
+            meta, prefix, lambda d=d: _listing(d),  # type: ignore[misc]
             lambda sub: (root / sub).is_dir(), f"{where}/meta.json",
         )  # fmt: skip
         if not keyed and meta.get("_type") == NON_TENSOR_DATA_TYPE and meta.get("_metadata") is None \

@@ -232,5 +232,5 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
         index.close()
         raise
     src = TreeSource("npz", path, tree, files=[f], metadata={})
-    src._index = index  # deflated members are read through it
+    src._index = index  # type: ignore[attr-defined]  # deflated members are read through it
     return src

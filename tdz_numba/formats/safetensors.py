@@ -142,6 +142,7 @@ def parse_header(buf: Any, size: int, where: str, file: int = 0) -> tuple[dict[s
         offs = info["data_offsets"]
         if dtype is None or type(shape) is not list or type(offs) is not list or len(offs) != 2:
             _explain(name, info, where)
+            raise AssertionError  # _explain raised
         begin, end = offs
         if type(begin) is not int or type(end) is not int or not 0 <= begin <= end <= data_len:
             _explain(name, info, where, data_len)

@@ -89,12 +89,11 @@ def open_torch(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **
     BadArchiveError
         Malformed zips or pickles, views outside their storage.
     """
-    own = index is None
-    index = ArchiveIndex(path) if own else index
+    idx = ArchiveIndex(path) if index is None else index
     try:
-        return _open(Path(path), index)
+        return _open(Path(path), idx)
     finally:
-        index.close()
+        idx.close()
 
 
 def _open(path: Path, index: ArchiveIndex) -> TreeSource:
