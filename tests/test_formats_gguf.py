@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from fuzz_readers import LONG_ITERATIONS, fuzz_iterations, require_fuzz_selected, run_fuzz
+from naive_gguf import NAIVE_TYPES, naive_dequantize
 
 from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError, UnsupportedError
 from tdz_numba.formats.gguf import GGML_TYPES, dequantize, detect_gguf, open_gguf
@@ -361,3 +362,14 @@ def test_fuzz_gguf_long(tmp_path, request):
     n = fuzz_iterations(LONG_ITERATIONS)
     run_fuzz(seed, "tdz_numba.formats.gguf.open_gguf", n, tmp_path, rseed=1, head=open_gguf(seed).data_start,
              suffix=".gguf", timeout=max(120.0, n / 20))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NAIVE_TYPES)
+@pytest.mark.parametrize("sane", [True, False])
+def test_dequantize_matches_ggml_c_reference(name, sane):
+    """Against a slow transcription of ggml's C ``dequantize_row_*`` (tests/naive_gguf.py)."""
+    rng = np.random.default_rng(10 + len(name) + sane)
+    raw = _random_blocks(rng, name, 3, sane)
+    _, block, _ = GGML_TYPES[T[name].value]
+    want = naive_dequantize(raw, name)
+    assert _same_bits(want, dequantize(raw, name, (3 * block,)))
