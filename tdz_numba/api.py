@@ -24,6 +24,7 @@ from . import integrity as _integrity
 from . import remote as _remote
 from . import writer as _writer
 from ._paths import as_local_path, user_errors
+from .errors import FileMissingError
 from .tree import Level, flatten
 
 __all__ = ["save", "open", "load", "pack", "unpack", "is_archive", "verify",
@@ -220,6 +221,15 @@ def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
     ...     print(tdz_numba.load(tdz_numba.pack(d / "dir", d / "y.tdz"))["a"].tolist())
     [1.0, 1.0]
     """
+    if _remote.is_remote(path):  # streamed to an fsspec URL, as save() does
+        from .remote_write import save_remote
+
+        source = as_local_path(directory, what="directory")
+        if not source.is_dir():
+            raise FileMissingError(f"{directory}: no such directory", path=directory)
+        entries = _writer.directory_entries(source, Path(os.devnull))
+        return save_remote(entries, path, compression=compression, compresslevel=compresslevel,  # type: ignore[return-value]
+                           num_threads=num_threads)  # fmt: skip
     with user_errors(path, action="write"):
         target = _writer.check_target(path, True)
         with user_errors(directory, action="pack"):

@@ -405,3 +405,21 @@ def test_streamed_save_memory_is_bounded():
         tracemalloc.stop()
     assert n == sink.n > 128 << 20
     assert peak < 16 << 20, peak
+
+
+def test_pack_to_url_and_refusals(tmp_path):
+    tree = {"a": {"b": torch.arange(5)}}
+    p = tdz_numba.save(tree, tmp_path / "x.tdz")
+    d = tdz_numba.unpack(p, tmp_path / "dir")
+    url = "memory://tdz-pack/x.tdz"
+    tdz_numba.pack(d, url)
+    _assert_tree_equal(tdz_numba.load(url), tree)
+    for call in (lambda: tdz_numba.refresh_checksums(url), lambda: tdz_numba.allocate(tree, url),
+                 lambda: tdz_numba.unpack(url, tmp_path / "out")):  # fmt: skip
+        with pytest.raises(tdz_numba.UnsupportedError, match="memory://tdz-pack/x.tdz"):
+            call()
+    with pytest.raises(FileNotFoundError):
+        tdz_numba.pack(tmp_path / "nodir", url)
+    import fsspec
+
+    fsspec.filesystem("memory").rm("/tdz-pack", recursive=True)
