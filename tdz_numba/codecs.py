@@ -1,5 +1,12 @@
 """Compression methods of zip entries: deflate (parallel segments, zlib-ng), bzip2 and lzma (stdlib).
 
+Decoding is bounded: a declared size is checked before anything is allocated
+(:func:`check_declared`: the caller's dtype x shape, :data:`MAX_DECODED` /
+:func:`memory_budget`, deflate's largest ratio), no kernel writes past it, bzip2
+and lzma decode in pieces, and lzma dictionaries are clamped to the entry size.
+:func:`decode_member` decodes one member into memory, :func:`stream_member`
+(in :mod:`tdz_numba.codec_stream`) streams any entry through a fixed buffer.
+
 Examples
 --------
 >>> import numpy as np
@@ -15,7 +22,6 @@ from __future__ import annotations
 import bz2
 import lzma
 import os
-import resource
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +34,7 @@ from .errors import BadArchiveError, ChecksumError, UnknownCompressionError, Uns
 __all__ = ["method_of", "check_level", "compress", "decompress", "decode_member", "stream_member",
            "check_declared", "memory_budget", "deflate_many", "inflate_many", "segment_size_for",
            "segment_table", "parse_segment_table", "Deflated", "COMPRESSION_NAMES", "CODEC_METHODS",
-           "MAX_DECODED", "STREAM_CHUNK", "SEGMENT_SIZE", "DEFLATE_MAX_RATIO"]
+           "MAX_DECODED", "STREAM_CHUNK", "SEGMENT_SIZE", "DEFLATE_MAX_RATIO", "dynamic_schedule"]
 
 COMPRESSION_NAMES = {
     None: records.STORED,
@@ -73,8 +79,14 @@ def memory_budget() -> int:
         budget = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):  # pragma: no cover - not POSIX
         budget = 1 << 40
-    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if soft != resource.RLIM_INFINITY:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        unlimited = soft == resource.RLIM_INFINITY
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        unlimited = True
+    if not unlimited:
         try:
             with open("/proc/self/statm") as f:
                 used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -352,10 +364,11 @@ def deflate_many(arrays: list[np.ndarray], level: int | None, num_threads: int |
     scratch = np.empty(int(caps.sum()), np.uint8)
     starts_out = np.zeros(len(caps), np.int64)
     np.cumsum(caps[:-1], out=starts_out[1:])
-    out_len, crcs, status = run_parallel(
-        deflate_segments, np.asarray(src, np.int64), length_a, scratch.ctypes.data + starts_out, caps,
-        np.asarray(last, np.bool_), np.int64(-1 if level is None else level), num_threads=num_threads,
-    )  # fmt: skip
+    with dynamic_schedule():
+        out_len, crcs, status = run_parallel(
+            deflate_segments, np.asarray(src, np.int64), length_a, scratch.ctypes.data + starts_out, caps,
+            np.asarray(last, np.bool_), np.int64(-1 if level is None else level), num_threads=num_threads,
+        )  # fmt: skip
     ok = np.where(np.asarray(last), status == Z_STREAM_END, status == Z_OK)
     if not ok.all():
         raise UnsupportedError(f"zlib-ng deflate failed with status {int(status[~ok][0])}")
