@@ -13,8 +13,9 @@ from __future__ import annotations
 import ctypes
 import numbers
 import threading
+from typing import Any
 
-import llvmlite.binding as llvm
+import llvmlite.binding as llvm  # type: ignore[import-untyped]
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -24,9 +25,9 @@ __all__ = ["KERNEL", "PARALLEL", "HAVE_ZNG_CRC", "HAVE_ZNG_CODEC", "zng_crc32_z"
            "u8_pointer", "run_parallel", "check_num_threads"]  # fmt: skip
 
 #: Serial kernels: no Python objects, GIL released, cached on disk.
-KERNEL = {"nogil": True, "cache": True}
+KERNEL: dict[str, Any] = {"nogil": True, "cache": True}
 #: Kernels whose loops are ``prange``: only where it pays.
-PARALLEL = {**KERNEL, "parallel": True}
+PARALLEL: dict[str, Any] = {**KERNEL, "parallel": True}
 
 
 def _register(lib: ctypes.CDLL, name: str) -> bool:
@@ -121,7 +122,7 @@ def run_parallel(kernel, *args, num_threads: int | None = None):
         if num_threads is None:
             return kernel(*args)
         previous = numba.get_num_threads()
-        numba.set_num_threads(min(num_threads, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(min(num_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
         try:
             return kernel(*args)
         finally:

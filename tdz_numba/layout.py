@@ -18,10 +18,10 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from . import records
 from .errors import InvalidArgumentError, InvalidTreeError
@@ -56,7 +56,7 @@ class Plan:
         return None if pad < 0 else pad
 
 
-def _alignments(align, n: int) -> np.ndarray:
+def _alignments(align: npt.ArrayLike, n: int) -> np.ndarray:
     a = np.asarray(align).reshape(-1)
     if a.size != n:
         raise InvalidArgumentError(f"{a.size} alignments for {n} entries")
@@ -69,9 +69,8 @@ def _alignments(align, n: int) -> np.ndarray:
     return a
 
 
-def plan(names: Sequence[str], data_size: Sequence[int], align: Sequence[int] | Sequence[bool],
-         methods: Sequence[int], *, size: Sequence[int] | None = None,
-         local_more: Sequence[int] | None = None) -> Plan:  # fmt: skip
+def plan(names: list[str], data_size: npt.ArrayLike, align: npt.ArrayLike, methods: npt.ArrayLike, *,
+         size: npt.ArrayLike | None = None, local_more: npt.ArrayLike | None = None) -> Plan:  # fmt: skip
     """Plans the layout of an archive from entry names and stored sizes.
 
     Parameters

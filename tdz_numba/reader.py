@@ -222,8 +222,9 @@ class ArchiveIndex:
         return names
 
     def _build_listing(self) -> None:
-        self._files = files = {"": set()}
-        self._dirs = dirs = {"": set()}
+        files: dict[str, set[str]] = {"": set()}
+        dirs: dict[str, set[str]] = {"": set()}
+        self._files, self._dirs = files, dirs
         for name in self.names:
             if name.count("/") >= records.MAX_NAME_DEPTH:
                 raise BadArchiveError(
@@ -324,7 +325,7 @@ class ArchiveIndex:
     def inflate(self, entries: list[EntryInfo], num_threads: int | None = None) -> list[np.ndarray]:
         """Inflates DEFLATE entries in parallel (across entries and across the
         segments listed in their segment tables); CRCs are checked."""
-        jobs = []
+        jobs: list[tuple[str, np.ndarray, int, int | None, tuple[int, list[int]] | None]] = []
         for e in entries:
             where = f"{self.path}: entry {e.name!r}"
             table = codecs.parse_segment_table(self.local_extra(e), where)

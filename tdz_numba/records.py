@@ -479,7 +479,7 @@ def central_directory(names: list[bytes], *, crc, size, csize, method, dos: tupl
     --------
     >>> cd = central_directory([b"a"], crc=[0], size=[3 << 30], csize=[1], method=[8], dos=(0, 33),
     ...                        pad=[-1], flags=[0], header_offset=[0], zip64=central_zip64([3 << 30], [1], [0]))
-    >>> len(cd) == central_record_len([1], [ZIP64_SIZES], [-1])[0]
+    >>> len(cd) == int(central_record_len([1], [ZIP64_SIZES], [-1])[0])
     True
     """
     n = len(names)

@@ -14,7 +14,7 @@ import tdz_numba
 from tdz_numba import kernels, records
 from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError
 from tdz_numba.reader import ArchiveIndex
-from tdz_numba.records import Col, Status
+from tdz_numba.records import Status
 
 DOS = (0, 33)
 META = b'{"a": {"device": "cpu", "shape": [2], "dtype": "torch.float32", "is_nested": false}, "shape": [], ' \

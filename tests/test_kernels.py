@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from naive import crc32_combine as naive_combine
 from naive import naive_plan, naive_zip64_fields
 from naive import table_crc32 as naive_table_crc32

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from naive import naive_archive, naive_central_record, naive_zip64_fields
 
 from tdz_numba import layout, records
 from tdz_numba.errors import BadArchiveError, TdzError, UnsupportedError
-
-from naive import naive_archive, naive_central_record, naive_zip64_fields
 
 GIB = 1 << 30
 PACKAGE = Path(__file__).resolve().parent.parent / "tdz_numba"
