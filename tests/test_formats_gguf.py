@@ -373,3 +373,20 @@ def test_dequantize_matches_ggml_c_reference(name, sane):
     _, block, _ = GGML_TYPES[T[name].value]
     want = naive_dequantize(raw, name)
     assert _same_bits(want, dequantize(raw, name, (3 * block,)))
+
+
+def test_through_tdz_numba_open(tmp_path):
+    """The public API over a GGUF file (runs once Archive reads foreign formats)."""
+    import tdz_numba
+
+    if not hasattr(tdz_numba.Archive, "format"):
+        pytest.skip("tdz_numba.open does not read foreign formats in this build yet")
+    q = gguf_quantize(np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64), T.Q8_0)
+    path = _write(tmp_path / "m.gguf", {"w": (np.arange(64, dtype=np.float32).reshape(2, 32), None),
+                                         "q": (q, T.Q8_0)}, extra_kv=False)  # fmt: skip
+    with tdz_numba.open(path) as ar:
+        assert ar.format == "gguf" and ar.metadata["general.architecture"] == "llama"
+        assert ar["w"].tolist() == np.arange(64, dtype=np.float32).reshape(2, 32).tolist()
+        assert ar.info("q").type_name == "Q8_0" and tuple(ar["q"].shape) == (2, 68)
+        if hasattr(ar, "dequantize"):
+            assert _same_bits(gguf_dequantize(q, T.Q8_0), ar.dequantize("q").numpy())

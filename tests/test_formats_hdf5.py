@@ -207,3 +207,18 @@ def test_fuzz_hdf5_long(tmp_path, request):
     n = fuzz_iterations(LONG_ITERATIONS)
     run_fuzz(p, "tdz_numba.formats.hdf5.open_hdf5", n, tmp_path, rseed=1, head=4096, suffix=".h5",
              timeout=max(120.0, n / 10))  # fmt: skip
+
+
+def test_through_tdz_numba_open(tmp_path):
+    """The public API over an HDF5 file (runs once Archive reads foreign formats)."""
+    import tdz_numba
+
+    if not hasattr(tdz_numba.Archive, "format"):
+        pytest.skip("tdz_numba.open does not read foreign formats in this build yet")
+    p = tmp_path / "a.h5"
+    data = _sample(p)
+    with tdz_numba.open(p) as ar:
+        assert ar.format == "hdf5" and ar.metadata["title"] == "demo"
+        assert np.array_equal(ar["f32"].numpy(), data["f32"])
+        assert np.array_equal(ar["model"]["layer0"]["w_gzip"].numpy(), data["f32"])
+        assert ar.info("model/layer0/w_gzip").zero_copy is False

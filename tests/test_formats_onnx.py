@@ -254,3 +254,18 @@ def test_fuzz_onnx_long(tmp_path, request):
     onnx.save(_model([numpy_helper.from_array(v, k) for k, v in arrays.items()]), p)
     n = fuzz_iterations(LONG_ITERATIONS)
     run_fuzz(p, "tdz_numba.formats.onnx.open_onnx", n, tmp_path, rseed=1, suffix=".onnx", timeout=max(120.0, n / 20))
+
+
+def test_through_tdz_numba_open(tmp_path):
+    """The public API over an ONNX model (runs once Archive reads foreign formats)."""
+    import tdz_numba
+
+    if not hasattr(tdz_numba.Archive, "format"):
+        pytest.skip("tdz_numba.open does not read foreign formats in this build yet")
+    arrays = _arrays()
+    p = tmp_path / "m.onnx"
+    onnx.save(_model([numpy_helper.from_array(v, k) for k, v in arrays.items()]), p)
+    with tdz_numba.open(p) as ar:
+        assert ar.format == "onnx" and ar.metadata["producer_name"] == "tdz-test"
+        for k, v in arrays.items():
+            assert np.array_equal(ar[k].numpy(), v), k
