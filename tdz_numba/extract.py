@@ -49,7 +49,7 @@ import os
 import stat
 from pathlib import Path
 
-from . import _tempfiles, records
+from . import _tempfiles, codecs, records
 from ._paths import user_errors
 from .errors import ArchiveExistsError, BadArchiveError, InvalidArgumentError
 from .progress import progress as _progress
@@ -196,6 +196,19 @@ def _write_all(fd: int, data) -> None:
         view = view[n:]
 
 
+def _write_entry(index: ArchiveIndex, name: str, out: int) -> None:
+    """Writes one entry's bytes to ``out``: STORED ones from the mapping, compressed ones
+    decoded through a fixed buffer (``codecs.stream_member``: memory independent of the
+    entry's size); the CRC-32 is checked either way."""
+    e = index.entry(name)
+    if e.method == records.STORED:
+        _write_all(out, index.read(name))  # a view of the mapping; checks size and CRC
+        return
+    where = f"{index.path}: entry {name!r}"
+    table = codecs.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
+    codecs.stream_member(index.raw(e), e.method, e.size, e.crc, table, lambda piece: _write_all(out, piece), where)
+
+
 def _extract(index: ArchiveIndex, tree: dict, root_fd: int, bar) -> None:
     cursor = _Cursor(root_fd)
     try:
@@ -205,16 +218,12 @@ def _extract(index: ArchiveIndex, tree: dict, root_fd: int, bar) -> None:
                 if isinstance(child, dict):
                     os.mkdir(name, 0o777, dir_fd=fd)
                     continue
-                # TODO(codec): stream through codecs.stream_member once it lands on main;
-                # until then compressed entries are inflated whole (index.read checks the CRC).
-                data = index.read(index.names[child])
                 out = os.open(name, _FILE_FLAGS, 0o666, dir_fd=fd)
                 try:
-                    _write_all(out, data)
+                    _write_entry(index, index.names[child], out)
                 finally:
                     os.close(out)
-                bar.update(int(data.size))
-                del data
+                bar.update(int(index.table["size"][child]))
     finally:
         cursor.close()
 

@@ -256,3 +256,12 @@ def test_tensordict_unpack_memmap_under_enable(tmp_path):
     with tdt.enabled():
         out = unpack_memmap(archive, tmp_path / "dir")
     assert (TensorDict.load_memmap(out) == td).all()
+
+
+@pytest.mark.parametrize("compression", ["deflate", "bzip2", "lzma"])
+def test_compressed_entries_stream_into_files(compression, tmp_path):
+    tree = {"a": torch.arange(300_000, dtype=torch.int32), "s": {"b": torch.zeros(5000)}}
+    archive = tdz_numba.save(tree, tmp_path / "x.tdz", compression=compression)
+    out = tdz_numba.unpack(archive, tmp_path / "dir")
+    assert (out / "a.memmap").read_bytes() == tree["a"].numpy().tobytes()
+    assert (out / "s" / "b.memmap").read_bytes() == bytes(20000)
