@@ -19,6 +19,7 @@ from tdz_numba.cli import main as tdz_main
 from tdz_numba.dcp import TdzStorageReader, TdzStorageWriter
 
 ROWS, COLS = 12, 4
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 
 def _full() -> torch.Tensor:
@@ -134,3 +135,21 @@ def test_three_ranks_reshard_to_two_and_one(tmp_path):
     _spawn(3, [("save", str(ckpt)), ("load2", str(ckpt))])  # 3 row shards read into 2
     _check_rank_files(ckpt, 3)
     _load_single(str(ckpt), 3)
+
+
+def test_single_process_compressed_bytes_and_overwrite(tmp_path):
+    state = {"w": torch.arange(4096, dtype=torch.float32).reshape(64, 64), "cfg": {"lr": 0.1, "name": "x"},
+             "n": torch.tensor(3)}  # fmt: skip
+    ckpt = tmp_path / "c"
+    dcp.save(state, storage_writer=TdzStorageWriter(ckpt, compression="deflate"), no_dist=True)
+    with tdz_numba.open(ckpt / "__0_0.tdz") as ar:
+        assert ar.info("w").compression == "deflate"
+    back = {"w": torch.zeros(64, 64), "cfg": {"lr": 0.0, "name": ""}, "n": torch.tensor(0)}
+    dcp.load(back, storage_reader=TdzStorageReader(ckpt), no_dist=True)
+    assert torch.equal(back["w"], state["w"]) and back["cfg"] == state["cfg"] and int(back["n"]) == 3
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException, match="ArchiveExistsError.*overwrite=False"):  # DCP wraps it
+        dcp.save(state, storage_writer=TdzStorageWriter(ckpt, overwrite=False), no_dist=True)
+    with pytest.raises((CheckpointException, tdz_numba.BadArchiveError), match="no DCP checkpoint"):
+        dcp.load(back, storage_reader=TdzStorageReader(tmp_path / "nothing"), no_dist=True)
