@@ -374,3 +374,18 @@ def test_negative_dims_with_positive_product(tmp_path):
     _write_pt(p, {"a": _T(s, 0, (-2, -3), (1, 1))}, {"0": bytes(48)})
     with pytest.raises(BadArchiveError):
         open_torch(p)
+
+
+def test_vm_restores_the_collector():
+    import gc
+
+    assert gc.isenabled()
+    with pytest.raises(BadArchiveError):
+        pickle_vm.load(b"\x80\x02t.", lambda pid: None)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        pickle_vm.load(b"\x80\x02N.", lambda pid: None)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

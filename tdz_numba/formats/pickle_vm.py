@@ -30,6 +30,7 @@ tdz_numba.errors.UnsafeContentError: <pickle>: the pickle names posix.system, wh
 
 from __future__ import annotations
 
+import gc
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
@@ -307,6 +308,9 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pick
     n = len(data)
     if n > MAX_PICKLE_BYTES:
         raise BadArchiveError(f"{where}: pickle of {n} bytes exceeds the limit of {MAX_PICKLE_BYTES}")
+    paused = gc.isenabled()  # the VM makes many small containers and no garbage: skip the collector's passes
+    if paused:
+        gc.disable()
     try:
         return _run(data, n, persistent_load, where)
     except IndexError:
@@ -319,6 +323,9 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pick
         if type(exc) is KeyError:
             raise BadArchiveError(f"{where}: memo key {exc} was never stored (or an unhashable dict key)") from None
         raise BadArchiveError(f"{where}: malformed pickle: {type(exc).__name__}: {exc}") from None
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str) -> Any:  # noqa: C901
