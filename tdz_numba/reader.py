@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+from itertools import repeat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -296,7 +297,8 @@ class ArchiveIndex:
     def rows(self) -> list[IndexRow]:
         """:attr:`table` as named tuples of Python ints (built on first use, for per-leaf lookups)."""
         if self._rows is None:
-            self._rows = list(map(IndexRow._make, self._cols.tolist()))
+            # tuple.__new__ over the row lists: ~0.1 us a row more than plain lists (IndexRow._make: ~0.4 us)
+            self._rows = list(map(tuple.__new__, repeat(IndexRow), self._cols.tolist()))  # type: ignore[arg-type]
         return self._rows
 
     @property

@@ -210,3 +210,19 @@ def test_is_archive_agrees_with_open(tmp_path, meta):
         opened = False
     assert tdz_numba.is_archive(p) is opened
     assert opened == (meta == b"{}")
+
+
+@pytest.mark.parametrize("name", ["ours_stored.tdz", "ours_deflate.tdz", "ours_zip64_end.tdz", "td_stored.tdz",
+                                  "td_deflate.tdz"])  # fmt: skip
+@pytest.mark.parametrize("check_local", [False, True])
+def test_index_of_golden_archives_matches_naive_parse(name, check_local):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "fixtures" / name
+    buf = path.read_bytes()
+    index = ArchiveIndex(path, check_local=check_local)
+    got = [(n.encode(), *(int(r[k]) for k in ("flags", "method", "crc", "csize", "size", "header_offset",
+                                              "payload_offset", "local_extra_len")))
+           for n, r in zip(index.names, index.table)]  # fmt: skip
+    assert got == naive_index(buf, check_local)
+    assert int(index.table["next_offset"].max()) == index.end.cd_offset
