@@ -42,7 +42,8 @@ def _check_num_threads(num_threads: object) -> None:
 def save(tree: Any, path: PathLike, *, compression: str | None = None,
          compresslevel: int | None = None, existsok: bool = True,
          num_threads: int | None = None, progress: bool | None = None,
-         storage_options: dict[str, Any] | None = None, durable: bool = True) -> Path:  # fmt: skip
+         storage_options: dict[str, Any] | None = None, durable: bool = True,
+         align: int | str | None = None, align_threshold: int | None = None) -> Path:  # fmt: skip
     """Saves a tree of tensors as a ``.tdz`` archive.
 
     Parameters
@@ -77,6 +78,16 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
         A tqdm progress bar on stderr (None: only when stderr is a terminal).
     storage_options : dict, optional
         Options of the fsspec filesystem of a URL (endpoint, credentials, ...).
+    align : {None, 64, 4096, 16384, 65536, "auto"}
+        Payload alignment: ``None``/``64`` every stored leaf on a 64-byte
+        boundary (tensordict's bytes, the default); a page size: every stored
+        leaf on that boundary; ``"auto"``: leaves of at least
+        ``align_threshold`` bytes (default 1 MiB) on a 64 KiB boundary, the
+        rest at 64 bytes: big leaves page-aligned (mapped and evicted one by
+        one, :meth:`Archive.evict`) at a file size within a few per mille of
+        the payload. Every variant is a standard zip that tensordict reads.
+    align_threshold : int, optional
+        The size threshold of ``align="auto"``, in bytes.
     durable : bool
         ``fsync`` the file before renaming it into place and the directory
         after, so that a power loss leaves the old archive or the new one
@@ -120,7 +131,8 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
         target = _writer.check_target(path, existsok)
         entries = flatten(tree)
         return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
-                                     num_threads=num_threads, progress=progress, durable=durable)  # fmt: skip
+                                     num_threads=num_threads, progress=progress, durable=durable, align=align,
+                                     align_threshold=align_threshold)  # fmt: skip
 
 
 def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | None = None,
@@ -208,8 +220,10 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
 
 def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
          compresslevel: int | None = None, num_threads: int | None = None,
-         progress: bool | None = None, durable: bool = True) -> Path:  # fmt: skip
-    """Packs a tensordict memmap directory into an archive (like ``zip -0 -r``, aligned).
+         progress: bool | None = None, durable: bool = True, align: int | str | None = None,
+         align_threshold: int | None = None) -> Path:  # fmt: skip
+    """Packs a tensordict memmap directory into an archive (like ``zip -0 -r``, aligned;
+    ``align``/``align_threshold`` as in :func:`save`).
 
     Examples
     --------
@@ -238,7 +252,8 @@ def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
                 raise FileNotFoundError(2, "no such directory", str(source))
             entries = _writer.directory_entries(source, target)
         return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
-                                     num_threads=num_threads, progress=progress, durable=durable)  # fmt: skip
+                                     num_threads=num_threads, progress=progress, durable=durable, align=align,
+                                     align_threshold=align_threshold)  # fmt: skip
 
 
 def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None) -> Path:
@@ -320,7 +335,8 @@ def refresh_checksums(path: PathLike) -> Path:
 
 
 def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: bool = True,
-             reserve: bool = True) -> _archive.Archive:  # fmt: skip
+             reserve: bool = True, align: int | str | None = None,
+             align_threshold: int | None = None) -> _archive.Archive:  # fmt: skip
     """Creates a zero-filled archive shaped like ``template``, open with ``mode="r+"``.
 
     Only shapes and dtypes of ``template`` are used: expanded (stride-0)
@@ -332,7 +348,7 @@ def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: b
     SIGBUS on a later write through the mapping. ``reserve=False`` leaves the
     file sparse (no disk used until written; then a full disk kills the
     process with SIGBUS). This is tensordict's ``memmap_like`` to a ``.tdz``.
-    ``durable``: as for :func:`save`.
+    ``durable``, ``align``, ``align_threshold``: as for :func:`save`.
 
     Examples
     --------
@@ -347,7 +363,8 @@ def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: b
     """
     with user_errors(path, action="write"):
         target = _writer.check_target(path, existsok)
-        _writer.write_entries(flatten(template, zeros=True), target, durable=durable, reserve=reserve)
+        _writer.write_entries(flatten(template, zeros=True), target, durable=durable, reserve=reserve,
+                              align=align, align_threshold=align_threshold)  # fmt: skip
         return _archive.open_archive(target, mode="r+")
 
 

@@ -203,7 +203,7 @@ def crc32_spans(addrs, lengths, chunk):
 # Layout plan
 # --------------------------------------------------------------------------
 @njit(**KERNEL)
-def plan_layout(header_len, data_size, align):
+def plan_layout(header_len, data_size, align, room):
     """Offsets of every local header and payload of an archive, in one pass.
 
     The record lengths and zip64 decisions come from :mod:`tdz_numba.records`
@@ -221,6 +221,13 @@ def plan_layout(header_len, data_size, align):
         Payload alignment per entry: > 1 pads the payload to a multiple of it
         (the padding block's header is counted in ``header_len``); 0 or 1:
         no padding block.
+    room : int64 array
+        The most padding bytes each entry's local extra field can still hold
+        (a zip extra field is at most 65,535 bytes). When an alignment needs
+        more (a 64 KiB alignment can ask for up to 65,535 bytes), the local
+        header starts that much later: a gap of zeros after the previous
+        entry, which zip readers skip (they seek to the central directory's
+        header offsets).
 
     Returns
     -------
@@ -237,9 +244,13 @@ def plan_layout(header_len, data_size, align):
     payload = np.empty(n, np.int64)
     pos = np.int64(0)
     for i in range(n):
+        a = align[i]
+        if a > 1:
+            need = (a - (pos + header_len[i]) % a) % a
+            if need > room[i]:
+                pos += need - room[i]  # the gap: the header starts later, the padding shrinks
         header_offset[i] = pos
         base = pos + header_len[i]
-        a = align[i]
         if a > 1:
             pad[i] = (a - base % a) % a
             base += pad[i]

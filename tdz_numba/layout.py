@@ -43,6 +43,7 @@ class Plan:
     align: np.ndarray  # payload alignment per entry (0 or 1: no padding block)
     header_offset: np.ndarray
     pad: np.ndarray  # padding bytes; -1: no padding block
+    central_pad: np.ndarray  # the padding block copied into the central record (-1: none)
     payload_offset: np.ndarray
     central_zip64: np.ndarray  # records.central_zip64 of every entry
     cd_offset: int
@@ -109,15 +110,19 @@ def plan(names: list[str], data_size: npt.ArrayLike, align: npt.ArrayLike, metho
     more = np.zeros(n, np.int64) if local_more is None else np.asarray(local_more, np.int64).reshape(n)
     has_pad = alignment > 1
     header_len = records.local_header_len(name_len, more, has_pad)
-    widest = header_len - records.Local.SIZEOF - name_len + np.maximum(alignment - 1, 0)
-    if n and int(widest.max()) > _MAX_U16:
-        i = int(widest.argmax())
-        raise InvalidArgumentError(f"entry {names[i]!r}: alignment {int(alignment[i])} with "
-                                   f"{int(more[i])} other extra bytes does not fit a zip extra field")  # fmt: skip
-    hoff, pad, payload, data_end = plan_layout(header_len, stored, alignment)
+    # padding bytes the local extra field can still take (it holds at most 65,535 bytes)
+    room = _MAX_U16 - (header_len - records.Local.SIZEOF - name_len)
+    if n and bool((has_pad & (room < 0)).any()):
+        i = int(np.nonzero(has_pad & (room < 0))[0][0])
+        raise InvalidArgumentError(f"entry {names[i]!r}: {int(more[i])} other extra bytes leave no room "
+                                   f"for a padding block in the zip extra field")  # fmt: skip
+    hoff, pad, payload, data_end = plan_layout(header_len, stored, alignment, room)
     zip64 = records.central_zip64(usize, stored, hoff)
+    # tensordict copies the 64-byte padding block into the central record; larger (page)
+    # paddings stay local only, so they do not grow the central directory
+    central_pad = np.where(alignment == records.ALIGNMENT, pad, -1)
     cd_offset = int(data_end)
-    cd_size = int(records.central_record_len(name_len, zip64, pad).sum())
+    cd_size = int(records.central_record_len(name_len, zip64, central_pad).sum())
     zip64_end = records.needs_zip64_end(n, cd_offset, cd_size)
     return Plan(
         names=name_bytes,
@@ -128,6 +133,7 @@ def plan(names: list[str], data_size: npt.ArrayLike, align: npt.ArrayLike, metho
         align=alignment,
         header_offset=hoff,
         pad=pad,
+        central_pad=central_pad,
         payload_offset=payload,
         central_zip64=zip64,
         cd_offset=cd_offset,

@@ -63,7 +63,8 @@ from .layout import plan
 from .progress import progress as _progress
 from .tree import Entry
 
-__all__ = ["write_entries", "check_target", "check_write_args", "directory_entries"]
+__all__ = ["write_entries", "check_target", "check_write_args", "directory_entries", "payload_alignments",
+           "AUTO_THRESHOLD", "AUTO_PAGE"]  # fmt: skip
 
 
 def check_target(path: str | os.PathLike, existsok: bool) -> Path:
@@ -113,13 +114,15 @@ def check_write_args(compression: str | None, compresslevel: int | None, num_thr
 def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | None = None,
                   compresslevel: int | None = None, num_threads: int | None = None,
                   progress: bool | None = None, durable: bool = True, reserve: bool = True,
-                  segment_size: int | None = None) -> Path:  # fmt: skip
+                  segment_size: int | None = None, align: int | str | None = None,
+                  align_threshold: int | None = None) -> Path:  # fmt: skip
     """Writes ``entries`` as an archive at ``target`` (atomically; with ``durable``,
     ``fsync`` of the file before the rename and of the directory after it). Zero
     payloads (``allocate``) are never written; with ``reserve`` their blocks are
     allocated (``fallocate``), so that a full disk fails here, not on a later write.
     ``segment_size``: uncompressed bytes per deflate segment (default
-    :data:`tdz_numba.codecs.SEGMENT_SIZE`)."""
+    :data:`tdz_numba.codecs.SEGMENT_SIZE`). ``align`` and ``align_threshold``: see
+    :func:`payload_alignments`."""
     from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
 
     check_write_args(compression, compresslevel, num_threads)
@@ -155,8 +158,9 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
         for i, d in zip(to_deflate, codecs.deflate_many([sources[i] for i in to_deflate], compresslevel,
                                                         num_threads, **seg)):  # fmt: skip
             sources[i], stored_size[i], crc[i], more[i] = d.parts, d.csize, d.crc, d.table
-    align = [records.ALIGNMENT if e.is_payload and methods[i] == records.STORED else 0 for i, e in enumerate(entries)]
-    p = plan([e.name for e in entries], stored_size, align, methods, size=size,
+    stored_payload = np.fromiter((e.is_payload for e in entries), np.bool_, n) & (methods == records.STORED)
+    alignment = payload_alignments(stored_payload, stored_size, align, align_threshold)
+    p = plan([e.name for e in entries], stored_size, alignment, methods, size=size,
              local_more=[len(m) for m in more])  # fmt: skip
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +211,8 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
                 write_segments(fd, segments)
                 bar.update(int(stored_size[start:stop].sum()))
                 start = stop
-        tail = records.central_directory(p.names, header_offset=p.header_offset, zip64=p.central_zip64, **fields)
+        tail = records.central_directory(p.names, header_offset=p.header_offset, zip64=p.central_zip64,
+                                         **{**fields, "pad": p.central_pad})  # fmt: skip
         if len(tail) != p.cd_size:
             raise InternalError(f"central directory of {len(tail)} bytes differs from the layout plan ({p.cd_size})")
         write_segments(fd, [(p.cd_offset, tail + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))])
@@ -226,6 +231,54 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
         tmp.unlink(missing_ok=True)
         raise
     return target
+
+
+#: Default ``align_threshold`` of ``align="auto"``: leaves of at least this many bytes
+#: start on a :data:`AUTO_PAGE` boundary. At 1 MiB the expected padding (half a 64 KiB
+#: page) costs <= 3% of such a leaf and nothing for smaller ones; see the README's
+#: alignment table for the measured file sizes.
+AUTO_THRESHOLD = 1 << 20
+#: The boundary of ``align="auto"``: a multiple of the 4, 16 and 64 KiB page sizes.
+AUTO_PAGE = 1 << 16
+
+
+def payload_alignments(stored_payload: np.ndarray, nbytes: np.ndarray, align: int | str | None,
+                       threshold: int | None = None) -> np.ndarray:  # fmt: skip
+    """Payload alignment of every entry for a save's ``align=`` policy.
+
+    * ``None`` or ``64``: every STORED ``*.memmap`` payload on a 64-byte boundary:
+      tensordict's bytes (the default);
+    * an int (a power of two >= 64, e.g. 4096, 16384, 65536): every such payload
+      on that boundary (zTensor's blanket page alignment);
+    * ``"auto"``: payloads of at least ``threshold`` bytes (default
+      :data:`AUTO_THRESHOLD`) on a :data:`AUTO_PAGE` boundary, so that they are
+      page-aligned for 4, 16 and 64 KiB pages and can be mapped and evicted on their
+      own; every other payload stays at 64 bytes.
+
+    Other entries (``meta.json``, compressed payloads) get 0: no padding block.
+
+    >>> import numpy as np
+    >>> payload_alignments(np.array([False, True, True]), np.array([90, 100, 2 << 20]), "auto").tolist()
+    [0, 64, 65536]
+    """
+    from .errors import InvalidArgumentError
+
+    if threshold is not None and (not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0):
+        raise InvalidArgumentError(f"align_threshold must be a non-negative int of bytes, got {threshold!r}")
+    if align == "auto":
+        big = nbytes >= (AUTO_THRESHOLD if threshold is None else threshold)
+        return np.where(stored_payload, np.where(big, AUTO_PAGE, records.ALIGNMENT), 0).astype(np.int64)
+    if threshold is not None:
+        raise InvalidArgumentError("align_threshold applies only to align='auto'")
+    if align is None:
+        align = records.ALIGNMENT
+    if (not isinstance(align, int) or isinstance(align, bool) or align < records.ALIGNMENT
+            or align & (align - 1) or align > AUTO_PAGE):  # fmt: skip
+        raise InvalidArgumentError(
+            f"align must be None, 'auto' or a power of two from {records.ALIGNMENT} to {AUTO_PAGE} "
+            f"(e.g. 4096), got {align!r}"
+        )
+    return np.where(stored_payload, align, 0).astype(np.int64)
 
 
 _IOV_MAX = 1024
