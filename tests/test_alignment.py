@@ -71,7 +71,7 @@ def test_auto_aligns_only_big_leaves_threshold_edges(tmp_path):
     b = tdz_numba.save(small, tmp_path / "b.tdz")
     assert payload_offsets(a) == payload_offsets(b)
     with tdz_numba.open(p) as ar:
-        for i, n in enumerate(SIZES):
+        for i in range(len(SIZES)):
             assert torch.equal(ar[f"leaf_{i:02d}"], tree[f"leaf_{i:02d}"])
 
 
