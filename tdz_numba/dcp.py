@@ -211,17 +211,18 @@ class TdzStorageWriter(StorageWriter):
             key = _storage_key(item.index)
             if key in tree or key == CHUNKS_KEY:
                 raise BadArchiveError(f"{self.location}/{name}: two items map to the key {key!r}")
-            data = planner.resolve_data(item)
+            data: Any = planner.resolve_data(item)
+            offsets: list[int] = []
             if item.type == WriteItemType.BYTE_IO:
                 raw = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(data)
                 t = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
-                offsets: list[int] = []
             else:
                 t = data.detach()
                 if t.device.type != "cpu":
                     t = t.cpu()
                 t = t.contiguous()
-                offsets = [int(o) for o in item.tensor_data.chunk.offsets]
+                if item.tensor_data is not None:
+                    offsets = [int(o) for o in item.tensor_data.chunk.offsets]
             tree[key] = t
             nbytes = t.numel() * t.element_size()
             table.append([key, item.index.fqn, offsets, list(t.shape), item.type.name])

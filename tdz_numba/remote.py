@@ -99,8 +99,8 @@ class _Fetcher:
     label: str
 
     def __init__(self, target: Any, storage_options: dict[str, Any] | None) -> None:
-        self.fs = None
-        self.file = None
+        self.fs: Any = None
+        self.file: Any = None
         self.lock = threading.Lock()
         self.requests = 0
         if isinstance(target, str):
@@ -401,7 +401,7 @@ class RemoteArchive(Archive):
     @property
     def url(self) -> str:
         """The object's URL (or the file object's name)."""
-        return self._index.path
+        return str(self._index.path)
 
 
 def open_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, mode: str = "r",

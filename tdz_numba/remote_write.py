@@ -93,7 +93,7 @@ def stream_entries(entries: Sequence[Entry], stream: Any, *, compression: str | 
     more = [b""] * n
     to_deflate: list[int] = []
     for i, e in enumerate(entries):
-        arr = None if e.zeros else np.frombuffer(e.data, dtype=np.uint8)
+        arr = None if e.zeros else np.frombuffer(e.data, dtype=np.uint8)  # type: ignore[arg-type]
         size[i] = arr.size if arr is not None else e.nbytes
         if method != records.STORED and e.is_payload and size[i] > 0:
             if arr is None:
@@ -118,19 +118,19 @@ def stream_entries(entries: Sequence[Entry], stream: Any, *, compression: str | 
     for i in range(n):
         if sources[i] is None and size[i]:
             crc[i] = crc32_zeros(int(size[i]))
-    fields = dict(crc=crc, size=size, csize=stored_size, method=methods, dos=records.dos_datetime(),
+    fields: dict[str, Any] = dict(crc=crc, size=size, csize=stored_size, method=methods, dos=records.dos_datetime(),
                   pad=p.pad, flags=p.flags)  # fmt: skip
     pending = [i for i in range(n) if not hashed[i] and sources[i] is not None and sources[i].size]
     pos = 0
     zeros = np.zeros(min(SLICE_BYTES, int(size.max(initial=0))), np.uint8)
     with ThreadPoolExecutor(1) as pool:  # CRC batches run ahead of the writes, on all cores
-        jobs = []
-        for batch in _batches(pending, stored_size):
-            addrs = np.fromiter((sources[i].ctypes.data for i in batch), np.int64, len(batch))
-            jobs.append((batch, pool.submit(run_parallel, crc32_spans, addrs, stored_size[batch].copy(),
+        jobs: list[tuple[list[int] | None, Any]] = []
+        for rows_ in _batches(pending, stored_size):
+            addrs = np.fromiter((sources[i].ctypes.data for i in rows_), np.int64, len(rows_))
+            jobs.append((rows_, pool.submit(run_parallel, crc32_spans, addrs, stored_size[rows_].copy(),
                                             CRC_CHUNK, num_threads=num_threads)))  # fmt: skip
         start = 0
-        for batch, job in [*jobs, (None, None)]:
+        for batch, job in [*jobs, (None, None)]:  # the last round: the entries after the last batch
             stop = n if batch is None else batch[-1] + 1
             if job is not None:
                 crc[batch] = job.result()
