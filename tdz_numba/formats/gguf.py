@@ -134,7 +134,7 @@ class _Cursor:
     def _strings(self, n: int, what: str) -> list[str]:
         buf, pos, size = self.buf, self.pos, self.size
         unpack = _U64.unpack_from
-        out = []
+        out: list[str] = []
         append = out.append
         for i in range(n):
             if pos + 8 > size:
@@ -281,7 +281,7 @@ def open_gguf(path: str | os.PathLike, **kw: Any) -> GGUFSource:
     f = MappedFile.open(path)
     where = str(path)
     try:
-        meta, infos, version, data_start = _parse(memoryview(f.buffer), where)
+        meta, infos, version, data_start = _parse(memoryview(f.buffer.data), where)
         tree: dict[str, TensorSpec] = {}
         for info in infos:
             plain = _PLAIN.get(info.type_name)

@@ -199,7 +199,7 @@ def _dataset(dset: Any, key: str, f: MappedFile, where: str) -> Any:
 
 
 def h5_string(dtype: np.dtype) -> bool:
-    import h5py
+    import h5py  # type: ignore[import-untyped]
 
     return h5py.check_string_dtype(dtype) is not None
 
@@ -211,7 +211,7 @@ def open_hdf5(path: str | os.PathLike, **kw: Any) -> HDF5Source:
     :class:`~tdz_numba.BadArchiveError` for files h5py cannot read.
     """
     try:
-        import h5py
+        import h5py  # type: ignore[import-untyped]
     except ImportError:
         raise UnsupportedError(f"{path}: reading HDF5 files needs h5py (pip install 'tdz_numba[hdf5]')") from None
     where = str(path)

@@ -321,7 +321,7 @@ def open_onnx(path: str | os.PathLike, **kw: Any) -> TreeSource:
     model_dir = Path(path).parent
     files = [MappedFile.open(path)]
     try:
-        buf = memoryview(files[0].buffer)
+        buf = memoryview(files[0].buffer.data)
         metadata, inits = parse_model(buf, where)
         by_location: dict[str, int] = {}
         tree: dict[str, Any] = {}
