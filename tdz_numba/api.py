@@ -258,8 +258,47 @@ def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
 
 def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None) -> Path:
     """Extracts an archive into a memmap directory that tensordict's ``load_memmap``
-    reads (like ``unzip``). CRCs are checked; ``..`` or absolute names raise
-    :class:`~tdz_numba.BadArchiveError` before anything is written.
+    reads (like ``unzip``), safely.
+
+    Every name is checked before anything is written (absolute, ``..``/``.``,
+    empty or over-long components, ``a//b`` aliases, a name that is both a
+    file and a directory, symbolic-link entries). The entries are written
+    into a temporary directory beside ``directory``, relative to directory
+    file descriptors with ``O_NOFOLLOW`` (no symbolic link is ever followed),
+    compressed ones decoded through a fixed-size buffer, CRCs checked; then a
+    missing or empty ``directory`` is replaced by it with one rename. An
+    existing non-empty ``directory`` is merged into as tensordict's
+    ``unpack_memmap`` does: the archive's files replace files of the same name
+    (a link is replaced, not followed), other files stay. See
+    :mod:`tdz_numba.extract`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The archive.
+    directory : str or os.PathLike
+        The directory to create (or fill). Symbolic links in this path itself
+        are followed, as ``cd`` would.
+    progress : bool, optional
+        A tqdm progress bar on stderr (None: only when stderr is a terminal).
+
+    Returns
+    -------
+    pathlib.Path
+        ``directory``.
+
+    Raises
+    ------
+    BadArchiveError
+        An unsafe or ambiguous name, a corrupt entry (:class:`ChecksumError`
+        for a CRC mismatch): nothing is left behind.
+    ArchiveExistsError
+        ``directory`` is a file, or merging would need a directory of it
+        replaced by a file (or a file or link by a directory).
+    FileMissingError, AccessDeniedError, DiskFullError
+        File-system errors, naming the user's path (also ``OSError`` subclasses).
+    UnsupportedError
+        A URL or a file object (not supported yet).
 
     Examples
     --------
