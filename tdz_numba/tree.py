@@ -203,14 +203,26 @@ def class_name(meta: Mapping[str, Any]) -> str:
 
 
 def is_keyed(meta: Mapping[str, Any]) -> bool:
-    """Whether a level lists its children in meta.json (a TensorDict level)."""
+    """Whether a level lists its children in meta.json (a TensorDict level, or a
+    user subclass of TensorDict: tensordict writes its keys the same way)."""
     cls = meta.get("_class")
     if cls is not None:
-        return cls == TD_CLASS
+        return cls == TD_CLASS or _lists_keys(meta)
     typ = meta.get("_type")
     if typ is not None:
-        return typ == TD_TYPE
+        return typ == TD_TYPE or _lists_keys(meta)
     return True
+
+
+def _lists_keys(meta: Mapping[str, Any]) -> bool:
+    """A TensorDict-style meta.json of another class: batch ``shape`` and ``device``, no
+    lazy-stack or non-tensor fields, and every other field a leaf or a sub-level record."""
+    if not (isinstance(meta.get("shape"), list) and "device" in meta) or "stack_dim" in meta:
+        return False
+    if "_is_non_tensor" in meta:
+        return False
+    return all(isinstance(v, dict) and ("dtype" in v or "type" in v)
+               for k, v in meta.items() if not k.startswith("_") and k not in ("shape", "device"))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------

@@ -152,3 +152,14 @@ def test_written_class_rule():
     assert _written_class(FIXTURES["sub_td"]()) is TensorDict
     assert _written_class(FIXTURES["td_params"]()) is TensorDict
     assert _written_class(FIXTURES["typed_td"]()) is TensorDict
+
+
+def test_plain_load_of_a_user_subclass_lists_its_keys(tmp_path):
+    # tdz_numba.load (no tensordict class resolution) reads a TensorDict subclass's
+    # level by its key listing, as for TensorDict itself
+    td = TensorDict(u=_UserTD(a=torch.ones(2), b=TensorDict(c=torch.zeros(2, 1), batch_size=[2]), batch_size=[2]),
+                    batch_size=[2])  # fmt: skip
+    tree = tdz_numba.load(tdt.save(td, tmp_path / "x.tdz"))
+    assert tree["u"].type_name == "_UserTD"
+    assert sorted(tree["u"]) == ["a", "b"] and tree["u"]["a"].tolist() == [1.0, 1.0]
+    assert tree["u"]["b"]["c"].shape == (2, 1)
