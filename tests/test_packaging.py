@@ -287,6 +287,9 @@ def test_build_sdist_and_wheel_then_install(tmp_path):
     (sdist,) = out.glob("*.tar.gz")
     names = zipfile.ZipFile(wheel).namelist()
     assert "tdz_numba/py.typed" in names and "tdz_numba/__init__.py" in names
+    # every sub-package of the source tree is in the wheel
+    for init in (ROOT / "tdz_numba").rglob("__init__.py"):
+        assert init.relative_to(ROOT).as_posix() in names, f"{init.parent.name} missing from the wheel"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any(n.startswith("tests/") for n in names)
     with tarfile.open(sdist) as tar:

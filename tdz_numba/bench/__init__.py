@@ -153,6 +153,9 @@ def build_parser(prog: str = "tdz bench") -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="print each cell to stderr as it is measured")
     p.add_argument("--remote", action="store_true",
                    help="remote archives (HTTP, S3) and DCP on loopback servers (see --remote --help)")  # fmt: skip
+    p.add_argument("--read-formats", action="store_true",
+                   help="read every tensor file format (safetensors, .pt, npz, GGUF, HDF5, ONNX, .tdz) with "
+                        "tdz_numba, the format's own library and ztensor (see --read-formats --help)")  # fmt: skip
     return p
 
 
@@ -161,6 +164,10 @@ def main(argv: list[str] | None = None, prog: str = "tdz bench") -> int:
     import json
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--read-formats" in argv:  # every tensor file format, every reader: tdz_numba.bench.readformats
+        from .readformats import main as read_main
+
+        return read_main([a for a in argv if a != "--read-formats"], f"{prog} --read-formats")
     if "--remote" in argv:  # remote archives and DCP on loopback servers: tdz_numba.bench.remote
         from .remote import main as remote_main
 
