@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -68,8 +69,8 @@ MAX_GAP = 4096
 MAX_WASTE = 0.02
 #: Largest single ranged request of a bulk fetch (larger extents are split for concurrency).
 PART_BYTES = 8 << 20
-#: Parts held in memory at once before being copied into place.
-GROUP_PARTS = 16
+#: Concurrent requests of a bulk fetch; a second group is in flight while one is copied into place.
+GROUP_PARTS = 8
 #: Attempts per ranged request before :class:`RemoteError`.
 ATTEMPTS = 3
 
@@ -258,36 +259,51 @@ class RemoteIndex(ArchiveIndex):
 
     def _get(self, spans: list[tuple[int, int]], what: Callable[[int, int], str] | None = None) -> None:
         """Fetches ``[start, stop)`` spans into :attr:`buffer`: in parts of at most
-        :data:`PART_BYTES`, :data:`GROUP_PARTS` at a time, retrying failed parts."""
+        :data:`PART_BYTES`, :data:`GROUP_PARTS` requests at a time; the next group is
+        requested while this one is copied into place; failed parts are retried."""
         what = what or self._names_in
         parts = [(a, min(a + PART_BYTES, b)) for a0, b in spans for a in range(a0, b, PART_BYTES)]
-        for g in range(0, len(parts), GROUP_PARTS):
-            todo = parts[g : g + GROUP_PARTS]
+        groups = [parts[g : g + GROUP_PARTS] for g in range(0, len(parts), GROUP_PARTS)]
+        if not groups:
+            return
+
+        def request(todo: list[tuple[int, int]]) -> list[Any]:
             faults = self._populate(todo)  # page faults taken while the bytes travel
-            for attempt in range(ATTEMPTS):
-                got = self.fetcher.ranges([a for a, _ in todo], [b for _, b in todo])
-                if faults is not None:
-                    faults.join()
-                    faults = None
-                failed = []
-                for (a, b), data in zip(todo, got):
-                    if isinstance(data, (bytes, bytearray, memoryview)) and len(data) == b - a:
-                        self.buffer[a:b] = np.frombuffer(data, np.uint8)
-                        self.bytes_fetched += b - a
-                    else:
-                        failed.append(((a, b), data))
-                if not failed:
-                    break
-                if attempt == ATTEMPTS - 1:
-                    (a, b), data = failed[0]
-                    why = (f"{type(data).__name__}: {data}" if isinstance(data, BaseException)
-                           else f"got {len(data)} bytes (the object is shorter than when it was opened?)")  # fmt: skip
-                    raise RemoteError(f"{self.path}: reading bytes [{a}, {b}) ({what(a, b)}) failed after "
-                                      f"{ATTEMPTS} attempts: {why}", path=self.path, entry=self._first_in(a, b),
-                                      offset=a, expected=b - a,
-                                      found=None if isinstance(data, BaseException) else len(data))  # fmt: skip
-                todo = [span for span, _ in failed]
-                time.sleep(0.05 * 4**attempt)
+            got = self.fetcher.ranges([a for a, _ in todo], [b for _, b in todo])
+            if faults is not None:
+                faults.join()
+            return got
+
+        pool = ThreadPoolExecutor(1) if len(groups) > 1 else None
+        try:
+            ahead = None
+            for k, todo in enumerate(groups):
+                got = ahead.result() if ahead is not None else request(todo)
+                ahead = pool.submit(request, groups[k + 1]) if pool is not None and k + 1 < len(groups) else None
+                for attempt in range(ATTEMPTS):
+                    failed = []
+                    for (a, b), data in zip(todo, got):
+                        if isinstance(data, (bytes, bytearray, memoryview)) and len(data) == b - a:
+                            self.buffer[a:b] = np.frombuffer(data, np.uint8)
+                            self.bytes_fetched += b - a
+                        else:
+                            failed.append(((a, b), data))
+                    if not failed:
+                        break
+                    if attempt == ATTEMPTS - 1:
+                        (a, b), data = failed[0]
+                        why = (f"{type(data).__name__}: {data}" if isinstance(data, BaseException)
+                               else f"got {len(data)} bytes (the object is shorter than when it was opened?)")  # fmt: skip
+                        raise RemoteError(f"{self.path}: reading bytes [{a}, {b}) ({what(a, b)}) failed after "
+                                          f"{ATTEMPTS} attempts: {why}", path=self.path, entry=self._first_in(a, b),
+                                          offset=a, expected=b - a,
+                                          found=None if isinstance(data, BaseException) else len(data))  # fmt: skip
+                    todo = [span for span, _ in failed]
+                    time.sleep(0.05 * 4**attempt)
+                    got = request(todo)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def _populate(self, parts: list[tuple[int, int]]) -> threading.Thread | None:
         """Pre-faults the pages of ``parts`` (``MADV_POPULATE_WRITE``, Linux >= 5.14) in a thread,

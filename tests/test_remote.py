@@ -423,3 +423,20 @@ def test_pack_to_url_and_refusals(tmp_path):
     import fsspec
 
     fsspec.filesystem("memory").rm("/tdz-pack", recursive=True)
+
+
+def test_many_groups_pipelined_with_drops(http, wide, monkeypatch):
+    """Small parts and groups: the next group is requested while one is placed; cut
+    connections in the middle are retried."""
+    tree, _, data = wide
+    url = http.put("wide.tdz", data)
+    monkeypatch.setattr(remote, "PART_BYTES", 256 << 10)
+    monkeypatch.setattr(remote, "GROUP_PARTS", 3)
+    with remote.open_remote(url) as ar:
+        http.reset_log()
+        http.drop = 2
+        back = ar.to_dict()
+    http.drop = 0
+    _assert_tree_equal(back, tree)
+    assert sum(m == "GET-DROPPED" for m, *_ in http.log) == 2
+    assert http.bytes_served - sum(n for m, _, _, n in http.log if m == "GET-DROPPED") <= len(data)
