@@ -153,6 +153,9 @@ def build_parser(prog: str = "tdz bench") -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="print each cell to stderr as it is measured")
     p.add_argument("--remote", action="store_true",
                    help="remote archives (HTTP, S3) and DCP on loopback servers (see --remote --help)")  # fmt: skip
+    p.add_argument("--alignment", action="store_true",
+                   help="file size, save speed and cold reads of align=64/4096/65536/'auto' next to ztensor's "
+                        "writers (see --alignment --help)")  # fmt: skip
     p.add_argument("--read-formats", action="store_true",
                    help="read every tensor file format (safetensors, .pt, npz, GGUF, HDF5, ONNX, .tdz) with "
                         "tdz_numba, the format's own library and ztensor (see --read-formats --help)")  # fmt: skip
@@ -164,6 +167,10 @@ def main(argv: list[str] | None = None, prog: str = "tdz bench") -> int:
     import json
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--alignment" in argv:  # what payload alignment costs and buys: tdz_numba.bench.alignment
+        from .alignment import main as align_main
+
+        return align_main([a for a in argv if a != "--alignment"], f"{prog} --alignment")
     if "--read-formats" in argv:  # every tensor file format, every reader: tdz_numba.bench.readformats
         from .readformats import main as read_main
 
