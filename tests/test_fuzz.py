@@ -72,6 +72,18 @@ def test_mutations_are_deterministic(seeds):
     assert one == two and len({c[3] for c in one}) > 30
 
 
+def test_workers_are_isolated(tmp_path, seeds):
+    """A segfault, a hang and an allocation over the 4 GiB limit are each caught and
+    counted; the worker is restarted and the next case runs normally."""
+    good = seeds[0][0].data
+    ops = ["_segv", "open", "_hang", "verify", "_oom", "is_archive"]
+    cases = [Case(i, "stored", op, None, "", good) for i, op in enumerate(ops)]
+    recs = run_cases(cases, jobs=1, work=tmp_path / "work", warm=seeds[1], timeout=2.0)
+    cats = [r["cat"] for r in recs]
+    assert cats == ["signal", "accepted", "timeout", "accepted", "memory", "accepted"], recs
+    assert recs[0]["exc"] == "rc=-11" and recs[2]["retried"]
+
+
 def _run(tmp_path: Path, count: int, seeds, tag: str = "tdz-fuzz-1") -> dict:
     seeds, warm = seeds
     jobs = min(2, os.cpu_count() or 1)

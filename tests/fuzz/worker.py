@@ -75,6 +75,16 @@ def run_op(op: str, path: str, subpath: str | None, tmp: str) -> object:
         finally:
             rmtree(out)
         return True
+    if op == "_segv":  # the harness's own tests: a crash, a hang, an allocation over RLIMIT_AS
+        import ctypes
+
+        ctypes.string_at(0)
+    if op == "_hang":
+        import time
+
+        time.sleep(3600)
+    if op == "_oom":
+        return len(bytearray(5 << 30))
     raise ValueError(f"unknown op {op!r}")
 
 
