@@ -108,6 +108,16 @@ def _check_rank_files(ckpt: Path, world: int) -> None:
                 "dt", [r * ROWS // world, 0], [ROWS // world, COLS]]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _warm_kernels(tmp_path_factory):
+    """Compile (or load) the Numba kernels once here, so that the spawned ranks load them
+    from the cache instead of each compiling them on a cold cache."""
+    p = tdz_numba.save({"x": torch.ones(64), "y": {"z": torch.arange(3)}},
+                       tmp_path_factory.mktemp("warm") / "w.tdz", compression="deflate")  # fmt: skip
+    tdz_numba.save(tdz_numba.load(p), p.with_name("s.tdz"))
+    tdz_numba.verify(p)
+
+
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("s3fs")
