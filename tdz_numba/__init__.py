@@ -49,9 +49,12 @@ __all__ = [
     "verify",
     "refresh_checksums",
     "allocate",
+    "convert",
     # types
     "Archive",
     "LeafInfo",
+    "LevelInfo",
+    "Location",
     "Level",
     "RawFile",
     "PickledData",
@@ -82,8 +85,11 @@ _LAZY = {
     "verify": "api",
     "refresh_checksums": "api",
     "allocate": "api",
+    "convert": "api",
     "Archive": "archive",
     "LeafInfo": "archive",
+    "LevelInfo": "sources",
+    "Location": "sources",
     "Level": "tree",
     "RawFile": "tree",
     "PickledData": "tree",
@@ -91,8 +97,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import allocate, is_archive, load, open, pack, refresh_checksums, save, unpack, verify
+    from .api import allocate, convert, is_archive, load, open, pack, refresh_checksums, save, unpack, verify
     from .archive import Archive, LeafInfo
+    from .sources import LevelInfo, Location
     from .integrity import VerifyReport
     from .tree import Level, PickledData, RawFile
 

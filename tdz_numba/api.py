@@ -28,7 +28,7 @@ from .errors import FileMissingError
 from .tree import Level, flatten
 
 __all__ = ["save", "open", "load", "pack", "unpack", "is_archive", "verify",
-           "refresh_checksums", "allocate", "clean"]  # fmt: skip
+           "refresh_checksums", "allocate", "clean", "convert"]  # fmt: skip
 
 PathLike = str | os.PathLike
 
@@ -43,7 +43,8 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
          compresslevel: int | None = None, existsok: bool = True,
          num_threads: int | None = None, progress: bool | None = None,
          storage_options: dict[str, Any] | None = None, durable: bool = True,
-         align: int | str | None = None, align_threshold: int | None = None) -> Path:  # fmt: skip
+         align: int | str | None = None, align_threshold: int | None = None,
+         metadata: dict[str, Any] | None = None) -> Path:  # fmt: skip
     """Saves a tree of tensors as a ``.tdz`` archive.
 
     Parameters
@@ -96,6 +97,10 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
         is named ``.{name}.tdz-tmp.{host}.{pid}.{random}``; those of killed
         saves are removed by the next save in the directory (or
         :func:`clean`).
+    metadata : dict, optional
+        The file's own metadata (str keys, JSON-able values), returned by
+        ``Archive.metadata``. It is stored in a top-level ``__metadata__.json``
+        entry that tensordict's ``load_memmap`` ignores.
 
     Returns
     -------
@@ -112,6 +117,8 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
         The file or its directory is not writable (also a ``PermissionError``).
     DiskFullError
         No space left (also an ``OSError``); the old file, if any, is intact.
+    InvalidArgumentError
+        ``metadata`` is not a dict of str to JSON-able values.
 
     Examples
     --------
@@ -130,21 +137,46 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
     with user_errors(path, action="write"):
         target = _writer.check_target(path, existsok)
         entries = flatten(tree)
+        if metadata is not None:
+            entries.append(_metadata_entry(metadata))
         return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
                                      num_threads=num_threads, progress=progress, durable=durable, align=align,
                                      align_threshold=align_threshold)  # fmt: skip
 
 
+def _metadata_entry(metadata: Any) -> Any:
+    import json
+
+    from .errors import InvalidArgumentError
+    from .tdzsource import METADATA_ENTRY
+    from .tree import Entry
+
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
+        raise InvalidArgumentError(f"metadata must be a dict with str keys, got {type(metadata).__name__}")
+    try:
+        data = json.dumps(metadata, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"metadata must hold JSON values: {exc}") from None
+    return Entry(METADATA_ENTRY, data=data)
+
+
 def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | None = None,
-         allow_pickle: bool = False, num_threads: int | None = None,
+         allow_pickle: bool = False, num_threads: int | None = None, copy: bool = False,
+         device: Any = None, dtype: Any = None,
          storage_options: dict[str, Any] | None = None) -> _archive.Archive:  # fmt: skip
-    """Opens an archive lazily as a read-only :class:`~tdz_numba.Archive` mapping.
+    """Opens a tensor file lazily as a read-only :class:`~tdz_numba.Archive` mapping.
+
+    The format is detected from the file's bytes: ``.tdz`` archives, and,
+    through :mod:`tdz_numba.formats`, safetensors (also sharded through their
+    ``*.index.json``), torch ``.pt`` (without unpickling), ``.npy``/``.npz``,
+    GGUF, HDF5, ONNX and tensordict memmap directories. ``ar.format`` names it.
 
     Parameters
     ----------
     path : str or os.PathLike
-        The archive: a local path, an fsspec URL (``s3://``, ``gs://``,
-        ``https://``, ``memory://``, ...) or a seekable binary file object.
+        The file (or memmap directory, or safetensors index); for ``.tdz``
+        archives also an fsspec URL (``s3://``, ``gs://``, ``https://``,
+        ``memory://``, ...) or a seekable binary file object.
         Remote archives are read with ranged requests: the tail at open, each
         level's meta.json when reached, leaves on access; ``to_dict`` fetches
         a level's entries in one coalesced concurrent batch. Every fetched
@@ -167,10 +199,27 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
         is accessed; every inflated entry's CRC-32 is checked.
     storage_options : dict, optional
         Options of the fsspec filesystem of a URL (endpoint, credentials, ...).
+    copy : bool
+        Leaves are owned tensors (read with parallel ``preadv`` by
+        ``to_dict``/:func:`load`) instead of views of the file's mapping.
+    device : str or torch.device, optional
+        Where leaves go: ``"cpu"``, ``"cuda"`` (through pinned staging memory),
+        ``"meta"`` (dtype and shape only: no payload is read), ...
+    dtype : torch.dtype, optional
+        Floating-point (and complex) leaves are cast to it on access.
 
     Returns
     -------
     Archive
+
+    Raises
+    ------
+    BadArchiveError
+        Not a readable file of any supported format, or a malformed one.
+    MissingKeyError
+        ``subpath`` names no level.
+    InvalidArgumentError
+        A bad ``mode``, ``num_threads``, ``device`` or ``dtype``.
 
     Examples
     --------
@@ -187,18 +236,22 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
                                    num_threads=num_threads, storage_options=storage_options)  # fmt: skip
     with user_errors(path):
         return _archive.open_archive(as_local_path(path), mode=mode, subpath=subpath, allow_pickle=allow_pickle,
-                                     num_threads=num_threads)  # fmt: skip
+                                     num_threads=num_threads, copy=copy, device=device,
+                                     dtype=dtype)  # fmt: skip
 
 
 def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: str = "r",
-         allow_pickle: bool = False, num_threads: int | None = None,
+         allow_pickle: bool = False, num_threads: int | None = None, copy: bool = False,
+         device: Any = None, dtype: Any = None, nest: str | None = None,
          storage_options: dict[str, Any] | None = None) -> Level:  # fmt: skip
-    """Loads an archive as nested dicts of tensors and plain values.
+    """Loads a tensor file (any format :func:`open` reads) as nested dicts of tensors and plain values.
 
     The dicts are :class:`~tdz_numba.Level` objects that also carry each
     level's metadata; tensors are views into one mapping of the file (see
-    :func:`open` for ``mode``, ``subpath``, ``allow_pickle`` and ``num_threads``).
-    Compressed leaves are inflated together, in parallel.
+    :func:`open` for ``mode``, ``subpath``, ``allow_pickle``, ``num_threads``,
+    ``copy``, ``device`` and ``dtype``). Every leaf is resolved in one bulk
+    pass; compressed leaves are inflated together, in parallel. ``nest="."``
+    splits flat names (``"model.layers.0.weight"``) into nested dicts.
 
     Examples
     --------
@@ -215,7 +268,8 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
                                    num_threads=num_threads, storage_options=storage_options)  # fmt: skip
     with user_errors(path, action="load"):
         return _archive.load(as_local_path(path), subpath=subpath, mode=mode, allow_pickle=allow_pickle,
-                             num_threads=num_threads)  # fmt: skip
+                             num_threads=num_threads, copy=copy, device=device,
+                             dtype=dtype, nest=nest)  # fmt: skip
 
 
 def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
@@ -431,3 +485,49 @@ def clean(directory: PathLike, *, dry_run: bool = False) -> list[Path]:
 
     with user_errors(directory, action="clean"):
         return _tempfiles.clean(as_local_path(directory, what="directory"), dry_run=dry_run)
+
+
+def convert(src: PathLike, dst: PathLike, *, nest: str | None = ".", compression: str | None = None,
+            progress: bool | None = None) -> Path:  # fmt: skip
+    """Converts any readable tensor file to ``.tdz``, or a ``.tdz`` archive to ``.safetensors``.
+
+    Parameters
+    ----------
+    src : str or os.PathLike
+        A file :func:`open` reads (safetensors, ``.pt``, npz, GGUF, ``.tdz``, ...).
+    dst : str or os.PathLike
+        The file to write: a ``.safetensors`` name writes safetensors, anything
+        else a ``.tdz`` archive (through the parallel writer; leaves go in as
+        views of the source's mapping).
+    nest : str or None
+        To ``.tdz``: flat names are split on ``nest`` into levels (None: kept
+        flat). To ``.safetensors``: nested keys are joined with it (default ".").
+    compression : str, optional
+        Codec of the ``.tdz`` payloads (as for :func:`save`).
+    progress : bool, optional
+        A progress bar on stderr.
+
+    Returns
+    -------
+    pathlib.Path
+
+    Raises
+    ------
+    InvalidTreeError
+        A leaf the target format cannot hold (e.g. complex dtypes in safetensors).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> import json
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = tdz_numba.save({"a": {"b": torch.ones(2)}, "tag": "x"}, pathlib.Path(d) / "x.tdz")
+    ...     st = tdz_numba.convert(p, pathlib.Path(d) / "x.safetensors")
+    ...     raw = st.read_bytes()
+    ...     header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    ...     print(header["a.b"]["shape"], header["__metadata__"])
+    [2] {'tag': '"x"'}
+    """
+    from . import conversion as _convert
+
+    return _convert.convert(src, dst, nest=nest, compression=compression, progress=progress)

@@ -1,10 +1,12 @@
-"""Opening archives: :class:`Archive`, a lazy read-only mapping over one memory map.
+"""Navigating any readable file: :class:`Archive`, a lazy read-only mapping over a source.
 
-Opening parses the end records, the central directory (one kernel pass) and
-the root ``meta.json``. Deeper ``meta.json`` files are parsed when their level
-is first reached, and a leaf tensor is created when it is first accessed: as a
-view into the single mapping of the file (zero-copy), or, for compressed or
-unaligned entries, as a new buffer.
+An :class:`Archive` walks the levels a :class:`~tdz_numba.sources.Source`
+serves: a ``.tdz`` file (:class:`~tdz_numba.tdzsource.TdzSource`: meta.json
+parsed per level on first use, leaves as views of one mapping), or any other
+format a reader describes with a :class:`~tdz_numba.sources.TreeSource`
+(safetensors, torch ``.pt``, npz, GGUF, ...). Nothing per leaf happens until a
+leaf or a level is asked for; :meth:`Archive.to_dict` resolves every leaf
+below a level in one bulk pass.
 
 Examples
 --------
@@ -13,93 +15,41 @@ Examples
 ...     p = tdz_numba.save({"obs": {"pixels": torch.ones(2, 3)}, "step": 7},
 ...                        pathlib.Path(d) / "x.tdz")
 ...     with tdz_numba.open(p) as ar:
-...         print(ar["obs/pixels"].shape, ar["step"], sorted(ar))
-torch.Size([2, 3]) 7 ['obs', 'step']
+...         print(ar["obs/pixels"].shape, ar["step"], sorted(ar), ar.format)
+torch.Size([2, 3]) 7 ['obs', 'step'] tdz
 """
 
 from __future__ import annotations
 
-import math
+import difflib
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from . import records
-from .bounds import build_levels, check_nested_sizes, parse_meta, walk_leaves
-from .dtypes import dtype_table, numpy_dtype, torch_dtype
-from .errors import BadArchiveError, InvalidArgumentError, MissingKeyError, UnsupportedError
-from .reader import ArchiveIndex
-from .tree import (
-    NON_TENSOR_DATA_TYPE,
-    ChildSpec,
-    LeafSpec,
-    Level,
-    PickledData,
-    RawFile,
-    class_name,
-    describe_level,
-    encode_key,
-)
+from .dtypes import numpy_dtype
+from .errors import InvalidArgumentError, MissingKeyError, UnsupportedError
+from .sources import LevelInfo, Location, Source, TensorSpec, tensor_from_spec
+from .tdzsource import LeafInfo, open_tdz
+from .tree import NON_TENSOR_DATA_TYPE, Level, class_name, encode_key
 
-__all__ = ["Archive", "LeafInfo", "open_archive", "load", "subpath_prefix"]
+__all__ = ["Archive", "LeafInfo", "LevelInfo", "open_archive", "load", "subpath_prefix", "nest_flat"]
 
-DTYPES = dtype_table()
-
-
-def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    """A tensor over a new uint8 buffer (inflated data)."""
-    if data.size == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.from_numpy(data).view(dtype).view(shape)
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
-    return tuple(strides)
-
-_PICKLE_SUFFIXES = (".pickle", ".pkl")
-
-
-@dataclass(frozen=True)
-class LeafInfo:
-    """Where a leaf lives in the archive and how it is stored."""
-
-    key: str
-    entry: str | None
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    offset: int | None
-    nbytes: int
-    stored_nbytes: int
-    compression: str
-    crc: int | None
-    nested: bool
-
-    @property
-    def zero_copy(self) -> bool:
-        """Whether the leaf is a view of the file's mapping."""
-        return (self.compression == "stored" and not self.nested and self.offset is not None
-                and self.offset % self.dtype.itemsize == 0)  # fmt: skip
+_TENSORCLASS_INNER = "_tensordict"
 
 
 class _State:
     """What all views of one opened archive share."""
 
-    def __init__(self, index: ArchiveIndex, mode: str, allow_pickle: bool,
-                 num_threads: int | None = None) -> None:  # fmt: skip
-        self.index = index
-        self.mode = mode
-        self.allow_pickle = allow_pickle
-        self.num_threads = num_threads
-        self.levels: dict[str, tuple[bool, dict[str, ChildSpec], dict[str, Any]]] = {}
-        self.tensors: dict[str, torch.Tensor] = {}
+    def __init__(self, source: Source, *, copy: bool = False, device: Any = None, dtype: Any = None) -> None:
+        self.source = source
+        self.closed = False
+        self.copy = copy
+        self.device = None if device is None else torch.device(device)
+        self.dtype = dtype
         self.views: dict[str, Archive] = {}
 
 
@@ -114,15 +64,78 @@ def subpath_prefix(subpath: str | tuple[str, ...] | list[str] | None) -> str:
     return "".join(encode_key(p) + "/" for p in parts)
 
 
+def nest_flat(tree: Mapping[str, Any], sep: str = ".") -> dict[str, Any]:
+    """Splits flat names (``"model.layers.0.weight"``) into nested dicts on ``sep``.
+
+    Levels are merged; a name that is both a value and a prefix of other names
+    raises :class:`~tdz_numba.InvalidArgumentError`.
+
+    Examples
+    --------
+    >>> from tdz_numba.archive import nest_flat
+    >>> nest_flat({"a.b": 1, "a.c": 2, "d": 3})
+    {'a': {'b': 1, 'c': 2}, 'd': 3}
+    """
+    if not isinstance(sep, str) or not sep:
+        raise InvalidArgumentError(f"nest must be a non-empty str, got {sep!r}")
+    out: dict[str, Any] = {}
+    for name, value in tree.items():
+        if isinstance(value, Mapping):
+            value = nest_flat(value, sep)
+        parts = name.split(sep)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise InvalidArgumentError(f"{sep.join(parts[: i + 1])!r} is both a value and a level of {name!r}")
+            node = nxt
+        last = parts[-1]
+        if last in node:
+            if isinstance(node[last], dict) and isinstance(value, dict):
+                node[last].update(value)
+                continue
+            raise InvalidArgumentError(f"{name!r} is both a value and a level (splitting on {sep!r})")
+        node[last] = value
+    return out
+
+
+def _missing(where: str, key: object, have: list[str], level: str) -> MissingKeyError:
+    """A MissingKeyError that names the level, lists some keys and suggests a close match."""
+    shown = ", ".join(repr(k) for k in have[:10]) + (f", ... ({len(have)} keys)" if len(have) > 10 else "")
+    text = f"{where}: no key {key!r} in level {level or '<root>'!r}"
+    text += f" (keys: {shown})" if have else " (the level is empty)"
+    last = key.rsplit("/", 1)[-1] if isinstance(key, str) else None
+    close = difflib.get_close_matches(last, have, n=1) if last is not None else []
+    if close:
+        text += f"; did you mean {close[0]!r}?"
+    return MissingKeyError(text)
+
+
 class Archive(Mapping):
-    """A lazy, read-only mapping over one level of an opened archive.
+    """A lazy, read-only mapping over one level of an opened file (any format).
 
     Keys are the level's keys. Values are ``torch.Tensor`` leaves (views into
-    the file's single mapping), nested :class:`Archive` levels, plain Python
-    values (non-tensor data) and :class:`~tdz_numba.tree.RawFile` objects.
-    ``archive["a/b/c"]`` and ``archive["a", "b", "c"]`` reach nested values.
+    the file's mapping unless opened with ``copy=True``), nested
+    :class:`Archive` levels, plain Python values (non-tensor data) and
+    :class:`~tdz_numba.tree.RawFile` objects. ``archive["a/b/c"]`` and
+    ``archive["a", "b", "c"]`` reach nested values; a tensorclass's fields are
+    reached directly (``ar["obs/pixels"]``: its ``_tensordict`` level is seen
+    through).
 
-    Use :func:`tdz_numba.open` to create one.
+    Use :func:`tdz_numba.open` to create one; a format reader wraps its
+    :class:`~tdz_numba.sources.Source` with ``Archive(source)``.
+
+    Parameters
+    ----------
+    source : Source
+        What to navigate (or, internally, the state shared by the views of one file).
+    prefix : str
+        The source's prefix of this level (``""``: the root).
+
+    Raises
+    ------
+    BadArchiveError
+        The level's description in the file is malformed.
 
     Examples
     --------
@@ -135,10 +148,10 @@ class Archive(Mapping):
     [0, 1, 2, 3] 0 int64
     """
 
-    def __init__(self, state: _State, prefix: str = "") -> None:
-        self._state = state
+    def __init__(self, source: Source | _State, prefix: str = "") -> None:
+        self._state = source if isinstance(source, _State) else _State(source)
         self._prefix = prefix
-        self._level()  # parse this level's meta.json now: errors surface at open
+        self._level()  # parse this level now: errors surface at open
 
     # -- context manager -------------------------------------------------------
     def __enter__(self) -> Archive:
@@ -147,28 +160,64 @@ class Archive(Mapping):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Releases the archive. Tensors already obtained stay valid (they keep
-        the mapping alive); new accesses fail."""
-        index = self._state.index
-        if index is not None:
-            index.close()
-        self._state.index = None  # type: ignore[assignment]
+    def close(self, *, refresh: bool = False) -> None:
+        """Releases the file. Tensors already obtained stay valid (they keep the
+        mapping alive); every later use of the archive raises.
+
+        ``refresh=True`` (``mode="r+"`` only) re-stamps the CRC-32 of every
+        stored entry first, as :func:`tdz_numba.refresh_checksums` does.
+        """
+        state = self._state
+        if state.closed:
+            return
+        if refresh and self.mode != "r+":
+            raise InvalidArgumentError(f"{self.path}: close(refresh=True) needs an archive opened with mode='r+'")
+        path = self.path
+        state.source.close()
+        state.closed = True
+        state.views.clear()
+        if refresh:
+            from .integrity import refresh_checksums
+
+            refresh_checksums(path)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._state.closed
 
     # -- properties --------------------------------------------------------------
     @property
+    def source(self) -> Source:
+        """The :class:`~tdz_numba.sources.Source` this archive navigates."""
+        self._check_open()
+        return self._state.source
+
+    @property
     def path(self) -> Path:
-        """Path of the archive file."""
-        return self._index.path
+        """Path of the file."""
+        return self._state.source.path
+
+    @property
+    def format(self) -> str:
+        """The file's format: ``"tdz"``, ``"safetensors"``, ``"torch"``, ``"npz"``, ..."""
+        return self._state.source.format
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The file's own metadata (safetensors ``__metadata__``, GGUF key/values,
+        what ``save(..., metadata=)`` stored, ...); ``{}`` when none."""
+        self._check_open()
+        return dict(self._state.source.metadata or {})
 
     @property
     def mode(self) -> str:
         """``"r"`` (private mapping) or ``"r+"`` (writes reach the file)."""
-        return self._state.mode
+        return getattr(self._state.source, "mode", "r")
 
     @property
     def meta(self) -> dict[str, Any]:
-        """This level's meta.json fields that are not keys (batch size, class, ...)."""
+        """This level's metadata fields that are not keys (batch size, class, ...)."""
         keyed, children, meta = self._level()
         if not keyed:
             return dict(meta)
@@ -181,15 +230,22 @@ class Archive(Mapping):
 
     @property
     def batch_size(self) -> list[int] | None:
+        """The batch size recorded for this level (meta ``"shape"``), or None."""
         shape = self._level()[2].get("shape")
         return list(shape) if isinstance(shape, list) else None
 
-    # -- level parsing -----------------------------------------------------------
+    # -- levels --------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._state.closed:
+            raise InvalidArgumentError(f"{self._state.source.path}: the archive is closed")
+
     @property
-    def _index(self) -> ArchiveIndex:
-        index = self._state.index
+    def _index(self) -> Any:
+        """The ``.tdz`` index (:class:`~tdz_numba.reader.ArchiveIndex`) of a tdz archive."""
+        self._check_open()
+        index = getattr(self._state.source, "index", None)
         if index is None:
-            raise InvalidArgumentError("the archive is closed")
+            raise UnsupportedError(f"{self.path}: a {self.format} file has no zip index")
         return index
 
     def _sub(self, prefix: str) -> Archive:
@@ -199,25 +255,46 @@ class Archive(Mapping):
             view = self._state.views[prefix] = Archive(self._state, prefix)
         return view
 
-    def _where(self, name: str = "") -> str:
-        return f"{self._index.path}: {(self._prefix + name) or '<root>'}"
+    def where(self, key: str = "") -> str:
+        """``"<file>: <path of key below this level>"``, as messages name places."""
+        return f"{self._state.source.path}: {(self._prefix + key) or '<root>'}"
 
-    def _level(self) -> tuple[bool, dict[str, ChildSpec], dict[str, Any]]:
-        cached = self._state.levels.get(self._prefix)
-        if cached is not None:
-            return cached
-        index = self._index
-        meta_name = self._prefix + "meta.json"
-        if meta_name not in index:
-            raise BadArchiveError(f"{self._where()}: no meta.json entry {meta_name!r}")
-        meta = parse_meta(index.read_bytes(meta_name), self._where("meta.json"))
-        keyed, children = describe_level(
-            meta, self._prefix, lambda: index.listing(self._prefix),
-            lambda sub: sub + "meta.json" in index or index.is_dir(sub), self._where("meta.json"),
-        )  # fmt: skip
-        result = (keyed, {c.key: c for c in children}, meta)
-        self._state.levels[self._prefix] = result
-        return result
+    _where = where
+
+    def _level(self) -> LevelInfo:
+        self._check_open()
+        return self._state.source.level(self._prefix)
+
+    def level_info(self, key: str | tuple[str, ...] | None = None) -> LevelInfo:
+        """``LevelInfo(keyed, children, meta)`` of this level, or of the level at ``key``.
+
+        ``children`` maps each key to a :class:`~tdz_numba.sources.Child`
+        (``kind``: ``"leaf"``, ``"level"``, ``"value"`` or, in ``.tdz``, ``"file"``).
+
+        Examples
+        --------
+        >>> import tempfile, pathlib, torch, tdz_numba
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = tdz_numba.save({"a": {"b": torch.zeros(1)}}, pathlib.Path(d) / "x.tdz")
+        ...     with tdz_numba.open(p) as ar:
+        ...         info = ar.level_info("a")
+        ...         print(info.keyed, {k: c.kind for k, c in info.children.items()})
+        True {'b': 'leaf'}
+        """
+        if key is None or key == "" or key == ():
+            return self._level()
+        return self.sublevel(key)._level()
+
+    def sublevel(self, key: Any) -> Archive:
+        """The level at ``key`` (a key, a path, or a ``"level"`` child from :meth:`level_info`)."""
+        if hasattr(key, "kind") and hasattr(key, "path"):
+            if key.kind != "level":
+                raise MissingKeyError(f"{self.where(key.key)}: not a level ({key.kind})")
+            return self._sub(key.path)
+        node, spec = self._resolve(key)
+        if spec.kind != "level":
+            raise MissingKeyError(f"{node.where(spec.key)}: {key!r} is not a level ({spec.kind})")
+        return node._sub(spec.path)
 
     # -- Mapping -----------------------------------------------------------------
     def __iter__(self) -> Iterator[str]:
@@ -233,41 +310,58 @@ class Archive(Mapping):
             return False
         return True
 
-    def _resolve(self, key: object) -> tuple[Archive, ChildSpec]:
+    def _inner(self) -> Archive | None:
+        """The ``_tensordict`` level of a tensorclass (its fields), or None."""
+        keyed, children, _ = self._level()
+        spec = children.get(_TENSORCLASS_INNER)
+        if keyed or spec is None or spec.kind != "level":
+            return None
+        return self._sub(spec.path)
+
+    def _resolve(self, key: object) -> tuple[Archive, Any]:
         children = self._level()[1]
         if isinstance(key, str) and key in children:
             return self, children[key]
         if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
             parts = list(key)
-        elif isinstance(key, str):
+        elif isinstance(key, str) and key:
             parts = key.split("/")
         else:
-            raise MissingKeyError(f"{self._where()}: no key {key!r}")
+            raise MissingKeyError(f"{self.where()}: no key {key!r} (keys are str or tuples of str)")
         node: Archive = self
         for i, part in enumerate(parts):
-            spec = node._level()[1].get(part)
+            level_children = node._level()[1]
+            spec = level_children.get(part)
             if spec is None:
-                raise MissingKeyError(f"{self._where()}: no key {'/'.join(parts[: i + 1])!r}")
+                inner = node._inner()
+                if inner is not None and part in inner._level()[1]:
+                    node, spec = inner, inner._level()[1][part]
+            if spec is None:
+                have = list(level_children)
+                inner = node._inner()
+                if inner is not None:
+                    have = [k for k in have if k != _TENSORCLASS_INNER] + list(inner._level()[1])
+                raise _missing(str(self._state.source.path), "/".join(parts[: i + 1]),
+                               have, "/".join(parts[:i]) or self._prefix.rstrip("/"))  # fmt: skip
             if i == len(parts) - 1:
                 return node, spec
             if spec.kind != "level":
-                raise MissingKeyError(f"{self._where()}: {'/'.join(parts[: i + 1])!r} is not a level")
-            node = self._sub(spec.path)
-        raise MissingKeyError(f"{self._where()}: empty key")
+                raise MissingKeyError(f"{self.where()}: {'/'.join(parts[: i + 1])!r} is a {spec.kind}, not a level")
+            node = node._sub(spec.path)
+        raise MissingKeyError(f"{self.where()}: empty key")
 
     def __getitem__(self, key: str | tuple[str, ...]) -> Any:
         node, spec = self._resolve(key)
         return node._value(spec)
 
-    def _value(self, spec: ChildSpec) -> Any:
-        if spec.kind == "leaf":
-            return self._leaf(spec.leaf)
-        if spec.kind == "file":
-            data = self._index.read_bytes(spec.path)
-            if spec.path.endswith(_PICKLE_SUFFIXES):
-                pickled = PickledData(data)
-                return pickled.load(allow_pickle=True) if self._state.allow_pickle else pickled
-            return RawFile(data)
+    def _value(self, spec: Any) -> Any:
+        kind = spec.kind
+        if kind == "leaf":
+            return self._deliver(self._tensor(spec.leaf))
+        if kind == "value":
+            return spec.leaf
+        if kind == "file":
+            return self._state.source.file_value(spec)
         sub = self._sub(spec.path)
         plain, value = sub._plain_value()
         return value if plain else sub
@@ -283,105 +377,77 @@ class Archive(Mapping):
             return False, None
         if "data" in meta:
             return (False, None) if isinstance(meta["data"], dict) else (True, meta["data"])
-        if self._state.allow_pickle and "other.pickle" in children:
+        if getattr(self._state.source, "allow_pickle", False) and "other.pickle" in children:
             fields = self._value(children["other.pickle"])  # tensordict pickles a dict of fields
             if isinstance(fields, dict) and "data" in fields:
                 return True, fields["data"]
         return False, None
 
     # -- leaves ------------------------------------------------------------------
-    def _leaf(self, spec: LeafSpec) -> torch.Tensor:
-        cached = self._state.tensors.get(spec.entry)
-        if cached is not None:
-            return cached
-        t = self._make_leaf(spec)
-        self._state.tensors[spec.entry] = t
+    def _tensor(self, leaf: Any) -> torch.Tensor:
+        """The raw tensor of a leaf spec (zero-copy where the source allows)."""
+        source = self._state.source
+        if self._state.device is not None and self._state.device.type == "meta":
+            return _meta_tensor(source, leaf)
+        make = getattr(source, "tensor", None)
+        if make is not None:
+            return make(leaf)
+        return tensor_from_spec(leaf, source.files, copy=self._state.copy, where=str(source.path))
+
+    def _deliver(self, t: torch.Tensor, copied: bool = False) -> torch.Tensor:
+        """Applies the archive's ``copy`` / ``dtype`` / ``device`` options to a leaf."""
+        state = self._state
+        if state.copy and not copied and state.source.format == "tdz" and t.device.type != "meta":
+            t = t.clone()
+        if state.dtype is not None and (t.is_floating_point() or t.is_complex()) and t.dtype != state.dtype:
+            t = t.to(state.dtype)
+        dev = state.device
+        if dev is not None and dev.type not in ("cpu", "meta"):
+            if dev.type == "cuda" and torch.cuda.is_available() and not t.is_pinned():
+                t = t.pin_memory()
+            t = t.to(dev, non_blocking=True)
         return t
 
-    def _refuse_rw(self, spec: LeafSpec, why: str) -> None:
-        if self._state.mode == "r+":
-            raise UnsupportedError(
-                f"{self._index.path}: leaf {spec.key!r} ({spec.entry}) {why}, so it cannot be "
-                f"written through with mode='r+'; open with mode='r' or re-save the archive"
-            )
+    def leaf(self, key: Any) -> torch.Tensor:
+        """The tensor of leaf ``key`` (a key, a path, or a ``"leaf"`` child from :meth:`level_info`).
 
-    def _make_leaf(self, spec: LeafSpec) -> torch.Tensor:
-        index = self._index
-        dtype = DTYPES.get(spec.dtype) if type(spec.dtype) is str else None
-        i = index._by_name.get(spec.entry)
-        if dtype is not None and i is not None and not spec.nested:
-            # the common case, kept lean: one view into the file's single mapping
-            r = index.rows[i]
-            method, size, offset = r.method, r.size, r.payload_offset
-            if offset < 0:
-                offset = index.payload_offset(i)
-            itemsize = dtype.itemsize
-            if method == 0 and offset % itemsize == 0 and size == math.prod(spec.shape) * itemsize:
-                return torch.empty(0, dtype=dtype).set_(index.torch_untyped, offset // itemsize,
-                                                        spec.shape, _contiguous_strides(spec.shape))  # fmt: skip
-        dtype = torch_dtype(spec.dtype, entry=self._where(spec.entry))
-        if spec.nested:
-            self._refuse_rw(spec, "is a nested tensor (materialized in memory)")
-            return self._nested_leaf(spec, dtype)
-        numel = math.prod(spec.shape)
-        nbytes = numel * dtype.itemsize
-        if spec.entry not in index:
-            if nbytes == 0:
-                return torch.empty(spec.shape, dtype=dtype)
-            raise BadArchiveError(
-                f"{self._where(spec.entry)}: leaf {spec.key!r} of shape {list(spec.shape)} "
-                f"needs {nbytes} bytes but the archive has no entry {spec.entry!r}"
-            )
-        e = index.entry(spec.entry)
-        if e.size != nbytes:
-            raise BadArchiveError(
-                f"{self._where(spec.entry)}: leaf {spec.key!r} ({spec.dtype}, shape "
-                f"{list(spec.shape)}): expected {nbytes} bytes, the entry holds {e.size}"
-            )
-        if nbytes == 0:
-            return torch.empty(spec.shape, dtype=dtype)
-        if e.method != records.STORED:
-            self._refuse_rw(spec, f"is compressed ({records.METHOD_NAMES[e.method]})")
-            if e.method == records.DEFLATED:
-                data = index.inflate([e], self._state.num_threads)[0]
-            else:
-                data = index.read(spec.entry)
-            return _from_bytes(data, dtype, spec.shape)
-        # STORED but not aligned for its dtype (a foreign zip): copy
-        self._refuse_rw(spec, f"is not aligned (payload at offset {e.payload_offset})")
-        flat = index.torch_storage[e.payload_offset : e.payload_offset + nbytes].clone()
-        return flat.view(dtype).view(spec.shape)
-
-    def _nested_leaf(self, spec: LeafSpec, dtype: torch.dtype) -> torch.Tensor:
-        index = self._index
-        where = self._where(spec.entry)
-        if len(spec.shape) != 2:
-            raise BadArchiveError(f"{where}: nested leaf shape {list(spec.shape)} must be [n, ndim]")
-        n, ndim = spec.shape
-        if spec.shape_entry not in index:
-            raise BadArchiveError(f"{where}: nested leaf {spec.key!r} has no {spec.shape_entry!r}")
-        raw = index.read(spec.shape_entry, check_crc=False)
-        if raw.size != n * ndim * 8:
-            raise BadArchiveError(
-                f"{self._where(spec.shape_entry)}: expected {n * ndim * 8} bytes of sizes, found {raw.size}"
-            )
-        sizes = torch.from_numpy(raw.copy().view(np.int64).reshape(n, ndim))
-        numel = check_nested_sizes(sizes.numpy(), dtype.itemsize, self._where(spec.shape_entry))
-        if numel == 0:
-            buf = torch.empty(0, dtype=dtype)
+        Raises :class:`~tdz_numba.MissingKeyError` when ``key`` is absent or not a tensor leaf.
+        """
+        if hasattr(key, "kind") and hasattr(key, "leaf"):
+            spec = key
         else:
-            if spec.entry not in index:
-                raise BadArchiveError(f"{where}: nested leaf {spec.key!r} has no payload entry")
-            e = index.entry(spec.entry)
-            if e.size != numel * dtype.itemsize:
-                raise BadArchiveError(
-                    f"{where}: expected {numel * dtype.itemsize} bytes for the nested values, found {e.size}"
-                )
-            buf = torch.from_numpy(index.read(spec.entry, check_crc=False).copy()).view(dtype)
-        strides, offsets = torch._nested_compute_contiguous_strides_offsets(sizes)
-        return torch._nested_view_from_buffer(buf, sizes, strides, offsets)
+            node, spec = self._resolve(key)
+            if spec.kind != "leaf":
+                raise MissingKeyError(f"{node.where(spec.key)}: {key!r} is a {spec.kind}, not a tensor leaf")
+            return node._value(spec)
+        if spec.kind != "leaf":
+            raise MissingKeyError(f"{self.where(spec.key)}: not a tensor leaf ({spec.kind})")
+        return self._value(spec)
 
-    # -- public helpers -----------------------------------------------------------
+    def leaf_tensors(self, children: list[Any]) -> list[torch.Tensor]:
+        """The tensors of many ``"leaf"`` children of this level (from :meth:`level_info`), in one call."""
+        from .bulk import materialize
+
+        return materialize(self, [c.leaf for c in children])
+
+    def prefetch(self) -> None:
+        """Resolves every leaf below this level now, in one bulk pass (they are cached:
+        later accesses are dictionary lookups). Compressed leaves are inflated together."""
+        from .bulk import materialize
+
+        if self._state.copy or self._state.device is not None:
+            return  # delivered tensors are not cached
+        materialize(self, [leaf for _, leaf in self.leaves()])
+
+    def file_bytes(self, child: Any) -> bytes:
+        """The raw bytes of a ``"file"`` child (a ``.tdz`` level's ``other.pickle``, ...),
+        given as the child or its entry name; nothing is unpickled."""
+        path = child.path if hasattr(child, "path") else child
+        reader = getattr(self.source, "read_bytes", None)
+        if reader is None:
+            raise UnsupportedError(f"{self.path}: a {self.format} file has no files besides its tensors")
+        return reader(path)
+
     def numpy(self, key: str | tuple[str, ...]) -> np.ndarray:
         """The leaf ``key`` as a numpy array sharing the tensor's bytes.
 
@@ -390,224 +456,214 @@ class Archive(Mapping):
         """
         t = self[key]
         if not isinstance(t, torch.Tensor) or t.is_nested:
-            raise MissingKeyError(f"{self._where()}: {key!r} is not a dense tensor leaf")
+            raise MissingKeyError(f"{self.where()}: {key!r} is not a dense tensor leaf")
+        if t.device.type != "cpu":
+            t = t.cpu()
         flat = t.reshape(-1)
         if flat.dtype != torch.uint8:
             flat = flat.view(torch.uint8)
         return flat.numpy().view(numpy_dtype(t.dtype)).reshape(tuple(t.shape))
 
     def info(self, key: str | tuple[str, ...]) -> LeafInfo:
-        """Storage details of leaf ``key``: dtype, shape, offset, sizes, codec, CRC."""
+        """Storage details of leaf ``key``: dtype, shape, offset, sizes, codec, CRC,
+        ``zero_copy`` and ``location``. No payload is read."""
         node, spec = self._resolve(key)
         if spec.kind != "leaf":
-            raise MissingKeyError(f"{self._where()}: {key!r} is not a tensor leaf")
-        leaf = spec.leaf
-        dtype = torch_dtype(leaf.dtype, entry=node._where(leaf.entry))
-        index = self._index
-        if leaf.entry in index:
-            e = index.entry(leaf.entry)
-            return LeafInfo(leaf.key, leaf.entry, dtype, leaf.shape, e.payload_offset, e.size,
-                            e.compressed_size, records.METHOD_NAMES[e.method], e.crc, leaf.nested)  # fmt: skip
-        return LeafInfo(leaf.key, None, dtype, leaf.shape, None, 0, 0, "stored", None, leaf.nested)
+            raise MissingKeyError(f"{self.where()}: {key!r} is not a tensor leaf")
+        return node._leaf_info(spec.leaf)
 
-    def _prefetch_compressed(self) -> None:
-        """Inflates every DEFLATE leaf below this level in one parallel batch."""
-        index = self._index
-        if not (index.table["method"] == records.DEFLATED).any():
-            return  # nothing to inflate: do not walk the leaves
-        todo, specs = [], []
-        for _, leaf in self.leaves():
-            if leaf.nested or leaf.entry in self._state.tensors:
-                continue
-            row = index.row(leaf.entry)
-            if row is not None and index.rows[row].method == records.DEFLATED:
-                e = index.entry(leaf.entry)
-                dtype = torch_dtype(leaf.dtype, entry=self._where(leaf.entry))
-                if e.size != math.prod(leaf.shape) * dtype.itemsize:
-                    continue  # _make_leaf reports the size mismatch on access, before inflating
-                todo.append(e)
-                specs.append(leaf)
-        if not todo:
-            return
-        if self._state.mode == "r+":
-            self._refuse_rw(specs[0], "is compressed (deflate)")
-        for leaf, data in zip(specs, index.inflate(todo, self._state.num_threads)):
-            dtype = torch_dtype(leaf.dtype, entry=self._where(leaf.entry))
-            self._state.tensors[leaf.entry] = _from_bytes(data, dtype, leaf.shape)
+    def _leaf_info(self, leaf: Any) -> LeafInfo:
+        source = self._state.source
+        make = getattr(source, "leaf_info", None)
+        if make is not None:
+            return make(leaf)
+        return spec_info(leaf, source)
 
-    def to_dict(self) -> Level:
-        """The whole level as nested :class:`~tdz_numba.tree.Level` dicts of tensors
-        (views, no copy) and plain values. Compressed leaves below this level are
-        inflated together, in parallel."""
-        self._prefetch_compressed()
-        return self._to_dict()
+    def where_is(self, key: str | tuple[str, ...]) -> Location | None:
+        """``Location(file, offset, nbytes)`` of leaf ``key``'s bytes (None: no payload)."""
+        return self.info(key).location
 
-    def _to_dict(self) -> Level:
-        def expand(node: Archive) -> tuple[Level, list]:  # iterative: any depth (tdz_numba.bounds)
-            keyed, children, _ = node._level()
-            return Level(meta=node.meta, keyed=keyed), [(k, node._value(c)) for k, c in children.items()]
+    def dequantize(self, key: str | tuple[str, ...]) -> torch.Tensor:
+        """The leaf ``key`` decoded to float32 when it holds GGML quantized blocks
+        (GGUF ``Q4_0``, ``Q8_0``, ``Q4_K``, ...); other leaves come back as they are.
 
-        return build_levels(self, expand, lambda v: isinstance(v, Archive))  # type: ignore[return-value]
+        Raises :class:`~tdz_numba.UnsupportedError` for a quant type the decoder lacks.
+        """
+        node, spec = self._resolve(key)
+        if spec.kind != "leaf":
+            raise MissingKeyError(f"{self.where()}: {key!r} is not a tensor leaf")
+        type_name = getattr(spec.leaf, "type_name", "")
+        t = node._value(spec)
+        if not _is_quant(type_name):
+            return t
+        try:
+            from .formats import gguf
+        except ImportError:  # pragma: no cover - the gguf reader is part of the package
+            raise UnsupportedError(f"{node.where(spec.key)}: no GGUF dequantizer available") from None
+        return gguf.dequantize(t, type_name, spec.leaf.shape)
 
-    def leaves(self) -> Iterator[tuple[str, LeafSpec]]:
-        """``(path, spec)`` of every tensor leaf below this level, depth first."""
+    def leaves(self) -> Iterator[tuple[str, Any]]:
+        """``(path, spec)`` of every tensor leaf below this level, depth first (any depth)."""
+        from .bounds import walk_leaves
+
         return walk_leaves(self, lambda node: [
             (k, c.kind, c.leaf if c.kind == "leaf" else node._sub(c.path) if c.kind == "level" else None)
             for k, c in node._level()[1].items()])  # fmt: skip
 
+    def iter_leaves(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(path, tensor)`` of every tensor leaf below this level, lazily, depth first.
+
+        Examples
+        --------
+        >>> import tempfile, pathlib, torch, tdz_numba
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = tdz_numba.save({"a": {"b": torch.ones(1)}, "c": torch.zeros(2)}, pathlib.Path(d) / "x.tdz")
+        ...     with tdz_numba.open(p) as ar:
+        ...         print([(k, t.shape[0]) for k, t in ar.iter_leaves()])
+        [('a/b', 1), ('c', 2)]
+        """
+        from .bounds import walk_leaves
+
+        pairs = walk_leaves(self, lambda node: [
+            (k, c.kind, (node, c) if c.kind == "leaf" else node._sub(c.path) if c.kind == "level" else None)
+            for k, c in node._level()[1].items()])  # fmt: skip
+        for path, (node, child) in pairs:
+            yield path, node._value(child)
+
+    def to_dict(self, *, nest: str | None = None) -> Level:
+        """The whole level as nested :class:`~tdz_numba.tree.Level` dicts of tensors
+        (views, no copy, unless opened with ``copy=True``) and plain values.
+
+        Every leaf below the level is resolved in one bulk pass; compressed
+        leaves are inflated together, in parallel. ``nest=".."``: flat names
+        are split on that separator into nested dicts (plain dicts).
+        """
+        from .bulk import build_tree
+
+        tree = build_tree(self)
+        return nest_flat(tree, nest) if nest is not None else tree  # type: ignore[return-value]
+
+    def _prefetch_compressed(self) -> None:
+        """Inflates every DEFLATE leaf below this level in one parallel batch."""
+        prefetch = getattr(self._state.source, "prefetch", None)
+        if prefetch is not None:
+            prefetch([leaf for _, leaf in self.leaves()])
+
     def __repr__(self) -> str:
-        try:
-            lines = self._tree_lines(0, 40)
-        except Exception as exc:  # a repr never raises
-            return f"<tdz_numba.Archive {self._prefix or '/'} (unreadable: {exc})>"
-        head = f"Archive({self._state.index.path if self._state.index else '<closed>'}"
-        head += f", {self.type_name}, mode={self.mode!r}"
-        bs = self.batch_size
-        head += f", batch_size={bs})" if bs else ")"
-        return "\n".join([head, *lines])
+        from .display import archive_repr
+
+        return archive_repr(self)
 
     def _repr_html_(self, max_rows: int = 500) -> str:
-        """A collapsible HTML tree for Jupyter: one ``<details>`` per level (class
-        name, batch size), one row per leaf (key, dtype, shape, size, codec).
+        """A collapsible HTML tree for Jupyter (see :func:`tdz_numba.display.archive_html`)."""
+        from .display import archive_html
 
-        At most ``max_rows`` rows are drawn; the rest is summarized as
-        "... N more keys" per level. Only meta.json files and the central
-        directory are read: no leaf tensor is created, nothing is inflated.
-        Never raises: on any error the plain :func:`repr` is shown in a ``<pre>``.
-        """
-        import html
+        return archive_html(self, max_rows)
 
-        esc = html.escape
 
-        from .progress import human_bytes as human
+_QUANT_PREFIXES = ("Q", "IQ", "TQ")
 
-        def level_label(node: Archive) -> str:
-            bs = node.batch_size
-            text = f'<span style="color:#276">{esc(node.type_name)}</span>'
-            if bs is not None:
-                text += f' <span style="color:#777">batch_size={esc(str(bs))}</span>'
-            return text + f' <span style="color:#777">&middot; {len(node)} keys</span>'
 
-        style = ("<style>.tdz-archive table{border-collapse:collapse;margin:0;font-family:monospace}"
-                 ".tdz-archive td{text-align:left;padding:0 0.9em 0 0;white-space:nowrap;"
-                 "vertical-align:top}.tdz-archive summary{cursor:pointer}</style>")  # fmt: skip
-        budget = [max_rows]
+def _is_quant(type_name: str) -> bool:
+    return bool(type_name) and type_name.upper().startswith(_QUANT_PREFIXES) and "_" in type_name
 
-        def render(node: Archive) -> str:
-            rows: list[str] = []
-            subs: list[str] = []
-            items = list(node._level()[1].items())
-            for i, (key, spec) in enumerate(items):
-                if budget[0] <= 0:
-                    rest = len(items) - i
-                    subs.append(f'<div style="color:#777;font-family:monospace">... {rest} more '
-                                f'key{"s" if rest != 1 else ""}</div>')  # fmt: skip
-                    break
-                budget[0] -= 1
-                name = f"<b>{esc(key)}</b>"
-                if spec.kind == "leaf":
-                    try:
-                        info = node.info(key)
-                        dtype = str(info.dtype).replace("torch.", "") + (" nested" if info.nested else "")
-                        codec = info.compression
-                        if info.stored_nbytes != info.nbytes:
-                            codec += f" ({human(info.stored_nbytes)} stored)"
-                        cols = [dtype, str(list(info.shape)), human(info.nbytes), codec]
-                    except Exception as exc:  # one bad leaf does not hide the others
-                        dtype = str(spec.leaf.dtype).replace("torch.", "")
-                        cols = [dtype, str(list(spec.leaf.shape)), "?", f"error: {exc}"]
-                    rows.append(f"<tr><td>{name}</td><td>{esc(cols[0])}</td><td>{esc(cols[1])}</td>"
-                                f'<td style="text-align:right">{esc(cols[2])}</td>'
-                                f"<td>{esc(cols[3])}</td></tr>")  # fmt: skip
-                elif spec.kind == "file":
-                    rows.append(f'<tr><td>{name}</td><td colspan="4" style="color:#777">'
-                                f"file {esc(spec.path)}</td></tr>")  # fmt: skip
-                else:
-                    sub = node._sub(spec.path)
-                    plain, value = sub._plain_value()
-                    if plain:
-                        text = repr(value)
-                        text = text if len(text) <= 80 else text[:77] + "..."
-                        rows.append(f'<tr><td>{name}</td><td colspan="4">{esc(text)}</td></tr>')
-                    else:
-                        inner = render(sub)
-                        subs.append(f"<details><summary><b>{esc(key)}/</b> {level_label(sub)}</summary>"
-                                    f'<div style="margin-left:1.2em">{inner}</div></details>')  # fmt: skip
-            table = f"<table>{''.join(rows)}</table>" if rows else ""
-            return table + "".join(subs)
 
-        try:
-            index = self._state.index
-            if index is None:
-                raise InvalidArgumentError("the archive is closed")
-            body = render(self)
-            where = esc(str(index.path))
-            if self._prefix:
-                where += f" : {esc(self._prefix.rstrip('/'))}"
-            extra = ""
-            if not self._prefix and len(index.names):
-                extra = (f' <span style="color:#777">&middot; {len(index.names)} entries, '
-                         f"{human(int(index.table['size'].sum()))} payload</span>")  # fmt: skip
-            return (f'<div class="tdz-archive">{style}<details open><summary><b>Archive</b> {where} '
-                    f"{level_label(self)}{extra}</summary>"
-                    f'<div style="margin-left:1.2em">{body}</div></details></div>')  # fmt: skip
-        except Exception:
-            try:
-                text = repr(self)
-            except Exception:
-                text = "<tdz_numba.Archive>"
-            return f"<pre>{esc(text)}</pre>"
+def _meta_tensor(source: Source, leaf: Any) -> torch.Tensor:
+    """A meta-device tensor of a leaf's dtype and shape (no payload read)."""
+    from .dtypes import torch_dtype
 
-    def _tree_lines(self, depth: int, budget: int) -> list[str]:
-        lines: list[str] = []
-        pad = "  " * (depth + 1)
-        for key, spec in self._level()[1].items():
-            if len(lines) >= budget:
-                lines.append(pad + "...")
-                break
-            if spec.kind == "leaf":
-                leaf = spec.leaf
-                dt = str(leaf.dtype).replace("torch.", "")
-                kind = " nested" if leaf.nested else ""
-                lines.append(f"{pad}{key}: {dt}{list(leaf.shape)}{kind}")
-            elif spec.kind == "file":
-                lines.append(f"{pad}{key}: file")
-            else:
-                sub = self._sub(spec.path)
-                plain, value = sub._plain_value()
-                if plain:
-                    lines.append(f"{pad}{key}: {value!r}"[: 120])
-                else:
-                    lines.append(f"{pad}{key}/ ({sub.type_name})")
-                    lines.extend(sub._tree_lines(depth + 1, budget - len(lines)))
-        return lines
+    if isinstance(leaf, TensorSpec):
+        return torch.empty(leaf.shape, dtype=leaf.dtype, device="meta")
+    dtype = torch_dtype(leaf.dtype, entry=f"{source.path}: {leaf.entry}")
+    if leaf.nested:
+        shapes = source.nested_shapes(leaf) if hasattr(source, "nested_shapes") else None
+        if shapes:
+            return torch.nested.nested_tensor([torch.empty(s, dtype=dtype) for s in shapes]).to("meta")
+    return torch.empty(leaf.shape, dtype=dtype, device="meta")
+
+
+def spec_info(spec: TensorSpec, source: Source) -> LeafInfo:
+    """The :class:`LeafInfo` of a :class:`~tdz_numba.sources.TensorSpec` leaf."""
+    import math
+
+    itemsize = spec.dtype.itemsize
+    nbytes = spec.size if spec.codec != "stored" else math.prod(spec.shape) * itemsize
+    files = source.files
+    fname = str(files[spec.file].path) if 0 <= spec.file < len(files) else str(source.path)
+    zero = spec.loader is None and spec.codec == "stored" and spec.offset % itemsize == 0 and nbytes > 0
+    loc = Location(fname, spec.offset, spec.nbytes) if spec.loader is None else None
+    return LeafInfo(spec.key, None, spec.dtype, tuple(spec.shape), spec.offset if spec.loader is None else None,
+                    nbytes, spec.nbytes, spec.codec, spec.crc, False, zero, loc,
+                    spec.type_name or str(spec.dtype))  # fmt: skip
 
 
 def open_archive(path: str | os.PathLike, *, mode: str = "r",
                  subpath: str | tuple[str, ...] | None = None,
-                 allow_pickle: bool = False, num_threads: int | None = None) -> Archive:  # fmt: skip
-    """Opens an archive lazily; see :func:`tdz_numba.open`."""
+                 allow_pickle: bool = False, num_threads: int | None = None,
+                 copy: bool = False, device: Any = None, dtype: Any = None) -> Archive:  # fmt: skip
+    """Opens a file lazily; see :func:`tdz_numba.open`."""
     if mode not in ("r", "r+"):
         raise InvalidArgumentError(f"mode must be 'r' or 'r+', got {mode!r}")
     from ._jit import check_num_threads
 
     num_threads = check_num_threads(num_threads)
-    index = ArchiveIndex(path, writable=mode == "r+")
-    state = _State(index, mode, allow_pickle, num_threads)
-    prefix = subpath_prefix(subpath)
-    if prefix and prefix + "meta.json" not in index:
-        raise MissingKeyError(f"{path}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})")
-    if "meta.json" not in index:
-        raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
-    return Archive(state, prefix)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise InvalidArgumentError(f"dtype must be a torch.dtype or None, got {dtype!r}")
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise InvalidArgumentError(f"device: {exc}") from None
+    fmt = _detect(path)
+    if fmt == "tdz":
+        source: Source = open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
+    else:
+        if mode != "r":
+            raise UnsupportedError(f"{path}: mode={mode!r} is for .tdz archives; a {fmt} file opens with mode='r'")
+        from . import formats
+
+        source = formats.open_source(path, copy=copy)
+    state = _State(source, copy=copy, device=device, dtype=dtype)
+    try:
+        if subpath is None:
+            return Archive(state, "")
+        if fmt == "tdz":
+            prefix = subpath_prefix(subpath)
+            if prefix and not source.has_level(prefix):
+                raise MissingKeyError(f"{path}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})")
+            return Archive(state, prefix)
+        root = Archive(state, "")
+        if subpath_prefix(subpath) == "":
+            return root
+        return root.sublevel(subpath)
+    except BaseException:
+        source.close()
+        raise
+
+
+def _detect(path: str | os.PathLike) -> str:
+    """The format of ``path`` (``"tdz"`` when no other reader claims it)."""
+    try:
+        from . import formats
+    except ImportError:
+        return "tdz"
+    detect = getattr(formats, "detect", None)
+    if detect is None:
+        return "tdz"
+    try:
+        fmt = detect(path)
+    except OSError:
+        return "tdz"  # the tdz reader reports the missing file
+    return fmt or "tdz"
 
 
 def load(path: str | os.PathLike, *, subpath: str | tuple[str, ...] | None = None,
-         mode: str = "r", allow_pickle: bool = False, num_threads: int | None = None) -> Level:  # fmt: skip
-    """Loads an archive as nested dicts; see :func:`tdz_numba.load`."""
+         mode: str = "r", allow_pickle: bool = False, num_threads: int | None = None,
+         copy: bool = False, device: Any = None, dtype: Any = None, nest: str | None = None) -> Level:  # fmt: skip
+    """Loads a file as nested dicts; see :func:`tdz_numba.load`."""
     ar = open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
-                      num_threads=num_threads)  # fmt: skip
+                      num_threads=num_threads, copy=copy, device=device, dtype=dtype)  # fmt: skip
     try:
-        return ar.to_dict()
+        return ar.to_dict(nest=nest)
     finally:
         ar.close()

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import ChecksumError, TdzError
+from .inspect import SHOW_VALUES
 from .progress import human_bytes, progress, stderr_is_tty
 
 __all__ = ["main", "build_parser"]
@@ -54,18 +54,6 @@ def _one_line(exc: BaseException) -> str:
 _human = human_bytes
 
 
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
-    return value
-
-
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=1))
 
@@ -84,57 +72,15 @@ def _table(rows: list[list[str]], right: Sequence[int] = ()) -> list[str]:
 # -- info ------------------------------------------------------------------------------------
 
 
-def info_dict(path: str | os.PathLike) -> dict[str, Any]:
-    """What ``tdz info`` reports, as a dict."""
-    import tdz_numba
-    from tdz_numba import records
-
-    ar = tdz_numba.open(path)
-    try:
-        index = ar._index
-        index.check_all()  # payload offsets of every entry
-        names = index.names
-        table = index.table
-        methods: dict[str, int] = {}
-        for m in table["method"].tolist():
-            name = records.METHOD_NAMES.get(int(m), f"method {m}")
-            methods[name] = methods.get(name, 0) + 1
-        memmaps = [i for i, n in enumerate(names) if n.endswith(".memmap")]
-        method, payload = table["method"], table["payload_offset"]
-        misaligned = [names[i] for i in memmaps if int(payload[i]) % records.ALIGNMENT]
-        compressed = sum(1 for i in memmaps if int(method[i]) != records.STORED)
-        misaligned_stored = sum(
-            1 for i in memmaps if int(method[i]) == records.STORED and int(payload[i]) % records.ALIGNMENT
-        )
-        leaves = sum(1 for _ in ar.leaves())
-        return {
-            "path": str(path),
-            "root_type": ar.type_name,
-            "batch_size": ar.batch_size,
-            "entries": len(names),
-            "levels": sum(1 for n in names if n == "meta.json" or n.endswith("/meta.json")),
-            "leaves": leaves,
-            "file_bytes": int(index.size),
-            "payload_bytes": int(table["size"].sum()),
-            "stored_bytes": int(table["csize"].sum()),
-            "compression": methods,
-            "alignment": records.ALIGNMENT,
-            "memmap_entries": len(memmaps),
-            "memmap_aligned": len(memmaps) - len(misaligned),
-            "all_aligned": not misaligned,
-            "misaligned": misaligned[:20],
-            "misaligned_stored": misaligned_stored,
-            "memmap_compressed": compressed,
-        }
-    finally:
-        ar.close()
-
-
 def cmd_info(args: argparse.Namespace) -> int:
+    from .inspect import info_dict
+
     d = info_dict(args.file)
     if args.json:
         _print_json(d)
         return EXIT_OK
+    if d["format"] != "tdz":
+        return _print_info_other(d)
     codecs = ", ".join(f"{k} x{v}" for k, v in sorted(d["compression"].items(), key=lambda kv: -kv[1]))
     if d["memmap_entries"] == 0:
         align = "no .memmap payloads"
@@ -162,43 +108,32 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- tree ------------------------------------------------------------------------------------
-
-
-def _node_dict(node: Any, key: str, path: str, depth: int, max_depth: int | None) -> dict[str, Any]:
-    """The JSON-able description of one child ``key`` of the level ``node``."""
-    from tdz_numba import Archive, MissingKeyError
-    from tdz_numba.tree import PickledData, RawFile
-
-    try:
-        info = node.info(key)
-    except MissingKeyError:
-        pass
-    else:
-        return {"key": key, "path": path, "kind": "leaf", "dtype": _dtype_name(info.dtype),
-                "shape": list(info.shape), "nbytes": info.nbytes, "stored_nbytes": info.stored_nbytes,
-                "codec": info.compression, "offset": info.offset,
-                "crc": None if info.crc is None else f"{info.crc:#010x}", "nested": info.nested,
-                "entry": info.entry}  # fmt: skip
-    value = node[key]
-    if isinstance(value, Archive):
-        return _level_dict(value, key, path, depth, max_depth)
-    if isinstance(value, RawFile):
-        kind = "pickle" if isinstance(value, PickledData) else "file"
-        return {"key": key, "path": path, "kind": kind, "nbytes": len(value.data)}
-    return {"key": key, "path": path, "kind": "value", "value": _jsonable(value)}
-
-
-def _level_dict(level: Any, key: str, path: str, depth: int, max_depth: int | None) -> dict[str, Any]:
-    d: dict[str, Any] = {"key": key, "path": path, "kind": "level", "type": level.type_name,
-                         "batch_size": level.batch_size, "keys": len(level)}  # fmt: skip
-    if max_depth is not None and depth >= max_depth:
-        d["children"] = None  # not expanded (--depth)
-        return d
-    d["children"] = [
-        _node_dict(level, k, f"{path}/{k}" if path else k, depth + 1, max_depth) for k in level
+def _print_info_other(d: dict[str, Any]) -> int:
+    codecs = ", ".join(f"{k} x{v}" for k, v in sorted(d["compression"].items(), key=lambda kv: -kv[1]))
+    root = d["root_type"] + (f", batch_size={d['batch_size']}" if d["batch_size"] is not None else "")
+    rows = [
+        ["file:", d["path"]],
+        ["format:", d["format"]],
+        ["root:", root],
+        ["leaves:", f"{d['leaves']} ({d['levels']} levels)"],
+        ["file bytes:", f"{d['file_bytes']} ({_human(d['file_bytes'])})" + (f" in {d['files']} files" if d["files"] > 1 else "")],
+        ["payload bytes:", f"{d['payload_bytes']} ({_human(d['payload_bytes'])})"],
+        ["stored bytes:", f"{d['stored_bytes']} ({_human(d['stored_bytes'])})"],
+        ["compression:", codecs or "-"],
+        ["zero-copy:", f"{d['zero_copy_leaves']} of {d['leaves']} leaves"],
     ]
-    return d
+    if d["metadata"]:
+        rows.append(["metadata:", _one_line_text(repr(d["metadata"]), 100)])
+    print("\n".join(_table(rows)))
+    return EXIT_OK
+
+
+def _one_line_text(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- tree ------------------------------------------------------------------------------------
 
 
 def _tree_rows(d: dict[str, Any], indent: int, rows: list[list[str]]) -> None:
@@ -217,39 +152,21 @@ def _tree_rows(d: dict[str, Any], indent: int, rows: list[list[str]]) -> None:
         codec = d["codec"]
         if d["stored_nbytes"] != d["nbytes"]:
             codec += f" ({d['stored_nbytes']} B stored)"
-        dtype = d["dtype"] + (" nested" if d["nested"] else "")
-        rows.append([f"{pad}{name}", dtype, str(d["shape"]), f"{d['nbytes']} B", codec])
+        dtype = d.get("type_name") or d["dtype"]
+        dtype += " nested" if d["nested"] else ""
+        rows.append([f"{pad}{name}", dtype, d.get("shape_text") or str(d["shape"]), f"{d['nbytes']} B", codec])
     elif kind in ("file", "pickle"):
         rows.append([f"{pad}{name}", kind, "", f"{d['nbytes']} B", ""])
     else:
-        rows.append([f"{pad}{name}", "value", repr(d["value"])[:60], "", ""])
+        rows.append([f"{pad}{name}", d.get("type", "value"), _one_line_text(repr(d["value"]), 60), "", ""])
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    import tdz_numba
-    from tdz_numba import Archive, MissingKeyError
+    from .inspect import tree_dict
 
     if args.depth is not None and args.depth < 0:
         raise _UsageError("--depth must be >= 0")
-    ar = tdz_numba.open(args.file)
-    try:
-        if args.subpath:
-            sub = args.subpath.strip("/")
-            if not sub:
-                d = _level_dict(ar, "", "", 0, args.depth)
-            else:
-                parent, _, last = sub.rpartition("/")
-                node = ar[parent] if parent else ar
-                if not isinstance(node, Archive):
-                    raise MissingKeyError(f"{args.file}: {parent!r} is not a level")
-                if last not in node:
-                    raise MissingKeyError(f"{args.file}: no key {sub!r}")
-                d = _node_dict(node, last, sub, 0, args.depth)
-                d["key"] = sub
-        else:
-            d = _level_dict(ar, "", "", 0, args.depth)
-    finally:
-        ar.close()
+    d = tree_dict(args.file, args.subpath, args.depth)
     if args.json:
         _print_json(d)
         return EXIT_OK
@@ -269,131 +186,6 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 # -- show ------------------------------------------------------------------------------------
 
-SHOW_VALUES = 8  # leading values printed by `tdz show`
-_STATS_CHUNK = 1 << 20  # float elements converted to float64 at a time
-
-
-def _json_float(x: float) -> float | str:
-    """``x``, or ``"nan"`` / ``"inf"`` / ``"-inf"`` (JSON has no non-finite numbers)."""
-    return x if math.isfinite(x) else repr(float(x))
-
-
-def _flat_values(t: Any) -> Any:
-    """All values of a (possibly nested) tensor as one 1-D tensor (a view when possible)."""
-    import torch
-
-    if t.is_nested:
-        parts = [x.reshape(-1) for x in t.unbind()]
-        return torch.cat(parts) if parts else torch.empty(0, dtype=t.dtype)
-    return t.reshape(-1)
-
-
-def _float_stats(flat: Any) -> dict[str, Any]:
-    """min/max/mean/std (population, ddof=0) in float64 over the non-NaN values, and the NaN count.
-
-    Chunked (Chan et al.'s pairwise update), so that a large leaf is never
-    copied to float64 whole.
-    """
-    import torch
-
-    count, mean, m2, nan = 0, 0.0, 0.0, 0
-    lo, hi = math.inf, -math.inf
-    for start in range(0, flat.numel(), _STATS_CHUNK):
-        c = flat[start : start + _STATS_CHUNK].to(torch.float64)
-        isnan = torch.isnan(c)
-        k = int(isnan.sum())
-        if k:
-            nan += k
-            c = c[~isnan]
-        m = c.numel()
-        if m == 0:
-            continue
-        lo, hi = min(lo, c.min().item()), max(hi, c.max().item())
-        cmean = c.mean().item()
-        cm2 = (c - cmean).square_().sum().item() if math.isfinite(cmean) else math.nan
-        delta, total = cmean - mean, count + m
-        mean = mean + delta * m / total if count else cmean
-        m2 = m2 + cm2 + (delta * delta * count * m / total if count else 0.0)
-        count = total
-    if count == 0:
-        return {"count": 0, "nan": nan, "min": None, "max": None, "mean": None, "std": None}
-    std = math.sqrt(m2 / count) if m2 >= 0 else math.nan  # nan stays nan (infinite values)
-    return {"count": count, "nan": nan, "min": lo, "max": hi, "mean": mean, "std": std}
-
-
-def _int_stats(flat: Any) -> dict[str, Any]:
-    """min/max (exact, in the leaf's dtype) and mean (float64) of an integer or bool leaf."""
-    import numpy as np
-
-    a = flat.contiguous().numpy()
-    if a.size == 0:
-        return {"count": 0, "min": None, "max": None, "mean": None}
-    lo, hi = a.min().item(), a.max().item()
-    return {"count": int(a.size), "min": lo, "max": hi, "mean": float(a.mean(dtype=np.float64))}
-
-
-def _leaf_values(flat: Any, n: int) -> list[Any]:
-    import torch
-
-    head = flat[:n]
-    if head.is_floating_point():
-        return head.to(torch.float64).tolist()
-    if head.is_complex():
-        return [f"{v.real:.6g}{v.imag:+.6g}j" for v in head.to(torch.complex128).tolist()]
-    if head.dtype == torch.bool:
-        return [bool(v) for v in head.tolist()]
-    return [int(v) for v in head.contiguous().numpy().tolist()]
-
-
-def show_dict(path: str | os.PathLike, key: str, values: int = SHOW_VALUES) -> dict[str, Any]:
-    """What ``tdz show`` reports about one leaf (or plain value), as a dict."""
-    import tdz_numba
-    from tdz_numba import Archive
-    from tdz_numba.tree import RawFile
-
-    ar = tdz_numba.open(path)
-    try:
-        key = key.strip("/")
-        if not key:
-            raise _UsageError(f"{path}: KEY is empty; use `{PROG} tree {path}` for the whole archive")
-        node, spec = ar._resolve(key)
-        if spec.kind != "leaf":
-            value = ar[key]
-            if isinstance(value, Archive):
-                raise _UsageError(f"{path}: {key!r} is a level ({value.type_name}, {len(value)} keys), "
-                                  f"not a leaf; use `{PROG} tree {path} {key}`")  # fmt: skip
-            if isinstance(value, RawFile):
-                return {"path": str(path), "key": key, "kind": "file", "entry": spec.path,
-                        "nbytes": len(value.data)}  # fmt: skip
-            return {"path": str(path), "key": key, "kind": "value", "value": _jsonable(value)}
-        info = ar.info(key)
-        t = ar[key]
-        flat = _flat_values(t)
-        numel = int(flat.numel())
-        d: dict[str, Any] = {
-            "path": str(path), "key": key, "kind": "leaf", "entry": info.entry,
-            "dtype": _dtype_name(info.dtype), "shape": list(info.shape), "numel": numel,
-            "nested": info.nested, "nbytes": info.nbytes, "stored_nbytes": info.stored_nbytes,
-            "offset": info.offset,
-            "aligned": None if info.offset is None else info.offset % 64 == 0,
-            "compression": info.compression,
-            "crc": None if info.crc is None else f"{info.crc:#010x}",
-            "zero_copy": info.zero_copy,
-            "values": _leaf_values(flat, values),
-        }  # fmt: skip
-        if info.nested:
-            d["nested_shapes"] = [list(x.shape) for x in t.unbind()[:values]]
-        if flat.is_floating_point():
-            d["stats"] = _float_stats(flat)
-        elif flat.is_complex():
-            d["stats"] = None
-        else:
-            d["stats"] = _int_stats(flat)
-        return d
-    finally:
-        ar.close()
-
-
 def _fmt_num(x: Any) -> str:
     if x is None:
         return "-"
@@ -408,17 +200,20 @@ def _fmt_num(x: Any) -> str:
 def cmd_show(args: argparse.Namespace) -> int:
     if args.values < 0:
         raise _UsageError("--values must be >= 0")
+    from .inspect import json_float, show_dict
+
     d = show_dict(args.file, args.key, args.values)
     if args.json:
         if d["kind"] == "leaf":
-            d["values"] = [_json_float(v) if isinstance(v, float) else v for v in d["values"]]
+            d["values"] = [json_float(v) if isinstance(v, float) else v for v in d["values"]]
             if d["stats"]:
-                d["stats"] = {k: _json_float(v) if isinstance(v, float) else v for k, v in d["stats"].items()}
+                d["stats"] = {k: json_float(v) if isinstance(v, float) else v for k, v in d["stats"].items()}
         _print_json(d)
         return EXIT_OK
     if d["kind"] == "value":
-        print("\n".join(_table([["key:", d["key"]], ["kind:", "plain value (NonTensorData)"],
-                                ["value:", repr(d["value"])]])))  # fmt: skip
+        kind = f"non-tensor data ({d['type']})" if "type" in d else "plain value (NonTensorData)"
+        print("\n".join(_table([["key:", d["key"]], ["kind:", kind],
+                                ["value:", _one_line_text(repr(d["value"]), 2000)]])))  # fmt: skip
         return EXIT_OK
     if d["kind"] == "file":
         print("\n".join(_table([["key:", d["key"]], ["kind:", "file"], ["entry:", d["entry"]],

@@ -21,9 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import records
-from .archive import DTYPES, open_archive
 from .bounds import parse_meta
-from .dtypes import torch_dtype
 from .errors import BadArchiveError, ChecksumError, TdzError
 from .extract import unpack  # moved to tdz_numba.extract; re-exported here
 from .progress import progress as _progress
@@ -61,10 +59,20 @@ def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
 
 
 def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
-    """Checks every entry's CRC-32 and the archive's structure; see :func:`tdz_numba.verify`."""
+    """Checks every entry's CRC-32 and the archive's structure; see :func:`tdz_numba.verify`.
+
+    Files of other formats are checked as far as the format can prove: every
+    leaf's bytes inside its file, compressed members decoded (their CRCs
+    checked), and the CRC-32 of every member when the container is a zip
+    (torch ``.pt``, ``.npz``).
+    """
+    from .archive import open_archive
+
     ar = open_archive(path)
     try:
-        index = ar._index
+        if ar.format != "tdz":
+            return _verify_other(ar, path, progress)
+        index = ar.source.index
         index.check_all()  # every central record and local header
         table = index.table
         methods = table["method"]
@@ -87,13 +95,7 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
             compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
             _verify_compressed(index, compressed, bar)
         if bad.size:
-            expected, found = int(table["crc"][first_bad]), int(crcs[bad[0]])
-            raise ChecksumError(
-                f"{index.path}: entry {index.names[first_bad]!r}: CRC-32 mismatch: recorded "
-                f"{expected:#010x}, computed {found:#010x}",
-                path=str(index.path), entry=index.names[first_bad],
-                offset=int(table["payload_offset"][first_bad]), expected=expected, found=found,
-            ) from walk_error  # fmt: skip
+            raise _crc_error(index, first_bad, int(crcs[bad[0]])) from walk_error
         if walk_error is not None:
             raise walk_error
         return VerifyReport(Path(path), len(index.names), levels, leaves, int(table["size"].sum()))
@@ -101,19 +103,83 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
         ar.close()
 
 
+def _crc_error(index: ArchiveIndex, row: int, found: int) -> ChecksumError:
+    """The ChecksumError of entry ``row``; a stored payload suggests ``tdz refresh``
+    (in-place writes through ``mode="r+"`` leave its CRC-32 stale)."""
+    table = index.table
+    name = index.names[row]
+    expected = int(table["crc"][row])
+    hint = ""
+    if name.endswith(".memmap") and int(table["method"][row]) == records.STORED:
+        hint = (" (after in-place writes through mode='r+', re-stamp the CRCs with `tdz refresh FILE`, "
+                "tdz_numba.refresh_checksums(path) or Archive.close(refresh=True))")
+    return ChecksumError(
+        f"{index.path}: entry {name!r}: CRC-32 mismatch: recorded {expected:#010x}, computed {found:#010x}{hint}",
+        path=str(index.path), entry=name, offset=int(table["payload_offset"][row]), expected=expected,
+        found=found,
+    )  # fmt: skip
+
+
+def _verify_other(ar, path: str | os.PathLike, progress: bool | None) -> VerifyReport:
+    """verify of a non-``.tdz`` file: bounds of every leaf, codecs, zip CRCs."""
+    from .sources import TensorSpec, check_extent, tensor_from_spec
+
+    source = ar.source
+    files = source.files
+    levels = leaves = payload = entries = 0
+    stack = [ar]
+    with _progress(None, "verify", enabled=progress) as bar:
+        for f in files:
+            with open(f.path, "rb") as fh:
+                magic = fh.read(4)
+            if magic == b"PK\x03\x04":  # a zip container (.pt, .npz): its members' CRC-32s
+                index = ArchiveIndex(f.path, check_local=True)
+                try:
+                    table = index.table
+                    stored = np.nonzero(table["method"] == records.STORED)[0]
+                    crcs = stored_crcs(index, stored)
+                    bar.update(int(table["csize"][stored].sum()))
+                    bad = np.nonzero(crcs != table["crc"][stored])[0]
+                    if bad.size:
+                        raise _crc_error(index, int(stored[bad[0]]), int(crcs[bad[0]]))
+                    _verify_compressed(index, np.nonzero(table["method"] != records.STORED)[0].tolist(), bar)
+                    entries += len(index.names)
+                finally:
+                    index.close()
+        while stack:
+            node = stack.pop()
+            levels += 1
+            for spec in node.level_info().children.values():
+                if spec.kind == "leaf":
+                    leaves += 1
+                    leaf = spec.leaf
+                    if isinstance(leaf, TensorSpec):
+                        if leaf.loader is None and 0 <= leaf.file < len(files):
+                            check_extent(leaf, files[leaf.file].size, str(files[leaf.file].path))
+                        if leaf.codec != "stored" or leaf.loader is not None:
+                            tensor_from_spec(leaf, files, where=str(source.path))
+                        payload += leaf.size if leaf.codec != "stored" else leaf.numel * leaf.dtype.itemsize
+                    else:
+                        node.leaf(spec)
+                elif spec.kind == "level":
+                    stack.append(node.sublevel(spec))
+    return VerifyReport(Path(path), entries or leaves, levels, leaves, payload)
+
+
 def _walk_structure(ar) -> tuple[int, int]:
     """Every level's meta.json parses, every leaf matches its entry: ``(levels, leaves)``."""
+    source = ar.source
     levels = leaves = 0
     stack = [ar]
     while stack:
         node = stack.pop()
         levels += 1
-        for spec in node._level()[1].values():
+        for spec in node.level_info().children.values():
             if spec.kind == "leaf":
                 leaves += 1
-                _check_leaf(node, spec.leaf)
+                source.check_leaf(spec.leaf)
             elif spec.kind == "level":
-                stack.append(node._sub(spec.path))
+                stack.append(node.sublevel(spec))
     return levels, leaves
 
 
@@ -155,24 +221,6 @@ def _verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
         bar.update(e.compressed_size)
     if batch:
         flush()
-
-
-def _check_leaf(node, leaf) -> None:
-    dtype = DTYPES.get(leaf.dtype) if type(leaf.dtype) is str else None
-    if dtype is None:
-        dtype = torch_dtype(leaf.dtype, entry=node._where(leaf.entry))
-    if leaf.nested:
-        node._nested_leaf(leaf, dtype)
-        return
-    nbytes = math.prod(leaf.shape) * dtype.itemsize
-    index = node._index
-    row = index.row(leaf.entry)
-    found = int(index.table["size"][row]) if row is not None else 0
-    if found != nbytes:
-        raise BadArchiveError(
-            f"{node._where(leaf.entry)}: leaf {leaf.key!r} ({leaf.dtype}, shape "
-            f"{list(leaf.shape)}): expected {nbytes} bytes, the archive holds {found}"
-        )
 
 
 def refresh_checksums(path: str | os.PathLike) -> Path:

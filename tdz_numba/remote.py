@@ -56,6 +56,7 @@ from .errors import (
     RemoteError,
     TdzError,
 )
+from .tdzsource import TdzSource
 from .reader import ArchiveIndex
 
 __all__ = ["RemoteError", "RemoteIndex", "is_remote", "open_remote", "load_remote", "verify_remote",
@@ -410,9 +411,9 @@ class RemoteArchive(Archive):
             view = self._state.views[prefix] = RemoteArchive(self._state, prefix)
         return view
 
-    def to_dict(self):  # noqa: D102 - Archive.to_dict
+    def to_dict(self, **kwargs: Any):  # noqa: D102 - Archive.to_dict
         self._index.fetch_prefix(self._prefix)
-        return super().to_dict()
+        return super().to_dict(**kwargs)
 
     @property
     def url(self) -> str:
@@ -463,7 +464,8 @@ def open_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, mo
                               path=label, entry=prefix + "meta.json")
     if "meta.json" not in index:
         raise BadArchiveError(f"{label}: not a tensor archive: no top-level meta.json entry", path=label)
-    return RemoteArchive(_State(index, "r", allow_pickle, num_threads), prefix)
+    source = TdzSource(index.path, allow_pickle=allow_pickle, num_threads=num_threads, index=index)
+    return RemoteArchive(_State(source), prefix)
 
 
 def load_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, **kwargs: Any):
@@ -478,7 +480,7 @@ def load_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, **
 
 def verify_remote(target: Any, *, storage_options: dict[str, Any] | None = None, progress: bool | None = None):
     """Fetches the whole object and checks every CRC-32 and the structure; see :func:`tdz_numba.verify`."""
-    from .integrity import VerifyReport, _check_leaf, _verify_compressed
+    from .integrity import VerifyReport, _verify_compressed
     from .progress import progress as _progress
 
     ar = open_remote(target, storage_options=storage_options)
@@ -496,7 +498,7 @@ def verify_remote(target: Any, *, storage_options: dict[str, Any] | None = None,
             for spec in node._level()[1].values():
                 if spec.kind == "leaf":
                     leaves += 1
-                    _check_leaf(node, spec.leaf)
+                    ar.source.check_leaf(spec.leaf)
                 elif spec.kind == "level":
                     stack.append(node._sub(spec.path))
         return VerifyReport(index.path, len(index.names), levels, leaves, int(index.table["size"].sum()))

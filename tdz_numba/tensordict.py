@@ -180,7 +180,7 @@ class _Ctx:
                 FutureWarning,
                 stacklevel=4,
             )
-        return pickle.loads(node._index.read_bytes(entry))
+        return pickle.loads(node.file_bytes(entry))
 
 
 def _json_types(node: Any, children: dict) -> dict | None:
@@ -189,9 +189,8 @@ def _json_types(node: Any, children: dict) -> dict | None:
     spec = children.get(_JSON_TYPES_FILE)
     if spec is None or "other.pickle" not in children:
         return None
-    index = node._index
-    saved = json.loads(index.read_bytes(spec.path))
-    if hashlib.sha256(index.read_bytes(children["other.pickle"].path)).hexdigest() != saved.get("pickle_sha256"):
+    saved = json.loads(node.file_bytes(spec))
+    if hashlib.sha256(node.file_bytes(children["other.pickle"])).hexdigest() != saved.get("pickle_sha256"):
         return None
     types = {}
     for key, name in saved["types"].items():
@@ -220,7 +219,7 @@ def _build(node: Any, ctx: _Ctx) -> Any:
 
     from .dtypes import torch_dtype
 
-    keyed, children, meta = node._level()
+    keyed, children, meta = node.level_info()
     cls = ctx.resolve(meta)
     if not keyed and issubclass(cls, TensorDict):
         keyed, children = _keyed_children(node, meta)  # a user subclass of TensorDict lists its keys
@@ -235,7 +234,7 @@ def _build(node: Any, ctx: _Ctx) -> Any:
     if issubclass(cls, LazyStackedTensorDict):
         members = []
         while (spec := children.get(str(len(members)))) is not None and spec.kind == "level":
-            members.append(_build(node._sub(spec.path), ctx))
+            members.append(_build(node.sublevel(spec), ctx))
         result = cls(*members, stack_dim=meta["stack_dim"])
         if meta.get("stack_dim_name") is not None:
             result._td_dim_name = meta["stack_dim_name"]
@@ -249,7 +248,7 @@ def _build(node: Any, ctx: _Ctx) -> Any:
             non_td.update(ctx.unpickle(node, children["other.pickle"].path))
         spec = children.get("_tensordict")
         if spec is not None and spec.kind == "level":
-            td = _build(node._sub(spec.path), ctx)
+            td = _build(node.sublevel(spec), ctx)
         else:
             if not issubclass(cls, NonTensorDataBase):
                 raise InvalidArgumentError("The _tensordict directory seems to be missing.")
@@ -257,24 +256,26 @@ def _build(node: Any, ctx: _Ctx) -> Any:
         return cls._from_tensordict(td, non_td, rebuild=False)
     # a TensorDict level (other TensorDictBase classes load as TensorDict, as in tensordict)
     if not keyed:
-        raise InvalidArgumentError(f"{node._where()}: a {cls.__name__} level must list its keys in meta.json")
+        raise InvalidArgumentError(f"{node.where()}: a {cls.__name__} level must list its keys in meta.json")
     saved_device = meta.get("device", "None")
     saved_device = None if saved_device in ("None", None) else torch.device(saved_device)
     target = ctx.device
     leaves: dict[str, Any] = {}
     subs: list[tuple[str, Any]] = []
+    leaf_specs = []
     for key, spec in children.items():
         if spec.kind == "leaf":
             leaf = spec.leaf
             if ctx.no_data:
-                t = torch.zeros(leaf.shape, device=target, dtype=torch_dtype(leaf.dtype, entry=leaf.entry))
+                leaves[key] = torch.zeros(leaf.shape, device=target, dtype=torch_dtype(leaf.dtype, entry=leaf.entry))
             else:
-                t = node._leaf(leaf)
-                if target is not None:
-                    t = t.to(target, non_blocking=True)
-            leaves[key] = t
+                leaves[key] = None  # keeps the key order
+                leaf_specs.append(spec)
         elif spec.kind == "level":
             subs.append((key, spec))
+    if leaf_specs:  # all leaves of the level in one call (cached by load's prefetch)
+        for spec, t in zip(leaf_specs, node.leaf_tensors(leaf_specs)):
+            leaves[spec.key] = t if target is None else t.to(target, non_blocking=True)
     batch_size = torch.Size(meta.get("shape", ()))
     device = saved_device if target is None else target
     if cls is TensorDict or not issubclass(cls, TensorDict):
@@ -286,7 +287,7 @@ def _build(node: Any, ctx: _Ctx) -> Any:
         result._set_names(names)
     for key, spec in subs:
         # validated as tensordict sets them (non-tensor data is expanded to the batch size)
-        result._set_str(key, _build(node._sub(spec.path), ctx), inplace=False, validated=False)
+        result._set_str(key, _build(node.sublevel(spec), ctx), inplace=False, validated=False)
     return result
 
 
@@ -305,18 +306,18 @@ def _subpath_node(ar: Any, subpath: Any) -> Any:
             raise InvalidArgumentError("subpath must be a string path or a (nested) tuple of strings.")
     node = ar
     for part in parts:
-        keyed, children, _ = node._level()
+        keyed, children, _ = node.level_info()
         spec = children.get(part if keyed else encode_key(part))
         if spec is None and not keyed and part != "_tensordict" and "_tensordict" in children:
             # a tensorclass keeps its fields under _tensordict
-            node = node._sub(children["_tensordict"].path)
-            keyed, children, _ = node._level()
+            node = node.sublevel(children["_tensordict"])
+            keyed, children, _ = node.level_info()
             spec = children.get(part)
         if spec is None or spec.kind != "level":
             raise InvalidArgumentError(
                 f"No tensordict found under subpath {'/'.join(parts)!r} in {ar.path}."
             )
-        node = node._sub(spec.path)
+        node = node.sublevel(spec)
     return node
 
 
@@ -348,7 +349,7 @@ def load(path: str | os.PathLike, *, subpath: Any = None, mode: str | None = "r"
     try:
         node = _subpath_node(ar, subpath)
         if not ctx.no_data:
-            node._prefetch_compressed()
+            node.prefetch()
         return _build(node, ctx)
     finally:
         ar.close()

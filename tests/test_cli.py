@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import tdz_numba
+import tdz_numba.inspect
 from tdz_numba import cli, progress
 
 LEAF_KEYS = {"obs/pixels", "obs/depth", "obs/nested/flag", "reward", "index", "ragged"}
@@ -334,7 +335,7 @@ def test_show_dtypes(files, capsys):
 
 
 def test_show_float_stats_chunked(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "_STATS_CHUNK", 7)  # exercise the chunk merge
+    monkeypatch.setattr(tdz_numba.inspect, "_STATS_CHUNK", 7)  # exercise the chunk merge
     x = torch.randn(1000, dtype=torch.float32)
     x[::97] = float("nan")
     p = tdz_numba.save({"x": x, "h": x.to(torch.bfloat16), "e": torch.zeros(0)}, tmp_path / "f.tdz")

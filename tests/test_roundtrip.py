@@ -222,7 +222,7 @@ def test_subpath_parses_nothing_outside(tmp_path, small_tree):
     assert tdz_numba.load(p, subpath=("nested",))["b"].dtype == torch.bfloat16
     with tdz_numba.open(p, subpath="nested") as ar:
         list(ar)
-        assert set(ar._state.levels) == {"nested/"}  # the root meta.json was never parsed
+        assert ar.source.parsed_levels() == {"nested/"}  # the root meta.json was never parsed
     with pytest.raises(tdz_numba.MissingKeyError):
         tdz_numba.open(p, subpath="nope")
 
@@ -305,7 +305,8 @@ def test_is_archive(tmp_path, small_tree):
 def test_public_api_is_pinned():
     assert tdz_numba.__all__ == [
         "__version__", "save", "open", "load", "pack", "unpack", "is_archive", "verify",
-        "refresh_checksums", "allocate", "Archive", "LeafInfo", "Level", "RawFile", "PickledData",
+        "refresh_checksums", "allocate", "convert", "Archive", "LeafInfo", "LevelInfo", "Location", "Level",
+        "RawFile", "PickledData",
         "VerifyReport", "TdzError", "BadArchiveError", "ChecksumError", "UnsupportedError",
         "ArchiveExistsError", "UnsafeContentError", "InvalidTreeError", "InvalidArgumentError",
         "MissingKeyError", "UnknownCompressionError", "FileMissingError", "AccessDeniedError", "DiskFullError",

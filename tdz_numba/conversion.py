@@ -1,0 +1,206 @@
+"""``tdz_numba.convert`` (this module: :mod:`tdz_numba.conversion`): any readable tensor file to ``.tdz``, and ``.tdz`` to ``.safetensors``.
+
+To ``.tdz``, the source is opened (zero-copy) and its leaves go to the
+parallel writer as views of the source's mapping; flat names are split into
+levels on ``nest``. To ``.safetensors``, nested keys are joined with ``nest``,
+non-tensor values go into ``__metadata__`` as JSON, and the payloads are
+written with ``pwritev`` straight from the source's mapping; source pages are
+dropped from memory after each batch (``MADV_DONTNEED``), so peak RSS stays
+bounded on a large source.
+
+Examples
+--------
+>>> import tempfile, pathlib, torch, tdz_numba
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = tdz_numba.save({"a": {"w": torch.arange(3.0)}}, pathlib.Path(d) / "x.tdz")
+...     out = tdz_numba.convert(p, pathlib.Path(d) / "y.tdz", compression="deflate")
+...     with tdz_numba.open(out) as ar:
+...         print(ar.format, ar.info("a/w").compression, ar["a/w"].tolist())
+tdz deflate [0.0, 1.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import InvalidArgumentError, InvalidTreeError
+
+__all__ = ["convert", "write_safetensors", "SAFETENSORS_DTYPES"]
+
+#: torch dtype -> safetensors dtype name.
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
+}  # fmt: skip
+for _name, _st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
+    if hasattr(torch, _name):
+        SAFETENSORS_DTYPES[getattr(torch, _name)] = _st
+_BATCH = 64 << 20
+
+
+def convert(src: str | os.PathLike, dst: str | os.PathLike, *, nest: str | None = ".",
+            compression: str | None = None, progress: bool | None = None) -> Path:  # fmt: skip
+    """See :func:`tdz_numba.convert`."""
+    from . import api
+    from .archive import nest_flat
+
+    if nest is not None and (not isinstance(nest, str) or not nest):
+        raise InvalidArgumentError(f"nest must be a non-empty str or None, got {nest!r}")
+    dst = Path(dst)
+    ar = api.open(src)
+    try:
+        if dst.suffix == ".safetensors":
+            return write_safetensors(ar, dst, sep=nest or ".", progress=progress)
+        tree: Any = ar.to_dict()
+        if nest is not None and ar.format != "tdz":
+            tree = nest_flat(tree, nest)
+        metadata = ar.metadata or None
+        if metadata is not None:
+            try:
+                json.dumps(metadata, allow_nan=False)
+            except (TypeError, ValueError):
+                metadata = {k: repr(v) for k, v in metadata.items()}
+        return api.save(tree, dst, compression=compression, progress=progress, metadata=metadata)
+    finally:
+        ar.close()
+
+
+def _walk(ar: Any, sep: str) -> tuple[list[tuple[str, Any]], dict[str, str]]:
+    """``(joined key, leaf tensor)`` of every tensor leaf, and the non-tensor values as JSON."""
+    from .archive import Archive
+    from .tree import RawFile
+
+    tensors: list[tuple[str, Any]] = []
+    values: dict[str, str] = {}
+    stack: list[tuple[str, Archive]] = [("", ar)]
+    while stack:
+        prefix, node = stack.pop()
+        for key in node:
+            name = prefix + key
+            value = node[key]
+            if isinstance(value, torch.Tensor):
+                tensors.append((name, value))
+            elif isinstance(value, Archive):
+                stack.append((name + sep, value))
+            elif isinstance(value, RawFile):
+                continue  # tensordict's pickles and type files: nothing safetensors can hold
+            else:
+                try:
+                    values[name] = json.dumps(value)
+                except (TypeError, ValueError):
+                    values[name] = json.dumps(repr(value))
+    return tensors, values
+
+
+def write_safetensors(ar: Any, dst: str | os.PathLike, *, sep: str = ".", progress: bool | None = None) -> Path:
+    """Writes the leaves of an opened file as one ``.safetensors`` file (atomically).
+
+    Raises :class:`~tdz_numba.InvalidTreeError` for a leaf safetensors cannot
+    hold (nested, complex, ...) or two leaves joined to the same name.
+    """
+    from .progress import progress as _progress
+    from .writer import write_segments
+
+    tensors, values = _walk(ar, sep)
+    maps = _mapped_ranges(ar.source)
+    metadata = {k: (v if isinstance(v, str) else json.dumps(v)) for k, v in (ar.metadata or {}).items()}
+    metadata.update(values)
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = metadata
+    offset = 0
+    parts = []
+    for name, t in sorted(tensors, key=lambda kv: kv[0]):
+        if name in header:
+            raise InvalidTreeError(f"{ar.path}: two leaves become {name!r} (join separator {sep!r})")
+        if t.is_nested or t.layout != torch.strided or t.dtype not in SAFETENSORS_DTYPES:
+            raise InvalidTreeError(f"{ar.path}: leaf {name!r} ({t.dtype}{', nested' if t.is_nested else ''}) "
+                                   f"has no safetensors form")  # fmt: skip
+        t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}  # fmt: skip
+        parts.append((offset, t, nbytes))
+        offset += nbytes
+    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-len(head) % 8)
+    base = 8 + len(head)
+    dst = Path(dst)
+    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    try:
+        os.ftruncate(fd, base + offset)
+        write_segments(fd, [(0, len(head).to_bytes(8, "little") + head)])
+        with _progress(offset, f"convert {dst.name}", enabled=progress) as bar:
+            batch: list[tuple[int, Any]] = []
+            acc = 0
+            for off, t, nbytes in parts:
+                if not nbytes:
+                    continue
+                flat = t.view(-1)
+                batch.append((base + off, (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).numpy()))
+                acc += nbytes
+                if acc >= _BATCH:
+                    _flush(fd, batch, bar, maps)
+                    batch, acc = [], 0
+            _flush(fd, batch, bar, maps)
+        os.fchmod(fd, 0o666 & ~_umask())
+        os.close(fd)
+        fd = -1
+        os.replace(tmp_name, dst)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return dst
+
+
+def _mapped_ranges(source: Any) -> list[tuple[int, int]]:
+    """``(start, stop)`` addresses of the source's file mappings (pages that can be dropped)."""
+    bufs = [f.buffer for f in getattr(source, "files", [])]
+    index = getattr(source, "index", None)
+    if index is not None and index.buffer is not None:
+        bufs.append(index.buffer)
+    return [(b.ctypes.data, b.ctypes.data + b.size) for b in bufs if b is not None and b.size]
+
+
+def _flush(fd: int, batch: list[tuple[int, Any]], bar: Any, maps: list[tuple[int, int]]) -> None:
+    from .writer import write_segments
+
+    if not batch:
+        return
+    write_segments(fd, batch)
+    bar.update(sum(a.size for _, a in batch))
+    for _, a in batch:
+        evict(a.ctypes.data, a.size, maps)
+
+
+def evict(start: int, size: int, maps: list[tuple[int, int]]) -> None:
+    """Drops the whole pages of ``[start, start + size)`` from memory (``MADV_DONTNEED``)
+    when they lie inside one of the read-only file mappings ``maps``; clean pages of a
+    file mapping are read again from the file if touched later."""
+    page = mmap.PAGESIZE
+    if not hasattr(mmap, "MADV_DONTNEED") or size < page:
+        return
+    lo = (start + page - 1) // page * page
+    hi = (start + size) // page * page
+    if hi <= lo or not any(a <= lo and hi <= b for a, b in maps):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
