@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from builtins import open as builtins_open
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,9 @@ import numpy as np
 import torch
 
 from .dtypes import numpy_dtype
-from .errors import InvalidArgumentError, MissingKeyError, UnsupportedError
+from .errors import InvalidArgumentError, MissingKeyError, TdzError, UnsupportedError
 from .sources import LevelInfo, Location, Source, TensorSpec, tensor_from_spec
-from .tdzsource import LeafInfo, open_tdz
+from .tdzsource import LeafInfo, TdzSource, open_tdz
 from .tree import NON_TENSOR_DATA_TYPE, Level, class_name, encode_key
 
 __all__ = ["Archive", "LeafInfo", "LevelInfo", "open_archive", "load", "subpath_prefix", "nest_flat"]
@@ -614,15 +615,8 @@ def open_archive(path: str | os.PathLike, *, mode: str = "r",
             device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
             raise InvalidArgumentError(f"device: {exc}") from None
-    fmt = _detect(path)
-    if fmt == "tdz":
-        source: Source = open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
-    else:
-        if mode != "r":
-            raise UnsupportedError(f"{path}: mode={mode!r} is for .tdz archives; a {fmt} file opens with mode='r'")
-        from . import formats
-
-        source = formats.open_source(path, copy=copy)
+    source = _open_source(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads, copy=copy)
+    fmt = source.format
     state = _State(source, copy=copy, device=device, dtype=dtype)
     try:
         if subpath is None:
@@ -641,20 +635,59 @@ def open_archive(path: str | os.PathLike, *, mode: str = "r",
         raise
 
 
-def _detect(path: str | os.PathLike) -> str:
-    """The format of ``path`` (``"tdz"`` when no other reader claims it)."""
+def _open_source(path: str | os.PathLike, *, mode: str, allow_pickle: bool, num_threads: int | None,
+                 copy: bool) -> Source:  # fmt: skip
+    """The source of ``path``: its format detected from its bytes by :mod:`tdz_numba.formats`
+    (a ``.tdz`` archive reuses the zip index the detection parsed)."""
     try:
         from . import formats
-    except ImportError:
-        return "tdz"
-    detect = getattr(formats, "detect", None)
-    if detect is None:
-        return "tdz"
+    except ImportError:  # pragma: no cover - the readers are part of the package
+        formats = None  # type: ignore[assignment]
+    sniff = getattr(formats, "sniff", None)
+    if sniff is None:
+        detect = getattr(formats, "detect", None)
+        name = detect(path) if detect is not None else "tdz"
+        if name == "tdz":
+            return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
+        ctx = None
+    else:
+        try:
+            name, ctx = sniff(path)
+        except UnsupportedError:
+            if Path(path).suffix == ".tdz" or _plain_zip(path):  # the zip reader says what is wrong
+                return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
+            raise
+        if name == "tdz":
+            if mode == "r" and ctx is not None:
+                return TdzSource(path, allow_pickle=allow_pickle, num_threads=num_threads, index=ctx)
+            if ctx is not None:
+                ctx.close()
+            return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
+        if ctx is not None:
+            ctx.close()
+    if mode != "r":
+        raise UnsupportedError(f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'")
+    source = formats.open_source(path, copy=copy)
+    if source is None:  # pragma: no cover - detection said otherwise
+        return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
+    return source
+
+
+def _plain_zip(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a zip archive of other files (not a TorchScript archive)."""
+    from .reader import ArchiveIndex
+
     try:
-        fmt = detect(path)
-    except OSError:
-        return "tdz"  # the tdz reader reports the missing file
-    return fmt or "tdz"
+        with builtins_open(path, "rb") as fh:
+            if fh.read(4) != b"PK\x03\x04":
+                return False
+        index = ArchiveIndex(path)
+    except (OSError, TdzError):
+        return False
+    try:
+        return not any(n.endswith("/constants.pkl") or "/code/" in n for n in index.names)
+    finally:
+        index.close()
 
 
 def load(path: str | os.PathLike, *, subpath: str | tuple[str, ...] | None = None,
