@@ -304,6 +304,18 @@ class Archive(Mapping):
     def __len__(self) -> int:
         return len(self._level()[1])
 
+    def keys(self):  # noqa: D102 - Mapping.keys, refused once closed
+        self._check_open()
+        return super().keys()
+
+    def values(self):  # noqa: D102 - Mapping.values, refused once closed
+        self._check_open()
+        return super().values()
+
+    def items(self):  # noqa: D102 - Mapping.items (lazy (key, value) pairs), refused once closed
+        self._check_open()
+        return super().items()
+
     def __contains__(self, key: object) -> bool:
         try:
             self._resolve(key)
@@ -578,8 +590,11 @@ def _meta_tensor(source: Source, leaf: Any) -> torch.Tensor:
     dtype = torch_dtype(leaf.dtype, entry=f"{source.path}: {leaf.entry}")
     if leaf.nested:
         shapes = source.nested_shapes(leaf) if hasattr(source, "nested_shapes") else None
-        if shapes:
-            return torch.nested.nested_tensor([torch.empty(s, dtype=dtype) for s in shapes]).to("meta")
+        if shapes:  # torch has no meta nested tensors: a CPU one over an uninitialized buffer (nothing read)
+            sizes = torch.tensor(shapes, dtype=torch.int64)
+            strides, offsets = torch._nested_compute_contiguous_strides_offsets(sizes)
+            buf = torch.empty(int(sizes.prod(-1).sum()), dtype=dtype)
+            return torch._nested_view_from_buffer(buf, sizes, strides, offsets)
     return torch.empty(leaf.shape, dtype=dtype, device="meta")
 
 

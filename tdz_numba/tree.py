@@ -150,6 +150,10 @@ class Level(dict):
 
     def __repr__(self) -> str:
         extra = f", batch_size={self.batch_size}" if self.batch_size else ""
+        if not self and "data" in self.meta:  # NonTensorData / NonTensorStack: show the value
+            text = " ".join(repr(self.meta["data"]).split())
+            text = text if len(text) <= 200 else text[:197] + "..."
+            return f"Level[{self.type_name}{extra}](data={text})"
         return f"Level[{self.type_name}{extra}]({dict.__repr__(self)})"
 
     def __reduce__(self):
@@ -253,8 +257,14 @@ def _json(meta: Mapping[str, Any], compact: bool = False) -> bytes:
     return json.dumps(meta, separators=seps).encode("utf-8")
 
 
-def as_tensor(value: Any, where: str) -> torch.Tensor:
-    """The CPU tensor whose bytes are stored for a leaf (no copy when possible)."""
+def as_tensor(value: Any, where: str, *, shape_only: bool = False) -> torch.Tensor:
+    """The CPU tensor whose bytes are stored for a leaf (no copy when possible).
+
+    Raises :class:`InvalidTreeError` naming ``where`` for what :func:`load`
+    could not read back: quantized and sparse tensors, tensors without data
+    (meta device; accepted with ``shape_only``, for ``allocate``), numpy dtypes
+    torch lacks.
+    """
     if isinstance(value, np.ndarray):
         if not value.dtype.isnative:
             value = value.astype(value.dtype.newbyteorder("="))
@@ -263,8 +273,19 @@ def as_tensor(value: Any, where: str) -> torch.Tensor:
                 f"{where}: numpy dtype {value.dtype} has no torch equivalent and "
                 f"cannot be stored"
             )
-        return torch.from_numpy(np.ascontiguousarray(value))
+        return torch.from_numpy(np.ascontiguousarray(value).reshape(value.shape))  # 0-d stays 0-d
     t = value.detach() if value.requires_grad else value
+    if t.is_quantized:
+        raise InvalidTreeError(f"{where}: a quantized tensor ({t.dtype}) cannot be stored: load could not "
+                               f"read it back; store t.dequantize() or t.int_repr() and its scale/zero point")
+    if t.layout != torch.strided and not t.is_nested:
+        raise InvalidTreeError(f"{where}: a {str(t.layout).replace('torch.', '')} tensor cannot be stored: "
+                               f"load reads dense tensors; store t.to_dense() (or its indices and values)")
+    if t.device.type == "meta":
+        if shape_only:
+            return t
+        raise InvalidTreeError(f"{where}: a meta-device tensor has no data to store (allocate() takes meta "
+                               f"templates; save needs real tensors)")
     if t.device.type != "cpu":
         t = t.cpu()
     if t.is_nested:
@@ -274,6 +295,15 @@ def as_tensor(value: Any, where: str) -> torch.Tensor:
     if t.is_neg():
         t = t.resolve_neg()
     return t
+
+
+def _numpy_scalar(value: Any) -> Any:
+    """A numpy scalar as a 0-d array (numbers, bools) or a str; None for anything else."""
+    if isinstance(value, np.str_):
+        return str(value)
+    if isinstance(value, np.generic) and from_numpy_dtype(value.dtype) is not None:
+        return np.asarray(value)
+    return None
 
 
 def _json_value(value: Any) -> bool:
@@ -392,8 +422,12 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool) -
                 )
             fname = encode_key(key)
             path = prefix + fname
+            if isinstance(value, np.generic):
+                scalar = _numpy_scalar(value)
+                value = scalar if scalar is not None else value
             if isinstance(value, (torch.Tensor, np.ndarray)):
-                meta[key], payloads = _leaf_entries(as_tensor(value, path), path + ".memmap", zeros)
+                leaf = as_tensor(value, path, shape_only=zeros)
+                meta[key], payloads = _leaf_entries(leaf, path + ".memmap", zeros)
                 for e in payloads:
                     add_file(e.name[len(prefix):], e)
             elif _json_value(value):
@@ -403,6 +437,13 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool) -
             else:
                 child = _as_level(value)
                 if child is None:
+                    if isinstance(value, (list, tuple)) and any(
+                        isinstance(v, (torch.Tensor, np.ndarray)) for v in value
+                    ):
+                        raise InvalidTreeError(
+                            f"{path}: a {type(value).__name__} of tensors cannot be stored as one value; "
+                            f"use a dict ({{'0': t0, '1': t1, ...}}) or torch.stack(...) them into one tensor"
+                        )
                     raise InvalidTreeError(
                         f"{path}: cannot store a value of type {type(value).__name__} "
                         f"(expected a tensor, an array, a mapping, or "
