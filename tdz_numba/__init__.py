@@ -30,8 +30,8 @@ from .errors import (
     InvalidTreeError,
     MissingKeyError,
     TdzError,
-    UnsafeContentError,
     UnknownCompressionError,
+    UnsafeContentError,
     UnsupportedError,
 )
 
@@ -99,8 +99,8 @@ _LAZY = {
 if TYPE_CHECKING:  # pragma: no cover
     from .api import allocate, convert, is_archive, load, open, pack, refresh_checksums, save, unpack, verify
     from .archive import Archive, LeafInfo
-    from .sources import LevelInfo, Location
     from .integrity import VerifyReport
+    from .sources import LevelInfo, Location
     from .tree import Level, PickledData, RawFile
 
 

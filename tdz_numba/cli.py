@@ -1,6 +1,6 @@
 """The ``tdz`` command line: inspect, check, pack and benchmark ``.tdz`` archives.
 
-Verbs: ``info``, ``tree``, ``show``, ``verify``, ``pack``, ``unpack``,
+Verbs: ``info``, ``tree``, ``show``, ``verify``, ``convert``, ``pack``, ``unpack``,
 ``refresh`` and ``bench`` (``tdz VERB --help`` for each).
 
 Exit codes: 0 success, 1 a check failed (a CRC-32 mismatch), 2 a usage error
@@ -348,6 +348,17 @@ def cmd_unpack(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    import tdz_numba
+
+    nest = None if args.flat else args.nest
+    compression = None if args.compression == "stored" else args.compression
+    out = tdz_numba.convert(args.src, args.dst, nest=nest, compression=compression, progress=_want_progress(args))
+    size = os.path.getsize(out)
+    print(f"{out}: converted from {args.src}, {size} bytes ({_human(size)})")
+    return EXIT_OK
+
+
 def cmd_refresh(args: argparse.Namespace) -> int:
     import tdz_numba
 
@@ -408,14 +419,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("info", parents=[common], help="entries, leaves, bytes, codecs, alignment, root class",
                        description="Summary of an archive: entries, leaves, bytes, compression methods, "
                                    "64-byte alignment of every .memmap payload, root class.")  # fmt: skip
-    s.add_argument("file", help="the .tdz archive")
+    s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser("tree", parents=[common], help="the nested tree: key, dtype, shape, bytes, codec",
                        description="Print the nested tree of an archive (or of SUBPATH): key, dtype, "
                                    "shape, size in bytes and codec of every leaf.")  # fmt: skip
-    s.add_argument("file", help="the .tdz archive")
+    s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("subpath", nargs="?", default=None, help='a level or leaf, as "a/b"')
     s.add_argument("--depth", type=int, default=None, help="expand at most N levels (default: all)")
     s.add_argument("--json", action="store_true", help="print JSON")
@@ -427,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "statistics: min/max/mean/std (float64, population std, NaNs "
                                    "excluded) and the NaN count for floating dtypes; min/max/mean for "
                                    "integer and bool dtypes. Compressed leaves are inflated.")  # fmt: skip
-    s.add_argument("file", help="the .tdz archive")
+    s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("key", help='the leaf, as "a/b/c"')
     s.add_argument("--values", type=int, default=SHOW_VALUES, metavar="N",
                    help=f"print the first N values (default {SHOW_VALUES})")  # fmt: skip
@@ -437,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("verify", parents=[common], help="check every entry's CRC-32 and the structure",
                        description="Check every entry's CRC-32 and the archive's structure. "
                                    "Exit 0 ok, 1 CRC mismatch, 2 bad or unreadable file.")  # fmt: skip
-    s.add_argument("file", help="the .tdz archive")
+    s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("--json", action="store_true", help="print JSON")
     _progress_flag(s)
     s.set_defaults(func=cmd_verify)
@@ -462,6 +473,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("directory", metavar="DIR", help="the directory to create (or fill)")
     _progress_flag(s)
     s.set_defaults(func=cmd_unpack)
+
+    s = sub.add_parser("convert", parents=[common], help="convert any tensor file to .tdz (or .tdz to .safetensors)",
+                       description="Convert a readable tensor file (safetensors, torch .pt, .npz, GGUF, "
+                                   "HDF5, ONNX, memmap directory, .tdz) to a .tdz archive through the "
+                                   "parallel writer, or a .tdz archive to .safetensors (DST ending in "
+                                   ".safetensors: nested keys joined with the separator, non-tensor "
+                                   "values in __metadata__ as JSON).")  # fmt: skip
+    s.add_argument("src", metavar="SRC", help="the file to read")
+    s.add_argument("dst", metavar="DST", help="the file to write (.tdz, or .safetensors)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--nest", default=".", metavar="SEP",
+                   help="split flat names on SEP into levels (to .safetensors: join with it; default '.')")
+    g.add_argument("--flat", action="store_true", help="keep flat names as they are")
+    s.add_argument("--compression", choices=("stored", "deflate", "bzip2", "lzma"), default="stored",
+                   help="codec of the .tdz payloads (default: stored, zero-copy)")  # fmt: skip
+    _progress_flag(s)
+    s.set_defaults(func=cmd_convert)
 
     s = sub.add_parser("refresh", parents=[common], help="re-stamp CRC-32s after mode='r+' writes",
                        description="Recompute and re-stamp the CRC-32 of every stored entry in place, "

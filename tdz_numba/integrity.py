@@ -11,7 +11,6 @@ Examples
 
 from __future__ import annotations
 
-import math
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor

@@ -56,8 +56,8 @@ from .errors import (
     RemoteError,
     TdzError,
 )
-from .tdzsource import TdzSource
 from .reader import ArchiveIndex
+from .tdzsource import TdzSource
 
 __all__ = ["RemoteError", "RemoteIndex", "is_remote", "open_remote", "load_remote", "verify_remote",
            "is_archive_remote", "TAIL_BYTES"]  # fmt: skip

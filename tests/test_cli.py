@@ -506,3 +506,36 @@ def test_archive_repr_html(files, tmp_path):
         assert html.count("<tr>") < 500 and "more keys" in html
         assert "<script>" not in html and "&lt;script&gt;" in html
         assert ar._repr_html_(max_rows=5).count("<tr>") <= 5
+
+
+# -- every format, convert -------------------------------------------------------------------
+
+
+def test_cli_reads_every_format_and_converts(tmp_path, capsys):
+    st = pytest.importorskip("safetensors.torch")
+    src = tmp_path / "m.safetensors"
+    st.save_file({"model.w": torch.arange(6.0).reshape(2, 3), "model.b": torch.ones(2)}, str(src),
+                 metadata={"author": "me"})  # fmt: skip
+    code, out, _ = _main(capsys, "info", src)
+    assert code == 0 and "safetensors" in out and "2 of 2 leaves" in out and "author" in out
+    code, out, _ = _main(capsys, "tree", src, "--json")
+    assert code == 0 and [c["key"] for c in json.loads(out)["children"]] == ["model.b", "model.w"]
+    code, out, _ = _main(capsys, "show", src, "model.w", "--json")
+    assert code == 0 and json.loads(out)["values"][:3] == [0.0, 1.0, 2.0] and json.loads(out)["zero_copy"]
+    code, out, _ = _main(capsys, "verify", src)
+    assert code == 0 and "2 leaves" in out
+    dst = tmp_path / "m.tdz"
+    code, out, _ = _main(capsys, "convert", src, dst)
+    assert code == 0 and "converted" in out
+    with tdz_numba.open(dst) as ar:
+        assert list(ar) == ["model"] and torch.equal(ar["model/w"], torch.arange(6.0).reshape(2, 3))
+        assert ar.metadata == {"author": "me"}
+    if shutil.which("unzip"):
+        assert subprocess.run(["unzip", "-tq", str(dst)], capture_output=True).returncode == 0
+    code, _, _ = _main(capsys, "convert", src, tmp_path / "flat.tdz", "--flat", "--compression", "deflate")
+    assert code == 0 and "model.w" in tdz_numba.load(tmp_path / "flat.tdz")
+    code, _, _ = _main(capsys, "convert", dst, tmp_path / "back.safetensors")
+    assert code == 0 and torch.equal(st.load_file(str(tmp_path / "back.safetensors"))["model.w"],
+                                     torch.arange(6.0).reshape(2, 3))  # fmt: skip
+    code, _, err = _main(capsys, "convert", tmp_path / "missing.pt", dst)
+    assert code == 2 and "missing.pt" in err
