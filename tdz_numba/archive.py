@@ -678,8 +678,14 @@ def _open_source(path: str | os.PathLike, *, mode: str, allow_pickle: bool, num_
             if ctx is not None:
                 ctx.close()
             return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
-        if ctx is not None:
-            ctx.close()
+        if mode != "r":
+            if ctx is not None:
+                ctx.close()
+            raise UnsupportedError(f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'")
+        source = formats.open_source(path, copy=copy, sniffed=(name, ctx))  # reuses the parsed zip index
+        if source is None:  # pragma: no cover - detection said otherwise
+            return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
+        return source
     if mode != "r":
         raise UnsupportedError(f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'")
     source = formats.open_source(path, copy=copy)
