@@ -70,14 +70,24 @@ _ENCODE = str.maketrans({c: f"%{ord(c):02X}" for c in _UNSAFE})
 _NEEDS_ENCODING = re.compile("[" + re.escape("".join(sorted(_UNSAFE))) + "]")
 
 
+_ENCODED: dict[str, str] = {}  # keys repeat across levels (x0..x19 in every group): encode each once
+_ENCODED_MAX = 1 << 16
+
+
 def encode_key(key: str) -> str:
     """File-name form of a key (tensordict's ``robust_key`` encoding)."""
+    out = _ENCODED.get(key)
+    if out is not None:
+        return out
     if not key:
-        return "%"
-    if key in (".", ".."):
-        return "%2E" * len(key)
-    # str.translate with multi-character replacements is slow: most keys need none
-    return key.translate(_ENCODE) if _NEEDS_ENCODING.search(key) else key
+        out = "%"
+    elif key in (".", ".."):
+        out = "%2E" * len(key)
+    else:  # str.translate with multi-character replacements is slow: most keys need none
+        out = key.translate(_ENCODE) if _NEEDS_ENCODING.search(key) else key
+    if len(_ENCODED) < _ENCODED_MAX:
+        _ENCODED[key] = out
+    return out
 
 
 def decode_key(name: str) -> str:

@@ -238,3 +238,27 @@ def test_bulk_to_dict_matches_per_leaf(tmp_path):
         for path, t in ar.iter_leaves():
             a, b = path.split("/")
             assert torch.equal(d[a][b], t) and torch.equal(t, tree[a][b])
+
+
+def test_archive_dequantize_gguf(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize as gguf_dequantize
+    from gguf.quants import quantize as gguf_quantize
+
+    w32 = np.linspace(-1, 1, 4 * 64, dtype=np.float32).reshape(4, 64)
+    q = gguf_quantize(w32, gguf.GGMLQuantizationType.Q8_0)
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.w", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("blk.0.b", np.arange(4, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with tdz_numba.open(path) as ar:
+        assert ar.format == "gguf" and ar.info("blk.0.w").type_name == "Q8_0"
+        got = ar.dequantize("blk.0.w")
+        ref = gguf_dequantize(q, gguf.GGMLQuantizationType.Q8_0)
+        assert got.dtype == torch.float32 and np.array_equal(got.numpy().reshape(-1), ref.reshape(-1))
+        assert torch.equal(ar.dequantize("blk.0.b"), torch.arange(4, dtype=torch.float32))  # plain: as is
+        assert "Q8_0" in repr(ar) or "uint8" in repr(ar)
