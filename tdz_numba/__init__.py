@@ -94,6 +94,7 @@ _LAZY = {
     "RawFile": "tree",
     "PickledData": "tree",
     "VerifyReport": "integrity",
+    "warmup": "precompile",  # not in __all__: tdz_numba.warmup()
 }
 
 if TYPE_CHECKING:  # pragma: no cover

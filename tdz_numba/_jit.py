@@ -20,6 +20,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import _firstuse  # noqa: F401  (the first-compile notice)
+
 __all__ = ["KERNEL", "PARALLEL", "HAVE_ZNG_CRC", "HAVE_ZNG_CODEC", "zng_crc32_z", "zng_deflateInit2",
            "zng_deflate", "zng_deflateEnd", "zng_inflateInit2", "zng_inflate", "zng_inflateEnd",
            "u8_pointer", "run_parallel", "check_num_threads"]  # fmt: skip

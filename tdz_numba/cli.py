@@ -383,6 +383,13 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_warmup(args: argparse.Namespace) -> int:
+    from .precompile import warmup
+
+    warmup()
+    return EXIT_OK
+
+
 # -- bench -----------------------------------------------------------------------------------
 
 
@@ -506,6 +513,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("directory", metavar="DIR", help="the directory to clean")
     s.add_argument("--dry-run", action="store_true", help="list what would be removed")
     s.set_defaults(func=cmd_clean)
+
+    s = sub.add_parser("warmup", parents=[common], help="compile every Numba kernel into the cache ahead of time",
+                       description="Compile every kernel family (CRC, layout, index, deflate/inflate, "
+                                   "dequantize, memory pages) into Numba's on-disk cache, e.g. in a Docker "
+                                   "build or a conda post-link step, and print what was compiled and where "
+                                   "the cache is.")  # fmt: skip
+    s.set_defaults(func=cmd_warmup)
 
     sub.add_parser("bench", add_help=False, help="benchmark against tensordict, torch, safetensors "
                                                  "(tdz bench --help for options)")  # fmt: skip
