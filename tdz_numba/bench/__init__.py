@@ -156,6 +156,9 @@ def build_parser(prog: str = "tdz bench") -> argparse.ArgumentParser:
     p.add_argument("--alignment", action="store_true",
                    help="file size, save speed and cold reads of align=64/4096/65536/'auto' next to ztensor's "
                         "writers (see --alignment --help)")  # fmt: skip
+    p.add_argument("--leaves", metavar="N,N,...", default=None,
+                   help="leaf-count sweep: save, lazy open and load+sum of 64 MiB in N leaves against "
+                        "safetensors and torch, us per leaf (see --leaves 200 --help)")  # fmt: skip
     p.add_argument("--read-formats", action="store_true",
                    help="read every tensor file format (safetensors, .pt, npz, GGUF, HDF5, ONNX, .tdz) with "
                         "tdz_numba, the format's own library and ztensor (see --read-formats --help)")  # fmt: skip
@@ -175,6 +178,10 @@ def main(argv: list[str] | None = None, prog: str = "tdz bench") -> int:
         from .readformats import main as read_main
 
         return read_main([a for a in argv if a != "--read-formats"], f"{prog} --read-formats")
+    if any(a == "--leaves" or a.startswith("--leaves=") for a in argv):  # per-leaf cost: bench.leafsweep
+        from .leafsweep import main as leaves_main
+
+        return leaves_main(argv, f"{prog} --leaves")
     if "--remote" in argv:  # remote archives and DCP on loopback servers: tdz_numba.bench.remote
         from .remote import main as remote_main
 
