@@ -22,8 +22,6 @@ torch.Size([2, 3]) 7 ['obs', 'step'] tdz
 from __future__ import annotations
 
 import difflib
-import os
-from builtins import open as builtins_open
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,9 +30,9 @@ import numpy as np
 import torch
 
 from .dtypes import numpy_dtype
-from .errors import InvalidArgumentError, MissingKeyError, TdzError, UnsupportedError
-from .sources import LevelInfo, Location, Source, TensorSpec, tensor_from_spec
-from .tdzsource import LeafInfo, TdzSource, open_tdz
+from .errors import InvalidArgumentError, MissingKeyError, UnsupportedError
+from .sources import LevelInfo, Location, Source, tensor_from_spec
+from .tdzsource import LeafInfo
 from .tree import NON_TENSOR_DATA_TYPE, Level, class_name, encode_key
 
 __all__ = ["Archive", "LeafInfo", "LevelInfo", "open_archive", "load", "subpath_prefix", "nest_flat"]
@@ -581,143 +579,6 @@ def _is_quant(type_name: str) -> bool:
     return bool(type_name) and type_name.upper().startswith(_QUANT_PREFIXES) and "_" in type_name
 
 
-def _meta_tensor(source: Source, leaf: Any) -> torch.Tensor:
-    """A meta-device tensor of a leaf's dtype and shape (no payload read)."""
-    from .dtypes import torch_dtype
-
-    if isinstance(leaf, TensorSpec):
-        return torch.empty(leaf.shape, dtype=leaf.dtype, device="meta")
-    dtype = torch_dtype(leaf.dtype, entry=f"{source.path}: {leaf.entry}")
-    if leaf.nested:
-        shapes = source.nested_shapes(leaf) if hasattr(source, "nested_shapes") else None
-        if shapes:  # torch has no meta nested tensors: a CPU one over an uninitialized buffer (nothing read)
-            sizes = torch.tensor(shapes, dtype=torch.int64)
-            strides, offsets = torch._nested_compute_contiguous_strides_offsets(sizes)
-            buf = torch.empty(int(sizes.prod(-1).sum()), dtype=dtype)
-            return torch._nested_view_from_buffer(buf, sizes, strides, offsets)
-    return torch.empty(leaf.shape, dtype=dtype, device="meta")
-
-
-def spec_info(spec: TensorSpec, source: Source) -> LeafInfo:
-    """The :class:`LeafInfo` of a :class:`~tdz_numba.sources.TensorSpec` leaf."""
-    import math
-
-    itemsize = spec.dtype.itemsize
-    nbytes = spec.size if spec.codec != "stored" else math.prod(spec.shape) * itemsize
-    files = source.files
-    fname = str(files[spec.file].path) if 0 <= spec.file < len(files) else str(source.path)
-    zero = spec.loader is None and spec.codec == "stored" and spec.offset % itemsize == 0 and nbytes > 0
-    loc = Location(fname, spec.offset, spec.nbytes) if spec.loader is None else None
-    return LeafInfo(spec.key, None, spec.dtype, tuple(spec.shape), spec.offset if spec.loader is None else None,
-                    nbytes, spec.nbytes, spec.codec, spec.crc, False, zero, loc,
-                    spec.type_name or str(spec.dtype))  # fmt: skip
-
-
-def open_archive(path: str | os.PathLike, *, mode: str = "r",
-                 subpath: str | tuple[str, ...] | None = None,
-                 allow_pickle: bool = False, num_threads: int | None = None,
-                 copy: bool = False, device: Any = None, dtype: Any = None) -> Archive:  # fmt: skip
-    """Opens a file lazily; see :func:`tdz_numba.open`."""
-    if mode not in ("r", "r+"):
-        raise InvalidArgumentError(f"mode must be 'r' or 'r+', got {mode!r}")
-    from ._jit import check_num_threads
-
-    num_threads = check_num_threads(num_threads)
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise InvalidArgumentError(f"dtype must be a torch.dtype or None, got {dtype!r}")
-    if device is not None:
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise InvalidArgumentError(f"device: {exc}") from None
-    source = _open_source(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads, copy=copy)
-    fmt = source.format
-    state = _State(source, copy=copy, device=device, dtype=dtype)
-    try:
-        if subpath is None:
-            return Archive(state, "")
-        if fmt == "tdz":
-            prefix = subpath_prefix(subpath)
-            if prefix and not source.has_level(prefix):
-                raise MissingKeyError(f"{path}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})")
-            return Archive(state, prefix)
-        root = Archive(state, "")
-        if subpath_prefix(subpath) == "":
-            return root
-        return root.sublevel(subpath)
-    except BaseException:
-        source.close()
-        raise
-
-
-def _open_source(path: str | os.PathLike, *, mode: str, allow_pickle: bool, num_threads: int | None,
-                 copy: bool) -> Source:  # fmt: skip
-    """The source of ``path``: its format detected from its bytes by :mod:`tdz_numba.formats`
-    (a ``.tdz`` archive reuses the zip index the detection parsed)."""
-    try:
-        from . import formats
-    except ImportError:  # pragma: no cover - the readers are part of the package
-        formats = None  # type: ignore[assignment]
-    sniff = getattr(formats, "sniff", None)
-    if sniff is None:
-        detect = getattr(formats, "detect", None)
-        name = detect(path) if detect is not None else "tdz"
-        if name == "tdz":
-            return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
-        ctx = None
-    else:
-        try:
-            name, ctx = sniff(path)
-        except UnsupportedError:
-            if Path(path).suffix == ".tdz" or _plain_zip(path):  # the zip reader says what is wrong
-                return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
-            raise
-        if name == "tdz":
-            if mode == "r" and ctx is not None:
-                return TdzSource(path, allow_pickle=allow_pickle, num_threads=num_threads, index=ctx)
-            if ctx is not None:
-                ctx.close()
-            return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
-        if mode != "r":
-            if ctx is not None:
-                ctx.close()
-            raise UnsupportedError(f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'")
-        source = formats.open_source(path, copy=copy, sniffed=(name, ctx))  # reuses the parsed zip index
-        if source is None:  # pragma: no cover - detection said otherwise
-            return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
-        return source
-    if mode != "r":
-        raise UnsupportedError(f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'")
-    source = formats.open_source(path, copy=copy)
-    if source is None:  # pragma: no cover - detection said otherwise
-        return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
-    return source
-
-
-def _plain_zip(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a zip archive of other files (not a TorchScript archive)."""
-    from .reader import ArchiveIndex
-
-    try:
-        with builtins_open(path, "rb") as fh:
-            if fh.read(4) != b"PK\x03\x04":
-                return False
-        index = ArchiveIndex(path)
-    except (OSError, TdzError):
-        return False
-    try:
-        return not any(n.endswith("/constants.pkl") or "/code/" in n for n in index.names)
-    finally:
-        index.close()
-
-
-def load(path: str | os.PathLike, *, subpath: str | tuple[str, ...] | None = None,
-         mode: str = "r", allow_pickle: bool = False, num_threads: int | None = None,
-         copy: bool = False, device: Any = None, dtype: Any = None, nest: str | None = None) -> Level:  # fmt: skip
-    """Loads a file as nested dicts; see :func:`tdz_numba.load`."""
-    ar = open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
-                      num_threads=num_threads, copy=copy, device=device, dtype=dtype)  # fmt: skip
-    try:
-        return ar.to_dict(nest=nest)
-    finally:
-        ar.close()
+# opening a file (any format) lives in tdz_numba.opening; re-exported here
+from .bulk import _meta_tensor, spec_info  # noqa: E402,F401
+from .opening import _open_source, load, open_archive  # noqa: E402,F401

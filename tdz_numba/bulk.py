@@ -30,10 +30,11 @@ import numpy as np
 import torch
 
 from .errors import BadArchiveError
-from .sources import TensorSpec, tensor_from_spec
+from .sources import Location, Source, TensorSpec, tensor_from_spec
+from .tdzsource import LeafInfo
 from .tree import Level
 
-__all__ = ["build_tree", "read_into", "COPY_PIECE"]
+__all__ = ["build_tree", "materialize", "read_into", "spec_info", "COPY_PIECE"]
 
 #: Bytes read by one ``preadv`` call of a parallel copy (larger leaves are split).
 COPY_PIECE = 8 << 20
@@ -140,8 +141,6 @@ def _copy_specs(source: Any, leaves: list[TensorSpec], num_threads: int | None) 
 
 def materialize(ar: Any, leaves: list[Any]) -> list[torch.Tensor]:
     """The delivered tensors of many leaf specs of one archive (options applied)."""
-    from .archive import _meta_tensor
-
     state = ar._state
     source = state.source
     if not leaves:
@@ -201,3 +200,35 @@ def build_tree(ar: Any) -> Level:
     for (lvl, key), t in zip(slots, materialize(ar, leaves)):
         lvl[key] = t
     return root
+
+
+def _meta_tensor(source: Source, leaf: Any) -> torch.Tensor:
+    """A meta-device tensor of a leaf's dtype and shape (no payload read)."""
+    from .dtypes import torch_dtype
+
+    if isinstance(leaf, TensorSpec):
+        return torch.empty(leaf.shape, dtype=leaf.dtype, device="meta")
+    dtype = torch_dtype(leaf.dtype, entry=f"{source.path}: {leaf.entry}")
+    if leaf.nested:
+        shapes = source.nested_shapes(leaf) if hasattr(source, "nested_shapes") else None
+        if shapes:  # torch has no meta nested tensors: a CPU one over an uninitialized buffer (nothing read)
+            sizes = torch.tensor(shapes, dtype=torch.int64)
+            strides, offsets = torch._nested_compute_contiguous_strides_offsets(sizes)
+            buf = torch.empty(int(sizes.prod(-1).sum()), dtype=dtype)
+            return torch._nested_view_from_buffer(buf, sizes, strides, offsets)
+    return torch.empty(leaf.shape, dtype=dtype, device="meta")
+
+
+def spec_info(spec: TensorSpec, source: Source) -> LeafInfo:
+    """The :class:`LeafInfo` of a :class:`~tdz_numba.sources.TensorSpec` leaf."""
+    import math
+
+    itemsize = spec.dtype.itemsize
+    nbytes = spec.size if spec.codec != "stored" else math.prod(spec.shape) * itemsize
+    files = source.files
+    fname = str(files[spec.file].path) if 0 <= spec.file < len(files) else str(source.path)
+    zero = spec.loader is None and spec.codec == "stored" and spec.offset % itemsize == 0 and nbytes > 0
+    loc = Location(fname, spec.offset, spec.nbytes) if spec.loader is None else None
+    return LeafInfo(spec.key, None, spec.dtype, tuple(spec.shape), spec.offset if spec.loader is None else None,
+                    nbytes, spec.nbytes, spec.codec, spec.crc, False, zero, loc,
+                    spec.type_name or str(spec.dtype))  # fmt: skip
