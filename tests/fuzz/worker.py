@@ -10,7 +10,7 @@ exception type, the innermost traceback frame and the innermost tdz_numba
 frame. A crash or a hang is seen by the runner (it restarts the worker).
 
 Ops: ``is_archive`` (must return a bool and never raise), ``open`` (open +
-``to_dict`` + a sum over the bytes of every leaf), ``verify``, ``load_subpath``
+``to_dict`` + a sum over the bytes of every leaf + ``numpy()`` of every dense leaf), ``verify``, ``load_subpath``
 and ``unpack`` (into a fresh directory).
 """
 
@@ -63,7 +63,11 @@ def run_op(op: str, path: str, subpath: str | None, tmp: str) -> object:
         return r
     if op == "open":
         with tdz_numba.open(path) as ar:
-            return _sum_leaves(ar.to_dict())
+            total = _sum_leaves(ar.to_dict())
+            for key, leaf in list(ar.leaves()):
+                if not leaf.nested:
+                    total += ar.numpy(key).nbytes  # numpy views of every dense leaf too
+            return total
     if op == "verify":
         return tdz_numba.verify(path).entries
     if op == "load_subpath":
