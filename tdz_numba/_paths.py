@@ -129,7 +129,7 @@ def user_errors(path: Any, *, action: str = "open") -> Iterator[None]:
         ) from None
     except OSError as exc:
         if exc.errno in DISK_FULL_ERRNOS:
-            raise _oserror(DiskFullError, exc.errno, f"cannot {action} {path}: {_why(exc).lower()}",
+            raise _oserror(DiskFullError, exc.errno or errno.ENOSPC, f"cannot {action} {path}: {_why(exc).lower()}",
                            path) from None  # fmt: skip
         if exc.errno == errno.EROFS:
             raise _oserror(AccessDeniedError, exc.errno, f"cannot {action} {path}: read-only file system",

@@ -59,7 +59,7 @@ def read_into(path: str | os.PathLike, jobs: list[tuple[int, np.ndarray]], num_t
     """
     pieces: list[tuple[int, memoryview]] = []
     for offset, dest in jobs:
-        view = memoryview(dest).cast("B")
+        view = memoryview(dest).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer (numpy stubs, py<3.12)
         for start in range(0, len(view), COPY_PIECE):
             pieces.append((offset + start, view[start : start + COPY_PIECE]))
     if not pieces:

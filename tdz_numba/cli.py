@@ -286,7 +286,7 @@ def _archive_sizes(path: str | os.PathLike) -> dict[str, int] | None:
 
 def _dir_sizes(directory: str | os.PathLike) -> tuple[int, int]:
     files = nbytes = 0
-    for root, _, names in os.walk(directory):
+    for root, _, names in os.walk(os.fspath(directory)):
         for name in names:
             try:
                 nbytes += os.stat(os.path.join(root, name)).st_size

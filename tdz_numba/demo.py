@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             print(repr(ar).splitlines()[0])
             print("\n".join(repr(ar).splitlines()[1:8]) + "\n  ...")
             info = ar.info("group_000/leaf_00")
-            print(f"leaf group_000/leaf_00: offset {info.offset} (64-aligned: {info.offset % 64 == 0}), "
+            print(f"leaf group_000/leaf_00: offset {info.offset} (64-aligned: {info.offset is not None and info.offset % 64 == 0}), "
                   f"{info.nbytes} bytes, crc {info.crc:#010x}, zero-copy: {info.zero_copy}")  # fmt: skip
             same = ar["group_000/leaf_00"].untyped_storage().data_ptr() == ar["frames"].untyped_storage().data_ptr()
             print(f"all leaves share one mapping: {same}; info: {ar['info']['env']!r}")

@@ -22,6 +22,8 @@ True
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "TdzError",
     "BadArchiveError",
@@ -122,6 +124,8 @@ class InternalError(TdzError, RuntimeError):
 # -- file-system errors (safety helper): they name the user's path, never a temp name --
 class _OSMessage:
     """``str()`` is the message, also when ``errno`` / ``filename`` are set."""
+
+    args: tuple[Any, ...]  # provided by the OSError subclass it is mixed into
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

@@ -181,7 +181,7 @@ class _Cursor:
 
 def _walk(tree: dict):
     """``(path, dir node)`` of every directory, depth first (parents before children)."""
-    stack = [((), tree)]
+    stack: list[tuple[tuple[str, ...], dict]] = [((), tree)]
     while stack:
         path, node = stack.pop()
         yield path, node

@@ -168,7 +168,7 @@ def resident(mm: mmap.mmap, offset: int, nbytes: int) -> float:
     if _libc.mincore(ctypes.c_void_p(base + start), ctypes.c_size_t(length), vec) != 0:
         err = ctypes.get_errno()
         raise UnsupportedError(f"mincore failed: {os.strerror(err)}")
-    arr = np.frombuffer(vec, dtype=np.uint8)
+    arr = np.frombuffer(vec, dtype=np.uint8)  # type: ignore[call-overload]  # ctypes arrays are buffers; numpy stubs miss them
     return float(np.count_nonzero(arr & 1)) / pages
 
 
@@ -231,7 +231,7 @@ def read_direct(path: str | os.PathLike, ranges: Sequence[tuple[int, int]], *,
 
 def _read_full(fd: int, buf: np.ndarray, offset: int) -> int:
     """``preadv`` until ``buf`` is full or the file ends; returns the bytes read."""
-    view = memoryview(buf)
+    view = memoryview(buf)  # type: ignore[arg-type]  # ndarray is a buffer; numpy stubs lack __buffer__ before 3.12
     done = 0
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)

@@ -69,7 +69,11 @@ def _refuse(what: str) -> InvalidTreeError:
 def _tensorclass_level(obj: Any, allow_pickle: bool, *, with_td: bool) -> Level:
     """A tensorclass (or NonTensorData) level, as tensordict's tensorclass ``_memmap_``."""
     try:
-        from tensordict.tensorclass import _JSON_TYPE_NAMES, _JSON_TYPES_FILE, _from_shared_nontensor
+        from tensordict.tensorclass import (  # type: ignore[attr-defined]  # private in tensordict 0.15.3
+            _JSON_TYPE_NAMES,
+            _JSON_TYPES_FILE,
+            _from_shared_nontensor,
+        )
     except ImportError:  # pragma: no cover
         _JSON_TYPE_NAMES, _JSON_TYPES_FILE = {}, "json_types.json"
 
@@ -145,7 +149,7 @@ def level_from_tensordict(obj: Any, *, allow_pickle: bool = False) -> Level | No
     :class:`~tdz_numba.InvalidTreeError`.
     """
     from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDictBase
-    from tensordict.tensorclass import NonTensorDataBase, is_tensorclass
+    from tensordict.tensorclass import NonTensorDataBase, is_tensorclass  # type: ignore[attr-defined]  # not re-exported
 
     if isinstance(obj, NonTensorStack):
         data = obj.tolist()
@@ -176,9 +180,12 @@ def level_from_tensordict(obj: Any, *, allow_pickle: bool = False) -> Level | No
         meta = {"shape": list(obj.batch_size), "device": "cpu", "_type": str(cls), **_format(cls)}
         if obj._has_names():
             meta["_names"] = list(obj.names)
-        lvl = Level(meta=meta, keyed=True) if cls is type(obj) else _Level(meta=meta, keyed=True)
-        if cls is not type(obj):
-            lvl.written_as = _parent_type_name(obj)
+        if cls is type(obj):
+            lvl = Level(meta=meta, keyed=True)
+        else:
+            written = _Level(meta=meta, keyed=True)
+            written.written_as = _parent_type_name(obj)
+            lvl = written
         for key, value in obj.items():
             if isinstance(value, torch.Tensor):
                 lvl[key] = value

@@ -45,7 +45,7 @@ __all__ = ["save", "load", "enable", "disable", "enabled", "is_enabled", "Tensor
 SUPPORTED_PREFIX = "0.15."
 
 
-class TensordictNotInstalledError(TdzError, ImportError):
+class TensordictNotInstalledError(TdzError, ImportError):  # type: ignore[misc]  # both define .path (str | None)
     """tensordict is needed for :mod:`tdz_numba.tensordict` but is not installed."""
 
 
@@ -127,7 +127,7 @@ class _Ctx:
     def _resolve(self, class_id: Any, type_name: Any) -> type:
         from tensordict import TensorDict, TensorDictBase
         from tensordict._td_memmap import _class_id
-        from tensordict.tensorclass import is_tensorclass
+        from tensordict.tensorclass import is_tensorclass  # type: ignore[attr-defined]  # not re-exported
 
         if class_id is None and type_name is None:
             return TensorDict
@@ -184,7 +184,7 @@ class _Ctx:
 
 
 def _json_types(node: Any, children: dict) -> dict | None:
-    from tensordict.tensorclass import _JSON_TYPES, _JSON_TYPES_FILE
+    from tensordict.tensorclass import _JSON_TYPES, _JSON_TYPES_FILE  # type: ignore[attr-defined]  # private (0.15.3)
 
     spec = children.get(_JSON_TYPES_FILE)
     if spec is None or "other.pickle" not in children:
@@ -215,7 +215,7 @@ def _keyed_children(node: Any, meta: dict) -> tuple[bool, dict]:
 def _build(node: Any, ctx: _Ctx) -> Any:
     import torch
     from tensordict import LazyStackedTensorDict, NonTensorStack, TensorDict
-    from tensordict.tensorclass import NonTensorDataBase, is_tensorclass
+    from tensordict.tensorclass import NonTensorDataBase, is_tensorclass  # type: ignore[attr-defined]  # not re-exported
 
     from .dtypes import torch_dtype
 
@@ -232,7 +232,7 @@ def _build(node: Any, ctx: _Ctx) -> Any:
         device = meta.get("device")
         return cls._from_list(data, device=torch.device(device) if device is not None else None)
     if issubclass(cls, LazyStackedTensorDict):
-        members = []
+        members: list[Any] = []
         while (spec := children.get(str(len(members)))) is not None and spec.kind == "level":
             members.append(_build(node.sublevel(spec), ctx))
         result = cls(*members, stack_dim=meta["stack_dim"])
@@ -253,7 +253,7 @@ def _build(node: Any, ctx: _Ctx) -> Any:
             if not issubclass(cls, NonTensorDataBase):
                 raise InvalidArgumentError("The _tensordict directory seems to be missing.")
             td = TensorDict(device="cpu")
-        return cls._from_tensordict(td, non_td, rebuild=False)
+        return cls._from_tensordict(td, non_td, rebuild=False)  # type: ignore[attr-defined]  # a tensorclass type
     # a TensorDict level (other TensorDictBase classes load as TensorDict, as in tensordict)
     if not keyed:
         raise InvalidArgumentError(f"{node.where()}: a {cls.__name__} level must list its keys in meta.json")
@@ -279,7 +279,7 @@ def _build(node: Any, ctx: _Ctx) -> Any:
     batch_size = torch.Size(meta.get("shape", ()))
     device = saved_device if target is None else target
     if cls is TensorDict or not issubclass(cls, TensorDict):
-        result = TensorDict._new_unsafe(leaves, batch_size=batch_size, device=device)
+        result = TensorDict._new_unsafe(leaves, batch_size=batch_size, device=device)  # type: ignore[arg-type]
     else:
         result = cls(leaves, batch_size=batch_size, device=device)
     names = meta.get("_names")
@@ -528,7 +528,7 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
     load_memmap.__doc__ = orig_load_memmap.__doc__
     load_memmap.__name__ = orig_load_memmap.__name__
     load_memmap.__qualname__ = orig_load_memmap.__qualname__
-    load_memmap.__wrapped__ = orig_load_memmap
+    load_memmap.__wrapped__ = orig_load_memmap  # type: ignore[attr-defined]  # functools.wraps-style marker
     return {
         "is_memmap_archive": is_memmap_archive,
         "pack_memmap": pack_memmap,
@@ -546,7 +546,7 @@ def _patch_points() -> list[tuple[Any, str, str]]:
     from tensordict import _archive
     from tensordict._base import serialization
 
-    points = []
+    points: list[tuple[Any, str, str]] = []
     for name in ("is_memmap_archive", "pack_memmap", "unpack_memmap", "refresh_archive_checksums",
                  "_save_as_archive", "_make_archive_like"):  # fmt: skip
         for module in (_archive, serialization, tensordict):

@@ -183,7 +183,7 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
             # CRC-32 batches run in order on all cores (nogil kernel) in a
             # background thread, ahead of this thread's sequential writes: a
             # local header is written as soon as its entry's CRC is known.
-            jobs = []
+            jobs: list[tuple[Any, Any]] = []
             for batch in _batches(pending, stored_size):
                 addrs = np.fromiter((sources[i].ctypes.data for i in batch), np.int64, len(batch))
                 job = pool.submit(run_parallel, crc32_spans, addrs, stored_size[batch].copy(), CRC_CHUNK,
@@ -317,7 +317,7 @@ def _rows(fields: dict, start: int, stop: int) -> dict:
     return {k: (v if k == "dos" else v[start:stop]) for k, v in fields.items()}
 
 
-def write_segments(fd: int, segments: list[tuple[int, object]]) -> None:
+def write_segments(fd: int, segments: list[tuple[int, Any]]) -> None:
     """Writes ``(offset, buffer)`` segments, batching contiguous runs into ``pwritev``."""
     i = 0
     while i < len(segments):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import math
@@ -106,7 +107,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return dt * 1e3, out
 
 
-def measure(fn: Callable[[], Any], repeat: int, *, before: Callable[[int], None] | None = None,
+def measure(fn: Callable[[int], Any], repeat: int, *, before: Callable[[int], None] | None = None,
             after: Callable[[int, Any], None] | None = None) -> list[float]:  # fmt: skip
     """One warm-up run (index 0) then ``repeat`` timed runs; returns the timed runs in ms.
 
@@ -117,7 +118,7 @@ def measure(fn: Callable[[], Any], repeat: int, *, before: Callable[[int], None]
     for i in range(repeat + 1):
         if before is not None:
             before(i)
-        ms, out = _timed(lambda i=i: fn(i))
+        ms, out = _timed(functools.partial(fn, i))
         if after is not None:
             after(i, out)
         del out
@@ -280,7 +281,9 @@ def _run(workloads, ops, formats, size_mib, repeat, cold, directory, progress, s
     if compression is not None:
         if compression not in COMPRESSIONS:
             raise ValueError(f"unknown compression {compression!r}; choose from {', '.join(COMPRESSIONS)}")
-        all_workloads, all_ops, all_formats = COMPRESSED_WORKLOADS, COMPRESSED_OPS, COMPRESSED_FORMATS
+        all_workloads: tuple[str, ...] = COMPRESSED_WORKLOADS
+        all_ops: tuple[str, ...] = COMPRESSED_OPS
+        all_formats: tuple[str, ...] = COMPRESSED_FORMATS
         if workloads is WORKLOADS:
             workloads = COMPRESSED_WORKLOADS
         if ops is OPS:
@@ -323,6 +326,7 @@ def _run(workloads, ops, formats, size_mib, repeat, cold, directory, progress, s
             w = make_workload(wname, size_mib, seed)
             res.workloads[wname] = f"{w.description} = {w.nbytes / 2**20:.1f} MiB"
             res.nbytes[wname] = w.nbytes
+            fmts: dict[str, Format]
             if compression is None:
                 fmts = {n: FORMAT_CLASSES[n]() for n in fmt_names}
             else:
@@ -430,9 +434,9 @@ def _measure_cell(op: str, w: Workload, fmt: Format, artifact: Path, wdir: Path,
             for p in written:
                 _remove(p)
 
-    before = (lambda i: drop_cache(artifact)) if cold else None
+    dropping: Callable[[int], None] | None = (lambda i: drop_cache(artifact)) if cold else None
     if op == "open":
-        return measure(lambda i: fmt.open(artifact), repeat, before=before)
+        return measure(lambda i: fmt.open(artifact), repeat, before=dropping)
     if op in ("read", "load"):  # load: the compressed section's open + sum of every leaf
         def after(i: int, out: Any) -> None:
             if i == 0:
@@ -441,11 +445,11 @@ def _measure_cell(op: str, w: Workload, fmt: Format, artifact: Path, wdir: Path,
                     res.notes.append(f"{w.name}/{op}/{fmt.name}: WARNING: sum of leaves {total!r} "
                                      f"differs from the in-memory sum {ref_total!r}")  # fmt: skip
 
-        return measure(lambda i: fmt.read(w, artifact), repeat, before=before, after=after)
+        return measure(lambda i: fmt.read(w, artifact), repeat, before=dropping, after=after)
     if op == "verify":
         import tdz_numba
 
-        return measure(lambda i: tdz_numba.verify(artifact), repeat, before=before)
+        return measure(lambda i: tdz_numba.verify(artifact), repeat, before=dropping)
     raise ValueError(f"unknown op {op!r}")  # pragma: no cover
 
 

@@ -26,8 +26,8 @@ def plot(res: BenchResult, path: str | os.PathLike) -> Path:
     for i, wname in enumerate(wnames):
         for j, op in enumerate(ops):
             ax = axes[i][j]
-            cells = [(f, res.cell(wname, op, f)) for f in cols]
-            cells = [(f, c) for f, c in cells if c is not None]
+            found = [(f, res.cell(wname, op, f)) for f in cols]
+            cells = [(f, c) for f, c in found if c is not None]
             xs = range(len(cells))
             vals = [c["median_ms"] for _, c in cells]
             bars = ax.bar(xs, vals, color=[COLORS.get(f, "#333333") for f, _ in cells])

@@ -54,7 +54,7 @@ def machine_info() -> str:
     try:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        affinity = os.cpu_count()
+        affinity = os.cpu_count() or 1
     threads = ""
     try:
         import torch
@@ -62,7 +62,7 @@ def machine_info() -> str:
         threads = f" (torch threads {torch.get_num_threads()}"
         import numba
 
-        threads += f", numba threads {numba.config.NUMBA_NUM_THREADS})"
+        threads += f", numba threads {numba.config.NUMBA_NUM_THREADS})"  # type: ignore[attr-defined]
     except Exception:  # pragma: no cover
         threads += ")" if threads else ""
     return (f"machine: {os.cpu_count()} cpus, {affinity} usable{threads}, {platform.platform()}, "
@@ -212,8 +212,8 @@ def goal_lines(res: BenchResult) -> list[str]:
             lines.append(f"size ratio {w} (uncompressed / file, {human(n)}): "
                          + ", ".join(f"{f} {r:.2f}x" for f, r in ratios))  # fmt: skip
         for op in res.ops:
-            cells = [(f, res.cell(w, op, f)) for f in _columns(res)]
-            cells = [(f, c) for f, c in cells if c is not None and c["median_ms"] > 0]
+            found = [(f, res.cell(w, op, f)) for f in _columns(res)]
+            cells = [(f, c) for f, c in found if c is not None and c["median_ms"] > 0]
             if cells and n:
                 lines.append(f"throughput {w}/{op} (uncompressed MB/s): "
                              + ", ".join(f"{f} {n / c['median_ms'] / 1e3:.0f}" for f, c in cells))  # fmt: skip

@@ -130,7 +130,7 @@ def make_workload(name: str, size_mib: float, seed: int = 0) -> Workload:
         images = torch.from_numpy(make_images(leaves * per_leaf, image, seed))
         shape = ", ".join(map(str, image))
         if name == "images_flat":
-            tree = {"images": images}
+            tree: dict[str, Any] = {"images": images}
             description = f"1 x uint8[{leaves * per_leaf}, {shape}] (image-like)"
         else:
             chunks = images.split(per_leaf)  # leaf k = images k*B .. (k+1)*B - 1, own storage
