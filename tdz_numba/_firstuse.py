@@ -35,7 +35,7 @@ def _kernel_name(data: Any) -> str | None:
     dispatcher = data.get("dispatcher") if isinstance(data, dict) else None
     func = getattr(dispatcher, "py_func", None)
     module = getattr(func, "__module__", "") or ""
-    if not module.startswith("tdz_numba."):
+    if func is None or not module.startswith("tdz_numba."):
         return None
     return f"{module}.{func.__qualname__}"
 

@@ -372,7 +372,7 @@ class Archive(Mapping):
         if kind == "value":
             return spec.leaf
         if kind == "file":
-            return self._state.source.file_value(spec)
+            return self._state.source.file_value(spec)  # type: ignore[attr-defined]  # "file" children: TdzSource only
         sub = self._sub(spec.path)
         plain, value = sub._plain_value()
         return value if plain else sub

@@ -63,7 +63,7 @@ def info_dict(path: str | os.PathLike) -> dict[str, Any]:
             return _info_other(ar, path)
         from . import records
 
-        index = ar.source.index
+        index = ar.source.index  # type: ignore[attr-defined]  # format "tdz": a TdzSource
         index.check_all()  # payload offsets of every entry
         names = index.names
         table = index.table

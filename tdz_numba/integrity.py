@@ -71,7 +71,7 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
     try:
         if ar.format != "tdz":
             return _verify_other(ar, path, progress)
-        index = ar.source.index
+        index = ar.source.index  # type: ignore[attr-defined]  # format "tdz": a TdzSource
         index.check_all()  # every central record and local header
         table = index.table
         methods = table["method"]

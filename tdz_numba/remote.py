@@ -498,7 +498,7 @@ def verify_remote(target: Any, *, storage_options: dict[str, Any] | None = None,
             for spec in node._level()[1].values():
                 if spec.kind == "leaf":
                     leaves += 1
-                    ar.source.check_leaf(spec.leaf)
+                    ar.source.check_leaf(spec.leaf)  # type: ignore[attr-defined]  # a remote .tdz: TdzSource
                 elif spec.kind == "level":
                     stack.append(node._sub(spec.path))
         return VerifyReport(index.path, len(index.names), levels, leaves, int(index.table["size"].sum()))

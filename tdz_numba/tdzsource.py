@@ -164,7 +164,7 @@ class TdzSource(Source):
             meta, prefix, lambda: index.listing(prefix),
             lambda sub: sub + "meta.json" in index or index.is_dir(sub), self.where(meta_name),
         )  # fmt: skip
-        result = LevelInfo(keyed, {c.key: c for c in children}, meta)
+        result = LevelInfo(keyed, {c.key: c for c in children}, meta)  # type: ignore[misc]  # tree.ChildSpec has sources.Child's fields
         self._levels[prefix] = result
         return result
 
@@ -264,15 +264,16 @@ class TdzSource(Source):
         if len(leaf.shape) != 2:
             raise BadArchiveError(f"{where}: nested leaf shape {list(leaf.shape)} must be [n, ndim]")
         n, ndim = leaf.shape
-        if leaf.shape_entry not in index:
-            raise BadArchiveError(f"{where}: nested leaf {leaf.key!r} has no {leaf.shape_entry!r}")
-        raw = index.read(leaf.shape_entry, check_crc=False)
+        shape_entry = leaf.shape_entry
+        if shape_entry is None or shape_entry not in index:
+            raise BadArchiveError(f"{where}: nested leaf {leaf.key!r} has no {shape_entry!r}")
+        raw = index.read(shape_entry, check_crc=False)
         if raw.size != n * ndim * 8:
             raise BadArchiveError(
-                f"{self.where(leaf.shape_entry)}: expected {n * ndim * 8} bytes of sizes, found {raw.size}"
+                f"{self.where(shape_entry)}: expected {n * ndim * 8} bytes of sizes, found {raw.size}"
             )
         sizes = torch.from_numpy(raw.copy().view(np.int64).reshape(n, ndim))
-        numel = check_nested_sizes(sizes.numpy(), dtype.itemsize, self.where(leaf.shape_entry))
+        numel = check_nested_sizes(sizes.numpy(), dtype.itemsize, self.where(shape_entry))
         if numel == 0:
             buf = torch.empty(0, dtype=dtype)
         else:
@@ -289,10 +290,11 @@ class TdzSource(Source):
 
     def nested_shapes(self, leaf: LeafSpec) -> list[list[int]] | None:
         """The component shapes of a nested leaf (from its small ``.shape.memmap``), or None."""
-        if not leaf.nested or leaf.shape_entry not in self.index or len(leaf.shape) != 2:
+        shape_entry = leaf.shape_entry
+        if not leaf.nested or shape_entry is None or shape_entry not in self.index or len(leaf.shape) != 2:
             return None
         n, ndim = leaf.shape
-        raw = self.index.read(leaf.shape_entry, check_crc=False)
+        raw = self.index.read(shape_entry, check_crc=False)
         if raw.size != n * ndim * 8:
             return None
         return raw.copy().view(np.int64).reshape(n, ndim).tolist()
