@@ -163,7 +163,7 @@ def _metadata_entry(metadata: Any) -> Any:
 def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | None = None,
          allow_pickle: bool = False, num_threads: int | None = None, copy: bool = False,
          device: Any = None, dtype: Any = None,
-         storage_options: dict[str, Any] | None = None) -> _archive.Archive:  # fmt: skip
+         storage_options: dict[str, Any] | None = None, direct: bool = False) -> _archive.Archive:  # fmt: skip
     """Opens a tensor file lazily as a read-only :class:`~tdz_numba.Archive` mapping.
 
     The format is detected from the file's bytes: ``.tdz`` archives, and,
@@ -202,6 +202,11 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
     copy : bool
         Leaves are owned tensors (read with parallel ``preadv`` by
         ``to_dict``/:func:`load`) instead of views of the file's mapping.
+    direct : bool
+        With ``copy=True``: page-aligned leaves (``save(..., align="auto")`` or a
+        page ``align``) are read with ``O_DIRECT`` into page-aligned buffers,
+        bypassing the page cache (nothing of the file stays cached); other leaves,
+        and file systems that refuse ``O_DIRECT``, use buffered reads.
     device : str or torch.device, optional
         Where leaves go: ``"cpu"``, ``"cuda"`` (through pinned staging memory),
         ``"meta"`` (dtype and shape only: no payload is read), ...
@@ -237,19 +242,19 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
     with user_errors(path):
         return _archive.open_archive(as_local_path(path), mode=mode, subpath=subpath, allow_pickle=allow_pickle,
                                      num_threads=num_threads, copy=copy, device=device,
-                                     dtype=dtype)  # fmt: skip
+                                     dtype=dtype, direct=direct)  # fmt: skip
 
 
 def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: str = "r",
          allow_pickle: bool = False, num_threads: int | None = None, copy: bool = False,
          device: Any = None, dtype: Any = None, nest: str | None = None,
-         storage_options: dict[str, Any] | None = None) -> Level:  # fmt: skip
+         storage_options: dict[str, Any] | None = None, direct: bool = False) -> Level:  # fmt: skip
     """Loads a tensor file (any format :func:`open` reads) as nested dicts of tensors and plain values.
 
     The dicts are :class:`~tdz_numba.Level` objects that also carry each
     level's metadata; tensors are views into one mapping of the file (see
     :func:`open` for ``mode``, ``subpath``, ``allow_pickle``, ``num_threads``,
-    ``copy``, ``device`` and ``dtype``). Every leaf is resolved in one bulk
+    ``copy``, ``direct``, ``device`` and ``dtype``). Every leaf is resolved in one bulk
     pass; compressed leaves are inflated together, in parallel. ``nest="."``
     splits flat names (``"model.layers.0.weight"``) into nested dicts.
 
@@ -269,7 +274,7 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
     with user_errors(path, action="load"):
         return _archive.load(as_local_path(path), subpath=subpath, mode=mode, allow_pickle=allow_pickle,
                              num_threads=num_threads, copy=copy, device=device,
-                             dtype=dtype, nest=nest)  # fmt: skip
+                             dtype=dtype, nest=nest, direct=direct)  # fmt: skip
 
 
 def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,

@@ -31,6 +31,7 @@ import torch
 
 from .dtypes import numpy_dtype
 from .errors import InvalidArgumentError, MissingKeyError, UnsupportedError
+from .leafmemory import LeafMemory
 from .sources import LevelInfo, Location, Source, tensor_from_spec
 from .tdzsource import LeafInfo
 from .tree import NON_TENSOR_DATA_TYPE, Level, class_name, encode_key
@@ -49,6 +50,7 @@ class _State:
         self.copy = copy
         self.device = None if device is None else torch.device(device)
         self.dtype = dtype
+        self.direct = False  # copy=True leaves read with O_DIRECT where page-aligned
         self.views: dict[str, Archive] = {}
 
 
@@ -110,7 +112,7 @@ def _missing(where: str, key: object, have: list[str], level: str) -> MissingKey
     return MissingKeyError(text)
 
 
-class Archive(Mapping):
+class Archive(LeafMemory, Mapping):
     """A lazy, read-only mapping over one level of an opened file (any format).
 
     Keys are the level's keys. Values are ``torch.Tensor`` leaves (views into
@@ -441,9 +443,10 @@ class Archive(Mapping):
 
         return materialize(self, [c.leaf for c in children])
 
-    def prefetch(self) -> None:
+    def materialize(self) -> None:
         """Resolves every leaf below this level now, in one bulk pass (they are cached:
-        later accesses are dictionary lookups). Compressed leaves are inflated together."""
+        later accesses are dictionary lookups). Compressed leaves are inflated together.
+        (:meth:`prefetch` reads pages ahead instead.)"""
         from .bulk import materialize
 
         if self._state.copy or self._state.device is not None:

@@ -42,9 +42,15 @@ COPY_PIECE = 8 << 20
 _SMALL_COPY = 4 << 20
 
 
-def read_into(path: str | os.PathLike, jobs: list[tuple[int, np.ndarray]], num_threads: int | None = None) -> None:
+def read_into(path: str | os.PathLike, jobs: list[tuple[int, np.ndarray]], num_threads: int | None = None,
+              direct: bool = False) -> bool:  # fmt: skip
     """Reads ``(file offset, destination uint8 array)`` jobs from ``path`` with
     parallel ``os.preadv``; raises :class:`~tdz_numba.BadArchiveError` on a short read.
+
+    With ``direct=True`` the file is opened with ``O_DIRECT`` (no page cache): every job's
+    offset and destination address must then be page-aligned and its length a whole
+    number of pages (the caller over-allocates); where the file system refuses
+    ``O_DIRECT`` the reads are buffered. Returns whether ``O_DIRECT`` was used.
 
     Examples
     --------
@@ -53,7 +59,7 @@ def read_into(path: str | os.PathLike, jobs: list[tuple[int, np.ndarray]], num_t
     >>> with tempfile.NamedTemporaryFile() as f:
     ...     _ = f.write(bytes(range(10))); f.flush()
     ...     out = np.empty(4, np.uint8)
-    ...     read_into(f.name, [(3, out)])
+    ...     _ = read_into(f.name, [(3, out)])
     ...     print(out.tolist())
     [3, 4, 5, 6]
     """
@@ -63,8 +69,16 @@ def read_into(path: str | os.PathLike, jobs: list[tuple[int, np.ndarray]], num_t
         for start in range(0, len(view), COPY_PIECE):
             pieces.append((offset + start, view[start : start + COPY_PIECE]))
     if not pieces:
-        return
-    fd = os.open(path, os.O_RDONLY)
+        return False
+    fd = -1
+    if direct and hasattr(os, "O_DIRECT"):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError:  # a file system without O_DIRECT (EINVAL): buffered reads
+            fd = -1
+    used_direct = fd >= 0
+    if fd < 0:
+        fd = os.open(path, os.O_RDONLY)
     try:
 
         def one(piece: tuple[int, memoryview]) -> None:
@@ -73,6 +87,8 @@ def read_into(path: str | os.PathLike, jobs: list[tuple[int, np.ndarray]], num_t
             while done < len(mv):
                 n = os.preadv(fd, [mv[done:]], off + done)
                 if n <= 0:
+                    if used_direct and done:  # O_DIRECT past the end of the file: the padding of the last page
+                        return
                     raise BadArchiveError(f"{path}: short read at offset {off + done} (file truncated?)")
                 done += n
 
@@ -85,6 +101,7 @@ def read_into(path: str | os.PathLike, jobs: list[tuple[int, np.ndarray]], num_t
                 list(pool.map(one, pieces))
     finally:
         os.close(fd)
+    return used_direct
 
 
 def _u8(t: torch.Tensor) -> np.ndarray:
@@ -92,22 +109,35 @@ def _u8(t: torch.Tensor) -> np.ndarray:
     return (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).numpy()
 
 
-def _copy_tdz(source: Any, leaves: list[Any], num_threads: int | None) -> list[torch.Tensor]:
-    """Owned tensors of ``.tdz`` leaves: stored ones read with parallel preadv."""
+def _copy_tdz(source: Any, leaves: list[Any], num_threads: int | None, direct: bool = False) -> list[torch.Tensor]:
+    """Owned tensors of ``.tdz`` leaves: stored ones read with parallel preadv (``direct``:
+    page-aligned ones with O_DIRECT into page-aligned buffers)."""
+    from .memory import PAGE_SIZE, aligned_empty
+
     views = source.tensors(leaves)
     total = sum(t.numel() * t.element_size() for t in views if not t.is_nested)
     out: list[torch.Tensor] = []
     jobs: list[tuple[int, np.ndarray]] = []
-    base = source.index.buffer.ctypes.data if total >= _SMALL_COPY else 0
+    direct_jobs: list[tuple[int, np.ndarray]] = []
+    base = source.index.buffer.ctypes.data if (total >= _SMALL_COPY or direct) else 0
     for t in views:
         shared = (base and not t.is_nested and t.numel() and t.untyped_storage().data_ptr() == base)
         if shared:
-            owned = torch.empty(t.shape, dtype=t.dtype)
-            jobs.append((t.data_ptr() - base, _u8(owned)))
+            offset = t.data_ptr() - base
+            nbytes = t.numel() * t.element_size()
+            if direct and offset % PAGE_SIZE == 0:
+                buf = aligned_empty(-(-nbytes // PAGE_SIZE) * PAGE_SIZE)  # whole pages, page-aligned
+                direct_jobs.append((offset, buf))
+                owned = torch.from_numpy(buf[:nbytes]).view(t.dtype).view(t.shape)
+            else:
+                owned = torch.empty(t.shape, dtype=t.dtype)
+                jobs.append((offset, _u8(owned)))
             out.append(owned)
         else:
             out.append(t.clone())
     read_into(source.path, jobs, num_threads)
+    if direct_jobs:
+        read_into(source.path, direct_jobs, num_threads, direct=True)
     return out
 
 
@@ -151,7 +181,7 @@ def materialize(ar: Any, leaves: list[Any]) -> list[torch.Tensor]:
     copied = False
     if hasattr(source, "tensors"):
         if state.copy:
-            tensors, copied = _copy_tdz(source, leaves, threads), True
+            tensors, copied = _copy_tdz(source, leaves, threads, getattr(state, "direct", False)), True
         else:
             tensors = source.tensors(leaves)
     elif state.copy:

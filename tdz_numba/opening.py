@@ -36,7 +36,8 @@ __all__ = ["open_archive", "load"]
 def open_archive(path: str | os.PathLike, *, mode: str = "r",
                  subpath: str | tuple[str, ...] | None = None,
                  allow_pickle: bool = False, num_threads: int | None = None,
-                 copy: bool = False, device: Any = None, dtype: Any = None) -> Archive:  # fmt: skip
+                 copy: bool = False, device: Any = None, dtype: Any = None,
+                 direct: bool = False) -> Archive:  # fmt: skip
     """Opens a file lazily; see :func:`tdz_numba.open`."""
     from .archive import Archive  # archive re-exports this module's names
 
@@ -55,6 +56,7 @@ def open_archive(path: str | os.PathLike, *, mode: str = "r",
     source = _open_source(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads, copy=copy)
     fmt = source.format
     state = _State(source, copy=copy, device=device, dtype=dtype)
+    state.direct = bool(direct)
     try:
         if subpath is None:
             return Archive(state, "")
@@ -135,10 +137,11 @@ def _plain_zip(path: str | os.PathLike) -> bool:
 
 def load(path: str | os.PathLike, *, subpath: str | tuple[str, ...] | None = None,
          mode: str = "r", allow_pickle: bool = False, num_threads: int | None = None,
-         copy: bool = False, device: Any = None, dtype: Any = None, nest: str | None = None) -> Level:  # fmt: skip
+         copy: bool = False, device: Any = None, dtype: Any = None, nest: str | None = None,
+         direct: bool = False) -> Level:  # fmt: skip
     """Loads a file as nested dicts; see :func:`tdz_numba.load`."""
     ar = open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
-                      num_threads=num_threads, copy=copy, device=device, dtype=dtype)  # fmt: skip
+                      num_threads=num_threads, copy=copy, device=device, dtype=dtype, direct=direct)  # fmt: skip
     try:
         return ar.to_dict(nest=nest)
     finally:

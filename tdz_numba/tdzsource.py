@@ -75,6 +75,22 @@ class LeafInfo:
     location: Location | None = None
     type_name: str = ""
 
+    @property
+    def evictable(self) -> bool:
+        """Whether the leaf's payload starts on a page of this machine and covers whole
+        pages: :meth:`Archive.evict` can then drop it without touching a neighbour
+        (``save(..., align="auto")`` gives big leaves this)."""
+        from .memory import is_evictable
+
+        return self.zero_copy and self.offset is not None and is_evictable(self.offset, self.stored_nbytes)
+
+    @property
+    def caps(self):
+        """The leaf's :class:`~tdz_numba.leafmemory.Caps` (map, evict, verify, alignment)."""
+        from .leafmemory import leaf_caps
+
+        return leaf_caps(self, self.crc is not None)
+
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Element strides of a C-contiguous tensor of ``shape``."""
@@ -203,12 +219,14 @@ class TdzSource(Source):
             self._typed[dtype] = typed
         return typed
 
-    def tensor(self, leaf: LeafSpec, copy: bool = False) -> torch.Tensor:
-        """The tensor of one leaf (cached; ``copy=True``: an owned copy, not cached)."""
+    def tensor(self, leaf: LeafSpec, copy: bool = False, cache: bool = True) -> torch.Tensor:
+        """The tensor of one leaf (cached; ``copy=True``: an owned copy, not cached;
+        ``cache=False``: not kept (a streamed, inflated leaf is freed with its last reference))."""
         cached = self._tensors.get(leaf.entry)
         if cached is None:
             cached = self._make_leaf(leaf)
-            self._tensors[leaf.entry] = cached
+            if cache:
+                self._tensors[leaf.entry] = cached
         return cached.clone() if copy else cached
 
     def _make_leaf(self, leaf: LeafSpec) -> torch.Tensor:

@@ -349,7 +349,7 @@ def load(path: str | os.PathLike, *, subpath: Any = None, mode: str | None = "r"
     try:
         node = _subpath_node(ar, subpath)
         if not ctx.no_data:
-            node.prefetch()
+            node.materialize()
         return _build(node, ctx)
     finally:
         ar.close()
