@@ -222,7 +222,7 @@ def test_public_level_api(tmp_path):
             ar.leaf("a")
         with pytest.raises(MissingKeyError):
             ar.sublevel("d")
-        ar.prefetch()
+        ar.materialize()
         assert ar.where_is("d").nbytes == 8
 
 
