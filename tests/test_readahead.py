@@ -1,0 +1,66 @@
+"""memory.readahead: WILLNEED hints on the ranges a bulk load hands out (merged, capped, never an error)."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+import torch
+
+import tdz_numba
+from tdz_numba import memory
+from tdz_numba.errors import InvalidArgumentError
+
+
+class _Spy:
+    """An mmap stand-in that records madvise calls."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def madvise(self, option: int, start: int, length: int) -> None:
+        self.calls.append((option, start, length))
+
+
+def test_merges_sorts_and_skips_bad_ranges():
+    spy = _Spy(64 << 20)
+    got = memory.readahead(spy, [8 << 20, 0, -1, 1 << 20, 60 << 20], [1 << 20, 1 << 20, 5, 1 << 20, 8 << 20],
+                           gap=0)  # fmt: skip
+    # [0, 2 MiB) merged (adjacent), [8, 9 MiB) alone, the negative and the out-of-bounds ranges skipped
+    assert spy.calls == [(mmap.MADV_WILLNEED, 0, 2 << 20), (mmap.MADV_WILLNEED, 8 << 20, 1 << 20)]
+    assert got == 3 << 20
+    spy = _Spy(64 << 20)
+    assert memory.readahead(spy, [0, 8 << 20], [1 << 20, 1 << 20], gap=16 << 20) == 9 << 20
+    assert spy.calls == [(mmap.MADV_WILLNEED, 0, 9 << 20)]
+
+
+def test_unaligned_start_is_rounded_down_to_a_page():
+    spy = _Spy(8 << 20)
+    memory.readahead(spy, [memory.PAGE_SIZE + 10], [2 << 20])
+    assert spy.calls == [(mmap.MADV_WILLNEED, memory.PAGE_SIZE, (2 << 20) + 10)]
+
+
+def test_small_totals_are_not_hinted():
+    spy = _Spy(8 << 20)
+    assert memory.readahead(spy, np.arange(10) * 4096, np.full(10, 100)) == 0
+    assert spy.calls == []
+
+
+def test_mismatched_lengths_refused():
+    with pytest.raises(InvalidArgumentError):
+        memory.readahead(_Spy(10), [0, 1], [1])
+
+
+def test_real_mapping_and_bulk_load_values_unchanged(tmp_path, monkeypatch):
+    tree = {"a": torch.randn(300_000), "b": {"c": torch.arange(400_000, dtype=torch.float64)}, "s": torch.ones(3)}
+    path = tdz_numba.save(tree, tmp_path / "x.tdz", durable=False)
+    seen = []
+    real = memory.readahead
+    monkeypatch.setattr(memory, "readahead", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    out = tdz_numba.load(path)
+    assert torch.equal(out["a"], tree["a"]) and torch.equal(out["b"]["c"], tree["b"]["c"])
+    assert seen and seen[0] >= 300_000 * 4 + 400_000 * 8
