@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import memory, records
+from . import records
 from .bounds import check_nested_sizes, parse_meta
 from .dtypes import dtype_table, torch_dtype
 from .errors import BadArchiveError, InvalidArgumentError, UnsupportedError
@@ -419,8 +419,6 @@ class TdzSource(Source):
             sizes[found] = table["size"][rows[found]]
             methods[found] = table["method"][rows[found]]
             offs, szs, mets = offsets.tolist(), sizes.tolist(), methods.tolist()
-            if (mm := getattr(index, "_mmap", None)) is not None:  # cold bulk reads stream (perf)
-                memory.readahead(mm, offsets[methods == 0], sizes[methods == 0])
         else:
             offs = szs = mets = [-1] * n
         dtypes = DTYPES
