@@ -258,6 +258,52 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
     pass; compressed leaves are inflated together, in parallel. ``nest="."``
     splits flat names (``"model.layers.0.weight"``) into nested dicts.
 
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file, memmap directory or safetensors index; for ``.tdz`` archives
+        also an fsspec URL (see :func:`open`).
+    subpath : str or tuple of str, optional
+        Load only the level at ``"a/b"`` or ``("a", "b")``.
+    mode : {"r", "r+"}
+        ``"r+"``: leaves are shared views, in-place writes reach the file.
+    allow_pickle : bool
+        Unpickle ``other.pickle`` / ``pickle.pkl`` data (trusted files only).
+    num_threads : int, optional
+        Threads that inflate compressed leaves (None: all cores).
+    copy : bool
+        Owned tensors, read with parallel ``preadv``, instead of views.
+    device : str or torch.device, optional
+        Where the leaves go (``"meta"``: shapes and dtypes only).
+    dtype : torch.dtype, optional
+        Floating-point (and complex) leaves are cast to it.
+    nest : str, optional
+        Split flat names on this separator into nested dicts.
+    storage_options : dict, optional
+        Options of the fsspec filesystem of a URL.
+
+    Returns
+    -------
+    Level
+        Nested dicts (with each level's ``meta``) of tensors and plain values.
+
+    Raises
+    ------
+    BadArchiveError
+        Not a readable file of any supported format, or a malformed one
+        (:class:`~tdz_numba.ChecksumError` for a CRC mismatch of an inflated
+        or remote entry).
+    MissingKeyError
+        ``subpath`` names no level (also a ``KeyError``).
+    InvalidArgumentError
+        A bad ``mode``, ``num_threads``, ``device``, ``dtype`` or ``nest``.
+    UnsupportedError
+        A leaf this reader cannot produce (e.g. ``mode="r+"`` on a
+        compressed leaf), or a file object.
+    FileMissingError, AccessDeniedError
+        The file is missing or not readable, naming the user's path (also
+        ``FileNotFoundError`` / ``PermissionError``).
+
     Examples
     --------
     >>> import tempfile, pathlib, torch, tdz_numba
@@ -281,8 +327,44 @@ def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
          compresslevel: int | None = None, num_threads: int | None = None,
          progress: bool | None = None, durable: bool = True, align: int | str | None = None,
          align_threshold: int | None = None) -> Path:  # fmt: skip
-    """Packs a tensordict memmap directory into an archive (like ``zip -0 -r``, aligned;
-    ``align``/``align_threshold`` as in :func:`save`).
+    """Packs a tensordict memmap directory into an archive (like ``zip -0 -r``, aligned).
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        A tensordict memmap directory (what ``TensorDict.memmap`` writes).
+    path : str or os.PathLike
+        The archive to write (replaced atomically); also an fsspec URL.
+    compression : {None, "deflate", "bzip2", "lzma"}, optional
+        Codec of the payloads, as for :func:`save` (None: stored).
+    compresslevel : int, optional
+        Codec level, as for :func:`save`.
+    num_threads : int, optional
+        Threads for CRCs and compression (None: all cores).
+    progress : bool, optional
+        A tqdm progress bar on stderr (None: only when stderr is a terminal).
+    durable : bool
+        ``fsync`` the file and its directory before returning.
+    align, align_threshold : optional
+        Payload alignment, as for :func:`save`.
+
+    Returns
+    -------
+    pathlib.Path
+        The archive written.
+
+    Raises
+    ------
+    FileMissingError
+        ``directory`` does not exist (also a ``FileNotFoundError``).
+    AccessDeniedError, DiskFullError
+        The target is not writable, or the disk is full (also ``OSError``
+        subclasses); an old archive at ``path`` stays intact.
+    ArchiveExistsError
+        ``path`` is a directory.
+    InvalidArgumentError, UnknownCompressionError
+        A bad ``num_threads``, ``align`` or ``compresslevel``; an unknown
+        ``compression``.
 
     Examples
     --------
@@ -376,6 +458,27 @@ def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None)
 def is_archive(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> bool:
     """Whether ``path`` is a file holding a zip archive with a top-level ``meta.json``.
 
+    It answers as :func:`open` would: True only when the root ``meta.json``
+    is a JSON object. It never raises for a missing, unreadable or malformed
+    file (that is a False).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file; also an fsspec URL.
+    storage_options : dict, optional
+        Options of the fsspec filesystem of a URL.
+
+    Returns
+    -------
+    bool
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``path`` is not a path, URL or file object (e.g. an int). Everything
+        else, including an unreachable URL, answers False.
+
     Examples
     --------
     >>> import tdz_numba
@@ -391,11 +494,31 @@ def verify(path: PathLike, *, progress: bool | None = None,
            storage_options: dict[str, Any] | None = None) -> _integrity.VerifyReport:
     """Checks every entry's CRC-32 (in parallel) and the archive's structure.
 
-    Returns a :class:`~tdz_numba.VerifyReport`; raises
-    :class:`~tdz_numba.ChecksumError` naming the first bad entry, or
-    :class:`~tdz_numba.BadArchiveError` for a structural fault. ``progress``:
-    a tqdm bar on stderr (None: only when stderr is a terminal), as for
-    :func:`save`, :func:`pack` and :func:`unpack`.
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The archive (or another format :func:`open` reads); also an fsspec URL.
+    progress : bool, optional
+        A tqdm bar on stderr (None: only when stderr is a terminal), as for
+        :func:`save`, :func:`pack` and :func:`unpack`.
+    storage_options : dict, optional
+        Options of the fsspec filesystem of a URL.
+
+    Returns
+    -------
+    VerifyReport
+        Counts of the entries and leaves checked.
+
+    Raises
+    ------
+    ChecksumError
+        A CRC-32 mismatch, naming the first bad entry (after ``mode="r+"``
+        writes: run :func:`refresh_checksums` / ``tdz refresh``).
+    BadArchiveError
+        A structural fault (headers, offsets, a leaf's size).
+    FileMissingError, AccessDeniedError
+        The file is missing or not readable, naming the user's path (also
+        ``FileNotFoundError`` / ``PermissionError``).
 
     Examples
     --------
@@ -416,6 +539,26 @@ def refresh_checksums(path: PathLike) -> Path:
 
     Updates local headers (or data descriptors, in foreign zips) and central
     records in place, so that ``unzip -t`` and :func:`verify` pass again.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A local archive.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    BadArchiveError
+        Not a readable archive, or a malformed one.
+    UnsupportedError
+        A URL or a file object.
+    FileMissingError, AccessDeniedError
+        The file is missing or not readable, naming the user's path (also
+        ``FileNotFoundError`` / ``PermissionError``).
 
     Examples
     --------
@@ -446,7 +589,40 @@ def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: b
     SIGBUS on a later write through the mapping. ``reserve=False`` leaves the
     file sparse (no disk used until written; then a full disk kills the
     process with SIGBUS). This is tensordict's ``memmap_like`` to a ``.tdz``.
-    ``durable``, ``align``, ``align_threshold``: as for :func:`save`.
+
+    Parameters
+    ----------
+    template : nested dicts, TensorDict or tensorclass
+        The tree whose leaves' shapes and dtypes the archive gets (meta-device
+        and expanded tensors are fine).
+    path : str or os.PathLike
+        The archive to create.
+    existsok : bool
+        Overwrite an existing file (False: raise :class:`ArchiveExistsError`).
+    durable : bool
+        ``fsync`` the file and its directory before returning.
+    reserve : bool
+        Allocate the file's blocks now (True) or leave it sparse (False).
+    align, align_threshold : optional
+        Payload alignment, as for :func:`save`.
+
+    Returns
+    -------
+    Archive
+        The new archive, open with ``mode="r+"``: write into its leaves, then
+        ``close(refresh=True)`` (or :func:`refresh_checksums`).
+
+    Raises
+    ------
+    InvalidTreeError
+        A value of ``template`` that cannot be written.
+    ArchiveExistsError
+        ``existsok=False`` and the file exists, or ``path`` is a directory.
+    AccessDeniedError, DiskFullError
+        Not writable, or no space for the reserved blocks (also ``OSError``
+        subclasses); nothing is left behind.
+    InvalidArgumentError
+        A bad ``align`` or ``align_threshold``.
 
     Examples
     --------

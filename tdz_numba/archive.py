@@ -136,7 +136,17 @@ class Archive(LeafMemory, Mapping):
     Raises
     ------
     BadArchiveError
-        The level's description in the file is malformed.
+        The level's description in the file is malformed (also raised on
+        access, for a leaf whose entry is malformed; :class:`ChecksumError`
+        for a CRC mismatch of an inflated or fetched entry).
+    MissingKeyError
+        ``ar[key]`` for a key the level does not have; the message names the
+        level and lists its keys (also a ``KeyError``).
+    UnsupportedError
+        A leaf that cannot be produced as asked (e.g. a compressed leaf of an
+        archive opened with ``mode="r+"``).
+    InvalidArgumentError
+        A leaf accessed after :meth:`close`.
 
     Examples
     --------
