@@ -94,6 +94,7 @@ class LeafMemory:
         """The mapped byte ranges of leaf ``key``, or of every leaf below level ``key``
         (None: this level), in file order. Leaves that are not views of a mapping
         (compressed, copied) are skipped."""
+        node: Any  # an Archive (this mixin's host class)
         if key is None:
             node, keys = self, [k for k, _ in self.leaves()]  # type: ignore[attr-defined]
         else:
