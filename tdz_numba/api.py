@@ -132,7 +132,10 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
     if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: streamed
         from .remote_write import save_remote
 
-        return save_remote(flatten(tree), path, storage_options=storage_options, existsok=existsok,  # type: ignore[return-value]
+        entries = flatten(tree)
+        if metadata is not None:
+            entries.append(_metadata_entry(metadata))
+        return save_remote(entries, path, storage_options=storage_options, existsok=existsok,  # type: ignore[return-value]
                            compression=compression, compresslevel=compresslevel, num_threads=num_threads)  # fmt: skip
     with user_errors(path, action="write"):
         target = _writer.check_target(path, existsok)

@@ -354,7 +354,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     nest = None if args.flat else args.nest
     compression = None if args.compression == "stored" else args.compression
     out = tdz_numba.convert(args.src, args.dst, nest=nest, compression=compression, progress=_want_progress(args))
-    size = os.path.getsize(out)
+    if isinstance(out, str) and "://" in out:  # an fsspec URL (streamed there)
+        import fsspec
+
+        fs, where = fsspec.core.url_to_fs(out)
+        size = int(fs.size(where))
+    else:
+        size = os.path.getsize(out)
     print(f"{out}: converted from {args.src}, {size} bytes ({_human(size)})")
     return EXIT_OK
 

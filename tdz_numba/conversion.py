@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .errors import InvalidArgumentError, InvalidTreeError
+from .errors import InvalidArgumentError, InvalidTreeError, UnsupportedError
 
 __all__ = ["convert", "write_safetensors", "SAFETENSORS_DTYPES"]
 
@@ -54,11 +54,16 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, nest: str | None 
 
     if nest is not None and (not isinstance(nest, str) or not nest):
         raise InvalidArgumentError(f"nest must be a non-empty str or None, got {nest!r}")
-    dst = Path(dst)
+    from .remote import is_remote
+
+    remote_dst = is_remote(dst)  # an fsspec URL: api.save streams the .tdz there
+    dst = dst if remote_dst else Path(dst)  # type: ignore[assignment]
+    if remote_dst and str(dst).endswith(".safetensors"):
+        raise UnsupportedError(f"{dst}: safetensors output goes to a local file; convert to a .tdz URL instead")
     ar = api.open(src)
     try:
-        if dst.suffix == ".safetensors":
-            return write_safetensors(ar, dst, sep=nest or ".", progress=progress)
+        if not remote_dst and dst.suffix == ".safetensors":  # type: ignore[union-attr]
+            return write_safetensors(ar, dst, sep=nest or ".", progress=progress)  # type: ignore[arg-type]
         tree: Any = ar.to_dict()
         if nest is not None and ar.format != "tdz":
             tree = nest_flat(tree, nest)

@@ -229,6 +229,9 @@ def test_memory_and_file_objects(tmp_path):
     # a streamed save is byte-identical to a local save, but for the timestamps
     local = tdz_numba.save(tree, tmp_path / "one.tdz").read_bytes()
     assert len(local) == len(buf.getvalue())
+    tdz_numba.save(tree, url, metadata={"step": 7})  # the file's own metadata travels too
+    with tdz_numba.open(url) as ar:
+        assert ar.metadata == {"step": 7}
     fs.rm("/tdz-tests", recursive=True)
 
 
@@ -337,6 +340,8 @@ def test_cli_accepts_urls(http, tmp_path, capsys):
         assert main(argv) == 0, argv
     out = capsys.readouterr().out
     assert '"ok": true' in out and "obs" in out
+    assert main(["convert", url, "memory://tdz-cli/c.tdz"]) == 0  # remote in, remote out
+    assert tdz_numba.load("memory://tdz-cli/c.tdz")["r"].tolist() == [1.0, 1.0, 1.0]
     bad = http.put("cli-bad.tdz", p.read_bytes()[:-10])
     assert main(["verify", bad]) == 2
     assert "cli-bad.tdz" in capsys.readouterr().err
@@ -440,3 +445,20 @@ def test_many_groups_pipelined_with_drops(http, wide, monkeypatch):
     _assert_tree_equal(back, tree)
     assert sum(m == "GET-DROPPED" for m, *_ in http.log) == 2
     assert http.bytes_served - sum(n for m, _, _, n in http.log if m == "GET-DROPPED") <= len(data)
+
+
+def test_convert_to_and_from_urls(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.arange(6.0)}, tmp_path / "m.safetensors")
+    url = "memory://tdz-conv/m.tdz"
+    tdz_numba.convert(tmp_path / "m.safetensors", url)
+    assert tdz_numba.load(url)["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    tdz_numba.convert(url, tmp_path / "back.safetensors")  # a remote .tdz as the source
+    assert tdz_numba.load(tmp_path / "back.safetensors")["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    with pytest.raises(tdz_numba.UnsupportedError, match="memory://tdz-conv/m.safetensors"):
+        tdz_numba.convert(tmp_path / "m.safetensors", "memory://tdz-conv/m.safetensors")
+    assert not Path("memory:").exists()
+    import fsspec
+
+    fsspec.filesystem("memory").rm("/tdz-conv", recursive=True)
