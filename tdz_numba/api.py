@@ -282,6 +282,8 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
         Floating-point (and complex) leaves are cast to it.
     nest : str, optional
         Split flat names on this separator into nested dicts.
+    direct : bool
+        With ``copy=True``: page-aligned leaves read with ``O_DIRECT`` (see :func:`open`).
     storage_options : dict, optional
         Options of the fsspec filesystem of a URL.
 
