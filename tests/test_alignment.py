@@ -6,13 +6,13 @@ tensordict 0.15.3.
 """
 
 import shutil
-import struct
 import subprocess
 import zipfile
 
 import numpy as np
 import pytest
 import torch
+from ziputil import parse_zip
 
 import tdz_numba
 from tdz_numba.errors import InvalidArgumentError
@@ -24,14 +24,7 @@ KIB = 1024
 
 def payload_offsets(path):
     """name -> payload offset, from each local header (fixed part + name + extra)."""
-    out = {}
-    data = path.read_bytes()
-    with zipfile.ZipFile(path) as zf:
-        for info in zf.infolist():
-            sig, name_len, extra_len = struct.unpack_from("<I22xHH", data, info.header_offset)
-            assert sig == 0x04034B50
-            out[info.filename] = info.header_offset + 30 + name_len + extra_len
-    return out
+    return {r.name: r.payload for r in parse_zip(path.read_bytes()).records}  # tests/ziputil.py
 
 
 def tree_of(sizes):

@@ -189,7 +189,7 @@ def test_corrupt_streams_raise_tdz_errors(codec):
         pieces: list[bytes] = []
         try:
             n = codecs.stream_member(data, codecs.CODEC_METHODS[codec], len(b), zlib.crc32(b), None,
-                                     lambda piece: pieces.append(piece.tobytes()), "c", chunk=4096)  # fmt: skip
+                                     lambda piece, out=pieces: out.append(piece.tobytes()), "c", chunk=4096)  # fmt: skip
         except TdzError:
             refused += 1
         else:

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ziputil import zero_timestamps
+from ziputil import parse_zip, payload_offset, zero_timestamps
 
 import tdz_numba
 from tdz_numba import codec_kernels, codecs
@@ -157,13 +157,12 @@ class LocalEntry:
         self.info = info
         self.name = info.filename
         h = info.header_offset
-        assert buf[h : h + 4] == b"PK\x03\x04"
         self.header_offset = h
         self.central_offset = central_offset
+        self.payload_offset = payload_offset(buf, h)
         name_len, extra_len = struct.unpack_from("<HH", buf, h + 26)
         self.extra_offset = h + 30 + name_len
-        self.extra = bytes(buf[self.extra_offset : self.extra_offset + extra_len])
-        self.payload_offset = self.extra_offset + extra_len
+        self.extra = bytes(buf[self.extra_offset : self.payload_offset])
         self.blocks = []  # (id, offset of the body in the file, body)
         pos = 0
         while pos + 4 <= len(self.extra):
@@ -191,15 +190,9 @@ def zip_entries(path) -> dict[str, LocalEntry]:
     buf = Path(path).read_bytes()
     with zipfile.ZipFile(path) as z:
         infos = z.infolist()
-        pos = z.start_dir
-    out = {}
-    for info in infos:
-        assert buf[pos : pos + 4] == b"PK\x01\x02"
-        name_len, extra_len, comment_len = struct.unpack_from("<HHH", buf, pos + 28)
-        assert buf[pos + 46 : pos + 46 + name_len].decode("utf-8") == info.filename
-        out[info.filename] = LocalEntry(info, buf, pos)
-        pos += 46 + name_len + extra_len + comment_len
-    return out
+    records = parse_zip(buf).records  # tests/ziputil.py: the one hand parser
+    assert [r.name for r in records] == [info.filename for info in infos]
+    return {info.filename: LocalEntry(info, buf, r.cpos) for info, r in zip(infos, records)}
 
 
 def patch_file(path, offset: int, data: bytes) -> None:

@@ -39,10 +39,12 @@ from tdz_numba import (
     UnsupportedError,
 )
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from ziputil import parse_zip  # noqa: E402
+
 # ---------------------------------------------------------------------------
 # zip parsing / patching helpers (independent of tdz_numba)
 # ---------------------------------------------------------------------------
-CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # 46 bytes
 EOCD = struct.Struct("<4sHHHHIIH")  # 22 bytes
 ZIP64_END = struct.Struct("<4sQHHIIQQQQ")
 ZIP64_LOCATOR = struct.Struct("<4sIQI")
@@ -74,24 +76,10 @@ class Zip:
 
     def __init__(self, data: bytes) -> None:
         self.data = bytearray(data)
-        self.eocd = bytes(self.data).rfind(b"PK\x05\x06")
-        assert self.eocd >= 0
-        (_, _, _, _, count, cd_size, cd_off, _) = EOCD.unpack_from(self.data, self.eocd)
-        self.count, self.cd_size, self.cd_off = count, cd_size, cd_off
-        self.recs: list[Rec] = []
-        p = cd_off
-        for _ in range(count):
-            f = CENTRAL.unpack_from(self.data, p)
-            assert f[0] == 0x02014B50
-            nlen, elen, clen = f[10], f[11], f[12]
-            name = bytes(self.data[p + 46 : p + 46 + nlen]).decode()
-            hoff = f[16]
-            assert bytes(self.data[hoff : hoff + 4]) == b"PK\x03\x04"
-            lnlen, lelen = struct.unpack_from("<HH", self.data, hoff + 26)
-            self.recs.append(Rec(name, p, hoff, f[8], f[9], f[7], 46 + nlen + elen + clen,
-                                 hoff + 30 + lnlen + lelen))  # fmt: skip
-            p += 46 + nlen + elen + clen
-        assert p == cd_off + cd_size
+        parsed = parse_zip(self.data)  # tests/ziputil.py: the one hand parser
+        self.eocd, self.count, self.cd_size, self.cd_off = parsed.eocd, parsed.count, parsed.cd_size, parsed.cd_off
+        self.recs: list[Rec] = [Rec(r.name, r.cpos, r.hoff, r.csize, r.usize, r.crc, r.clen, r.payload)
+                                for r in parsed.records]  # fmt: skip
 
     @classmethod
     def of(cls, path) -> Zip:
