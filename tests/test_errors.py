@@ -720,19 +720,7 @@ def test_corrupted_compressed_stream(compression, how, tmp_path):
     _raises(BadArchiveError, lambda: tdz_numba.unpack(path, tmp_path / "out"), "a.memmap")
 
 
-def test_compressed_leaf_refused_in_r_plus(tmp_path):
-    path = tdz_numba.save({"a": torch.zeros(100)}, tmp_path / "c.tdz", compression="deflate")
-    with tdz_numba.open(path, mode="r+") as ar:
-        _raises(UnsupportedError, lambda: ar["a"], "a")
-
-
-def test_unknown_compression_name(tmp_path):
-    path = tmp_path / "x.tdz"
-    err = _raises(TdzError, lambda: tdz_numba.save({"a": torch.ones(2)}, path, compression="zstd99"),
-                  "zstd99")  # fmt: skip
-    assert isinstance(err, (UnsupportedError, InvalidArgumentError))
-    assert not path.exists()
-    assert list(tmp_path.iterdir()) == []
+# r+ on compressed leaves and unknown compression names: tests/test_compression.py
 
 
 # ---------------------------------------------------------------------------
