@@ -25,6 +25,7 @@ from . import remote as _remote
 from . import writer as _writer
 from ._paths import as_local_path, user_errors
 from .errors import FileMissingError
+from .tdcompat import converter as tdcompat_converter
 from .tree import Level, flatten
 
 __all__ = ["save", "open", "load", "pack", "unpack", "is_archive", "verify",
@@ -132,14 +133,14 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
     if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: streamed
         from .remote_write import save_remote
 
-        entries = flatten(tree)
+        entries = flatten(tree, convert=tdcompat_converter())
         if metadata is not None:
             entries.append(_metadata_entry(metadata))
         return save_remote(entries, path, storage_options=storage_options, existsok=existsok,  # type: ignore[return-value]
                            compression=compression, compresslevel=compresslevel, num_threads=num_threads)  # fmt: skip
     with user_errors(path, action="write"):
         target = _writer.check_target(path, existsok)
-        entries = flatten(tree)
+        entries = flatten(tree, convert=tdcompat_converter())
         if metadata is not None:
             entries.append(_metadata_entry(metadata))
         return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
@@ -642,7 +643,7 @@ def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: b
     """
     with user_errors(path, action="write"):
         target = _writer.check_target(path, existsok)
-        _writer.write_entries(flatten(template, zeros=True), target, durable=durable, reserve=reserve,
+        _writer.write_entries(flatten(template, zeros=True, convert=tdcompat_converter()), target, durable=durable, reserve=reserve,
                               align=align, align_threshold=align_threshold)  # fmt: skip
         return _archive.open_archive(target, mode="r+")
 

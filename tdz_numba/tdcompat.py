@@ -26,7 +26,25 @@ import torch
 from .errors import InvalidTreeError
 from .tree import FORMAT_VERSION, Level, RawFile
 
-__all__ = ["level_from_tensordict"]
+__all__ = ["level_from_tensordict", "converter"]
+
+
+def converter(allow_pickle: bool = False):
+    """The converter :func:`tdz_numba.tree.flatten` takes for tensordict collections, or None
+    when tensordict is not imported (then no tensordict object can exist).
+
+    ``allow_pickle`` is kept for nested collections too.
+
+    >>> from tdz_numba.tdcompat import converter
+    >>> callable(converter())
+    True
+    """
+    import functools
+    import sys
+
+    if "tensordict" not in sys.modules:
+        return None
+    return functools.partial(level_from_tensordict, allow_pickle=allow_pickle)
 
 
 def _class_id(cls: type) -> str:

@@ -369,40 +369,42 @@ def _leaf_entries(t: torch.Tensor, name: str, zeros: bool) -> tuple[dict[str, An
     return meta, [Entry(name, data=byte_view(t), nbytes=nbytes)]
 
 
-def _as_level(value: Any) -> Mapping | None:
-    """``value`` as a level to write: a Level, a tensordict collection (converted,
-    only when tensordict is already imported), another Mapping; else None."""
-    import sys
+#: Turns a value into a :class:`Level` (a tensordict collection, ...), or returns None.
+Converter = Callable[[Any], "Level | None"]
 
+
+def _as_level(value: Any, convert: Converter | None) -> Mapping | None:
+    """``value`` as a level to write: a Level, what ``convert`` makes of it (a
+    tensordict collection), another Mapping; else None."""
     if isinstance(value, Level):
         return value
-    if "tensordict" in sys.modules:
-        from .tdcompat import level_from_tensordict
-
-        converted = level_from_tensordict(value)
+    if convert is not None:
+        converted = convert(value)
         if converted is not None:
             return converted
     return value if isinstance(value, Mapping) else None
 
 
-def flatten(tree: Any, *, zeros: bool = False) -> list[Entry]:
+def flatten(tree: Any, *, zeros: bool = False, convert: Converter | None = None) -> list[Entry]:
     """Entries of the archive for ``tree``, in tensordict's order.
 
     Depth first; at each level ``meta.json``, then the other files sorted by
     name, then the sub-directories sorted by name. With ``zeros=True`` payload
-    entries carry no data (``allocate``).
+    entries carry no data (``allocate``). ``convert`` turns other collections
+    into levels (the caller's choice: ``save`` passes
+    :func:`tdz_numba.tdcompat.converter` for tensordict collections).
     """
-    root = _as_level(tree)
+    root = _as_level(tree, convert)
     if root is None:
         raise InvalidTreeError(
             f"save expects a mapping (dict, Level or TensorDict), got {type(tree).__name__}"
         )
     out: list[Entry] = []
-    _flatten_level(root, "", out, zeros)
+    _flatten_level(root, "", out, zeros, convert)
     return out
 
 
-def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool) -> None:
+def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool, convert: Converter | None) -> None:
     where = prefix.rstrip("/") or "<root>"
     files: dict[str, Entry] = {}
     dirs: dict[str, Any] = {}
@@ -445,7 +447,7 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool) -
                 meta[key] = {"type": "NonTensorData"}
                 add_dir(fname, non_tensor_level(value))
             else:
-                child = _as_level(value)
+                child = _as_level(value, convert)
                 if child is None:
                     if isinstance(value, (list, tuple)) and any(
                         isinstance(v, (torch.Tensor, np.ndarray)) for v in value
@@ -472,8 +474,8 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool) -
         for name, value in level.items():
             if isinstance(value, RawFile):
                 add_file(name, Entry(prefix + name, data=value.data))
-            elif _as_level(value) is not None:
-                add_dir(name, _as_level(value))
+            elif _as_level(value, convert) is not None:
+                add_dir(name, _as_level(value, convert))
             else:
                 raise InvalidTreeError(
                     f"{prefix + name}: a {class_name(meta)} level holds only levels and "
@@ -491,7 +493,7 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool) -
             e.name = prefix + fname
         out.append(e)
     for dname in sorted(dirs):
-        _flatten_level(dirs[dname], prefix + dname + "/", out, zeros)
+        _flatten_level(dirs[dname], prefix + dname + "/", out, zeros, convert)
 
 
 # ---------------------------------------------------------------------------
