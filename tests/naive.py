@@ -54,16 +54,24 @@ def naive_zip64_fields(size: int, csize: int, header_offset: int) -> int:
 
 def naive_plan(name_len, sizes, align, local_more=None):
     """Per entry ``(header_offset, pad or -1, payload_offset)``, then the end of the data:
-    a local header is 30 + name + other extras + [4 + pad] + 20 (zip64 extra)."""
+    a local header is 30 + name + other extras + [4 + pad] + 20 (zip64 extra). The
+    extra field (other extras + 4 + pad + 20) holds at most 65,535 bytes: when the
+    padding would not fit, the header starts later by the excess (a gap)."""
     pos, out = 0, []
     local_more = local_more or [0] * len(name_len)
     for n, s, a, more in zip(name_len, sizes, align, local_more):
-        base = pos + 30 + n + more + 20
         pad = -1
         if a > 1:
-            base += 4
-            pad = -base % a
+            fixed_extra = more + 4 + 20
+            while True:  # one byte at a time: the slow, obvious search for a header start that fits
+                base = pos + 30 + n + fixed_extra
+                pad = -base % a
+                if fixed_extra + pad <= 0xFFFF:
+                    break
+                pos += 1
             base += pad
+        else:
+            base = pos + 30 + n + more + 20
         out.append((pos, pad, base))
         pos = base + s
     return out, pos
@@ -78,8 +86,24 @@ def naive_local_header(name: bytes, *, crc, size, csize, method, dos, pad, flags
     if pad is not None:
         extra += struct.pack("<HH", 0x6474, pad) + bytes(pad)
     extra += struct.pack("<HHQQ", 1, 16, size, csize)
-    return struct.pack("<IHHHHHIIIHH", 0x04034B50, _version(method), flags, method, dos[0], dos[1], crc,
-                       0xFFFFFFFF, 0xFFFFFFFF, len(name), len(extra)) + name + extra  # fmt: skip
+    return (
+        struct.pack(
+            "<IHHHHHIIIHH",
+            0x04034B50,
+            _version(method),
+            flags,
+            method,
+            dos[0],
+            dos[1],
+            crc,
+            0xFFFFFFFF,
+            0xFFFFFFFF,
+            len(name),
+            len(extra),
+        )
+        + name
+        + extra
+    )
 
 
 def naive_central_record(name: bytes, *, crc, size, csize, method, dos, pad, flags, header_offset) -> bytes:
@@ -89,10 +113,30 @@ def naive_central_record(name: bytes, *, crc, size, csize, method, dos, pad, fla
     if pad is not None:
         extra += struct.pack("<HH", 0x6474, pad) + bytes(pad)
     v = _version(method)
-    return struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, v | 3 << 8, v, flags, method, dos[0], dos[1], crc,
-                       0xFFFFFFFF if bits & 1 else csize, 0xFFFFFFFF if bits & 1 else size, len(name),
-                       len(extra), 0, 0, 0, 0o644 << 16,
-                       0xFFFFFFFF if bits & 2 else header_offset) + name + extra  # fmt: skip
+    return (
+        struct.pack(
+            "<IHHHHHHIIIHHHHHII",
+            0x02014B50,
+            v | 3 << 8,
+            v,
+            flags,
+            method,
+            dos[0],
+            dos[1],
+            crc,
+            0xFFFFFFFF if bits & 1 else csize,
+            0xFFFFFFFF if bits & 1 else size,
+            len(name),
+            len(extra),
+            0,
+            0,
+            0,
+            0o644 << 16,
+            0xFFFFFFFF if bits & 2 else header_offset,
+        )
+        + name
+        + extra
+    )
 
 
 def naive_end_records(count: int, cd_offset: int, cd_size: int) -> bytes:
@@ -114,8 +158,13 @@ def naive_archive(names, payloads, align, *, dos=(0, 33), methods=None) -> bytes
         pad = None
         if a > 1:
             pad = -(len(out) + 30 + len(raw) + 4 + 20) % a
-        kw = dict(crc=zlib.crc32(data), size=len(data), csize=len(data), method=m, dos=dos, pad=pad, flags=flags)
-        central += naive_central_record(raw, header_offset=len(out), **kw)
+        kw = dict(
+            crc=zlib.crc32(data), size=len(data), csize=len(data), method=m, dos=dos, pad=pad, flags=flags
+        )
+        # tensordict copies its 64-byte padding block into the central record; page paddings stay local
+        central += naive_central_record(
+            raw, header_offset=len(out), **{**kw, "pad": pad if a == 64 else None}
+        )
         out += naive_local_header(raw, **kw) + data
     return out + central + naive_end_records(len(names), len(out), len(central))
 
@@ -132,8 +181,9 @@ def naive_index(buf: bytes, check_local: bool):
         count, cd_size, cd_offset = struct.unpack_from("<QQQ", buf, z + 32)
     rows, p = [], cd_offset
     for _ in range(count):
-        (sig, _, _, flags, method, _, _, crc, csize, size, nlen, elen, clen, _, _, _, hoff) = struct.unpack_from(
-            "<IHHHHHHIIIHHHHHII", buf, p)  # fmt: skip
+        (sig, _, _, flags, method, _, _, crc, csize, size, nlen, elen, clen, _, _, _, hoff) = (
+            struct.unpack_from("<IHHHHHHIIIHHHHHII", buf, p)
+        )
         if sig != 0x02014B50:
             raise ValueError("central signature")
         name = buf[p + 46 : p + 46 + nlen]

@@ -20,27 +20,66 @@ def test_offsets_are_spelled_only_in_records():
     """Record offsets and sizes live in records.py; other modules use the names."""
     pattern = re.compile(r"(\+ ?(14|16|18|22|26|28|30|42|46)\b)|\b\d+ ?\* ?46\b|<I22xHH|<4sHHHHIIH")
     offenders = []
-    for path in [PACKAGE / f for f in ("kernels.py", "reader.py", "integrity.py", "layout.py", "writer.py",
-                                       "archive.py", "remote.py", "remote_write.py")]:  # fmt: skip
+    for path in [
+        PACKAGE / f
+        for f in (
+            "kernels.py",
+            "reader.py",
+            "integrity.py",
+            "layout.py",
+            "writer.py",
+            "archive.py",
+            "remote.py",
+            "remote_write.py",
+        )
+    ]:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line.split("#")[0]):
                 offenders.append(f"{path.name}:{n}: {line.strip()}")
     assert offenders == []
 
 
-@pytest.mark.parametrize("size, csize, hoff", [
-    (0, 0, 0), (records.ZIP64_LIMIT, records.ZIP64_LIMIT, records.ZIP64_LIMIT),
-    (records.ZIP64_LIMIT + 1, 10, 0), (10, records.ZIP64_LIMIT + 1, 0), (10, 10, records.ZIP64_LIMIT + 1),
-    (2 * GIB + 64, 2 * 1024 * 1024, 0), (5 * GIB, 5 * GIB, 9 * GIB), (1 << 62, 1, 1 << 40),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "size, csize, hoff",
+    [
+        (0, 0, 0),
+        (records.ZIP64_LIMIT, records.ZIP64_LIMIT, records.ZIP64_LIMIT),
+        (records.ZIP64_LIMIT + 1, 10, 0),
+        (10, records.ZIP64_LIMIT + 1, 0),
+        (10, 10, records.ZIP64_LIMIT + 1),
+        (2 * GIB + 64, 2 * 1024 * 1024, 0),
+        (5 * GIB, 5 * GIB, 9 * GIB),
+        (1 << 62, 1, 1 << 40),
+    ],
+)
 def test_central_zip64_matches_zipfile_rule(size, csize, hoff):
     assert int(records.central_zip64([size], [csize], [hoff])[0]) == naive_zip64_fields(size, csize, hoff)
-    got = records.central_directory([b"x.memmap"], crc=[7], size=[size], csize=[csize], method=[8], dos=(0, 33),
-                                    pad=[-1], flags=[0], header_offset=[hoff],
-                                    zip64=records.central_zip64([size], [csize], [hoff]))  # fmt: skip
-    assert got == naive_central_record(b"x.memmap", crc=7, size=size, csize=csize, method=8, dos=(0, 33),
-                                       pad=None, flags=0, header_offset=hoff)  # fmt: skip
-    assert len(got) == int(records.central_record_len([8], records.central_zip64([size], [csize], [hoff]), [-1])[0])
+    got = records.central_directory(
+        [b"x.memmap"],
+        crc=[7],
+        size=[size],
+        csize=[csize],
+        method=[8],
+        dos=(0, 33),
+        pad=[-1],
+        flags=[0],
+        header_offset=[hoff],
+        zip64=records.central_zip64([size], [csize], [hoff]),
+    )
+    assert got == naive_central_record(
+        b"x.memmap",
+        crc=7,
+        size=size,
+        csize=csize,
+        method=8,
+        dos=(0, 33),
+        pad=None,
+        flags=0,
+        header_offset=hoff,
+    )
+    assert len(got) == int(
+        records.central_record_len([8], records.central_zip64([size], [csize], [hoff]), [-1])[0]
+    )
 
 
 def test_deflated_leaf_over_2gib_plans_the_central_directory_it_writes():
@@ -53,12 +92,30 @@ def test_deflated_leaf_over_2gib_plans_the_central_directory_it_writes():
     methods = [records.STORED, records.DEFLATED, records.STORED]
     p = layout.plan(names, csize, [0, 0, 64], methods, size=size, local_more=[0, 2000, 0])
     assert list(p.central_zip64) == [0, records.ZIP64_SIZES, 0]
-    cd = records.central_directory(p.names, crc=[1, 2, 3], size=p.size, csize=p.data_size, method=p.methods,
-                                   dos=(0, 33), pad=p.pad, flags=p.flags, header_offset=p.header_offset,
-                                   zip64=p.central_zip64)  # fmt: skip
+    cd = records.central_directory(
+        p.names,
+        crc=[1, 2, 3],
+        size=p.size,
+        csize=p.data_size,
+        method=p.methods,
+        dos=(0, 33),
+        pad=p.pad,
+        flags=p.flags,
+        header_offset=p.header_offset,
+        zip64=p.central_zip64,
+    )
     assert len(cd) == p.cd_size
-    heads = records.local_headers(p.names, crc=[1, 2, 3], size=p.size, csize=p.data_size, method=p.methods,
-                                  dos=(0, 33), pad=p.pad, flags=p.flags, more=[b"", bytes(2000), b""])  # fmt: skip
+    heads = records.local_headers(
+        p.names,
+        crc=[1, 2, 3],
+        size=p.size,
+        csize=p.data_size,
+        method=p.methods,
+        dos=(0, 33),
+        pad=p.pad,
+        flags=p.flags,
+        more=[b"", bytes(2000), b""],
+    )
     assert [int(h) + len(x) for h, x in zip(p.header_offset, heads)] == [int(x) for x in p.payload_offset]
 
 
@@ -69,13 +126,16 @@ def test_plan_matches_naive_archive_and_zipfile(tmp_path):
     p = layout.plan(names, [len(x) for x in payloads], align, [0] * 4)
     expected = naive_archive(names, payloads, align, dos=(0, 33))
     crc = [zipfile.crc32(x) for x in payloads]
-    kw = dict(crc=crc, size=p.size, csize=p.data_size, method=p.methods, dos=(0, 33), pad=p.pad, flags=p.flags)
+    kw = dict(
+        crc=crc, size=p.size, csize=p.data_size, method=p.methods, dos=(0, 33), pad=p.pad, flags=p.flags
+    )
     buf = bytearray(p.file_size)
     for i, head in enumerate(records.local_headers(p.names, **kw)):
         h = int(p.header_offset[i])
         buf[h : h + len(head) + len(payloads[i])] = head + payloads[i]
-    buf[p.cd_offset :] = records.central_directory(p.names, header_offset=p.header_offset, zip64=p.central_zip64,
-                                                   **kw) + records.end_records(4, p.cd_offset, p.cd_size, False)  # fmt: skip
+    buf[p.cd_offset :] = records.central_directory(
+        p.names, header_offset=p.header_offset, zip64=p.central_zip64, **{**kw, "pad": p.central_pad}
+    ) + records.end_records(4, p.cd_offset, p.cd_size, False)
     assert bytes(buf) == expected
     with zipfile.ZipFile(io.BytesIO(expected)) as zf:
         assert [zf.read(n) for n in names] == payloads
@@ -86,8 +146,12 @@ def test_plan_refuses_bad_alignments_and_long_names():
 
     with pytest.raises(InvalidArgumentError):
         layout.plan(["a"], [1], [3], [0])
-    with pytest.raises(InvalidArgumentError):  # the padding would not fit a 16-bit extra length
-        layout.plan(["a"], [1], [1 << 17], [0])
+    # a padding larger than a 16-bit extra length holds starts the header later (a gap) instead
+    p = layout.plan(["x", "a"], [5, 1], [0, 1 << 17], [0, 0])
+    assert int(p.payload_offset[1]) % (1 << 17) == 0 and 0 <= int(p.pad[1]) <= 0xFFFF - 24
+    assert int(p.header_offset[1]) > 30 + 1 + 20 + 5  # the gap after the first entry
+    with pytest.raises(InvalidArgumentError):  # other extra blocks leave no room for a padding block
+        layout.plan(["a"], [1], [64], [0], local_more=[0xFFFF])
     with pytest.raises(InvalidTreeError):
         layout.plan(["x" * 70_000], [1], [0], [0])
 
@@ -133,7 +197,9 @@ def test_find_end_record_never_raises_anything_but_tdz_errors(zip64):
 def test_find_end_record_huge_values_are_out_of_range():
     buf = bytearray(_zip(True))
     z = len(buf) - 22 - 20 - 56
-    buf[z + records.Zip64End.CD_OFFSET : z + records.Zip64End.CD_OFFSET + 8] = (2**64 - 5).to_bytes(8, "little")
+    buf[z + records.Zip64End.CD_OFFSET : z + records.Zip64End.CD_OFFSET + 8] = (2**64 - 5).to_bytes(
+        8, "little"
+    )
     with pytest.raises(BadArchiveError) as info:
         records.find_end_record(bytes(buf), "x.zip")
     assert info.value.found > len(buf) and info.value.path == "x.zip"
