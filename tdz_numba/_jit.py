@@ -22,9 +22,22 @@ from numba.extending import intrinsic
 
 from . import _firstuse  # noqa: F401  (the first-compile notice)
 
-__all__ = ["KERNEL", "PARALLEL", "HAVE_ZNG_CRC", "HAVE_ZNG_CODEC", "zng_crc32_z", "zng_deflateInit2",
-           "zng_deflate", "zng_deflateEnd", "zng_inflateInit2", "zng_inflate", "zng_inflateEnd",
-           "u8_pointer", "run_parallel", "check_num_threads"]  # fmt: skip
+__all__ = [
+    "KERNEL",
+    "PARALLEL",
+    "HAVE_ZNG_CRC",
+    "HAVE_ZNG_CODEC",
+    "zng_crc32_z",
+    "zng_deflateInit2",
+    "zng_deflate",
+    "zng_deflateEnd",
+    "zng_inflateInit2",
+    "zng_inflate",
+    "zng_inflateEnd",
+    "u8_pointer",
+    "run_parallel",
+    "check_num_threads",
+]
 
 #: Serial kernels: no Python objects, GIL released, cached on disk.
 KERNEL: dict[str, Any] = {"nogil": True, "cache": True}
@@ -41,8 +54,14 @@ def _register(lib: ctypes.CDLL, name: str) -> bool:
     return True
 
 
-_CODEC_SYMBOLS = ("zng_deflateInit2", "zng_deflate", "zng_deflateEnd", "zng_inflateInit2",
-                  "zng_inflate", "zng_inflateEnd")  # fmt: skip
+_CODEC_SYMBOLS = (
+    "zng_deflateInit2",
+    "zng_deflate",
+    "zng_deflateEnd",
+    "zng_inflateInit2",
+    "zng_inflate",
+    "zng_inflateEnd",
+)
 try:
     from zlib_ng import zlib_ng as _zlib_ng_ext
 
@@ -66,9 +85,7 @@ zng_inflate = types.ExternalFunction("zng_inflate", _I32(_STREAM, _I32))
 zng_inflateEnd = types.ExternalFunction("zng_inflateEnd", _I32(_STREAM))
 
 #: ``uint32_t zng_crc32_z(uint32_t crc, const uint8_t *buf, size_t len)``
-zng_crc32_z = types.ExternalFunction(
-    "zng_crc32_z", types.uint32(types.uint32, types.voidptr, types.uintp)
-)
+zng_crc32_z = types.ExternalFunction("zng_crc32_z", types.uint32(types.uint32, types.voidptr, types.uintp))
 
 
 @intrinsic
@@ -105,8 +122,11 @@ def check_num_threads(num_threads: object) -> int | None:
     if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
         from .errors import InvalidArgumentError
 
-        raise InvalidArgumentError(f"num_threads must be an int >= 1 or None, got {num_threads!r}",
-                                   expected="an int >= 1 or None", found=num_threads)  # fmt: skip
+        raise InvalidArgumentError(
+            f"num_threads must be an int >= 1 or None, got {num_threads!r}",
+            expected="an int >= 1 or None",
+            found=num_threads,
+        )
     return int(num_threads)
 
 

@@ -118,8 +118,9 @@ def user_errors(path: Any, *, action: str = "open") -> Iterator[None]:
             exc.filename if exc.filename is not None and os.fspath(exc.filename) != os.fspath(path) else None
         )
         hint = "" if other is None or _internal(other) else f" ({other} is missing)"
-        raise _oserror(FileMissingError, errno.ENOENT, f"cannot {action} {path}: no such file or directory{hint}",
-                       path) from None  # fmt: skip
+        raise _oserror(
+            FileMissingError, errno.ENOENT, f"cannot {action} {path}: no such file or directory{hint}", path
+        ) from None
     except PermissionError as exc:
         raise _oserror(
             AccessDeniedError,
@@ -129,11 +130,13 @@ def user_errors(path: Any, *, action: str = "open") -> Iterator[None]:
         ) from None
     except OSError as exc:
         if exc.errno in DISK_FULL_ERRNOS:
-            raise _oserror(DiskFullError, exc.errno or errno.ENOSPC, f"cannot {action} {path}: {_why(exc).lower()}",
-                           path) from None  # fmt: skip
+            raise _oserror(
+                DiskFullError, exc.errno or errno.ENOSPC, f"cannot {action} {path}: {_why(exc).lower()}", path
+            ) from None
         if exc.errno == errno.EROFS:
-            raise _oserror(AccessDeniedError, exc.errno, f"cannot {action} {path}: read-only file system",
-                           path) from None  # fmt: skip
+            raise _oserror(
+                AccessDeniedError, exc.errno, f"cannot {action} {path}: read-only file system", path
+            ) from None
         raise
 
 

@@ -40,15 +40,26 @@ import stat
 import time
 from pathlib import Path
 
-__all__ = ["STALE_AGE", "temp_name", "parse_temp_name", "create_temp_file", "create_temp_dir", "clean",
-           "fsync_directory", "reserve", "umask", "remove_tree"]  # fmt: skip
+__all__ = [
+    "STALE_AGE",
+    "temp_name",
+    "parse_temp_name",
+    "create_temp_file",
+    "create_temp_dir",
+    "clean",
+    "fsync_directory",
+    "reserve",
+    "umask",
+    "remove_tree",
+]
 
 #: Seconds without modification before a dead process's temp entry is removed.
 STALE_AGE = 2.0
 
 _MARK = ".tdz-tmp."
-_PATTERN = re.compile(r"^\.(?P<name>.+)\.tdz-tmp\.(?P<host>[0-9a-f]{6})\.(?P<pid>[1-9][0-9]{0,9})\.[0-9a-f]{8}$",
-                      re.DOTALL)  # fmt: skip
+_PATTERN = re.compile(
+    r"^\.(?P<name>.+)\.tdz-tmp\.(?P<host>[0-9a-f]{6})\.(?P<pid>[1-9][0-9]{0,9})\.[0-9a-f]{8}$", re.DOTALL
+)
 
 
 def _host_tag() -> str:
@@ -181,7 +192,12 @@ def remove_tree(path: str | os.PathLike) -> None:
     if not stat.S_ISDIR(os.lstat(path).st_mode):
         os.unlink(path)
         return
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_DIRECTORY", 0)
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
     root = os.open(path, flags)
     counter = 0
     try:

@@ -28,8 +28,19 @@ from .errors import FileMissingError
 from .tdcompat import converter as tdcompat_converter
 from .tree import Level, flatten
 
-__all__ = ["save", "open", "load", "pack", "unpack", "is_archive", "verify",
-           "refresh_checksums", "allocate", "clean", "convert"]  # fmt: skip
+__all__ = [
+    "save",
+    "open",
+    "load",
+    "pack",
+    "unpack",
+    "is_archive",
+    "verify",
+    "refresh_checksums",
+    "allocate",
+    "clean",
+    "convert",
+]
 
 PathLike = str | os.PathLike
 
@@ -40,12 +51,21 @@ def _check_num_threads(num_threads: object) -> None:
     check_num_threads(num_threads)
 
 
-def save(tree: Any, path: PathLike, *, compression: str | None = None,
-         compresslevel: int | None = None, existsok: bool = True,
-         num_threads: int | None = None, progress: bool | None = None,
-         storage_options: dict[str, Any] | None = None, durable: bool = True,
-         align: int | str | None = None, align_threshold: int | None = None,
-         metadata: dict[str, Any] | None = None) -> Path:  # fmt: skip
+def save(
+    tree: Any,
+    path: PathLike,
+    *,
+    compression: str | None = None,
+    compresslevel: int | None = None,
+    existsok: bool = True,
+    num_threads: int | None = None,
+    progress: bool | None = None,
+    storage_options: dict[str, Any] | None = None,
+    durable: bool = True,
+    align: int | str | None = None,
+    align_threshold: int | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Path:
     """Saves a tree of tensors as a ``.tdz`` archive.
 
     Parameters
@@ -136,16 +156,31 @@ def save(tree: Any, path: PathLike, *, compression: str | None = None,
         entries = flatten(tree, convert=tdcompat_converter())
         if metadata is not None:
             entries.append(_metadata_entry(metadata))
-        return save_remote(entries, path, storage_options=storage_options, existsok=existsok,  # type: ignore[return-value]
-                           compression=compression, compresslevel=compresslevel, num_threads=num_threads)  # fmt: skip
+        return save_remote(
+            entries,
+            path,
+            storage_options=storage_options,
+            existsok=existsok,  # type: ignore[return-value]
+            compression=compression,
+            compresslevel=compresslevel,
+            num_threads=num_threads,
+        )
     with user_errors(path, action="write"):
         target = _writer.check_target(path, existsok)
         entries = flatten(tree, convert=tdcompat_converter())
         if metadata is not None:
             entries.append(_metadata_entry(metadata))
-        return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
-                                     num_threads=num_threads, progress=progress, durable=durable, align=align,
-                                     align_threshold=align_threshold)  # fmt: skip
+        return _writer.write_entries(
+            entries,
+            target,
+            compression=compression,
+            compresslevel=compresslevel,
+            num_threads=num_threads,
+            progress=progress,
+            durable=durable,
+            align=align,
+            align_threshold=align_threshold,
+        )
 
 
 def _metadata_entry(metadata: Any) -> Any:
@@ -164,10 +199,19 @@ def _metadata_entry(metadata: Any) -> Any:
     return Entry(METADATA_ENTRY, data=data)
 
 
-def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | None = None,
-         allow_pickle: bool = False, num_threads: int | None = None, copy: bool = False,
-         device: Any = None, dtype: Any = None,
-         storage_options: dict[str, Any] | None = None, direct: bool = False) -> _archive.Archive:  # fmt: skip
+def open(
+    path: PathLike,
+    *,
+    mode: str = "r",
+    subpath: str | tuple[str, ...] | None = None,
+    allow_pickle: bool = False,
+    num_threads: int | None = None,
+    copy: bool = False,
+    device: Any = None,
+    dtype: Any = None,
+    storage_options: dict[str, Any] | None = None,
+    direct: bool = False,
+) -> _archive.Archive:
     """Opens a tensor file lazily as a read-only :class:`~tdz_numba.Archive` mapping.
 
     The format is detected from the file's bytes: ``.tdz`` archives, and,
@@ -241,18 +285,42 @@ def open(path: PathLike, *, mode: str = "r", subpath: str | tuple[str, ...] | No
     """
     _check_num_threads(num_threads)
     if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: ranged reads
-        return _remote.open_remote(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
-                                   num_threads=num_threads, storage_options=storage_options)  # fmt: skip
+        return _remote.open_remote(
+            path,
+            mode=mode,
+            subpath=subpath,
+            allow_pickle=allow_pickle,
+            num_threads=num_threads,
+            storage_options=storage_options,
+        )
     with user_errors(path):
-        return _archive.open_archive(as_local_path(path), mode=mode, subpath=subpath, allow_pickle=allow_pickle,
-                                     num_threads=num_threads, copy=copy, device=device,
-                                     dtype=dtype, direct=direct)  # fmt: skip
+        return _archive.open_archive(
+            as_local_path(path),
+            mode=mode,
+            subpath=subpath,
+            allow_pickle=allow_pickle,
+            num_threads=num_threads,
+            copy=copy,
+            device=device,
+            dtype=dtype,
+            direct=direct,
+        )
 
 
-def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: str = "r",
-         allow_pickle: bool = False, num_threads: int | None = None, copy: bool = False,
-         device: Any = None, dtype: Any = None, nest: str | None = None,
-         storage_options: dict[str, Any] | None = None, direct: bool = False) -> Level:  # fmt: skip
+def load(
+    path: PathLike,
+    *,
+    subpath: str | tuple[str, ...] | None = None,
+    mode: str = "r",
+    allow_pickle: bool = False,
+    num_threads: int | None = None,
+    copy: bool = False,
+    device: Any = None,
+    dtype: Any = None,
+    nest: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    direct: bool = False,
+) -> Level:
     """Loads a tensor file (any format :func:`open` reads) as nested dicts of tensors and plain values.
 
     The dicts are :class:`~tdz_numba.Level` objects that also carry each
@@ -321,18 +389,41 @@ def load(path: PathLike, *, subpath: str | tuple[str, ...] | None = None, mode: 
     """
     _check_num_threads(num_threads)
     if storage_options is not None or _remote.is_remote(path):
-        return _remote.load_remote(path, subpath=subpath, mode=mode, allow_pickle=allow_pickle,
-                                   num_threads=num_threads, storage_options=storage_options)  # fmt: skip
+        return _remote.load_remote(
+            path,
+            subpath=subpath,
+            mode=mode,
+            allow_pickle=allow_pickle,
+            num_threads=num_threads,
+            storage_options=storage_options,
+        )
     with user_errors(path, action="load"):
-        return _archive.load(as_local_path(path), subpath=subpath, mode=mode, allow_pickle=allow_pickle,
-                             num_threads=num_threads, copy=copy, device=device,
-                             dtype=dtype, nest=nest, direct=direct)  # fmt: skip
+        return _archive.load(
+            as_local_path(path),
+            subpath=subpath,
+            mode=mode,
+            allow_pickle=allow_pickle,
+            num_threads=num_threads,
+            copy=copy,
+            device=device,
+            dtype=dtype,
+            nest=nest,
+            direct=direct,
+        )
 
 
-def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
-         compresslevel: int | None = None, num_threads: int | None = None,
-         progress: bool | None = None, durable: bool = True, align: int | str | None = None,
-         align_threshold: int | None = None) -> Path:  # fmt: skip
+def pack(
+    directory: PathLike,
+    path: PathLike,
+    *,
+    compression: str | None = None,
+    compresslevel: int | None = None,
+    num_threads: int | None = None,
+    progress: bool | None = None,
+    durable: bool = True,
+    align: int | str | None = None,
+    align_threshold: int | None = None,
+) -> Path:
     """Packs a tensordict memmap directory into an archive (like ``zip -0 -r``, aligned).
 
     Parameters
@@ -389,8 +480,13 @@ def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
         if not source.is_dir():
             raise FileMissingError(f"{directory}: no such directory", path=directory)
         entries = _writer.directory_entries(source, Path(os.devnull))
-        return save_remote(entries, path, compression=compression, compresslevel=compresslevel,  # type: ignore[return-value]
-                           num_threads=num_threads)  # fmt: skip
+        return save_remote(
+            entries,
+            path,
+            compression=compression,
+            compresslevel=compresslevel,  # type: ignore[return-value]
+            num_threads=num_threads,
+        )
     with user_errors(path, action="write"):
         target = _writer.check_target(path, True)
         with user_errors(directory, action="pack"):
@@ -398,9 +494,17 @@ def pack(directory: PathLike, path: PathLike, *, compression: str | None = None,
             if not source.exists():
                 raise FileNotFoundError(2, "no such directory", str(source))
             entries = _writer.directory_entries(source, target)
-        return _writer.write_entries(entries, target, compression=compression, compresslevel=compresslevel,
-                                     num_threads=num_threads, progress=progress, durable=durable, align=align,
-                                     align_threshold=align_threshold)  # fmt: skip
+        return _writer.write_entries(
+            entries,
+            target,
+            compression=compression,
+            compresslevel=compresslevel,
+            num_threads=num_threads,
+            progress=progress,
+            durable=durable,
+            align=align,
+            align_threshold=align_threshold,
+        )
 
 
 def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None) -> Path:
@@ -496,8 +600,9 @@ def is_archive(path: PathLike, *, storage_options: dict[str, Any] | None = None)
     return _integrity.is_archive(as_local_path(path))
 
 
-def verify(path: PathLike, *, progress: bool | None = None,
-           storage_options: dict[str, Any] | None = None) -> _integrity.VerifyReport:
+def verify(
+    path: PathLike, *, progress: bool | None = None, storage_options: dict[str, Any] | None = None
+) -> _integrity.VerifyReport:
     """Checks every entry's CRC-32 (in parallel) and the archive's structure.
 
     Parameters
@@ -581,9 +686,16 @@ def refresh_checksums(path: PathLike) -> Path:
         return _integrity.refresh_checksums(as_local_path(path))
 
 
-def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: bool = True,
-             reserve: bool = True, align: int | str | None = None,
-             align_threshold: int | None = None) -> _archive.Archive:  # fmt: skip
+def allocate(
+    template: Any,
+    path: PathLike,
+    *,
+    existsok: bool = True,
+    durable: bool = True,
+    reserve: bool = True,
+    align: int | str | None = None,
+    align_threshold: int | None = None,
+) -> _archive.Archive:
     """Creates a zero-filled archive shaped like ``template``, open with ``mode="r+"``.
 
     Only shapes and dtypes of ``template`` are used: expanded (stride-0)
@@ -643,8 +755,14 @@ def allocate(template: Any, path: PathLike, *, existsok: bool = True, durable: b
     """
     with user_errors(path, action="write"):
         target = _writer.check_target(path, existsok)
-        _writer.write_entries(flatten(template, zeros=True, convert=tdcompat_converter()), target, durable=durable, reserve=reserve,
-                              align=align, align_threshold=align_threshold)  # fmt: skip
+        _writer.write_entries(
+            flatten(template, zeros=True, convert=tdcompat_converter()),
+            target,
+            durable=durable,
+            reserve=reserve,
+            align=align,
+            align_threshold=align_threshold,
+        )
         return _archive.open_archive(target, mode="r+")
 
 
@@ -674,8 +792,14 @@ def clean(directory: PathLike, *, dry_run: bool = False) -> list[Path]:
         return _tempfiles.clean(as_local_path(directory, what="directory"), dry_run=dry_run)
 
 
-def convert(src: PathLike, dst: PathLike, *, nest: str | None = ".", compression: str | None = None,
-            progress: bool | None = None) -> Path:  # fmt: skip
+def convert(
+    src: PathLike,
+    dst: PathLike,
+    *,
+    nest: str | None = ".",
+    compression: str | None = None,
+    progress: bool | None = None,
+) -> Path:
     """Converts any readable tensor file to ``.tdz``, or a ``.tdz`` archive to ``.safetensors``.
 
     Parameters

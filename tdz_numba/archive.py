@@ -88,7 +88,9 @@ def nest_flat(tree: Mapping[str, Any], sep: str = ".") -> dict[str, Any]:
         for i, part in enumerate(parts[:-1]):
             nxt = node.setdefault(part, {})
             if not isinstance(nxt, dict):
-                raise InvalidArgumentError(f"{sep.join(parts[: i + 1])!r} is both a value and a level of {name!r}")
+                raise InvalidArgumentError(
+                    f"{sep.join(parts[: i + 1])!r} is both a value and a level of {name!r}"
+                )
             node = nxt
         last = parts[-1]
         if last in node:
@@ -182,7 +184,9 @@ class Archive(LeafMemory, Mapping):
         if state.closed:
             return
         if refresh and self.mode != "r+":
-            raise InvalidArgumentError(f"{self.path}: close(refresh=True) needs an archive opened with mode='r+'")
+            raise InvalidArgumentError(
+                f"{self.path}: close(refresh=True) needs an archive opened with mode='r+'"
+            )
         path = self.path
         state.source.close()
         state.closed = True
@@ -364,12 +368,18 @@ class Archive(LeafMemory, Mapping):
                 inner = node._inner()
                 if inner is not None:
                     have = [k for k in have if k != _TENSORCLASS_INNER] + list(inner._level()[1])
-                raise _missing(str(self._state.source.path), "/".join(parts[: i + 1]),
-                               have, "/".join(parts[:i]) or self._prefix.rstrip("/"))  # fmt: skip
+                raise _missing(
+                    str(self._state.source.path),
+                    "/".join(parts[: i + 1]),
+                    have,
+                    "/".join(parts[:i]) or self._prefix.rstrip("/"),
+                )
             if i == len(parts) - 1:
                 return node, spec
             if spec.kind != "level":
-                raise MissingKeyError(f"{self.where()}: {'/'.join(parts[: i + 1])!r} is a {spec.kind}, not a level")
+                raise MissingKeyError(
+                    f"{self.where()}: {'/'.join(parts[: i + 1])!r} is a {spec.kind}, not a level"
+                )
             node = node._sub(spec.path)
         raise MissingKeyError(f"{self.where()}: empty key")
 
@@ -530,9 +540,13 @@ class Archive(LeafMemory, Mapping):
         """``(path, spec)`` of every tensor leaf below this level, depth first (any depth)."""
         from .bounds import walk_leaves
 
-        return walk_leaves(self, lambda node: [
-            (k, c.kind, c.leaf if c.kind == "leaf" else node._sub(c.path) if c.kind == "level" else None)
-            for k, c in node._level()[1].items()])  # fmt: skip
+        return walk_leaves(
+            self,
+            lambda node: [
+                (k, c.kind, c.leaf if c.kind == "leaf" else node._sub(c.path) if c.kind == "level" else None)
+                for k, c in node._level()[1].items()
+            ],
+        )
 
     def iter_leaves(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(path, tensor)`` of every tensor leaf below this level, lazily, depth first.
@@ -548,9 +562,17 @@ class Archive(LeafMemory, Mapping):
         """
         from .bounds import walk_leaves
 
-        pairs = walk_leaves(self, lambda node: [
-            (k, c.kind, (node, c) if c.kind == "leaf" else node._sub(c.path) if c.kind == "level" else None)
-            for k, c in node._level()[1].items()])  # fmt: skip
+        pairs = walk_leaves(
+            self,
+            lambda node: [
+                (
+                    k,
+                    c.kind,
+                    (node, c) if c.kind == "leaf" else node._sub(c.path) if c.kind == "level" else None,
+                )
+                for k, c in node._level()[1].items()
+            ],
+        )
         for path, (node, child) in pairs:
             yield path, node._value(child)
 

@@ -114,8 +114,9 @@ def parse_meta(raw: bytes, where: str) -> Any:
         raise BadArchiveError(f"{where}: not valid JSON: nested too deeply") from None
 
 
-def build_levels(root: Any, expand: Callable[[Any], tuple[dict, list[tuple[str, Any]]]],
-                 is_node: Callable[[Any], bool]) -> dict:  # fmt: skip
+def build_levels(
+    root: Any, expand: Callable[[Any], tuple[dict, list[tuple[str, Any]]]], is_node: Callable[[Any], bool]
+) -> dict:
     """A nested dict of ``root`` built without recursion (any depth).
 
     ``expand(node)`` gives a new container and the ``(key, value)`` items of

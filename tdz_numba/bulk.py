@@ -42,8 +42,12 @@ COPY_PIECE = 8 << 20
 _SMALL_COPY = 4 << 20
 
 
-def read_into(path: str | os.PathLike, jobs: list[tuple[int, np.ndarray]], num_threads: int | None = None,
-              direct: bool = False) -> bool:  # fmt: skip
+def read_into(
+    path: str | os.PathLike,
+    jobs: list[tuple[int, np.ndarray]],
+    num_threads: int | None = None,
+    direct: bool = False,
+) -> bool:
     """Reads ``(file offset, destination uint8 array)`` jobs from ``path`` with
     parallel ``os.preadv``; raises :class:`~tdz_numba.BadArchiveError` on a short read.
 
@@ -87,7 +91,9 @@ def read_into(path: str | os.PathLike, jobs: list[tuple[int, np.ndarray]], num_t
             while done < len(mv):
                 n = os.preadv(fd, [mv[done:]], off + done)
                 if n <= 0:
-                    if used_direct and done:  # O_DIRECT past the end of the file: the padding of the last page
+                    if (
+                        used_direct and done
+                    ):  # O_DIRECT past the end of the file: the padding of the last page
                         return
                     raise BadArchiveError(f"{path}: short read at offset {off + done} (file truncated?)")
                 done += n
@@ -109,7 +115,9 @@ def _u8(t: torch.Tensor) -> np.ndarray:
     return (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).numpy()
 
 
-def _copy_tdz(source: Any, leaves: list[Any], num_threads: int | None, direct: bool = False) -> list[torch.Tensor]:
+def _copy_tdz(
+    source: Any, leaves: list[Any], num_threads: int | None, direct: bool = False
+) -> list[torch.Tensor]:
     """Owned tensors of ``.tdz`` leaves: stored ones read with parallel preadv (``direct``:
     page-aligned ones with O_DIRECT into page-aligned buffers)."""
     from .memory import PAGE_SIZE, aligned_empty
@@ -121,7 +129,7 @@ def _copy_tdz(source: Any, leaves: list[Any], num_threads: int | None, direct: b
     direct_jobs: list[tuple[int, np.ndarray]] = []
     base = source.index.buffer.ctypes.data if (total >= _SMALL_COPY or direct) else 0
     for t in views:
-        shared = (base and not t.is_nested and t.numel() and t.untyped_storage().data_ptr() == base)
+        shared = base and not t.is_nested and t.numel() and t.untyped_storage().data_ptr() == base
         if shared:
             offset = t.data_ptr() - base
             nbytes = t.numel() * t.element_size()
@@ -147,8 +155,13 @@ def _copy_specs(source: Any, leaves: list[TensorSpec], num_threads: int | None) 
     jobs: dict[int, list[tuple[int, np.ndarray]]] = {}
     total = sum(s.nbytes for s in leaves)
     for spec in leaves:
-        plain = (total >= _SMALL_COPY and spec.loader is None and spec.codec == "stored" and spec.numel
-                 and 0 <= spec.file < len(source.files))  # fmt: skip
+        plain = (
+            total >= _SMALL_COPY
+            and spec.loader is None
+            and spec.codec == "stored"
+            and spec.numel
+            and 0 <= spec.file < len(source.files)
+        )
         if plain:
             shape = tuple(spec.shape)
             strides = [1] * len(shape)
@@ -163,7 +176,9 @@ def _copy_specs(source: Any, leaves: list[TensorSpec], num_threads: int | None) 
                 jobs.setdefault(spec.file, []).append((spec.offset, _u8(owned)))
                 out.append(owned)
                 continue
-        out.append(tensor_from_spec(spec, source.files, copy=True, where=str(source.path), num_threads=num_threads))
+        out.append(
+            tensor_from_spec(spec, source.files, copy=True, where=str(source.path), num_threads=num_threads)
+        )
     for i, file_jobs in jobs.items():
         read_into(source.files[i].path, file_jobs, num_threads)
     return out
@@ -259,6 +274,18 @@ def spec_info(spec: TensorSpec, source: Source) -> LeafInfo:
     fname = str(files[spec.file].path) if 0 <= spec.file < len(files) else str(source.path)
     zero = spec.loader is None and spec.codec == "stored" and spec.offset % itemsize == 0 and nbytes > 0
     loc = Location(fname, spec.offset, spec.nbytes) if spec.loader is None else None
-    return LeafInfo(spec.key, None, spec.dtype, tuple(spec.shape), spec.offset if spec.loader is None else None,
-                    nbytes, spec.nbytes, spec.codec, spec.crc, False, zero, loc,
-                    spec.type_name or str(spec.dtype))  # fmt: skip
+    return LeafInfo(
+        spec.key,
+        None,
+        spec.dtype,
+        tuple(spec.shape),
+        spec.offset if spec.loader is None else None,
+        nbytes,
+        spec.nbytes,
+        spec.codec,
+        spec.crc,
+        False,
+        zero,
+        loc,
+        spec.type_name or str(spec.dtype),
+    )

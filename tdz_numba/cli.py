@@ -88,9 +88,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         align = f"all {d['memmap_entries']} .memmap payloads {d['alignment']}-byte aligned"
     else:
         n_bad = d["memmap_entries"] - d["memmap_aligned"]
-        align = (f"{n_bad} of {d['memmap_entries']} .memmap payloads NOT {d['alignment']}-byte aligned "
-                 f"(first: {d['misaligned'][0]}; {d['misaligned_stored']} of them stored, "
-                 f"{n_bad - d['misaligned_stored']} compressed)")  # fmt: skip
+        align = (
+            f"{n_bad} of {d['memmap_entries']} .memmap payloads NOT {d['alignment']}-byte aligned "
+            f"(first: {d['misaligned'][0]}; {d['misaligned_stored']} of them stored, "
+            f"{n_bad - d['misaligned_stored']} compressed)"
+        )
     root = d["root_type"] + (f", batch_size={d['batch_size']}" if d["batch_size"] is not None else "")
     ratio = f" ({d['stored_bytes'] / d['payload_bytes']:.1%} of it)" if d["payload_bytes"] else ""
     rows = [
@@ -116,7 +118,11 @@ def _print_info_other(d: dict[str, Any]) -> int:
         ["format:", d["format"]],
         ["root:", root],
         ["leaves:", f"{d['leaves']} ({d['levels']} levels)"],
-        ["file bytes:", f"{d['file_bytes']} ({_human(d['file_bytes'])})" + (f" in {d['files']} files" if d["files"] > 1 else "")],
+        [
+            "file bytes:",
+            f"{d['file_bytes']} ({_human(d['file_bytes'])})"
+            + (f" in {d['files']} files" if d["files"] > 1 else ""),
+        ],
         ["payload bytes:", f"{d['payload_bytes']} ({_human(d['payload_bytes'])})"],
         ["stored bytes:", f"{d['stored_bytes']} ({_human(d['stored_bytes'])})"],
         ["compression:", codecs or "-"],
@@ -154,7 +160,9 @@ def _tree_rows(d: dict[str, Any], indent: int, rows: list[list[str]]) -> None:
             codec += f" ({d['stored_nbytes']} B stored)"
         dtype = d.get("type_name") or d["dtype"]
         dtype += " nested" if d["nested"] else ""
-        rows.append([f"{pad}{name}", dtype, d.get("shape_text") or str(d["shape"]), f"{d['nbytes']} B", codec])
+        rows.append(
+            [f"{pad}{name}", dtype, d.get("shape_text") or str(d["shape"]), f"{d['nbytes']} B", codec]
+        )
     elif kind in ("file", "pickle"):
         rows.append([f"{pad}{name}", kind, "", f"{d['nbytes']} B", ""])
     else:
@@ -186,6 +194,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 # -- show ------------------------------------------------------------------------------------
 
+
 def _fmt_num(x: Any) -> str:
     if x is None:
         return "-"
@@ -212,16 +221,33 @@ def cmd_show(args: argparse.Namespace) -> int:
         return EXIT_OK
     if d["kind"] == "value":
         kind = f"non-tensor data ({d['type']})" if "type" in d else "plain value (NonTensorData)"
-        print("\n".join(_table([["key:", d["key"]], ["kind:", kind],
-                                ["value:", _one_line_text(repr(d["value"]), 2000)]])))  # fmt: skip
+        print(
+            "\n".join(
+                _table(
+                    [["key:", d["key"]], ["kind:", kind], ["value:", _one_line_text(repr(d["value"]), 2000)]]
+                )
+            )
+        )
         return EXIT_OK
     if d["kind"] == "file":
-        print("\n".join(_table([["key:", d["key"]], ["kind:", "file"], ["entry:", d["entry"]],
-                                ["nbytes:", f"{d['nbytes']} ({_human(d['nbytes'])})"]])))  # fmt: skip
+        print(
+            "\n".join(
+                _table(
+                    [
+                        ["key:", d["key"]],
+                        ["kind:", "file"],
+                        ["entry:", d["entry"]],
+                        ["nbytes:", f"{d['nbytes']} ({_human(d['nbytes'])})"],
+                    ]
+                )
+            )
+        )
         return EXIT_OK
     if d["nested"]:
         n, ndim = (d["shape"] + [0, 0])[:2]
-        shapes = ", ".join(str(x) for x in d["nested_shapes"]) + (" ..." if n > len(d["nested_shapes"]) else "")
+        shapes = ", ".join(str(x) for x in d["nested_shapes"]) + (
+            " ..." if n > len(d["nested_shapes"]) else ""
+        )
         shape = f"nested: {n} tensors of {ndim} dims, {d['numel']} values ({shapes})"
     else:
         shape = f"{d['shape']} ({d['numel']} values)"
@@ -249,11 +275,19 @@ def cmd_show(args: argparse.Namespace) -> int:
     ]
     st = d["stats"]
     if st is not None and "std" in st:
-        rows += [["min:", _fmt_num(st["min"])], ["max:", _fmt_num(st["max"])],
-                 ["mean:", _fmt_num(st["mean"])], ["std:", _fmt_num(st["std"])],
-                 ["nan:", str(st["nan"])]]  # fmt: skip
+        rows += [
+            ["min:", _fmt_num(st["min"])],
+            ["max:", _fmt_num(st["max"])],
+            ["mean:", _fmt_num(st["mean"])],
+            ["std:", _fmt_num(st["std"])],
+            ["nan:", str(st["nan"])],
+        ]
     elif st is not None:
-        rows += [["min:", _fmt_num(st["min"])], ["max:", _fmt_num(st["max"])], ["mean:", _fmt_num(st["mean"])]]
+        rows += [
+            ["min:", _fmt_num(st["min"])],
+            ["max:", _fmt_num(st["max"])],
+            ["mean:", _fmt_num(st["mean"])],
+        ]
     print("\n".join(_table(rows)))
     return EXIT_OK
 
@@ -278,8 +312,11 @@ def _archive_sizes(path: str | os.PathLike) -> dict[str, int] | None:
         return None
     try:
         table = index.table
-        return {"entries": len(index.names), "payload_bytes": int(table["size"].sum()),
-                "stored_entries": int((table["method"] == records.STORED).sum())}  # fmt: skip
+        return {
+            "entries": len(index.names),
+            "payload_bytes": int(table["size"].sum()),
+            "stored_entries": int((table["method"] == records.STORED).sum()),
+        }
     finally:
         index.close()
 
@@ -304,8 +341,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except (TdzError, OSError) as exc:
         code = EXIT_FAILED if isinstance(exc, ChecksumError) else EXIT_USAGE
         if args.json:
-            _print_json({"path": str(args.file), "ok": False, "error": _one_line(exc),
-                         "error_type": type(exc).__name__})  # fmt: skip
+            _print_json(
+                {
+                    "path": str(args.file),
+                    "ok": False,
+                    "error": _one_line(exc),
+                    "error_type": type(exc).__name__,
+                }
+            )
         print(f"{PROG} verify: {_one_line(exc)}", file=sys.stderr)
         if getattr(args, "debug", False):
             import traceback
@@ -313,8 +356,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
             traceback.print_exception(exc)
         return code
     if args.json:
-        _print_json({"path": str(args.file), "ok": True, "entries": report.entries, "levels": report.levels,
-                     "leaves": report.leaves, "payload_bytes": report.payload_bytes})  # fmt: skip
+        _print_json(
+            {
+                "path": str(args.file),
+                "ok": True,
+                "entries": report.entries,
+                "levels": report.levels,
+                "leaves": report.leaves,
+                "payload_bytes": report.payload_bytes,
+            }
+        )
     else:
         print(report)
     return EXIT_OK
@@ -330,11 +381,19 @@ def cmd_pack(args: argparse.Namespace) -> int:
         raise _UsageError(f"{args.directory}: not a directory")
     files, nbytes = _dir_sizes(args.directory)
     compression = None if args.compression == "stored" else args.compression
-    out = tdz_numba.pack(args.directory, args.file, compression=compression, compresslevel=args.level,
-                         num_threads=args.threads, progress=_want_progress(args))  # fmt: skip
+    out = tdz_numba.pack(
+        args.directory,
+        args.file,
+        compression=compression,
+        compresslevel=args.level,
+        num_threads=args.threads,
+        progress=_want_progress(args),
+    )
     size = os.path.getsize(out)
-    print(f"{out}: packed {files} files ({_human(nbytes)}) from {args.directory}, "
-          f"{args.compression}, {size} bytes ({_human(size)})")  # fmt: skip
+    print(
+        f"{out}: packed {files} files ({_human(nbytes)}) from {args.directory}, "
+        f"{args.compression}, {size} bytes ({_human(size)})"
+    )
     return EXIT_OK
 
 
@@ -353,7 +412,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     nest = None if args.flat else args.nest
     compression = None if args.compression == "stored" else args.compression
-    out = tdz_numba.convert(args.src, args.dst, nest=nest, compression=compression, progress=_want_progress(args))
+    out = tdz_numba.convert(
+        args.src, args.dst, nest=nest, compression=compression, progress=_want_progress(args)
+    )
     if isinstance(out, str) and "://" in out:  # an fsspec URL (streamed there)
         import fsspec
 
@@ -384,8 +445,10 @@ def cmd_clean(args: argparse.Namespace) -> int:
     removed = clean(args.directory, dry_run=args.dry_run)
     for path in removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {path}")
-    print(f"{args.directory}: {len(removed)} stale temporary {'entry' if len(removed) == 1 else 'entries'}"
-          f"{' (dry run)' if args.dry_run else ''}")  # fmt: skip
+    print(
+        f"{args.directory}: {len(removed)} stale temporary {'entry' if len(removed) == 1 else 'entries'}"
+        f"{' (dry run)' if args.dry_run else ''}"
+    )
     return EXIT_OK
 
 
@@ -416,8 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="print the traceback of an error")  # fmt: skip
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="print the traceback of an error"
+    )
 
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -429,113 +493,176 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    s = sub.add_parser("info", parents=[common], help="entries, leaves, bytes, codecs, alignment, root class",
-                       description="Summary of an archive: entries, leaves, bytes, compression methods, "
-                                   "64-byte alignment of every .memmap payload, root class.")  # fmt: skip
+    s = sub.add_parser(
+        "info",
+        parents=[common],
+        help="entries, leaves, bytes, codecs, alignment, root class",
+        description="Summary of an archive: entries, leaves, bytes, compression methods, "
+        "64-byte alignment of every .memmap payload, root class.",
+    )
     s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_info)
 
-    s = sub.add_parser("tree", parents=[common], help="the nested tree: key, dtype, shape, bytes, codec",
-                       description="Print the nested tree of an archive (or of SUBPATH): key, dtype, "
-                                   "shape, size in bytes and codec of every leaf.")  # fmt: skip
+    s = sub.add_parser(
+        "tree",
+        parents=[common],
+        help="the nested tree: key, dtype, shape, bytes, codec",
+        description="Print the nested tree of an archive (or of SUBPATH): key, dtype, "
+        "shape, size in bytes and codec of every leaf.",
+    )
     s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("subpath", nargs="?", default=None, help='a level or leaf, as "a/b"')
     s.add_argument("--depth", type=int, default=None, help="expand at most N levels (default: all)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_tree)
 
-    s = sub.add_parser("show", parents=[common], help="one leaf: storage, first values, statistics",
-                       description="Show one leaf of an archive: entry name, dtype, shape, bytes, offset, "
-                                   "compression, CRC-32, the first values (flattened) and summary "
-                                   "statistics: min/max/mean/std (float64, population std, NaNs "
-                                   "excluded) and the NaN count for floating dtypes; min/max/mean for "
-                                   "integer and bool dtypes. Compressed leaves are inflated.")  # fmt: skip
+    s = sub.add_parser(
+        "show",
+        parents=[common],
+        help="one leaf: storage, first values, statistics",
+        description="Show one leaf of an archive: entry name, dtype, shape, bytes, offset, "
+        "compression, CRC-32, the first values (flattened) and summary "
+        "statistics: min/max/mean/std (float64, population std, NaNs "
+        "excluded) and the NaN count for floating dtypes; min/max/mean for "
+        "integer and bool dtypes. Compressed leaves are inflated.",
+    )
     s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("key", help='the leaf, as "a/b/c"')
-    s.add_argument("--values", type=int, default=SHOW_VALUES, metavar="N",
-                   help=f"print the first N values (default {SHOW_VALUES})")  # fmt: skip
+    s.add_argument(
+        "--values",
+        type=int,
+        default=SHOW_VALUES,
+        metavar="N",
+        help=f"print the first N values (default {SHOW_VALUES})",
+    )
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_show)
 
-    s = sub.add_parser("verify", parents=[common], help="check every entry's CRC-32 and the structure",
-                       description="Check every entry's CRC-32 and the archive's structure. "
-                                   "Exit 0 ok, 1 CRC mismatch, 2 bad or unreadable file.")  # fmt: skip
+    s = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="check every entry's CRC-32 and the structure",
+        description="Check every entry's CRC-32 and the archive's structure. "
+        "Exit 0 ok, 1 CRC mismatch, 2 bad or unreadable file.",
+    )
     s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("--json", action="store_true", help="print JSON")
     _progress_flag(s)
     s.set_defaults(func=cmd_verify)
 
-    s = sub.add_parser("pack", parents=[common], help="pack a tensordict memmap directory into an archive",
-                       description="Pack a tensordict memmap directory (as written by tensordict's "
-                                   "memmap() or by `tdz unpack`) into a .tdz archive, like `zip -0 -r` "
-                                   "with 64-byte-aligned payloads. An existing FILE is replaced.")  # fmt: skip
+    s = sub.add_parser(
+        "pack",
+        parents=[common],
+        help="pack a tensordict memmap directory into an archive",
+        description="Pack a tensordict memmap directory (as written by tensordict's "
+        "memmap() or by `tdz unpack`) into a .tdz archive, like `zip -0 -r` "
+        "with 64-byte-aligned payloads. An existing FILE is replaced.",
+    )
     s.add_argument("directory", metavar="DIR", help="the memmap directory (with a meta.json)")
     s.add_argument("file", metavar="FILE", help="the .tdz archive to write")
-    s.add_argument("--compression", choices=("stored", "deflate", "bzip2", "lzma"), default="stored",
-                   help="codec of the .memmap payloads (default: stored, zero-copy)")  # fmt: skip
+    s.add_argument(
+        "--compression",
+        choices=("stored", "deflate", "bzip2", "lzma"),
+        default="stored",
+        help="codec of the .memmap payloads (default: stored, zero-copy)",
+    )
     s.add_argument("--level", type=int, default=None, help="compression level passed to the codec")
     s.add_argument("--threads", type=int, default=None, help="threads for CRC-32 and deflate (default: all)")
     _progress_flag(s)
     s.set_defaults(func=cmd_pack)
 
-    s = sub.add_parser("unpack", parents=[common], help="extract an archive into a memmap directory",
-                       description="Extract an archive into a memmap directory that tensordict's "
-                                   "load_memmap reads (like `unzip`). CRC-32s are checked.")  # fmt: skip
+    s = sub.add_parser(
+        "unpack",
+        parents=[common],
+        help="extract an archive into a memmap directory",
+        description="Extract an archive into a memmap directory that tensordict's "
+        "load_memmap reads (like `unzip`). CRC-32s are checked.",
+    )
     s.add_argument("file", metavar="FILE", help="the .tdz archive")
     s.add_argument("directory", metavar="DIR", help="the directory to create (or fill)")
     _progress_flag(s)
     s.set_defaults(func=cmd_unpack)
 
-    s = sub.add_parser("convert", parents=[common], help="convert any tensor file to .tdz (or .tdz to .safetensors)",
-                       description="Convert a readable tensor file (safetensors, torch .pt, .npz, GGUF, "
-                                   "HDF5, ONNX, memmap directory, .tdz) to a .tdz archive through the "
-                                   "parallel writer, or a .tdz archive to .safetensors (DST ending in "
-                                   ".safetensors: nested keys joined with the separator, non-tensor "
-                                   "values in __metadata__ as JSON).")  # fmt: skip
+    s = sub.add_parser(
+        "convert",
+        parents=[common],
+        help="convert any tensor file to .tdz (or .tdz to .safetensors)",
+        description="Convert a readable tensor file (safetensors, torch .pt, .npz, GGUF, "
+        "HDF5, ONNX, memmap directory, .tdz) to a .tdz archive through the "
+        "parallel writer, or a .tdz archive to .safetensors (DST ending in "
+        ".safetensors: nested keys joined with the separator, non-tensor "
+        "values in __metadata__ as JSON).",
+    )
     s.add_argument("src", metavar="SRC", help="the file to read")
     s.add_argument("dst", metavar="DST", help="the file to write (.tdz, or .safetensors)")
     g = s.add_mutually_exclusive_group()
-    g.add_argument("--nest", default=".", metavar="SEP",
-                   help="split flat names on SEP into levels (to .safetensors: join with it; default '.')")
+    g.add_argument(
+        "--nest",
+        default=".",
+        metavar="SEP",
+        help="split flat names on SEP into levels (to .safetensors: join with it; default '.')",
+    )
     g.add_argument("--flat", action="store_true", help="keep flat names as they are")
-    s.add_argument("--compression", choices=("stored", "deflate", "bzip2", "lzma"), default="stored",
-                   help="codec of the .tdz payloads (default: stored, zero-copy)")  # fmt: skip
+    s.add_argument(
+        "--compression",
+        choices=("stored", "deflate", "bzip2", "lzma"),
+        default="stored",
+        help="codec of the .tdz payloads (default: stored, zero-copy)",
+    )
     _progress_flag(s)
     s.set_defaults(func=cmd_convert)
 
-    s = sub.add_parser("refresh", parents=[common], help="re-stamp CRC-32s after mode='r+' writes",
-                       description="Recompute and re-stamp the CRC-32 of every stored entry in place, "
-                                   "after leaves were written through tdz_numba.open(FILE, mode='r+'), "
-                                   "so that `tdz verify` and `unzip -t` pass again.")  # fmt: skip
+    s = sub.add_parser(
+        "refresh",
+        parents=[common],
+        help="re-stamp CRC-32s after mode='r+' writes",
+        description="Recompute and re-stamp the CRC-32 of every stored entry in place, "
+        "after leaves were written through tdz_numba.open(FILE, mode='r+'), "
+        "so that `tdz verify` and `unzip -t` pass again.",
+    )
     s.add_argument("file", metavar="FILE", help="the .tdz archive (modified in place)")
     _progress_flag(s)
     s.set_defaults(func=cmd_refresh)
 
-    s = sub.add_parser("clean", parents=[common], help="remove temp files left by killed saves and unpacks",
-                       description="Remove the temporary files and directories (.NAME.tdz-tmp.HOST.PID.RANDOM) "
-                                   "that saves and unpacks killed mid-write left in DIR: only those made on "
-                                   "this host by processes that are no longer running.")  # fmt: skip
+    s = sub.add_parser(
+        "clean",
+        parents=[common],
+        help="remove temp files left by killed saves and unpacks",
+        description="Remove the temporary files and directories (.NAME.tdz-tmp.HOST.PID.RANDOM) "
+        "that saves and unpacks killed mid-write left in DIR: only those made on "
+        "this host by processes that are no longer running.",
+    )
     s.add_argument("directory", metavar="DIR", help="the directory to clean")
     s.add_argument("--dry-run", action="store_true", help="list what would be removed")
     s.set_defaults(func=cmd_clean)
 
-    s = sub.add_parser("warmup", parents=[common], help="compile every Numba kernel into the cache ahead of time",
-                       description="Compile every kernel family (CRC, layout, index, deflate/inflate, "
-                                   "dequantize, memory pages) into Numba's on-disk cache, e.g. in a Docker "
-                                   "build or a conda post-link step, and print what was compiled and where "
-                                   "the cache is.")  # fmt: skip
+    s = sub.add_parser(
+        "warmup",
+        parents=[common],
+        help="compile every Numba kernel into the cache ahead of time",
+        description="Compile every kernel family (CRC, layout, index, deflate/inflate, "
+        "dequantize, memory pages) into Numba's on-disk cache, e.g. in a Docker "
+        "build or a conda post-link step, and print what was compiled and where "
+        "the cache is.",
+    )
     s.set_defaults(func=cmd_warmup)
 
-    sub.add_parser("bench", add_help=False, help="benchmark against tensordict, torch, safetensors "
-                                                 "(tdz bench --help for options)")  # fmt: skip
+    sub.add_parser(
+        "bench",
+        add_help=False,
+        help="benchmark against tensordict, torch, safetensors (tdz bench --help for options)",
+    )
     return p
 
 
 def _progress_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="show a progress bar on stderr (default: only when stderr is a terminal; "
-                             "needs tqdm)")  # fmt: skip
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar on stderr (default: only when stderr is a terminal; needs tqdm)",
+    )
 
 
 def _guard(fn: Callable[[], int], debug: bool, label: str) -> int:

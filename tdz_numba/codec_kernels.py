@@ -42,8 +42,18 @@ from ._jit import (
     zng_inflateInit2,
 )
 
-__all__ = ["deflate_bound", "deflate_segments", "inflate_segments", "inflate_open", "inflate_step",
-           "inflate_close", "Z_OK", "Z_STREAM_END", "MAX_SEGMENT", "FEED"]
+__all__ = [
+    "deflate_bound",
+    "deflate_segments",
+    "inflate_segments",
+    "inflate_open",
+    "inflate_step",
+    "inflate_close",
+    "Z_OK",
+    "Z_STREAM_END",
+    "MAX_SEGMENT",
+    "FEED",
+]
 
 Z_OK = 0
 Z_STREAM_END = 1
@@ -88,7 +98,9 @@ def deflate_segments(src, src_len, dst, dst_cap, last, level):
             continue
         strm = np.zeros(_STREAM_WORDS, np.uint64)
         p = strm.ctypes.data
-        rc = zng_deflateInit2(p, np.int32(level), np.int32(_Z_DEFLATED), np.int32(-15), np.int32(8), np.int32(0))
+        rc = zng_deflateInit2(
+            p, np.int32(level), np.int32(_Z_DEFLATED), np.int32(-15), np.int32(8), np.int32(0)
+        )
         if rc != Z_OK:
             status[i] = rc
             continue
@@ -98,7 +110,9 @@ def deflate_segments(src, src_len, dst, dst_cap, last, level):
         strm[_AVAIL_OUT] = dst_cap[i]
         flush = Z_FINISH if last[i] else Z_FULL_FLUSH
         rc = zng_deflate(p, np.int32(flush))
-        done = strm[_AVAIL_IN] == 0 and (rc == Z_STREAM_END if last[i] else rc == Z_OK and strm[_AVAIL_OUT] > 0)
+        done = strm[_AVAIL_IN] == 0 and (
+            rc == Z_STREAM_END if last[i] else rc == Z_OK and strm[_AVAIL_OUT] > 0
+        )
         status[i] = rc if done else -5  # Z_BUF_ERROR: the bound was too small
         out_len[i] = np.int64(strm[_TOTAL_OUT])
         zng_deflateEnd(p)

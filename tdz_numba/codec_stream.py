@@ -37,10 +37,19 @@ __all__ = ["stream_member"]
 Sink = Callable[[np.ndarray], object]
 
 
-def stream_member(raw: np.ndarray, method: int, size: int, crc: int | None,
-                  table: tuple[int, list[int]] | None, sink: Sink | None, where: str, *,
-                  expected: int | None = None, chunk: int | None = None,
-                  num_threads: int | None = None) -> int:  # fmt: skip
+def stream_member(
+    raw: np.ndarray,
+    method: int,
+    size: int,
+    crc: int | None,
+    table: tuple[int, list[int]] | None,
+    sink: Sink | None,
+    where: str,
+    *,
+    expected: int | None = None,
+    chunk: int | None = None,
+    num_threads: int | None = None,
+) -> int:
     """Decodes one entry in pieces through a reusable buffer and feeds ``sink``.
 
     Parameters
@@ -120,8 +129,12 @@ def _stored(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: int) -> i
     from . import codecs as c
 
     if raw.size != size:
-        raise c._bad(where, f"is stored with {raw.size} bytes but records an uncompressed size of {size}",
-                     expected=size, found=int(raw.size))  # fmt: skip
+        raise c._bad(
+            where,
+            f"is stored with {raw.size} bytes but records an uncompressed size of {size}",
+            expected=size,
+            found=int(raw.size),
+        )
     found = 0
     for pos in range(0, size, chunk):
         piece = raw[pos : pos + chunk]
@@ -153,29 +166,50 @@ def _inflate_serial(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: i
             if (rc < 0 and rc != -5) or rc == Z_STREAM_END or (used == 0 and got == 0):
                 break
         if rc < 0 and rc != -5:
-            raise c._bad(where, f"corrupt deflate stream (status {rc}) after {produced} of {size} bytes",
-                         expected=size, found=produced)  # fmt: skip
+            raise c._bad(
+                where,
+                f"corrupt deflate stream (status {rc}) after {produced} of {size} bytes",
+                expected=size,
+                found=produced,
+            )
         if produced < size:
-            raise c._bad(where, f"the deflate stream decodes to {produced} bytes, expected {size}",
-                         expected=size, found=produced)  # fmt: skip
+            raise c._bad(
+                where,
+                f"the deflate stream decodes to {produced} bytes, expected {size}",
+                expected=size,
+                found=produced,
+            )
         if rc != Z_STREAM_END:  # output complete: the stream must end here, without more output
             used, got, rc, _ = inflate_step(strm, src + pos, raw.size - pos, probe.ctypes.data, 1, 0)
             pos, rc = pos + int(used), int(rc)
             if got:
                 raise c._bad(where, f"the deflate stream decodes to more than {size} bytes", expected=size)
             if rc != Z_STREAM_END:
-                raise c._bad(where, f"corrupt deflate stream: no end of stream after {size} bytes (status {rc})")
+                raise c._bad(
+                    where, f"corrupt deflate stream: no end of stream after {size} bytes (status {rc})"
+                )
         if pos != raw.size:
-            raise c._bad(where, f"the deflate stream ends after {pos} of {raw.size} stored bytes",
-                         expected=int(raw.size), found=pos)  # fmt: skip
+            raise c._bad(
+                where,
+                f"the deflate stream ends after {pos} of {raw.size} stored bytes",
+                expected=int(raw.size),
+                found=pos,
+            )
     finally:
         inflate_close(strm)
         strm[0] = 0
     return found
 
 
-def _segments(raw: np.ndarray, size: int, table: tuple[int, list[int]], sink: Sink, where: str,
-              chunk: int, num_threads: int | None) -> int:  # fmt: skip
+def _segments(
+    raw: np.ndarray,
+    size: int,
+    table: tuple[int, list[int]],
+    sink: Sink,
+    where: str,
+    chunk: int,
+    num_threads: int | None,
+) -> int:
     """Groups of segments inflated in parallel into one buffer of <= ``chunk`` bytes."""
     from . import codecs as c
     from ._jit import run_parallel
@@ -188,8 +222,11 @@ def _segments(raw: np.ndarray, size: int, table: tuple[int, list[int]], sink: Si
     offsets = np.zeros(count + 1, np.int64)
     np.cumsum(np.asarray(clens, np.int64), out=offsets[1:])
     if count != want or int(offsets[-1]) != raw.size:
-        raise c._bad(where, f"segment table lists {count} segments of {int(offsets[-1])} bytes, "
-                            f"expected {want} segments of {raw.size} bytes")  # fmt: skip
+        raise c._bad(
+            where,
+            f"segment table lists {count} segments of {int(offsets[-1])} bytes, "
+            f"expected {want} segments of {raw.size} bytes",
+        )
     group = max(1, chunk // segment)
     buf = np.empty(min(group * segment, size), np.uint8)
     base, out = raw.ctypes.data, buf.ctypes.data
@@ -199,9 +236,14 @@ def _segments(raw: np.ndarray, size: int, table: tuple[int, list[int]], sink: Si
         dlen = np.minimum(segment, size - rows * segment)
         with c.dynamic_schedule():
             crcs, status = run_parallel(
-                inflate_segments, base + offsets[rows], offsets[rows + 1] - offsets[rows],
-                out + (rows - g) * segment, dlen, rows == count - 1, num_threads=num_threads,
-            )  # fmt: skip
+                inflate_segments,
+                base + offsets[rows],
+                offsets[rows + 1] - offsets[rows],
+                out + (rows - g) * segment,
+                dlen,
+                rows == count - 1,
+                num_threads=num_threads,
+            )
         bad = np.flatnonzero(status)
         if bad.size:
             j = int(bad[0])

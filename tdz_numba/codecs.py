@@ -31,10 +31,29 @@ import numpy as np
 from . import records
 from .errors import BadArchiveError, ChecksumError, UnknownCompressionError, UnsupportedError
 
-__all__ = ["method_of", "check_level", "compress", "decompress", "decode_member", "stream_member",
-           "check_declared", "memory_budget", "deflate_many", "inflate_many", "segment_size_for",
-           "segment_table", "parse_segment_table", "Deflated", "COMPRESSION_NAMES", "CODEC_METHODS",
-           "MAX_DECODED", "STREAM_CHUNK", "SEGMENT_SIZE", "DEFLATE_MAX_RATIO", "dynamic_schedule"]
+__all__ = [
+    "method_of",
+    "check_level",
+    "compress",
+    "decompress",
+    "decode_member",
+    "stream_member",
+    "check_declared",
+    "memory_budget",
+    "deflate_many",
+    "inflate_many",
+    "segment_size_for",
+    "segment_table",
+    "parse_segment_table",
+    "Deflated",
+    "COMPRESSION_NAMES",
+    "CODEC_METHODS",
+    "MAX_DECODED",
+    "STREAM_CHUNK",
+    "SEGMENT_SIZE",
+    "DEFLATE_MAX_RATIO",
+    "dynamic_schedule",
+]
 
 COMPRESSION_NAMES = {
     None: records.STORED,
@@ -66,8 +85,12 @@ def _bad(where: str, message: str, *, expected: object = None, found: object = N
 
 
 def _crc_error(where: str, crc: int, found: int) -> ChecksumError:
-    return ChecksumError(f"{where}: CRC-32 mismatch: recorded {crc:#010x}, computed {found:#010x}",
-                         entry=where, expected=crc, found=found)  # fmt: skip
+    return ChecksumError(
+        f"{where}: CRC-32 mismatch: recorded {crc:#010x}, computed {found:#010x}",
+        entry=where,
+        expected=crc,
+        found=found,
+    )
 
 
 def memory_budget() -> int:
@@ -96,8 +119,16 @@ def memory_budget() -> int:
     return max(int(budget), 0)
 
 
-def check_declared(size: int, csize: int, method: int, where: str, *, expected: int | None = None,
-                   in_memory: bool = True, budget: int | None = None) -> None:  # fmt: skip
+def check_declared(
+    size: int,
+    csize: int,
+    method: int,
+    where: str,
+    *,
+    expected: int | None = None,
+    in_memory: bool = True,
+    budget: int | None = None,
+) -> None:
     """Checks an entry's declared uncompressed ``size`` before anything is allocated.
 
     Refuses (:class:`BadArchiveError`): a negative size; a size other than
@@ -117,16 +148,29 @@ def check_declared(size: int, csize: int, method: int, where: str, *, expected: 
     if size < 0:
         raise _bad(where, f"declares a negative uncompressed size ({size})", found=size)
     if expected is not None and size != expected:
-        raise _bad(where, f"declares {size} uncompressed bytes, expected {expected} "
-                          "(the leaf's dtype x shape)", expected=expected, found=size)  # fmt: skip
+        raise _bad(
+            where,
+            f"declares {size} uncompressed bytes, expected {expected} (the leaf's dtype x shape)",
+            expected=expected,
+            found=size,
+        )
     if method == records.DEFLATED and size > DEFLATE_MAX_RATIO * csize + 4096:
-        raise _bad(where, f"declares {size} uncompressed bytes for {csize} deflated bytes (raw deflate "
-                          f"expands at most {DEFLATE_MAX_RATIO}:1)", found=size)  # fmt: skip
+        raise _bad(
+            where,
+            f"declares {size} uncompressed bytes for {csize} deflated bytes (raw deflate "
+            f"expands at most {DEFLATE_MAX_RATIO}:1)",
+            found=size,
+        )
     if in_memory:
         limit = memory_budget() if budget is None else budget
         if size > limit:
-            raise _bad(where, f"declares {size} uncompressed bytes, more than the memory budget of "
-                              f"{limit} bytes (codecs.MAX_DECODED)", expected=limit, found=size)  # fmt: skip
+            raise _bad(
+                where,
+                f"declares {size} uncompressed bytes, more than the memory budget of "
+                f"{limit} bytes (codecs.MAX_DECODED)",
+                expected=limit,
+                found=size,
+            )
 
 
 def _alloc(size: int, where: str) -> np.ndarray:
@@ -189,8 +233,13 @@ def _lzma_decoder(raw: np.ndarray, size: int, where: str) -> tuple[lzma.LZMADeco
     need = max(min(dict_size, size), _LZMA_DICT_MIN)
     if need > memory_budget():
         raise _bad(where, f"lzma dictionary of {need} bytes exceeds the memory budget", found=dict_size)
-    filt = {"id": lzma.FILTER_LZMA1, "lc": props % 9, "lp": (props // 9) % 5, "pb": props // 45,
-            "dict_size": need}  # fmt: skip
+    filt = {
+        "id": lzma.FILTER_LZMA1,
+        "lc": props % 9,
+        "lp": (props // 9) % 5,
+        "pb": props // 45,
+        "dict_size": need,
+    }
     try:
         return lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[filt]), 9
     except (lzma.LZMAError, ValueError, MemoryError) as exc:
@@ -232,8 +281,13 @@ def _decode_chunks(raw: np.ndarray, method: int, size: int, where: str, chunk: i
             raise
         raise _bad(where, f"corrupt {name} stream: {exc}") from None
     if produced != size or (method == records.BZIP2 and not d.eof):
-        raise _bad(where, f"the {name} stream decodes to {produced} bytes{'' if d.eof else ' (truncated)'}, "
-                          f"expected {size}", expected=size, found=produced)  # fmt: skip
+        raise _bad(
+            where,
+            f"the {name} stream decodes to {produced} bytes{'' if d.eof else ' (truncated)'}, "
+            f"expected {size}",
+            expected=size,
+            found=produced,
+        )
 
 
 def compress(data, method: int, level: int | None) -> bytes:
@@ -339,8 +393,9 @@ def parse_segment_table(extra: bytes, where: str) -> tuple[int, list[int]] | Non
     return None
 
 
-def deflate_many(arrays: list[np.ndarray], level: int | None, num_threads: int | None,
-                 segment_size: int | None = None) -> list[Deflated]:  # fmt: skip
+def deflate_many(
+    arrays: list[np.ndarray], level: int | None, num_threads: int | None, segment_size: int | None = None
+) -> list[Deflated]:
     """Deflates every array as one raw-deflate stream made of independent
     segments of ``segment_size`` bytes (default :data:`SEGMENT_SIZE`), all
     segments of all arrays in one parallel kernel call."""
@@ -366,9 +421,15 @@ def deflate_many(arrays: list[np.ndarray], level: int | None, num_threads: int |
     np.cumsum(caps[:-1], out=starts_out[1:])
     with dynamic_schedule():
         out_len, crcs, status = run_parallel(
-            deflate_segments, np.asarray(src, np.int64), length_a, scratch.ctypes.data + starts_out, caps,
-            np.asarray(last, np.bool_), np.int64(-1 if level is None else level), num_threads=num_threads,
-        )  # fmt: skip
+            deflate_segments,
+            np.asarray(src, np.int64),
+            length_a,
+            scratch.ctypes.data + starts_out,
+            caps,
+            np.asarray(last, np.bool_),
+            np.int64(-1 if level is None else level),
+            num_threads=num_threads,
+        )
     ok = np.where(np.asarray(last), status == Z_STREAM_END, status == Z_OK)
     if not ok.all():
         raise UnsupportedError(f"zlib-ng deflate failed with status {int(status[~ok][0])}")
@@ -402,8 +463,13 @@ def dynamic_schedule(chunk: int = 1):
 Job = tuple[str, np.ndarray, int, "int | None", "tuple[int, list[int]] | None"]
 
 
-def inflate_many(jobs: list[Job], num_threads: int | None, *, expected: list[int | None] | None = None,
-                 into: np.ndarray | None = None) -> list[np.ndarray]:  # fmt: skip
+def inflate_many(
+    jobs: list[Job],
+    num_threads: int | None,
+    *,
+    expected: list[int | None] | None = None,
+    into: np.ndarray | None = None,
+) -> list[np.ndarray]:
     """Inflates raw-deflate entries into new arrays, in parallel across entries
     and across the segments of each.
 
@@ -425,12 +491,23 @@ def inflate_many(jobs: list[Job], num_threads: int | None, *, expected: list[int
     budget = memory_budget() if into is None else int(into.size)
     total = 0
     for k, (where, raw, size, _crc, _table) in enumerate(jobs):
-        check_declared(size, int(raw.size), records.DEFLATED, where, budget=budget,
-                       expected=None if expected is None else expected[k])  # fmt: skip
+        check_declared(
+            size,
+            int(raw.size),
+            records.DEFLATED,
+            where,
+            budget=budget,
+            expected=None if expected is None else expected[k],
+        )
         total += size
     if total > budget:
-        raise _bad(jobs[0][0], f"the {len(jobs)} entries inflated together declare {total} bytes, more "
-                               f"than the memory budget of {budget} bytes", expected=budget, found=total)  # fmt: skip
+        raise _bad(
+            jobs[0][0],
+            f"the {len(jobs)} entries inflated together declare {total} bytes, more "
+            f"than the memory budget of {budget} bytes",
+            expected=budget,
+            found=total,
+        )
     dummy = np.empty(1, np.uint8)  # zlib refuses a NULL output pointer, even for 0 bytes
     src: list[int] = []
     slen: list[int] = []
@@ -447,8 +524,11 @@ def inflate_many(jobs: list[Job], num_threads: int | None, *, expected: list[int
             segment, clens = table
             want = max(1, (size + segment - 1) // segment)
             if len(clens) != want or sum(clens) != raw.size:
-                raise _bad(where, f"segment table lists {len(clens)} segments of {sum(clens)} bytes, "
-                                  f"expected {want} segments of {raw.size} bytes")  # fmt: skip
+                raise _bad(
+                    where,
+                    f"segment table lists {len(clens)} segments of {sum(clens)} bytes, "
+                    f"expected {want} segments of {raw.size} bytes",
+                )
         plans.append((segment, clens))
     if into is None:
         outs = [_alloc(size, where) for where, _, size, _, _ in jobs]
@@ -468,10 +548,14 @@ def inflate_many(jobs: list[Job], num_threads: int | None, *, expected: list[int
             pos += c
     with dynamic_schedule():
         crcs, status = run_parallel(
-            inflate_segments, np.asarray(src, np.int64), np.asarray(slen, np.int64),
-            np.asarray(dst, np.int64), np.asarray(dlen, np.int64), np.asarray(last, np.bool_),
+            inflate_segments,
+            np.asarray(src, np.int64),
+            np.asarray(slen, np.int64),
+            np.asarray(dst, np.int64),
+            np.asarray(dlen, np.int64),
+            np.asarray(last, np.bool_),
             num_threads=num_threads,
-        )  # fmt: skip
+        )
     bad = np.flatnonzero(status)
     if bad.size:
         j = int(bad[0])
@@ -486,8 +570,16 @@ def inflate_many(jobs: list[Job], num_threads: int | None, *, expected: list[int
     return outs
 
 
-def decode_member(raw: np.ndarray, codec: str, size: int, crc: int | None, where: str,
-                  num_threads: int | None = None, *, expected: int | None = None) -> np.ndarray:  # fmt: skip
+def decode_member(
+    raw: np.ndarray,
+    codec: str,
+    size: int,
+    crc: int | None,
+    where: str,
+    num_threads: int | None = None,
+    *,
+    expected: int | None = None,
+) -> np.ndarray:
     """Decodes one compressed member (of a zip entry, an npz member, ...) into a
     new uint8 array of exactly ``size`` bytes.
 
@@ -521,7 +613,9 @@ def decode_member(raw: np.ndarray, codec: str, size: int, crc: int | None, where
     """
     method = CODEC_METHODS.get(codec)
     if method is None:
-        raise UnsupportedError(f"{where}: unsupported codec {codec!r} (expected one of {sorted(CODEC_METHODS)})")
+        raise UnsupportedError(
+            f"{where}: unsupported codec {codec!r} (expected one of {sorted(CODEC_METHODS)})"
+        )
     raw = np.frombuffer(raw, np.uint8) if not isinstance(raw, np.ndarray) else raw.reshape(-1).view(np.uint8)
     if method == records.DEFLATED:
         return inflate_many([(where, raw, size, crc, None)], num_threads, expected=[expected])[0]

@@ -36,18 +36,34 @@ __all__ = ["convert", "write_safetensors", "SAFETENSORS_DTYPES"]
 
 #: torch dtype -> safetensors dtype name.
 SAFETENSORS_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-}  # fmt: skip
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+}
 for _name, _st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
     if hasattr(torch, _name):
         SAFETENSORS_DTYPES[getattr(torch, _name)] = _st
 _BATCH = 64 << 20
 
 
-def convert(src: str | os.PathLike, dst: str | os.PathLike, *, nest: str | None = ".",
-            compression: str | None = None, progress: bool | None = None) -> Path:  # fmt: skip
+def convert(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    nest: str | None = ".",
+    compression: str | None = None,
+    progress: bool | None = None,
+) -> Path:
     """See :func:`tdz_numba.convert`."""
     from . import api
     from .archive import nest_flat
@@ -59,7 +75,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, nest: str | None 
     remote_dst = is_remote(dst)  # an fsspec URL: api.save streams the .tdz there
     dst = dst if remote_dst else Path(dst)  # type: ignore[assignment]
     if remote_dst and str(dst).endswith(".safetensors"):
-        raise UnsupportedError(f"{dst}: safetensors output goes to a local file; convert to a .tdz URL instead")
+        raise UnsupportedError(
+            f"{dst}: safetensors output goes to a local file; convert to a .tdz URL instead"
+        )
     ar = api.open(src)
     try:
         if not remote_dst and dst.suffix == ".safetensors":  # type: ignore[union-attr]
@@ -105,7 +123,9 @@ def _walk(ar: Any, sep: str) -> tuple[list[tuple[str, Any]], dict[str, str]]:
     return tensors, values
 
 
-def write_safetensors(ar: Any, dst: str | os.PathLike, *, sep: str = ".", progress: bool | None = None) -> Path:
+def write_safetensors(
+    ar: Any, dst: str | os.PathLike, *, sep: str = ".", progress: bool | None = None
+) -> Path:
     """Writes the leaves of an opened file as one ``.safetensors`` file (atomically).
 
     Raises :class:`~tdz_numba.InvalidTreeError` for a leaf safetensors cannot
@@ -127,12 +147,17 @@ def write_safetensors(ar: Any, dst: str | os.PathLike, *, sep: str = ".", progre
         if name in header:
             raise InvalidTreeError(f"{ar.path}: two leaves become {name!r} (join separator {sep!r})")
         if t.is_nested or t.layout != torch.strided or t.dtype not in SAFETENSORS_DTYPES:
-            raise InvalidTreeError(f"{ar.path}: leaf {name!r} ({t.dtype}{', nested' if t.is_nested else ''}) "
-                                   f"has no safetensors form")  # fmt: skip
+            raise InvalidTreeError(
+                f"{ar.path}: leaf {name!r} ({t.dtype}{', nested' if t.is_nested else ''}) "
+                f"has no safetensors form"
+            )
         t = t.contiguous()
         nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + nbytes]}  # fmt: skip
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         parts.append((offset, t, nbytes))
         offset += nbytes
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -150,7 +175,9 @@ def write_safetensors(ar: Any, dst: str | os.PathLike, *, sep: str = ".", progre
                 if not nbytes:
                     continue
                 flat = t.view(-1)
-                batch.append((base + off, (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).numpy()))
+                batch.append(
+                    (base + off, (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).numpy())
+                )
                 acc += nbytes
                 if acc >= _BATCH:
                     _flush(fd, batch, bar, maps)

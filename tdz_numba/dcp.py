@@ -162,8 +162,15 @@ class TdzStorageWriter(StorageWriter):
     ['.metadata', '__0_0.tdz'] [1.0, 1.0]
     """
 
-    def __init__(self, path: str | os.PathLike, *, compression: str | None = None, num_threads: int | None = None,
-                 storage_options: dict[str, Any] | None = None, overwrite: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        compression: str | None = None,
+        num_threads: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        overwrite: bool = True,
+    ) -> None:
         super().__init__()
         self.location = _Location(path, storage_options)
         self.compression = compression
@@ -196,8 +203,10 @@ class TdzStorageWriter(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        return [dataclasses.replace(p, storage_data=_Prefix(f"__{i}_")) if p.storage_data is None else p
-                for i, p in enumerate(plans)]  # fmt: skip
+        return [
+            dataclasses.replace(p, storage_data=_Prefix(f"__{i}_")) if p.storage_data is None else p
+            for i, p in enumerate(plans)
+        ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         from . import api
@@ -215,7 +224,11 @@ class TdzStorageWriter(StorageWriter):
             offsets: list[int] = []
             if item.type == WriteItemType.BYTE_IO:
                 raw = data.getbuffer() if isinstance(data, io.BytesIO) else memoryview(data)
-                t = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
+                t = (
+                    torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+                    if len(raw)
+                    else torch.empty(0, dtype=torch.uint8)
+                )
             else:
                 t = data.detach()
                 if t.device.type != "cpu":
@@ -226,12 +239,18 @@ class TdzStorageWriter(StorageWriter):
             tree[key] = t
             nbytes = t.numel() * t.element_size()
             table.append([key, item.index.fqn, offsets, list(t.shape), item.type.name])
-            results.append(WriteResult(index=item.index, size_in_bytes=nbytes,
-                                       storage_data=TdzChunk(name, key, nbytes)))  # fmt: skip
+            results.append(
+                WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=TdzChunk(name, key, nbytes))
+            )
         tree[CHUNKS_KEY] = table
         level = Level(tree)
-        api.save(level, self.location.join(name), compression=self.compression, num_threads=self.num_threads,
-                 storage_options=self.location.storage_options if self.location.url else None)  # fmt: skip
+        api.save(
+            level,
+            self.location.join(name),
+            compression=self.compression,
+            num_threads=self.num_threads,
+            storage_options=self.location.storage_options if self.location.url else None,
+        )
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -282,8 +301,9 @@ class TdzStorageReader(StorageReader):
     5.0
     """
 
-    def __init__(self, path: str | os.PathLike, *, storage_options: dict[str, Any] | None = None,
-                 verify: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self, path: str | os.PathLike, *, storage_options: dict[str, Any] | None = None, verify: bool = True
+    ) -> None:
         super().__init__()
         self.location = _Location(path, storage_options)
         self.verify = verify
@@ -307,7 +327,9 @@ class TdzStorageReader(StorageReader):
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
         self.storage_data = metadata.storage_data
         if self.storage_data is None:
             raise BadArchiveError(f"{self.location}: the checkpoint metadata has no storage data")
@@ -336,15 +358,18 @@ class TdzStorageReader(StorageReader):
         for req in plan.items:
             info = self.storage_data[req.storage_index]
             if not isinstance(info, TdzChunk):
-                raise BadArchiveError(f"{self.location}: not a tdz checkpoint (storage data {type(info).__name__})")
+                raise BadArchiveError(
+                    f"{self.location}: not a tdz checkpoint (storage data {type(info).__name__})"
+                )
             per_file.setdefault(info.relative_path, []).append(req)
         for rel, reqs in per_file.items():
             ar = self._open(rel)
             try:
                 index = ar._index
                 if hasattr(index, "fetch"):  # remote: every needed leaf in one coalesced batch
-                    names = ["meta.json"] + [encode_key(self.storage_data[r.storage_index].key) + ".memmap"
-                                             for r in reqs]  # fmt: skip
+                    names = ["meta.json"] + [
+                        encode_key(self.storage_data[r.storage_index].key) + ".memmap" for r in reqs
+                    ]
                     rows = [index.row(n) for n in names]
                     index.fetch([r for r in rows if r is not None])
                 for req in reqs:
@@ -356,8 +381,10 @@ class TdzStorageReader(StorageReader):
                     src = narrow_tensor_by_index(stored, req.storage_offsets, req.lengths)
                     target = planner.resolve_tensor(req).detach()
                     if target.size() != src.size():
-                        raise BadArchiveError(f"{self.location}/{rel}: {key!r}: stored chunk {list(src.size())}, "
-                                              f"destination {list(target.size())}")  # fmt: skip
+                        raise BadArchiveError(
+                            f"{self.location}/{rel}: {key!r}: stored chunk {list(src.size())}, "
+                            f"destination {list(target.size())}"
+                        )
                     target.copy_(src)
                     planner.commit_tensor(req, target)
             finally:

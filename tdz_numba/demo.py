@@ -31,9 +31,7 @@ def sample_tree(groups: int = 100, leaves: int = 20, values: int = 33_554, seed:
         "info": {"env": "CartPole-v1", "seed": seed, "tags": ["demo", "sample"]},
     }
     for i in range(groups):
-        tree[f"group_{i:03d}"] = {
-            f"leaf_{j:02d}": torch.randn(values, generator=g) for j in range(leaves)
-        }
+        tree[f"group_{i:03d}"] = {f"leaf_{j:02d}": torch.randn(values, generator=g) for j in range(leaves)}
     return tree
 
 
@@ -55,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     tree = sample_tree(groups=groups, values=values)
     nbytes = sum(
         t.numel() * t.element_size()
-        for g in tree.values() if isinstance(g, dict) for t in g.values() if isinstance(t, torch.Tensor)
-    )  # fmt: skip
+        for g in tree.values()
+        if isinstance(g, dict)
+        for t in g.values()
+        if isinstance(t, torch.Tensor)
+    )
     print(f"sample: {groups} groups x 20 float32 leaves + frames ({nbytes / 2**20:.1f} MiB of leaves)")
     with tempfile.TemporaryDirectory() as tmp:
         out = args.keep or Path(tmp)
@@ -71,16 +72,23 @@ def main(argv: list[str] | None = None) -> int:
             print(repr(ar).splitlines()[0])
             print("\n".join(repr(ar).splitlines()[1:8]) + "\n  ...")
             info = ar.info("group_000/leaf_00")
-            print(f"leaf group_000/leaf_00: offset {info.offset} (64-aligned: {info.offset is not None and info.offset % 64 == 0}), "
-                  f"{info.nbytes} bytes, crc {info.crc:#010x}, zero-copy: {info.zero_copy}")  # fmt: skip
-            same = ar["group_000/leaf_00"].untyped_storage().data_ptr() == ar["frames"].untyped_storage().data_ptr()
+            print(
+                f"leaf group_000/leaf_00: offset {info.offset} (64-aligned: {info.offset is not None and info.offset % 64 == 0}), "
+                f"{info.nbytes} bytes, crc {info.crc:#010x}, zero-copy: {info.zero_copy}"
+            )
+            same = (
+                ar["group_000/leaf_00"].untyped_storage().data_ptr()
+                == ar["frames"].untyped_storage().data_ptr()
+            )
             print(f"all leaves share one mapping: {same}; info: {ar['info']['env']!r}")
             assert torch.equal(ar["group_007/leaf_03"], tree["group_007"]["leaf_03"])
         report = tdz_numba.verify(path)
         print(report)
         size = path.stat().st_size
-        print(f"save {t_save * 1e3:.1f} ms ({size / t_save / 2**30:.2f} GiB/s), "
-              f"open (lazy) {t_open * 1e3:.2f} ms, read 2 leaves {t_read * 1e3:.2f} ms")  # fmt: skip
+        print(
+            f"save {t_save * 1e3:.1f} ms ({size / t_save / 2**30:.2f} GiB/s), "
+            f"open (lazy) {t_open * 1e3:.2f} ms, read 2 leaves {t_read * 1e3:.2f} ms"
+        )
         try:
             from tensordict import TensorDict
         except ImportError:
@@ -94,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             t_td_open = _best(lambda: TensorDict.load_memmap(path), repeat=1)
             back = TensorDict.load_memmap(path)
             assert torch.equal(back["group_001", "leaf_02"], tree["group_001"]["leaf_02"])
-            print(f"tensordict 0.15.3: save {t_td * 1e3:.1f} ms ({t_td / t_save:.1f}x ours), "
-                  f"load_memmap of our archive {t_td_open * 1e3:.1f} ms: values equal")  # fmt: skip
+            print(
+                f"tensordict 0.15.3: save {t_td * 1e3:.1f} ms ({t_td / t_save:.1f}x ours), "
+                f"load_memmap of our archive {t_td_open * 1e3:.1f} ms: values equal"
+            )
         np.testing.assert_equal(tdz_numba.load(path)["index"].numpy(), np.arange(64))
     print("demo OK")
     return 0

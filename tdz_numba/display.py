@@ -25,8 +25,16 @@ from typing import Any
 from .progress import human_bytes
 from .tree import NON_TENSOR_DATA_TYPE, NON_TENSOR_STACK_TYPE
 
-__all__ = ["archive_repr", "archive_html", "tree_lines", "value_text", "level_value", "shape_text",
-           "dtype_text", "MAX_VALUE_CHARS"]  # fmt: skip
+__all__ = [
+    "archive_repr",
+    "archive_html",
+    "tree_lines",
+    "value_text",
+    "level_value",
+    "shape_text",
+    "dtype_text",
+    "MAX_VALUE_CHARS",
+]
 
 #: Longest value text shown for a non-tensor value (longer ones end in "...").
 MAX_VALUE_CHARS = 80
@@ -146,9 +154,11 @@ def archive_repr(ar: Any) -> str:
     return "\n".join([head, *lines])
 
 
-_STYLE = ("<style>.tdz-archive table{border-collapse:collapse;margin:0;font-family:monospace}"
-          ".tdz-archive td{text-align:left;padding:0 0.9em 0 0;white-space:nowrap;"
-          "vertical-align:top}.tdz-archive summary{cursor:pointer}</style>")  # fmt: skip
+_STYLE = (
+    "<style>.tdz-archive table{border-collapse:collapse;margin:0;font-family:monospace}"
+    ".tdz-archive td{text-align:left;padding:0 0.9em 0 0;white-space:nowrap;"
+    "vertical-align:top}.tdz-archive summary{cursor:pointer}</style>"
+)
 
 
 def archive_html(ar: Any, max_rows: int = 500) -> str:
@@ -179,8 +189,10 @@ def archive_html(ar: Any, max_rows: int = 500) -> str:
         for i, (key, spec, owner) in enumerate(items):
             if budget[0] <= 0:
                 rest = len(items) - i
-                subs.append(f'<div style="color:#777;font-family:monospace">... {rest} more '
-                            f'key{"s" if rest != 1 else ""}</div>')  # fmt: skip
+                subs.append(
+                    f'<div style="color:#777;font-family:monospace">... {rest} more '
+                    f"key{'s' if rest != 1 else ''}</div>"
+                )
                 break
             budget[0] -= 1
             name = f"<b>{esc(key)}</b>"
@@ -192,15 +204,23 @@ def archive_html(ar: Any, max_rows: int = 500) -> str:
                     codec = info.compression
                     if info.stored_nbytes != info.nbytes:
                         codec += f" ({human(info.stored_nbytes)} stored)"
-                    cols = [dtype_text(info.dtype) + nested, shape_text(owner, leaf), human(info.nbytes), codec]
+                    cols = [
+                        dtype_text(info.dtype) + nested,
+                        shape_text(owner, leaf),
+                        human(info.nbytes),
+                        codec,
+                    ]
                 except Exception as exc:  # one bad leaf does not hide the others
                     cols = [dtype_text(leaf.dtype), str(list(leaf.shape)), "?", f"error: {exc}"]
-                rows.append(f"<tr><td>{name}</td><td>{esc(cols[0])}</td><td>{esc(cols[1])}</td>"
-                            f'<td style="text-align:right">{esc(cols[2])}</td>'
-                            f"<td>{esc(cols[3])}</td></tr>")  # fmt: skip
+                rows.append(
+                    f"<tr><td>{name}</td><td>{esc(cols[0])}</td><td>{esc(cols[1])}</td>"
+                    f'<td style="text-align:right">{esc(cols[2])}</td>'
+                    f"<td>{esc(cols[3])}</td></tr>"
+                )
             elif spec.kind == "file":
-                rows.append(f'<tr><td>{name}</td><td colspan="4" style="color:#777">'
-                            f"file {esc(spec.path)}</td></tr>")  # fmt: skip
+                rows.append(
+                    f'<tr><td>{name}</td><td colspan="4" style="color:#777">file {esc(spec.path)}</td></tr>'
+                )
             elif spec.kind == "value":
                 rows.append(f'<tr><td>{name}</td><td colspan="4">{esc(value_text(spec.leaf))}</td></tr>')
             else:
@@ -208,11 +228,15 @@ def archive_html(ar: Any, max_rows: int = 500) -> str:
                 shown, value = level_value(sub)
                 if shown:
                     label = "" if sub._plain_value()[0] else f"{sub.type_name} "
-                    rows.append(f'<tr><td>{name}</td><td colspan="4">{esc(label + value_text(value))}</td></tr>')
+                    rows.append(
+                        f'<tr><td>{name}</td><td colspan="4">{esc(label + value_text(value))}</td></tr>'
+                    )
                 else:
                     inner = render(sub)
-                    subs.append(f"<details><summary><b>{esc(key)}/</b> {level_label(sub)}</summary>"
-                                f'<div style="margin-left:1.2em">{inner}</div></details>')  # fmt: skip
+                    subs.append(
+                        f"<details><summary><b>{esc(key)}/</b> {level_label(sub)}</summary>"
+                        f'<div style="margin-left:1.2em">{inner}</div></details>'
+                    )
         table = f"<table>{''.join(rows)}</table>" if rows else ""
         return table + "".join(subs)
 
@@ -225,12 +249,16 @@ def archive_html(ar: Any, max_rows: int = 500) -> str:
         extra = ""
         index = getattr(ar._state.source, "index", None)
         if not ar._prefix and index is not None and len(index.names):
-            extra = (f' <span style="color:#777">&middot; {len(index.names)} entries, '
-                     f"{human(int(index.table['size'].sum()))} payload</span>")  # fmt: skip
+            extra = (
+                f' <span style="color:#777">&middot; {len(index.names)} entries, '
+                f"{human(int(index.table['size'].sum()))} payload</span>"
+            )
         fmt = "" if ar.format == "tdz" else f' <span style="color:#777">({esc(ar.format)})</span>'
-        return (f'<div class="tdz-archive">{_STYLE}<details open><summary><b>Archive</b> {where}{fmt} '
-                f"{level_label(ar)}{extra}</summary>"
-                f'<div style="margin-left:1.2em">{body}</div></details></div>')  # fmt: skip
+        return (
+            f'<div class="tdz-archive">{_STYLE}<details open><summary><b>Archive</b> {where}{fmt} '
+            f"{level_label(ar)}{extra}</summary>"
+            f'<div style="margin-left:1.2em">{body}</div></details></div>'
+        )
     except Exception:
         try:
             text = repr(ar)

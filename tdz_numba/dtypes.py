@@ -20,21 +20,45 @@ from .errors import BadArchiveError
 __all__ = ["torch_dtype", "dtype_table", "numpy_dtype", "from_numpy_dtype"]
 
 _NAMES = [
-    "bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
-    "int64", "float16", "bfloat16", "float32", "float64", "complex32",
-    "complex64", "complex128", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
-    "float8_e5m2fnuz", "float8_e8m0fnu",
-]  # fmt: skip
-_BY_NAME: dict[str, torch.dtype] = {
-    f"torch.{n}": getattr(torch, n) for n in _NAMES if hasattr(torch, n)
-}
+    "bool",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex32",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+]
+_BY_NAME: dict[str, torch.dtype] = {f"torch.{n}": getattr(torch, n) for n in _NAMES if hasattr(torch, n)}
 _NUMPY = {
-    torch.bool: np.bool_, torch.uint8: np.uint8, torch.uint16: np.uint16,
-    torch.uint32: np.uint32, torch.uint64: np.uint64, torch.int8: np.int8,
-    torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
-    torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
-    torch.complex64: np.complex64, torch.complex128: np.complex128,
-}  # fmt: skip
+    torch.bool: np.bool_,
+    torch.uint8: np.uint8,
+    torch.uint16: np.uint16,
+    torch.uint32: np.uint32,
+    torch.uint64: np.uint64,
+    torch.int8: np.int8,
+    torch.int16: np.int16,
+    torch.int32: np.int32,
+    torch.int64: np.int64,
+    torch.float16: np.float16,
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.complex64: np.complex64,
+    torch.complex128: np.complex128,
+}
 _FROM_NUMPY = {np.dtype(v): k for k, v in _NUMPY.items()}
 
 

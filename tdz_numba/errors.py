@@ -61,8 +61,15 @@ class TdzError(Exception):
     expected: object
     found: object
 
-    def __init__(self, *args: object, path: object = None, entry: str | None = None, offset: int | None = None,
-                 expected: object = None, found: object = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *args: object,
+        path: object = None,
+        entry: str | None = None,
+        offset: int | None = None,
+        expected: object = None,
+        found: object = None,
+    ) -> None:
         super().__init__(*args)
         self.path = None if path is None else str(path)
         self.entry = entry

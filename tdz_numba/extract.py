@@ -65,8 +65,9 @@ MAX_COMPONENT = 255
 _DIR_FLAGS = (
     os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 )
-_FILE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-               | getattr(os, "O_CLOEXEC", 0))  # fmt: skip
+_FILE_FLAGS = (
+    os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
 _S_IFLNK = 0o120000
 _S_IFMT = 0o170000
 _BUF = 8 << 20  # bytes per write call
@@ -206,7 +207,9 @@ def _write_entry(index: ArchiveIndex, name: str, out: int) -> None:
         return
     where = f"{index.path}: entry {name!r}"
     table = codecs.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
-    codecs.stream_member(index.raw(e), e.method, e.size, e.crc, table, lambda piece: _write_all(out, piece), where)
+    codecs.stream_member(
+        index.raw(e), e.method, e.size, e.crc, table, lambda piece: _write_all(out, piece), where
+    )
 
 
 def _extract(index: ArchiveIndex, tree: dict, root_fd: int, bar) -> None:

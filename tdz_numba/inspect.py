@@ -24,8 +24,18 @@ from typing import Any
 
 from .errors import InvalidArgumentError, MissingKeyError
 
-__all__ = ["info_dict", "tree_dict", "node_dict", "level_dict", "show_dict", "float_stats", "int_stats",
-           "SHOW_VALUES", "json_float", "jsonable"]  # fmt: skip
+__all__ = [
+    "info_dict",
+    "tree_dict",
+    "node_dict",
+    "level_dict",
+    "show_dict",
+    "float_stats",
+    "int_stats",
+    "SHOW_VALUES",
+    "json_float",
+    "jsonable",
+]
 
 SHOW_VALUES = 8  # leading values printed by `tdz show`
 _STATS_CHUNK = 1 << 20  # float elements converted to float64 at a time
@@ -124,28 +134,50 @@ def _info_other(ar: Any, path: str | os.PathLike) -> dict[str, Any]:
                 stack.append(node.sublevel(spec))
     file_bytes = sum(int(f.size) for f in ar.source.files) or os.path.getsize(path)
     return {
-        "path": str(path), "format": ar.format, "root_type": ar.type_name, "batch_size": ar.batch_size,
-        "entries": leaves, "levels": levels, "leaves": leaves, "file_bytes": file_bytes,
-        "files": len(ar.source.files), "payload_bytes": payload, "stored_bytes": stored,
-        "compression": codecs, "zero_copy_leaves": zero, "metadata": jsonable(ar.metadata),
-    }  # fmt: skip
+        "path": str(path),
+        "format": ar.format,
+        "root_type": ar.type_name,
+        "batch_size": ar.batch_size,
+        "entries": leaves,
+        "levels": levels,
+        "leaves": leaves,
+        "file_bytes": file_bytes,
+        "files": len(ar.source.files),
+        "payload_bytes": payload,
+        "stored_bytes": stored,
+        "compression": codecs,
+        "zero_copy_leaves": zero,
+        "metadata": jsonable(ar.metadata),
+    }
 
 
 # -- tree ------------------------------------------------------------------------------------
 
 
-def node_dict(owner: Any, key: str, spec: Any, path: str, depth: int, max_depth: int | None) -> dict[str, Any]:
+def node_dict(
+    owner: Any, key: str, spec: Any, path: str, depth: int, max_depth: int | None
+) -> dict[str, Any]:
     """The JSON-able description of one child ``spec`` (named ``key``) of the level ``owner``."""
     from .display import level_value, nested_shape_text
     from .tree import PickledData, RawFile
 
     if spec.kind == "leaf":
         info = owner._leaf_info(spec.leaf)
-        d = {"key": key, "path": path, "kind": "leaf", "dtype": _dtype_name(info.dtype),
-             "shape": list(info.shape), "nbytes": info.nbytes, "stored_nbytes": info.stored_nbytes,
-             "codec": info.compression, "offset": info.offset,
-             "crc": None if info.crc is None else f"{info.crc:#010x}", "nested": info.nested,
-             "entry": info.entry, "zero_copy": info.zero_copy}  # fmt: skip
+        d = {
+            "key": key,
+            "path": path,
+            "kind": "leaf",
+            "dtype": _dtype_name(info.dtype),
+            "shape": list(info.shape),
+            "nbytes": info.nbytes,
+            "stored_nbytes": info.stored_nbytes,
+            "codec": info.compression,
+            "offset": info.offset,
+            "crc": None if info.crc is None else f"{info.crc:#010x}",
+            "nested": info.nested,
+            "entry": info.entry,
+            "zero_copy": info.zero_copy,
+        }
         if info.type_name and not info.type_name.startswith("torch."):
             d["type_name"] = info.type_name
         if info.nested:
@@ -176,18 +208,27 @@ def level_dict(level: Any, key: str, path: str, depth: int, max_depth: int | Non
     from .display import _children
 
     children = _children(level)
-    d: dict[str, Any] = {"key": key, "path": path, "kind": "level", "type": level.type_name,
-                         "batch_size": level.batch_size, "keys": len(children)}  # fmt: skip
+    d: dict[str, Any] = {
+        "key": key,
+        "path": path,
+        "kind": "level",
+        "type": level.type_name,
+        "batch_size": level.batch_size,
+        "keys": len(children),
+    }
     if max_depth is not None and depth >= max_depth:
         d["children"] = None  # not expanded (--depth)
         return d
     d["children"] = [
-        node_dict(owner, k, spec, f"{path}/{k}" if path else k, depth + 1, max_depth) for k, spec, owner in children
+        node_dict(owner, k, spec, f"{path}/{k}" if path else k, depth + 1, max_depth)
+        for k, spec, owner in children
     ]
     return d
 
 
-def tree_dict(path: str | os.PathLike, subpath: str | None = None, depth: int | None = None) -> dict[str, Any]:
+def tree_dict(
+    path: str | os.PathLike, subpath: str | None = None, depth: int | None = None
+) -> dict[str, Any]:
     """What ``tdz tree`` reports: the nested description of the file (or of ``subpath``)."""
     import tdz_numba
 
@@ -301,29 +342,48 @@ def show_dict(path: str | os.PathLike, key: str, values: int = SHOW_VALUES) -> d
             if isinstance(value, Archive):
                 shown, data = level_value(value)
                 if shown:
-                    return {"path": str(path), "key": key, "kind": "value", "type": value.type_name,
-                            "value": jsonable(data)}  # fmt: skip
-                raise InvalidArgumentError(f"{path}: {key!r} is a level ({value.type_name}, {len(value)} keys), "
-                                           f"not a leaf; use `tdz tree {path} {key}`")  # fmt: skip
+                    return {
+                        "path": str(path),
+                        "key": key,
+                        "kind": "value",
+                        "type": value.type_name,
+                        "value": jsonable(data),
+                    }
+                raise InvalidArgumentError(
+                    f"{path}: {key!r} is a level ({value.type_name}, {len(value)} keys), "
+                    f"not a leaf; use `tdz tree {path} {key}`"
+                )
             if isinstance(value, RawFile):
-                return {"path": str(path), "key": key, "kind": "file", "entry": spec.path,
-                        "nbytes": len(value.data)}  # fmt: skip
+                return {
+                    "path": str(path),
+                    "key": key,
+                    "kind": "file",
+                    "entry": spec.path,
+                    "nbytes": len(value.data),
+                }
             return {"path": str(path), "key": key, "kind": "value", "value": jsonable(value)}
         info = node._leaf_info(spec.leaf)
         t = node._value(spec)
         flat = _flat_values(t)
         numel = int(flat.numel())
         d: dict[str, Any] = {
-            "path": str(path), "key": key, "kind": "leaf", "entry": info.entry,
-            "dtype": _dtype_name(info.dtype), "shape": list(info.shape), "numel": numel,
-            "nested": info.nested, "nbytes": info.nbytes, "stored_nbytes": info.stored_nbytes,
+            "path": str(path),
+            "key": key,
+            "kind": "leaf",
+            "entry": info.entry,
+            "dtype": _dtype_name(info.dtype),
+            "shape": list(info.shape),
+            "numel": numel,
+            "nested": info.nested,
+            "nbytes": info.nbytes,
+            "stored_nbytes": info.stored_nbytes,
             "offset": info.offset,
             "aligned": None if info.offset is None else info.offset % 64 == 0,
             "compression": info.compression,
             "crc": None if info.crc is None else f"{info.crc:#010x}",
             "zero_copy": info.zero_copy,
             "values": _leaf_values(flat, values),
-        }  # fmt: skip
+        }
         if info.type_name and not info.type_name.startswith("torch."):
             d["type_name"] = info.type_name
         if info.location is not None:

@@ -40,8 +40,10 @@ class VerifyReport:
     payload_bytes: int
 
     def __str__(self) -> str:
-        return (f"{self.path}: OK: {self.entries} entries, {self.levels} levels, "
-                f"{self.leaves} leaves, {self.payload_bytes} payload bytes checked")  # fmt: skip
+        return (
+            f"{self.path}: OK: {self.entries} entries, {self.levels} levels, "
+            f"{self.leaves} leaves, {self.payload_bytes} payload bytes checked"
+        )
 
 
 def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
@@ -110,13 +112,18 @@ def _crc_error(index: ArchiveIndex, row: int, found: int) -> ChecksumError:
     expected = int(table["crc"][row])
     hint = ""
     if name.endswith(".memmap") and int(table["method"][row]) == records.STORED:
-        hint = (" (after in-place writes through mode='r+', re-stamp the CRCs with `tdz refresh FILE`, "
-                "tdz_numba.refresh_checksums(path) or Archive.close(refresh=True))")
+        hint = (
+            " (after in-place writes through mode='r+', re-stamp the CRCs with `tdz refresh FILE`, "
+            "tdz_numba.refresh_checksums(path) or Archive.close(refresh=True))"
+        )
     return ChecksumError(
         f"{index.path}: entry {name!r}: CRC-32 mismatch: recorded {expected:#010x}, computed {found:#010x}{hint}",
-        path=str(index.path), entry=name, offset=int(table["payload_offset"][row]), expected=expected,
+        path=str(index.path),
+        entry=name,
+        offset=int(table["payload_offset"][row]),
+        expected=expected,
         found=found,
-    )  # fmt: skip
+    )
 
 
 def _verify_other(ar, path: str | os.PathLike, progress: bool | None) -> VerifyReport:
@@ -196,12 +203,22 @@ def _verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
 
     def flush() -> None:
         if not scratch:  # one buffer for every batch: its pages are faulted in once
-            small = sum(int(index.entry(index.names[i]).size) for i in rows
-                        if index.entry(index.names[i]).size <= codecs.STREAM_CHUNK)  # fmt: skip
+            small = sum(
+                int(index.entry(index.names[i]).size)
+                for i in rows
+                if index.entry(index.names[i]).size <= codecs.STREAM_CHUNK
+            )
             scratch.append(np.empty(max(1, min(limit, small)), np.uint8))
-        jobs = [(f"{index.path}: entry {e.name!r}", index.raw(e), e.size, e.crc,
-                 codecs.parse_segment_table(index.local_extra(e), f"{index.path}: entry {e.name!r}"))
-                for e in batch]  # fmt: skip
+        jobs = [
+            (
+                f"{index.path}: entry {e.name!r}",
+                index.raw(e),
+                e.size,
+                e.crc,
+                codecs.parse_segment_table(index.local_extra(e), f"{index.path}: entry {e.name!r}"),
+            )
+            for e in batch
+        ]
         codecs.inflate_many(jobs, None, into=scratch[0])  # in parallel; checks the CRCs
         bar.update(sum(b.compressed_size for b in batch))
 
@@ -215,7 +232,9 @@ def _verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
             held += e.size
             continue
         where = f"{index.path}: entry {e.name!r}"
-        table = codecs.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
+        table = (
+            codecs.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
+        )
         codecs.stream_member(index.raw(e), e.method, e.size, e.crc, table, None, where)
         bar.update(e.compressed_size)
     if batch:
@@ -242,8 +261,12 @@ def refresh_checksums(path: str | os.PathLike) -> Path:
                     pos += sig
                 pos += records.Descriptor.CRC
                 if pos + 4 > r.next_offset:
-                    raise BadArchiveError(f"{path}: entry {index.names[row]!r}: data descriptor past the data area",
-                                          path=str(path), entry=index.names[row], offset=pos)  # fmt: skip
+                    raise BadArchiveError(
+                        f"{path}: entry {index.names[row]!r}: data descriptor past the data area",
+                        path=str(path),
+                        entry=index.names[row],
+                        offset=pos,
+                    )
                 buf[pos : pos + 4] = packed
             else:
                 pos = r.header_offset + records.Local.CRC
@@ -272,10 +295,17 @@ def is_archive(path: str | os.PathLike, *, thorough: bool = True) -> bool:
             return False
         from .tree import describe_level
 
-        meta = parse_meta(index.read_bytes("meta.json"), str(p))  # deep JSON: BadArchiveError, not RecursionError
+        meta = parse_meta(
+            index.read_bytes("meta.json"), str(p)
+        )  # deep JSON: BadArchiveError, not RecursionError
         # the root level as open reads it: is_archive is True exactly when open succeeds
-        describe_level(meta, "", lambda: index.listing(""), lambda sub: sub + "meta.json" in index or index.is_dir(sub),
-                       str(p))  # fmt: skip
+        describe_level(
+            meta,
+            "",
+            lambda: index.listing(""),
+            lambda sub: sub + "meta.json" in index or index.is_dir(sub),
+            str(p),
+        )
         return True
     except (TdzError, ValueError, RecursionError):
         return False

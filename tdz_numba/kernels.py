@@ -198,7 +198,6 @@ def crc32_spans(addrs, lengths, chunk):
     return _fold_chunks(crcs, first, lengths, chunk)
 
 
-
 # --------------------------------------------------------------------------
 # Layout plan
 # --------------------------------------------------------------------------
@@ -434,8 +433,14 @@ def parse_central_directory(buf, cd_offset, cd_size, count, check_local):
     ``value > limit - known`` so that no sum can overflow.
     """
     status = np.zeros(4, np.int64)
-    if (cd_offset < 0 or cd_size < 0 or count < 0 or cd_offset > buf.size or cd_size > buf.size - cd_offset
-            or count > cd_size // _CD_SIZEOF):  # fmt: skip
+    if (
+        cd_offset < 0
+        or cd_size < 0
+        or count < 0
+        or cd_offset > buf.size
+        or cd_size > buf.size - cd_offset
+        or count > cd_size // _CD_SIZEOF
+    ):
         _fail(status, _CENTRAL_OVERRUN, -1, buf.size, cd_offset)
         return np.zeros((0, _NCOLS), np.int64), status
     cols = np.zeros((count, _NCOLS), np.int64)

@@ -70,8 +70,15 @@ def _alignments(align: npt.ArrayLike, n: int) -> np.ndarray:
     return a
 
 
-def plan(names: list[str], data_size: npt.ArrayLike, align: npt.ArrayLike, methods: npt.ArrayLike, *,
-         size: npt.ArrayLike | None = None, local_more: npt.ArrayLike | None = None) -> Plan:  # fmt: skip
+def plan(
+    names: list[str],
+    data_size: npt.ArrayLike,
+    align: npt.ArrayLike,
+    methods: npt.ArrayLike,
+    *,
+    size: npt.ArrayLike | None = None,
+    local_more: npt.ArrayLike | None = None,
+) -> Plan:
     """Plans the layout of an archive from entry names and stored sizes.
 
     Parameters
@@ -102,8 +109,10 @@ def plan(names: list[str], data_size: npt.ArrayLike, align: npt.ArrayLike, metho
     name_len = np.fromiter((len(b) for b in name_bytes), np.int64, n)
     if n and int(name_len.max()) > _MAX_U16:
         i = int(name_len.argmax())
-        raise InvalidTreeError(f"entry name {names[i][:60]!r}... is {int(name_len[i])} bytes long, "
-                               f"a zip entry name can hold {_MAX_U16}")  # fmt: skip
+        raise InvalidTreeError(
+            f"entry name {names[i][:60]!r}... is {int(name_len[i])} bytes long, "
+            f"a zip entry name can hold {_MAX_U16}"
+        )
     stored = np.asarray(data_size, dtype=np.int64).reshape(n)
     usize = stored if size is None else np.asarray(size, dtype=np.int64).reshape(n)
     alignment = _alignments(align, n)
@@ -114,8 +123,10 @@ def plan(names: list[str], data_size: npt.ArrayLike, align: npt.ArrayLike, metho
     room = _MAX_U16 - (header_len - records.Local.SIZEOF - name_len)
     if n and bool((has_pad & (room < 0)).any()):
         i = int(np.nonzero(has_pad & (room < 0))[0][0])
-        raise InvalidArgumentError(f"entry {names[i]!r}: {int(more[i])} other extra bytes leave no room "
-                                   f"for a padding block in the zip extra field")  # fmt: skip
+        raise InvalidArgumentError(
+            f"entry {names[i]!r}: {int(more[i])} other extra bytes leave no room "
+            f"for a padding block in the zip extra field"
+        )
     hoff, pad, payload, data_end = plan_layout(header_len, stored, alignment, room)
     zip64 = records.central_zip64(usize, stored, hoff)
     # tensordict copies the 64-byte padding block into the central record; larger (page)

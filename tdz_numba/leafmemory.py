@@ -64,7 +64,9 @@ def leaf_caps(info: Any, verifiable: bool) -> Caps:
     offset = info.offset if info.offset is not None else -1
     mapped = bool(info.zero_copy)
     evict = mapped and memory.is_evictable(offset, info.stored_nbytes)
-    return Caps(mapped, evict, verifiable and info.crc is not None, _alignment_of([offset]) if offset >= 0 else 0)
+    return Caps(
+        mapped, evict, verifiable and info.crc is not None, _alignment_of([offset]) if offset >= 0 else 0
+    )
 
 
 class _Range(NamedTuple):
@@ -137,8 +139,10 @@ class LeafMemory:
         neighbours too), so that option can make neighbours fault in again (their
         bytes are never changed).
         """
-        return sum(memory.evict(r.mm, r.offset, r.nbytes, file=r.file if drop_cache else None, shared=r.shared)
-                   for r in self._ranges(key))  # fmt: skip
+        return sum(
+            memory.evict(r.mm, r.offset, r.nbytes, file=r.file if drop_cache else None, shared=r.shared)
+            for r in self._ranges(key)
+        )
 
     def prefetch(self, key: str | tuple[str, ...] | None = None, *, touch: bool = False) -> int:
         """Asks the kernel to read leaf ``key`` (or every leaf below level ``key``; None:
@@ -160,8 +164,9 @@ class LeafMemory:
             return 1.0
         return sum(memory.resident(r.mm, r.offset, r.nbytes) * r.nbytes for r in ranges) / total
 
-    def stream(self, keys: list[str] | None = None, *, prefetch: int = 1,
-               evict: bool = True) -> Iterator[tuple[str, Any]]:  # fmt: skip
+    def stream(
+        self, keys: list[str] | None = None, *, prefetch: int = 1, evict: bool = True
+    ) -> Iterator[tuple[str, Any]]:
         """``(key, tensor)`` for every leaf below this level (or ``keys``), in file order,
         in bounded memory.
 
@@ -188,7 +193,9 @@ class LeafMemory:
             mapped = info.zero_copy and info.location is not None and info.stored_nbytes > 0
             if mapped:
                 mm, shared = self._mapping(info.location.file)
-                ranges.append(_Range(k, mm, info.location.offset, info.location.nbytes, info.location.file, shared))
+                ranges.append(
+                    _Range(k, mm, info.location.offset, info.location.nbytes, info.location.file, shared)
+                )
             else:
                 ranges.append(None)
         for i, (_, k, _info) in enumerate(order):
@@ -217,5 +224,9 @@ class LeafMemory:
         verifiable = getattr(source, "format", "") in ("tdz", "torch", "npz")
         caps = [leaf_caps(i, verifiable) for i in infos]
         offsets = [i.offset for i in infos if i.offset is not None and i.zero_copy]
-        return Caps(bool(caps) and all(c.map for c in caps), bool(caps) and all(c.evict for c in caps),
-                    verifiable, _alignment_of(offsets))  # fmt: skip
+        return Caps(
+            bool(caps) and all(c.map for c in caps),
+            bool(caps) and all(c.evict for c in caps),
+            verifiable,
+            _alignment_of(offsets),
+        )

@@ -100,11 +100,19 @@ def _address(mm: mmap.mmap) -> int:
 
 def _check(mm: mmap.mmap, offset: int, nbytes: int) -> None:
     if offset < 0 or nbytes < 0 or offset + nbytes > len(mm):
-        raise InvalidArgumentError(f"byte range [{offset}, {offset + nbytes}) outside the mapping ({len(mm)} bytes)")
+        raise InvalidArgumentError(
+            f"byte range [{offset}, {offset + nbytes}) outside the mapping ({len(mm)} bytes)"
+        )
 
 
-def evict(mm: mmap.mmap, offset: int, nbytes: int, *, file: str | os.PathLike | int | None = None,
-          shared: bool = False) -> int:  # fmt: skip
+def evict(
+    mm: mmap.mmap,
+    offset: int,
+    nbytes: int,
+    *,
+    file: str | os.PathLike | int | None = None,
+    shared: bool = False,
+) -> int:
     """Drops the pages that lie entirely inside ``[offset, offset + nbytes)`` from memory.
 
     The pages are unmapped from this process (``madvise(MADV_DONTNEED)``) and, when
@@ -157,8 +165,14 @@ def prefetch(mm: mmap.mmap, offset: int, nbytes: int, *, touch: bool = False) ->
 READAHEAD_MIN = 1 << 20
 
 
-def readahead(mm: mmap.mmap, offsets: np.ndarray | Sequence[int], sizes: np.ndarray | Sequence[int], *,
-              gap: int = 1 << 20, min_bytes: int = READAHEAD_MIN) -> int:  # fmt: skip
+def readahead(
+    mm: mmap.mmap,
+    offsets: np.ndarray | Sequence[int],
+    sizes: np.ndarray | Sequence[int],
+    *,
+    gap: int = 1 << 20,
+    min_bytes: int = READAHEAD_MIN,
+) -> int:
     """Asks the kernel to read the byte ranges about to be handed out ahead (``MADV_WILLNEED``).
 
     Ranges (negative offsets or sizes are skipped) are sorted and merged when
@@ -253,8 +267,9 @@ def aligned_empty(nbytes: int, align: int = PAGE_SIZE) -> np.ndarray:
     return raw[shift : shift + nbytes]
 
 
-def read_direct(path: str | os.PathLike, ranges: Sequence[tuple[int, int]], *,
-                direct: bool = True) -> tuple[list[np.ndarray], bool]:  # fmt: skip
+def read_direct(
+    path: str | os.PathLike, ranges: Sequence[tuple[int, int]], *, direct: bool = True
+) -> tuple[list[np.ndarray], bool]:
     """Reads byte ranges ``(offset, nbytes)`` of a file into new owned buffers.
 
     With ``direct=True`` the file is opened with ``O_DIRECT`` (bypassing the page
@@ -278,7 +293,9 @@ def read_direct(path: str | os.PathLike, ranges: Sequence[tuple[int, int]], *,
         size = os.fstat(fd).st_size
         for offset, nbytes in ranges:
             if offset < 0 or nbytes < 0 or offset + nbytes > size:
-                raise InvalidArgumentError(f"{path}: range [{offset}, {offset + nbytes}) outside the file ({size} bytes)")
+                raise InvalidArgumentError(
+                    f"{path}: range [{offset}, {offset + nbytes}) outside the file ({size} bytes)"
+                )
             if use_direct:
                 lo = offset // PAGE_SIZE * PAGE_SIZE
                 hi = min(-(-(offset + nbytes) // PAGE_SIZE) * PAGE_SIZE, -(-size // PAGE_SIZE) * PAGE_SIZE)

@@ -33,11 +33,18 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["open_archive", "load"]
 
 
-def open_archive(path: str | os.PathLike, *, mode: str = "r",
-                 subpath: str | tuple[str, ...] | None = None,
-                 allow_pickle: bool = False, num_threads: int | None = None,
-                 copy: bool = False, device: Any = None, dtype: Any = None,
-                 direct: bool = False) -> Archive:  # fmt: skip
+def open_archive(
+    path: str | os.PathLike,
+    *,
+    mode: str = "r",
+    subpath: str | tuple[str, ...] | None = None,
+    allow_pickle: bool = False,
+    num_threads: int | None = None,
+    copy: bool = False,
+    device: Any = None,
+    dtype: Any = None,
+    direct: bool = False,
+) -> Archive:
     """Opens a file lazily; see :func:`tdz_numba.open`."""
     from .archive import Archive  # archive re-exports this module's names
 
@@ -63,7 +70,9 @@ def open_archive(path: str | os.PathLike, *, mode: str = "r",
         if fmt == "tdz":
             prefix = subpath_prefix(subpath)
             if prefix and not source.has_level(prefix):
-                raise MissingKeyError(f"{path}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})")
+                raise MissingKeyError(
+                    f"{path}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})"
+                )
             return Archive(state, prefix)
         root = Archive(state, "")
         if subpath_prefix(subpath) == "":
@@ -74,8 +83,9 @@ def open_archive(path: str | os.PathLike, *, mode: str = "r",
         raise
 
 
-def _open_source(path: str | os.PathLike, *, mode: str, allow_pickle: bool, num_threads: int | None,
-                 copy: bool) -> Source:  # fmt: skip
+def _open_source(
+    path: str | os.PathLike, *, mode: str, allow_pickle: bool, num_threads: int | None, copy: bool
+) -> Source:
     """The source of ``path``: its format detected from its bytes by :mod:`tdz_numba.formats`
     (a ``.tdz`` archive reuses the zip index the detection parsed)."""
     try:
@@ -105,13 +115,17 @@ def _open_source(path: str | os.PathLike, *, mode: str, allow_pickle: bool, num_
         if mode != "r":
             if ctx is not None:
                 ctx.close()
-            raise UnsupportedError(f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'")
+            raise UnsupportedError(
+                f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'"
+            )
         source = formats.open_source(path, copy=copy, sniffed=(name, ctx))  # reuses the parsed zip index
         if source is None:  # pragma: no cover - detection said otherwise
             return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
         return source
     if mode != "r":
-        raise UnsupportedError(f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'")
+        raise UnsupportedError(
+            f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'"
+        )
     source = formats.open_source(path, copy=copy)
     if source is None:  # pragma: no cover - detection said otherwise
         return open_tdz(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
@@ -135,13 +149,31 @@ def _plain_zip(path: str | os.PathLike) -> bool:
         index.close()
 
 
-def load(path: str | os.PathLike, *, subpath: str | tuple[str, ...] | None = None,
-         mode: str = "r", allow_pickle: bool = False, num_threads: int | None = None,
-         copy: bool = False, device: Any = None, dtype: Any = None, nest: str | None = None,
-         direct: bool = False) -> Level:  # fmt: skip
+def load(
+    path: str | os.PathLike,
+    *,
+    subpath: str | tuple[str, ...] | None = None,
+    mode: str = "r",
+    allow_pickle: bool = False,
+    num_threads: int | None = None,
+    copy: bool = False,
+    device: Any = None,
+    dtype: Any = None,
+    nest: str | None = None,
+    direct: bool = False,
+) -> Level:
     """Loads a file as nested dicts; see :func:`tdz_numba.load`."""
-    ar = open_archive(path, mode=mode, subpath=subpath, allow_pickle=allow_pickle,
-                      num_threads=num_threads, copy=copy, device=device, dtype=dtype, direct=direct)  # fmt: skip
+    ar = open_archive(
+        path,
+        mode=mode,
+        subpath=subpath,
+        allow_pickle=allow_pickle,
+        num_threads=num_threads,
+        copy=copy,
+        device=device,
+        dtype=dtype,
+        direct=direct,
+    )
     try:
         return ar.to_dict(nest=nest)
     finally:

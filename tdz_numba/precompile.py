@@ -31,8 +31,12 @@ import numpy as np
 
 __all__ = ["WarmupReport", "warmup", "kernel_dispatchers", "cache_dirs"]
 
-_KERNEL_MODULES = ("tdz_numba.kernels", "tdz_numba.codec_kernels", "tdz_numba.page_kernels",
-                   "tdz_numba.formats.gguf_kernels")  # fmt: skip
+_KERNEL_MODULES = (
+    "tdz_numba.kernels",
+    "tdz_numba.codec_kernels",
+    "tdz_numba.page_kernels",
+    "tdz_numba.formats.gguf_kernels",
+)
 
 
 @dataclass

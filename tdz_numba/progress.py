@@ -92,8 +92,17 @@ def _make_bar(total: int | None, desc: str) -> Any:
     except (AttributeError, ValueError, OSError):
         pass
     try:
-        return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                    file=sys.stderr, ncols=ncols, dynamic_ncols=ncols is None, leave=True)  # fmt: skip
+        return tqdm(
+            total=total,
+            desc=desc,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            file=sys.stderr,
+            ncols=ncols,
+            dynamic_ncols=ncols is None,
+            leave=True,
+        )
     except Exception:
         return None
 

@@ -128,8 +128,11 @@ class ArchiveIndex:
             raise UnsupportedError(
                 f"{label}: entry {self.names[i]!r} uses compression method {int(methods[i])}, "
                 f"expected one of {sorted(records.METHOD_NAMES)} (stored, deflate, bzip2, lzma)",
-                path=label, entry=self.names[i], expected=sorted(records.METHOD_NAMES), found=int(methods[i]),
-            )  # fmt: skip
+                path=label,
+                entry=self.names[i],
+                expected=sorted(records.METHOD_NAMES),
+                found=int(methods[i]),
+            )
         self._by_name: dict[str, int] = {name: i for i, name in enumerate(self.names)}
         if len(self._by_name) != len(self.names):
             seen: set[str] = set()
@@ -142,7 +145,9 @@ class ArchiveIndex:
         from .kernels import parse_central_directory
 
         end = self.end
-        cols, status = parse_central_directory(self.buffer, end.cd_offset, end.cd_size, end.count, check_local)
+        cols, status = parse_central_directory(
+            self.buffer, end.cd_offset, end.cd_size, end.count, check_local
+        )
         self._cols = cols
         #: One row per entry, fields named as :class:`tdz_numba.records.Col` (lower case).
         self.table = cols.view(records.INDEX_DTYPE)[:, 0]
@@ -162,19 +167,29 @@ class ArchiveIndex:
             raise BadArchiveError(
                 f"{label}: the central directory (offset {self.end.cd_offset}, {self.end.cd_size} bytes, "
                 f"{self.end.count} records) does not fit the file of {self.size} bytes",
-                path=label, offset=self.end.cd_offset, expected=expected, found=found,
-            )  # fmt: skip
+                path=label,
+                offset=self.end.cd_offset,
+                expected=expected,
+                found=found,
+            )
         name = None if code in _UNNAMED or i >= len(self._cols) else self._name_at(i)
         who = f"entry #{i}" if name is None else f"entry {name!r}"
         if code == Status.SIZE_RANGE:
             found &= _U64
-        text = _STATUS_TEXT[code].format(expected=expected, found=found, found_text="more" if found < 0 else found)
+        text = _STATUS_TEXT[code].format(
+            expected=expected, found=found, found_text="more" if found < 0 else found
+        )
         offset = None
         if i < len(self._cols):
-            column = Col.HEADER_OFFSET if code in (Status.LOCAL_SIGNATURE, Status.NAME_MISMATCH) else Col.CENTRAL_OFFSET
+            column = (
+                Col.HEADER_OFFSET
+                if code in (Status.LOCAL_SIGNATURE, Status.NAME_MISMATCH)
+                else Col.CENTRAL_OFFSET
+            )
             offset = int(self._cols[i, column])
-        raise BadArchiveError(f"{label}: {who}: {text}", path=label, entry=name, offset=offset,
-                              expected=expected, found=found)  # fmt: skip
+        raise BadArchiveError(
+            f"{label}: {who}: {text}", path=label, entry=name, offset=offset, expected=expected, found=found
+        )
 
     def check_all(self) -> None:
         """Reads and checks every local header now (an open reads them lazily)."""
@@ -203,7 +218,9 @@ class ArchiveIndex:
             if flags & records.FLAG_UTF8:
                 raise BadArchiveError(
                     f"{self.path}: entry #{i} has the UTF-8 flag but its name is not UTF-8: {raw!r}",
-                    path=str(self.path), offset=start, found=raw,
+                    path=str(self.path),
+                    offset=start,
+                    found=raw,
                 ) from None
         # zip's legacy encoding is cp437; but Info-ZIP stores UTF-8 names without
         # the flag, and meta.json keys are UTF-8, so UTF-8 is tried first
@@ -214,7 +231,9 @@ class ArchiveIndex:
         if not len(self.table):
             return []
         cd0 = self.end.cd_offset
-        text = self.buffer[cd0 : cd0 + self.end.cd_size].tobytes().decode("latin-1")  # one char per byte: offsets carry over
+        text = (
+            self.buffer[cd0 : cd0 + self.end.cd_size].tobytes().decode("latin-1")
+        )  # one char per byte: offsets carry over
         starts = self.table["name_offset"] - cd0
         stops = starts + self.table["name_len"]
         names = [text[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
@@ -233,8 +252,11 @@ class ArchiveIndex:
                 raise BadArchiveError(
                     f"{self.path}: entry {name[:60]!r}... has {name.count('/') + 1} path components, "
                     f"more than the {records.MAX_NAME_DEPTH} tdz_numba reads",
-                    path=str(self.path), entry=name, expected=records.MAX_NAME_DEPTH, found=name.count("/") + 1,
-                )  # fmt: skip
+                    path=str(self.path),
+                    entry=name,
+                    expected=records.MAX_NAME_DEPTH,
+                    found=name.count("/") + 1,
+                )
             if name.endswith("/"):
                 self._add_dir(name.rstrip("/"))
                 continue
@@ -283,8 +305,9 @@ class ArchiveIndex:
         i = self._by_name[name]
         payload = self.payload_offset(i)
         r = self.rows[i]
-        return EntryInfo(name, i, r.header_offset, payload, r.csize, r.size, r.method, r.crc, r.flags,
-                         r.central_offset)  # fmt: skip
+        return EntryInfo(
+            name, i, r.header_offset, payload, r.csize, r.size, r.method, r.crc, r.flags, r.central_offset
+        )
 
     def listing(self, directory: str) -> tuple[set[str], set[str]]:
         """``(files, sub-directories)`` directly under ``directory`` ("" is the root)."""
@@ -367,8 +390,12 @@ class ArchiveIndex:
             raise ChecksumError(
                 f"{self.path}: entry {e.name!r}: CRC-32 mismatch: recorded "
                 f"{e.crc:#010x}, computed {found:#010x}",
-                path=str(self.path), entry=e.name, offset=e.payload_offset, expected=e.crc, found=found,
-            )  # fmt: skip
+                path=str(self.path),
+                entry=e.name,
+                offset=e.payload_offset,
+                expected=e.crc,
+                found=found,
+            )
 
     def read_bytes(self, name: str) -> bytes:
         """An entry's uncompressed bytes as ``bytes`` (for small files: meta.json)."""

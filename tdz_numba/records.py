@@ -39,17 +39,67 @@ import numpy as np
 from .errors import BadArchiveError, InternalError, UnsupportedError
 
 __all__ = [
-    "ALIGNMENT", "PAD_EXTRA_ID", "ZIP64_EXTRA_ID", "SEGMENT_EXTRA_ID", "STORED", "DEFLATED", "BZIP2", "LZMA",
-    "METHOD_NAMES", "FLAG_ENCRYPTED", "FLAG_DESCRIPTOR", "FLAG_UTF8", "ZIP64_LIMIT", "ZIP_COUNT_LIMIT", "MAX_NAME_DEPTH",
-    "LOCAL_SIG", "CENTRAL_SIG", "END_SIG", "ZIP64_END_SIG", "ZIP64_LOCATOR_SIG", "DESCRIPTOR_SIG",
-    "Local", "Central", "Extra", "Zip64Local", "End", "Zip64End", "Zip64Locator", "Descriptor", "Pad",
-    "SegmentTable", "LOCAL_DT", "CENTRAL_DT", "EXTRA_DT", "ZIP64_LOCAL_DT", "END_DT", "ZIP64_END_DT",
-    "ZIP64_LOCATOR_DT", "DESCRIPTOR_DT", "SEGMENT_TABLE_DT",
-    "Col", "INDEX_DTYPE", "IndexRow", "Status",
-    "ZIP64_SIZES", "ZIP64_OFFSET", "central_zip64", "local_header_len", "central_record_len", "needs_zip64_end",
-    "end_records_len", "dos_datetime", "name_flags", "local_headers", "central_directory", "end_records",
-    "EndRecord", "find_end_record", "read_record", "end_record_position",
-]  # fmt: skip
+    "ALIGNMENT",
+    "PAD_EXTRA_ID",
+    "ZIP64_EXTRA_ID",
+    "SEGMENT_EXTRA_ID",
+    "STORED",
+    "DEFLATED",
+    "BZIP2",
+    "LZMA",
+    "METHOD_NAMES",
+    "FLAG_ENCRYPTED",
+    "FLAG_DESCRIPTOR",
+    "FLAG_UTF8",
+    "ZIP64_LIMIT",
+    "ZIP_COUNT_LIMIT",
+    "MAX_NAME_DEPTH",
+    "LOCAL_SIG",
+    "CENTRAL_SIG",
+    "END_SIG",
+    "ZIP64_END_SIG",
+    "ZIP64_LOCATOR_SIG",
+    "DESCRIPTOR_SIG",
+    "Local",
+    "Central",
+    "Extra",
+    "Zip64Local",
+    "End",
+    "Zip64End",
+    "Zip64Locator",
+    "Descriptor",
+    "Pad",
+    "SegmentTable",
+    "LOCAL_DT",
+    "CENTRAL_DT",
+    "EXTRA_DT",
+    "ZIP64_LOCAL_DT",
+    "END_DT",
+    "ZIP64_END_DT",
+    "ZIP64_LOCATOR_DT",
+    "DESCRIPTOR_DT",
+    "SEGMENT_TABLE_DT",
+    "Col",
+    "INDEX_DTYPE",
+    "IndexRow",
+    "Status",
+    "ZIP64_SIZES",
+    "ZIP64_OFFSET",
+    "central_zip64",
+    "local_header_len",
+    "central_record_len",
+    "needs_zip64_end",
+    "end_records_len",
+    "dos_datetime",
+    "name_flags",
+    "local_headers",
+    "central_directory",
+    "end_records",
+    "EndRecord",
+    "find_end_record",
+    "read_record",
+    "end_record_position",
+]
 
 #: Payload alignment of ``*.memmap`` entries (tensordict's ``_ALIGNMENT``).
 ALIGNMENT = 64
@@ -220,25 +270,75 @@ class SegmentTable(IntEnum):
     SIZEOF = 20
 
 
-LOCAL_DT = np.dtype([("sig", "<u4"), ("version", "<u2"), ("flags", "<u2"), ("method", "<u2"),
-                     ("time", "<u2"), ("date", "<u2"), ("crc", "<u4"), ("csize", "<u4"),
-                     ("size", "<u4"), ("name_len", "<u2"), ("extra_len", "<u2")])  # fmt: skip
-CENTRAL_DT = np.dtype([("sig", "<u4"), ("made_by", "<u2"), ("version", "<u2"), ("flags", "<u2"),
-                       ("method", "<u2"), ("time", "<u2"), ("date", "<u2"), ("crc", "<u4"),
-                       ("csize", "<u4"), ("size", "<u4"), ("name_len", "<u2"), ("extra_len", "<u2"),
-                       ("comment_len", "<u2"), ("disk", "<u2"), ("internal", "<u2"),
-                       ("external", "<u4"), ("header_offset", "<u4")])  # fmt: skip
+LOCAL_DT = np.dtype(
+    [
+        ("sig", "<u4"),
+        ("version", "<u2"),
+        ("flags", "<u2"),
+        ("method", "<u2"),
+        ("time", "<u2"),
+        ("date", "<u2"),
+        ("crc", "<u4"),
+        ("csize", "<u4"),
+        ("size", "<u4"),
+        ("name_len", "<u2"),
+        ("extra_len", "<u2"),
+    ]
+)
+CENTRAL_DT = np.dtype(
+    [
+        ("sig", "<u4"),
+        ("made_by", "<u2"),
+        ("version", "<u2"),
+        ("flags", "<u2"),
+        ("method", "<u2"),
+        ("time", "<u2"),
+        ("date", "<u2"),
+        ("crc", "<u4"),
+        ("csize", "<u4"),
+        ("size", "<u4"),
+        ("name_len", "<u2"),
+        ("extra_len", "<u2"),
+        ("comment_len", "<u2"),
+        ("disk", "<u2"),
+        ("internal", "<u2"),
+        ("external", "<u4"),
+        ("header_offset", "<u4"),
+    ]
+)
 EXTRA_DT = np.dtype([("id", "<u2"), ("len", "<u2")])
 ZIP64_LOCAL_DT = np.dtype([("id", "<u2"), ("len", "<u2"), ("size", "<u8"), ("csize", "<u8")])
-END_DT = np.dtype([("sig", "S4"), ("disk", "<u2"), ("cd_disk", "<u2"), ("disk_count", "<u2"),
-                   ("count", "<u2"), ("cd_size", "<u4"), ("cd_offset", "<u4"), ("comment_len", "<u2")])  # fmt: skip
-ZIP64_END_DT = np.dtype([("sig", "S4"), ("record_size", "<u8"), ("made_by", "<u2"), ("version", "<u2"),
-                         ("disk", "<u4"), ("cd_disk", "<u4"), ("disk_count", "<u8"), ("count", "<u8"),
-                         ("cd_size", "<u8"), ("cd_offset", "<u8")])  # fmt: skip
+END_DT = np.dtype(
+    [
+        ("sig", "S4"),
+        ("disk", "<u2"),
+        ("cd_disk", "<u2"),
+        ("disk_count", "<u2"),
+        ("count", "<u2"),
+        ("cd_size", "<u4"),
+        ("cd_offset", "<u4"),
+        ("comment_len", "<u2"),
+    ]
+)
+ZIP64_END_DT = np.dtype(
+    [
+        ("sig", "S4"),
+        ("record_size", "<u8"),
+        ("made_by", "<u2"),
+        ("version", "<u2"),
+        ("disk", "<u4"),
+        ("cd_disk", "<u4"),
+        ("disk_count", "<u8"),
+        ("count", "<u8"),
+        ("cd_size", "<u8"),
+        ("cd_offset", "<u8"),
+    ]
+)
 ZIP64_LOCATOR_DT = np.dtype([("sig", "S4"), ("disk", "<u4"), ("end_offset", "<u8"), ("disks", "<u4")])
 DESCRIPTOR_DT = np.dtype([("crc", "<u4"), ("csize", "<u4"), ("size", "<u4")])
-SEGMENT_TABLE_DT = np.dtype([("id", "<u2"), ("len", "<u2"), ("version", "<u4"), ("segment", "<u8"),
-                             ("count", "<u4")])  # fmt: skip
+SEGMENT_TABLE_DT = np.dtype(
+    [("id", "<u2"), ("len", "<u2"), ("version", "<u4"), ("segment", "<u8"), ("count", "<u4")]
+)
 _PAD_DT = EXTRA_DT
 
 
@@ -251,9 +351,18 @@ def _check_described(fields: type[IntEnum], dtype: np.dtype) -> None:
         raise InternalError(f"records.{fields.__name__}.SIZEOF disagrees with its dtype")
 
 
-for _f, _d in ((Local, LOCAL_DT), (Central, CENTRAL_DT), (Extra, EXTRA_DT), (Zip64Local, ZIP64_LOCAL_DT),
-               (End, END_DT), (Zip64End, ZIP64_END_DT), (Zip64Locator, ZIP64_LOCATOR_DT),
-               (Descriptor, DESCRIPTOR_DT), (Pad, _PAD_DT), (SegmentTable, SEGMENT_TABLE_DT)):  # fmt: skip
+for _f, _d in (
+    (Local, LOCAL_DT),
+    (Central, CENTRAL_DT),
+    (Extra, EXTRA_DT),
+    (Zip64Local, ZIP64_LOCAL_DT),
+    (End, END_DT),
+    (Zip64End, ZIP64_END_DT),
+    (Zip64Locator, ZIP64_LOCATOR_DT),
+    (Descriptor, DESCRIPTOR_DT),
+    (Pad, _PAD_DT),
+    (SegmentTable, SEGMENT_TABLE_DT),
+):
     _check_described(_f, _d)
 
 
@@ -363,8 +472,13 @@ def local_header_len(name_len, more_len, has_pad) -> np.ndarray:
     name, other extra blocks (``more_len``), the padding block's header when
     ``has_pad``, and the zip64 extra. The payload follows after the padding."""
     name_len = np.asarray(name_len, np.int64).reshape(-1)
-    return (Local.SIZEOF + name_len + np.asarray(more_len, np.int64).reshape(-1)
-            + np.where(np.asarray(has_pad, np.bool_).reshape(-1), Pad.SIZEOF, 0) + Zip64Local.SIZEOF)  # fmt: skip
+    return (
+        Local.SIZEOF
+        + name_len
+        + np.asarray(more_len, np.int64).reshape(-1)
+        + np.where(np.asarray(has_pad, np.bool_).reshape(-1), Pad.SIZEOF, 0)
+        + Zip64Local.SIZEOF
+    )
 
 
 def central_record_len(name_len, zip64, pad) -> np.ndarray:
@@ -372,7 +486,12 @@ def central_record_len(name_len, zip64, pad) -> np.ndarray:
     :func:`central_zip64` decided), padding block copy (``pad`` -1: none)."""
     name_len = np.asarray(name_len, np.int64).reshape(-1)
     zip64 = np.asarray(zip64, np.int64).reshape(-1)
-    return Central.SIZEOF + name_len + _central_zip64_len(zip64) + _pad_len(np.asarray(pad, np.int64).reshape(-1))
+    return (
+        Central.SIZEOF
+        + name_len
+        + _central_zip64_len(zip64)
+        + _pad_len(np.asarray(pad, np.int64).reshape(-1))
+    )
 
 
 def needs_zip64_end(count: int, cd_offset: int, cd_size: int) -> bool:
@@ -408,7 +527,7 @@ def name_flags(name: str, method: int) -> tuple[bytes, int]:
 
 
 def _versions(methods: np.ndarray) -> np.ndarray:
-    """"Version needed to extract": 45 (zip64), 46 for bzip2, 63 for lzma."""
+    """ "Version needed to extract": 45 (zip64), 46 for bzip2, 63 for lzma."""
     out = np.full(methods.shape, _ZIP64_VERSION, np.int64)
     out[methods == BZIP2] = 46
     out[methods == LZMA] = 63
@@ -429,8 +548,18 @@ def _col(values, n: int) -> np.ndarray:
     return np.asarray(values, np.int64).reshape(n)
 
 
-def local_headers(names: list[bytes], *, crc, size, csize, method, dos: tuple[int, int], pad,
-                  flags, more: list[bytes] | None = None) -> list[bytes]:  # fmt: skip
+def local_headers(
+    names: list[bytes],
+    *,
+    crc,
+    size,
+    csize,
+    method,
+    dos: tuple[int, int],
+    pad,
+    flags,
+    more: list[bytes] | None = None,
+) -> list[bytes]:
     """Local file headers (with name and extra field) of many entries at once.
 
     Array arguments are per entry; ``pad`` is the payload padding, -1 for
@@ -468,8 +597,9 @@ def local_headers(names: list[bytes], *, crc, size, csize, method, dos: tuple[in
     return [fb[a * i : a * i + a] + names[i] + more[i] + pads[i] + zb[b * i : b * i + b] for i in range(n)]
 
 
-def central_directory(names: list[bytes], *, crc, size, csize, method, dos: tuple[int, int], pad,
-                      flags, header_offset, zip64) -> bytes:  # fmt: skip
+def central_directory(
+    names: list[bytes], *, crc, size, csize, method, dos: tuple[int, int], pad, flags, header_offset, zip64
+) -> bytes:
     """The central directory records of many entries, as one bytes object.
 
     ``zip64`` is the decision of :func:`central_zip64` (carried by the layout
@@ -493,7 +623,9 @@ def central_directory(names: list[bytes], *, crc, size, csize, method, dos: tupl
     big_off = (zip64 & ZIP64_OFFSET) != 0
     z64 = [b""] * n
     for i in np.nonzero(zip64)[0].tolist():
-        values = ([int(size[i]), int(csize[i])] if big_size[i] else []) + ([int(hoff[i])] if big_off[i] else [])
+        values = ([int(size[i]), int(csize[i])] if big_size[i] else []) + (
+            [int(hoff[i])] if big_off[i] else []
+        )
         z64[i] = struct.pack(f"<HH{len(values)}Q", ZIP64_EXTRA_ID, 8 * len(values), *values)
     pads = _pad_blocks(pad)
     version = _versions(method)
@@ -605,8 +737,10 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
         raise BadArchiveError(
             f"{name}: not a zip archive: {size} bytes, shorter than the "
             f"{int(End.SIZEOF)}-byte end-of-central-directory record",
-            path=name, expected=int(End.SIZEOF), found=size,
-        )  # fmt: skip
+            path=name,
+            expected=int(End.SIZEOF),
+            found=size,
+        )
     lo = max(0, size - (End.SIZEOF + 0xFFFF))
     tail = bytes(buf[lo:size])
     pos = end_record_position(tail)
@@ -629,23 +763,32 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
             raise BadArchiveError(
                 f"{name}: the zip64 end locator at offset {loc} points to offset "
                 f"{z_end}, outside the file (expected <= {loc - Zip64End.SIZEOF})",
-                path=name, offset=loc, expected=loc - Zip64End.SIZEOF, found=z_end,
-            )  # fmt: skip
+                path=name,
+                offset=loc,
+                expected=loc - Zip64End.SIZEOF,
+                found=z_end,
+            )
         z = read_record(buf, z_end, ZIP64_END_DT)
         if bytes(z["sig"]) != ZIP64_END_SIG:
             raise BadArchiveError(
                 f"{name}: no zip64 end record at offset {z_end} "
                 f"(expected signature PK\\6\\6, found {bytes(z['sig'])!r})",
-                path=name, offset=z_end, expected=ZIP64_END_SIG, found=bytes(z["sig"]),
-            )  # fmt: skip
+                path=name,
+                offset=z_end,
+                expected=ZIP64_END_SIG,
+                found=bytes(z["sig"]),
+            )
         record_size = int(z["record_size"])
         least = Zip64End.SIZEOF - Zip64End.MADE_BY
         if record_size < least or record_size > loc - z_end - Zip64End.MADE_BY:
             raise BadArchiveError(
                 f"{name}: the zip64 end record at offset {z_end} declares {record_size} bytes, "
                 f"expected {least}..{loc - z_end - Zip64End.MADE_BY} (up to its locator)",
-                path=name, offset=z_end, expected=least, found=record_size,
-            )  # fmt: skip
+                path=name,
+                offset=z_end,
+                expected=least,
+                found=record_size,
+            )
         disk, cd_disk, n_disk = int(z["disk"]), int(z["cd_disk"]), int(z["disk_count"])
         count, cd_size, cd_offset = int(z["count"]), int(z["cd_size"]), int(z["cd_offset"])
         zip64 = True
@@ -656,18 +799,25 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
         raise UnsupportedError(
             f"{name}: multi-disk (spanned) zip archives are not supported "
             f"(disk {disk}, central directory disk {cd_disk}, {n_disk} of {count} records on this disk)",
-            path=name, offset=end_offset,
-        )  # fmt: skip
+            path=name,
+            offset=end_offset,
+        )
     if cd_offset > end_offset or cd_size > end_offset - cd_offset:
         raise BadArchiveError(
             f"{name}: the central directory at offset {cd_offset} with {cd_size} "
             f"bytes runs past its end record at offset {end_offset} (file truncated?)",
-            path=name, offset=cd_offset, expected=end_offset, found=cd_offset + cd_size,
-        )  # fmt: skip
+            path=name,
+            offset=cd_offset,
+            expected=end_offset,
+            found=cd_offset + cd_size,
+        )
     if count > cd_size // Central.SIZEOF:
         raise BadArchiveError(
             f"{name}: the end record lists {count} entries but the central "
             f"directory has only {cd_size} bytes (expected >= {count * Central.SIZEOF})",
-            path=name, offset=end_offset, expected=count * Central.SIZEOF, found=cd_size,
-        )  # fmt: skip
+            path=name,
+            offset=end_offset,
+            expected=count * Central.SIZEOF,
+            found=cd_size,
+        )
     return EndRecord(count, cd_offset, cd_size, end_offset, zip64)

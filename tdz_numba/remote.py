@@ -59,8 +59,16 @@ from .errors import (
 from .reader import ArchiveIndex
 from .tdzsource import TdzSource
 
-__all__ = ["RemoteError", "RemoteIndex", "is_remote", "open_remote", "load_remote", "verify_remote",
-           "is_archive_remote", "TAIL_BYTES"]  # fmt: skip
+__all__ = [
+    "RemoteError",
+    "RemoteIndex",
+    "is_remote",
+    "open_remote",
+    "load_remote",
+    "verify_remote",
+    "is_archive_remote",
+    "TAIL_BYTES",
+]
 
 #: Bytes read from the end of an object at open (end records + central directory in one request).
 TAIL_BYTES = 1 << 20
@@ -91,7 +99,9 @@ def is_remote(target: Any) -> bool:
     """
     if isinstance(target, str):
         return bool(_URL.match(target)) and not target.startswith("file://")
-    return hasattr(target, "read") and hasattr(target, "seek") and not isinstance(target, (bytes, os.PathLike))
+    return (
+        hasattr(target, "read") and hasattr(target, "seek") and not isinstance(target, (bytes, os.PathLike))
+    )
 
 
 # -- fetchers: how bytes come ----------------------------------------------------------------
@@ -111,7 +121,9 @@ class _Fetcher:
             try:
                 fs, path = fsspec.core.url_to_fs(target, **(storage_options or {}))
             except (ImportError, ValueError) as exc:
-                raise InvalidArgumentError(f"{target}: cannot open this URL with fsspec: {exc}", path=target) from None
+                raise InvalidArgumentError(
+                    f"{target}: cannot open this URL with fsspec: {exc}", path=target
+                ) from None
             self.fs, self.path, self.label = fs, path, target
         else:
             if storage_options:
@@ -146,7 +158,9 @@ class _Fetcher:
         except FileNotFoundError:
             raise FileMissingError(f"{self.label}: no such object", path=self.label) from None
         except Exception as exc:
-            raise RemoteError(f"{self.label}: reading the last {n} bytes failed: {exc}", path=self.label) from exc
+            raise RemoteError(
+                f"{self.label}: reading the last {n} bytes failed: {exc}", path=self.label
+            ) from exc
 
     def ranges(self, starts: list[int], stops: list[int]) -> list[Any]:
         """Bytes of each ``[start, stop)`` (or the exception that read raised), fetched concurrently."""
@@ -189,7 +203,11 @@ def _infer_size(body: bytes, label: str) -> int | None:
     start = size - len(body)
     if start < 0:
         return None
-    if count and cd_offset >= start and body[cd_offset - start : cd_offset - start + 4] != records.CENTRAL_SIG.to_bytes(4, "little"):
+    if (
+        count
+        and cd_offset >= start
+        and body[cd_offset - start : cd_offset - start + 4] != records.CENTRAL_SIG.to_bytes(4, "little")
+    ):
         return None
     return size
 
@@ -203,8 +221,14 @@ class RemoteIndex(ArchiveIndex):
     ``requests`` and ``bytes_fetched`` count the traffic.
     """
 
-    def __init__(self, target: Any, *, storage_options: dict[str, Any] | None = None, verify: bool = True,
-                 tail_bytes: int = TAIL_BYTES) -> None:  # fmt: skip
+    def __init__(
+        self,
+        target: Any,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        verify: bool = True,
+        tail_bytes: int = TAIL_BYTES,
+    ) -> None:
         self.fetcher = _Fetcher(target, storage_options)
         label = self.fetcher.label
         self.path = label  # type: ignore[assignment]  # a URL, not a local path
@@ -280,7 +304,9 @@ class RemoteIndex(ArchiveIndex):
             ahead = None
             for k, todo in enumerate(groups):
                 got = ahead.result() if ahead is not None else request(todo)
-                ahead = pool.submit(request, groups[k + 1]) if pool is not None and k + 1 < len(groups) else None
+                ahead = (
+                    pool.submit(request, groups[k + 1]) if pool is not None and k + 1 < len(groups) else None
+                )
                 for attempt in range(ATTEMPTS):
                     failed = []
                     for (a, b), data in zip(todo, got):
@@ -293,12 +319,20 @@ class RemoteIndex(ArchiveIndex):
                         break
                     if attempt == ATTEMPTS - 1:
                         (a, b), data = failed[0]
-                        why = (f"{type(data).__name__}: {data}" if isinstance(data, BaseException)
-                               else f"got {len(data)} bytes (the object is shorter than when it was opened?)")  # fmt: skip
-                        raise RemoteError(f"{self.path}: reading bytes [{a}, {b}) ({what(a, b)}) failed after "
-                                          f"{ATTEMPTS} attempts: {why}", path=self.path, entry=self._first_in(a, b),
-                                          offset=a, expected=b - a,
-                                          found=None if isinstance(data, BaseException) else len(data))  # fmt: skip
+                        why = (
+                            f"{type(data).__name__}: {data}"
+                            if isinstance(data, BaseException)
+                            else f"got {len(data)} bytes (the object is shorter than when it was opened?)"
+                        )
+                        raise RemoteError(
+                            f"{self.path}: reading bytes [{a}, {b}) ({what(a, b)}) failed after "
+                            f"{ATTEMPTS} attempts: {why}",
+                            path=self.path,
+                            entry=self._first_in(a, b),
+                            offset=a,
+                            expected=b - a,
+                            found=None if isinstance(data, BaseException) else len(data),
+                        )
                     todo = [span for span, _ in failed]
                     time.sleep(0.05 * 4**attempt)
                     got = request(todo)
@@ -374,14 +408,20 @@ class RemoteIndex(ArchiveIndex):
                         f"{self.path}: entry {self.names[i]!r}: CRC-32 mismatch: recorded "
                         f"{int(t['crc'][i]):#010x}, computed {int(stored_crcs(self, stored[bad[:1]])[0]):#010x} "
                         f"(the object changed since it was opened, or its bytes are corrupt)",
-                        path=self.path, entry=self.names[i], offset=int(t["payload_offset"][i]),
+                        path=self.path,
+                        entry=self.names[i],
+                        offset=int(t["payload_offset"][i]),
                         expected=int(t["crc"][i]),
                     )
         self._ready[rows] = True
 
     def fetch_prefix(self, prefix: str) -> None:
         """Fetches every entry under directory ``prefix`` ("" for all) in one coalesced batch."""
-        rows = [i for i, n in enumerate(self.names) if n.startswith(prefix)] if prefix else range(len(self.names))
+        rows = (
+            [i for i, n in enumerate(self.names) if n.startswith(prefix)]
+            if prefix
+            else range(len(self.names))
+        )
         self.fetch(np.fromiter(rows, np.int64))
 
     def payload_offset(self, i: int) -> int:
@@ -421,10 +461,17 @@ class RemoteArchive(Archive):
         return str(self._index.path)
 
 
-def open_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, mode: str = "r",
-                allow_pickle: bool = False, num_threads: int | None = None,
-                storage_options: dict[str, Any] | None = None, verify: bool = True,
-                tail_bytes: int = TAIL_BYTES) -> RemoteArchive:  # fmt: skip
+def open_remote(
+    target: Any,
+    *,
+    subpath: str | tuple[str, ...] | None = None,
+    mode: str = "r",
+    allow_pickle: bool = False,
+    num_threads: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    verify: bool = True,
+    tail_bytes: int = TAIL_BYTES,
+) -> RemoteArchive:
     """Opens a remote archive lazily; see :func:`tdz_numba.open`.
 
     Parameters
@@ -455,13 +502,18 @@ def open_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, mo
     if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
         raise InvalidArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
     if not isinstance(tail_bytes, int) or tail_bytes < records.End.SIZEOF:
-        raise InvalidArgumentError(f"tail_bytes must be an int >= {int(records.End.SIZEOF)}, got {tail_bytes!r}")
+        raise InvalidArgumentError(
+            f"tail_bytes must be an int >= {int(records.End.SIZEOF)}, got {tail_bytes!r}"
+        )
     index = RemoteIndex(target, storage_options=storage_options, verify=verify, tail_bytes=tail_bytes)
     label = index.path
     prefix = subpath_prefix(subpath)
     if prefix and prefix + "meta.json" not in index:
-        raise MissingKeyError(f"{label}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})",
-                              path=label, entry=prefix + "meta.json")
+        raise MissingKeyError(
+            f"{label}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})",
+            path=label,
+            entry=prefix + "meta.json",
+        )
     if "meta.json" not in index:
         raise BadArchiveError(f"{label}: not a tensor archive: no top-level meta.json entry", path=label)
     source = TdzSource(index.path, allow_pickle=allow_pickle, num_threads=num_threads, index=index)
@@ -478,7 +530,9 @@ def load_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, **
         ar.close()
 
 
-def verify_remote(target: Any, *, storage_options: dict[str, Any] | None = None, progress: bool | None = None):
+def verify_remote(
+    target: Any, *, storage_options: dict[str, Any] | None = None, progress: bool | None = None
+):
     """Fetches the whole object and checks every CRC-32 and the structure; see :func:`tdz_numba.verify`."""
     from .integrity import VerifyReport, _verify_compressed
     from .progress import progress as _progress

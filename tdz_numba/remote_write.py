@@ -72,8 +72,14 @@ def _write(stream: Any, data: Any) -> int:
     return view.nbytes
 
 
-def stream_entries(entries: Sequence[Entry], stream: Any, *, compression: str | None = None,
-                   compresslevel: int | None = None, num_threads: int | None = None) -> int:  # fmt: skip
+def stream_entries(
+    entries: Sequence[Entry],
+    stream: Any,
+    *,
+    compression: str | None = None,
+    compresslevel: int | None = None,
+    num_threads: int | None = None,
+) -> int:
     """Writes ``entries`` as one archive to a writable binary ``stream``, front to back.
 
     Returns the number of bytes written. The stream is neither flushed nor closed.
@@ -110,16 +116,29 @@ def stream_entries(entries: Sequence[Entry], stream: Any, *, compression: str | 
         sources[i] = arr
         stored_size[i] = arr.size if arr is not None else e.nbytes
     if to_deflate:
-        for i, d in zip(to_deflate, codecs.deflate_many([sources[i] for i in to_deflate], compresslevel,
-                                                        num_threads)):  # fmt: skip
+        for i, d in zip(
+            to_deflate, codecs.deflate_many([sources[i] for i in to_deflate], compresslevel, num_threads)
+        ):
             sources[i], stored_size[i], crc[i], more[i] = d.parts, d.csize, d.crc, d.table
-    align = [records.ALIGNMENT if e.is_payload and methods[i] == records.STORED else 0 for i, e in enumerate(entries)]
-    p = plan([e.name for e in entries], stored_size, align, methods, size=size, local_more=[len(m) for m in more])
+    align = [
+        records.ALIGNMENT if e.is_payload and methods[i] == records.STORED else 0
+        for i, e in enumerate(entries)
+    ]
+    p = plan(
+        [e.name for e in entries], stored_size, align, methods, size=size, local_more=[len(m) for m in more]
+    )
     for i in range(n):
         if sources[i] is None and size[i]:
             crc[i] = crc32_zeros(int(size[i]))
-    fields: dict[str, Any] = dict(crc=crc, size=size, csize=stored_size, method=methods, dos=records.dos_datetime(),
-                  pad=p.pad, flags=p.flags)  # fmt: skip
+    fields: dict[str, Any] = dict(
+        crc=crc,
+        size=size,
+        csize=stored_size,
+        method=methods,
+        dos=records.dos_datetime(),
+        pad=p.pad,
+        flags=p.flags,
+    )
     pending = [i for i in range(n) if not hashed[i] and sources[i] is not None and sources[i].size]
     pos = 0
     zeros = np.zeros(min(SLICE_BYTES, int(size.max(initial=0))), np.uint8)
@@ -127,8 +146,19 @@ def stream_entries(entries: Sequence[Entry], stream: Any, *, compression: str | 
         jobs: list[tuple[list[int] | None, Any]] = []
         for rows_ in _batches(pending, stored_size):
             addrs = np.fromiter((sources[i].ctypes.data for i in rows_), np.int64, len(rows_))
-            jobs.append((rows_, pool.submit(run_parallel, crc32_spans, addrs, stored_size[rows_].copy(),
-                                            CRC_CHUNK, num_threads=num_threads)))  # fmt: skip
+            jobs.append(
+                (
+                    rows_,
+                    pool.submit(
+                        run_parallel,
+                        crc32_spans,
+                        addrs,
+                        stored_size[rows_].copy(),
+                        CRC_CHUNK,
+                        num_threads=num_threads,
+                    ),
+                )
+            )
         start = 0
         for batch, job in [*jobs, (None, None)]:  # the last round: the entries after the last batch
             stop = n if batch is None else batch[-1] + 1
@@ -158,8 +188,15 @@ def stream_entries(entries: Sequence[Entry], stream: Any, *, compression: str | 
     return pos
 
 
-def save_remote(entries: Sequence[Entry], target: Any, *, storage_options: dict[str, Any] | None = None,
-                existsok: bool = True, block_size: int | None = None, **kwargs: Any) -> str:  # fmt: skip
+def save_remote(
+    entries: Sequence[Entry],
+    target: Any,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    existsok: bool = True,
+    block_size: int | None = None,
+    **kwargs: Any,
+) -> str:
     """Streams ``entries`` to an fsspec URL (or a writable file object); see :func:`tdz_numba.save`.
 
     The object is committed only after the last byte: on any error (or
@@ -183,7 +220,9 @@ def save_remote(entries: Sequence[Entry], target: Any, *, storage_options: dict[
     try:
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
         commit = False
-        if protocols & _COMMIT_ON_CLOSE:  # the object appears at close() (one PUT, or the multipart completion)
+        if (
+            protocols & _COMMIT_ON_CLOSE
+        ):  # the object appears at close() (one PUT, or the multipart completion)
             f = fs.open(path, "wb", **opts)
         elif protocols & _TRANSACTIONAL:  # the object appears at commit(); discard() aborts
             f = fs.open(path, "wb", autocommit=False, **opts)
@@ -192,8 +231,9 @@ def save_remote(entries: Sequence[Entry], target: Any, *, storage_options: dict[
             tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
             f = fs.open(tmp, "wb", **opts)
     except Exception as exc:
-        raise RemoteError(f"{target}: cannot open the object for writing: {type(exc).__name__}: {exc}",
-                          path=target) from exc
+        raise RemoteError(
+            f"{target}: cannot open the object for writing: {type(exc).__name__}: {exc}", path=target
+        ) from exc
     try:
         stream_entries(entries, f, **kwargs)
         f.close()
@@ -210,8 +250,11 @@ def save_remote(entries: Sequence[Entry], target: Any, *, storage_options: dict[
                 pass
         if isinstance(exc, (TdzError, KeyboardInterrupt, SystemExit, AssertionError)):
             raise
-        raise RemoteError(f"{target}: upload failed, nothing written (an existing object is intact): "
-                          f"{type(exc).__name__}: {exc}", path=target) from exc  # fmt: skip
+        raise RemoteError(
+            f"{target}: upload failed, nothing written (an existing object is intact): "
+            f"{type(exc).__name__}: {exc}",
+            path=target,
+        ) from exc
     return target
 
 

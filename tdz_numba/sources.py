@@ -196,7 +196,9 @@ def check_extent(spec: TensorSpec, file_size: int, where: str) -> None:
     if spec.strides is not None and (
         len(spec.strides) != len(shape) or not all(type(s) is int and s >= 0 for s in spec.strides)
     ):
-        raise BadArchiveError(f"{where}: tensor {spec.key!r}: bad strides {spec.strides} for shape {list(shape)}")
+        raise BadArchiveError(
+            f"{where}: tensor {spec.key!r}: bad strides {spec.strides} for shape {list(shape)}"
+        )
     if spec.loader is not None:
         return
     itemsize = spec.dtype.itemsize
@@ -226,8 +228,14 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def tensor_from_spec(spec: TensorSpec, files: list[MappedFile], *, copy: bool = False,
-                     where: str = "", num_threads: int | None = None):  # fmt: skip
+def tensor_from_spec(
+    spec: TensorSpec,
+    files: list[MappedFile],
+    *,
+    copy: bool = False,
+    where: str = "",
+    num_threads: int | None = None,
+):
     """The tensor a spec describes: a view of the mapping (zero-copy), or a new tensor.
 
     A copy is made when ``copy=True``, when the offset is not a multiple of the
@@ -242,7 +250,9 @@ def tensor_from_spec(spec: TensorSpec, files: list[MappedFile], *, copy: bool = 
         if t.dtype != spec.dtype and t.element_size() == spec.dtype.itemsize:
             t = t.view(spec.dtype)
         if tuple(t.shape) != tuple(spec.shape):
-            raise BadArchiveError(f"{where}: tensor {spec.key!r}: read shape {list(t.shape)}, expected {list(spec.shape)}")
+            raise BadArchiveError(
+                f"{where}: tensor {spec.key!r}: read shape {list(t.shape)}, expected {list(spec.shape)}"
+            )
         return t
     if spec.numel == 0:
         return torch.empty(spec.shape, dtype=spec.dtype)
@@ -253,7 +263,9 @@ def tensor_from_spec(spec: TensorSpec, files: list[MappedFile], *, copy: bool = 
         from . import codecs
 
         raw = f.buffer[spec.offset : spec.offset + spec.nbytes]
-        data = codecs.decode_member(raw, spec.codec, spec.size, spec.crc, f"{where}: {spec.key!r}", num_threads)
+        data = codecs.decode_member(
+            raw, spec.codec, spec.size, spec.crc, f"{where}: {spec.key!r}", num_threads
+        )
         flat = torch.from_numpy(data).view(spec.dtype)
         return flat.view(spec.shape)
     strides = spec.strides if spec.strides is not None else _contiguous(spec.shape)
@@ -266,7 +278,11 @@ def tensor_from_spec(spec: TensorSpec, files: list[MappedFile], *, copy: bool = 
         return typed.as_strided(spec.shape, strides, typed.storage_offset())  # offsets count from the mapping
     raw = base[spec.offset : spec.offset + span].clone()
     typed = raw.view(spec.dtype) if spec.dtype != torch.uint8 else raw
-    return typed.as_strided(spec.shape, strides, 0) if not copy else typed.as_strided(spec.shape, strides, 0).clone()
+    return (
+        typed.as_strided(spec.shape, strides, 0)
+        if not copy
+        else typed.as_strided(spec.shape, strides, 0).clone()
+    )
 
 
 class Source:
@@ -303,9 +319,16 @@ class TreeSource(Source):
     splits it).
     """
 
-    def __init__(self, format: str, path: str | os.PathLike, tree: Mapping[str, Any], *,
-                 files: list[MappedFile], metadata: dict[str, Any] | None = None,
-                 level_meta: dict[str, dict[str, Any]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        format: str,
+        path: str | os.PathLike,
+        tree: Mapping[str, Any],
+        *,
+        files: list[MappedFile],
+        metadata: dict[str, Any] | None = None,
+        level_meta: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.format = format
         self.path = Path(path)
         self.files = files

@@ -113,8 +113,10 @@ def _tensorclass_level(obj: Any, allow_pickle: bool, *, with_td: bool) -> Level:
         pickled = pickle.dumps(to_pickle)
         lvl["other.pickle"] = RawFile(pickled)
         if all(isinstance(v, type) and v in _JSON_TYPE_NAMES for v in to_pickle.values()):
-            saved = {"types": {k: _JSON_TYPE_NAMES[v] for k, v in to_pickle.items()},
-                     "pickle_sha256": hashlib.sha256(pickled).hexdigest()}  # fmt: skip
+            saved = {
+                "types": {k: _JSON_TYPE_NAMES[v] for k, v in to_pickle.items()},
+                "pickle_sha256": hashlib.sha256(pickled).hexdigest(),
+            }
             lvl[_JSON_TYPES_FILE] = RawFile(json.dumps(saved).encode("utf-8"))
     if with_td:
         lvl["_tensordict"] = level_from_tensordict(obj._tensordict, allow_pickle=allow_pickle)
@@ -171,8 +173,12 @@ def level_from_tensordict(obj: Any, *, allow_pickle: bool = False) -> Level | No
 
     if isinstance(obj, NonTensorStack):
         data = obj.tolist()
-        meta = {"_type": str(type(obj)), **_format(type(obj)), "stack_dim": obj.stack_dim,
-                "device": str(obj.device) if obj.device is not None else None}  # fmt: skip
+        meta = {
+            "_type": str(type(obj)),
+            **_format(type(obj)),
+            "stack_dim": obj.stack_dim,
+            "device": str(obj.device) if obj.device is not None else None,
+        }
         if _td_jsonable(data):
             meta["data"] = data
             return Level(meta=meta, keyed=False)
@@ -185,8 +191,12 @@ def level_from_tensordict(obj: Any, *, allow_pickle: bool = False) -> Level | No
     if isinstance(obj, (NonTensorData, NonTensorDataBase)):  # MetaData too: no _tensordict level
         return _tensorclass_level(obj, allow_pickle, with_td=False)
     if isinstance(obj, LazyStackedTensorDict):
-        meta = {"_type": str(type(obj)), **_format(type(obj)), "stack_dim": obj.stack_dim,
-                "stack_dim_name": obj._td_dim_name}  # fmt: skip
+        meta = {
+            "_type": str(type(obj)),
+            **_format(type(obj)),
+            "stack_dim": obj.stack_dim,
+            "stack_dim_name": obj._td_dim_name,
+        }
         lvl = Level(meta=meta, keyed=False)
         for i, member in enumerate(obj.tensordicts):
             lvl[str(i)] = level_from_tensordict(member, allow_pickle=allow_pickle)

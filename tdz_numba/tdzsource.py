@@ -130,8 +130,15 @@ class TdzSource(Source):
 
     format = "tdz"
 
-    def __init__(self, path: str | os.PathLike, *, mode: str = "r", allow_pickle: bool = False,
-                 num_threads: int | None = None, index: ArchiveIndex | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        mode: str = "r",
+        allow_pickle: bool = False,
+        num_threads: int | None = None,
+        index: ArchiveIndex | None = None,
+    ) -> None:
         self.index = index if index is not None else ArchiveIndex(path, writable=mode == "r+")
         self.path = self.index.path
         self.mode = mode
@@ -177,9 +184,12 @@ class TdzSource(Source):
             raise BadArchiveError(f"{self.where(prefix)}: no meta.json entry {meta_name!r}")
         meta = parse_meta(index.read_bytes(meta_name), self.where(meta_name))
         keyed, children = describe_level(
-            meta, prefix, lambda: index.listing(prefix),
-            lambda sub: sub + "meta.json" in index or index.is_dir(sub), self.where(meta_name),
-        )  # fmt: skip
+            meta,
+            prefix,
+            lambda: index.listing(prefix),
+            lambda sub: sub + "meta.json" in index or index.is_dir(sub),
+            self.where(meta_name),
+        )
         result = LevelInfo(keyed, {c.key: c for c in children}, meta)  # type: ignore[misc]  # tree.ChildSpec has sources.Child's fields
         self._levels[prefix] = result
         return result
@@ -241,8 +251,9 @@ class TdzSource(Source):
                 offset = index.payload_offset(i)
             itemsize = dtype.itemsize
             if method == 0 and offset % itemsize == 0 and size == math.prod(leaf.shape) * itemsize:
-                return self._typed_view(dtype).as_strided(leaf.shape, contiguous_strides(leaf.shape),
-                                                          offset // itemsize)  # fmt: skip
+                return self._typed_view(dtype).as_strided(
+                    leaf.shape, contiguous_strides(leaf.shape), offset // itemsize
+                )
         dtype = torch_dtype(leaf.dtype, entry=self.where(leaf.entry))
         if leaf.nested:
             self._refuse_rw(leaf, "is a nested tensor (materialized in memory)")
@@ -345,10 +356,36 @@ class TdzSource(Source):
             method = records.METHOD_NAMES[e.method]
             zero = method == "stored" and not leaf.nested and e.payload_offset % dtype.itemsize == 0
             loc = Location(str(self.path), e.payload_offset, e.compressed_size)
-            return LeafInfo(leaf.key, leaf.entry, dtype, leaf.shape, e.payload_offset, e.size,
-                            e.compressed_size, method, e.crc, leaf.nested, zero, loc, leaf.dtype)  # fmt: skip
-        return LeafInfo(leaf.key, None, dtype, leaf.shape, None, 0, 0, "stored", None, leaf.nested,
-                        False, None, leaf.dtype)  # fmt: skip
+            return LeafInfo(
+                leaf.key,
+                leaf.entry,
+                dtype,
+                leaf.shape,
+                e.payload_offset,
+                e.size,
+                e.compressed_size,
+                method,
+                e.crc,
+                leaf.nested,
+                zero,
+                loc,
+                leaf.dtype,
+            )
+        return LeafInfo(
+            leaf.key,
+            None,
+            dtype,
+            leaf.shape,
+            None,
+            0,
+            0,
+            "stored",
+            None,
+            leaf.nested,
+            False,
+            None,
+            leaf.dtype,
+        )
 
     # -- many leaves at once ---------------------------------------------------------------
     def has_compressed(self) -> bool:
@@ -453,8 +490,9 @@ class TdzSource(Source):
         self._tensors = {}
 
 
-def open_tdz(path: str | os.PathLike, *, mode: str = "r", allow_pickle: bool = False,
-             num_threads: int | None = None) -> TdzSource:  # fmt: skip
+def open_tdz(
+    path: str | os.PathLike, *, mode: str = "r", allow_pickle: bool = False, num_threads: int | None = None
+) -> TdzSource:
     """Opens a ``.tdz`` archive as a :class:`TdzSource` (arguments checked)."""
     if mode not in ("r", "r+"):
         raise InvalidArgumentError(f"mode must be 'r' or 'r+', got {mode!r}")

@@ -62,9 +62,17 @@ def _tensordict():
 # ---------------------------------------------------------------------------
 # save
 # ---------------------------------------------------------------------------
-def save(td: Any, path: str | os.PathLike, *, compression: str | None = None,
-         compresslevel: int | None = None, existsok: bool = True, num_threads: int | None = None,
-         allow_pickle: bool = False, durable: bool = True) -> Path:  # fmt: skip
+def save(
+    td: Any,
+    path: str | os.PathLike,
+    *,
+    compression: str | None = None,
+    compresslevel: int | None = None,
+    existsok: bool = True,
+    num_threads: int | None = None,
+    allow_pickle: bool = False,
+    durable: bool = True,
+) -> Path:
     """Writes a tensordict collection to a ``.tdz`` archive, as ``td.save(path)`` does.
 
     Non-JSON non-tensor data is pickled as tensordict pickles it only with
@@ -78,8 +86,15 @@ def save(td: Any, path: str | os.PathLike, *, compression: str | None = None,
     level = level_from_tensordict(td, allow_pickle=allow_pickle)
     if level is None:
         raise InvalidTreeError(f"expected a tensordict collection, got {type(td).__name__}")
-    return api.save(level, path, compression=compression, compresslevel=compresslevel,
-                    existsok=existsok, num_threads=num_threads, durable=durable)  # fmt: skip
+    return api.save(
+        level,
+        path,
+        compression=compression,
+        compresslevel=compresslevel,
+        existsok=existsok,
+        num_threads=num_threads,
+        durable=durable,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -100,8 +115,14 @@ def _lookup(module: str, qualname: str) -> Any:
 
 
 class _Ctx:
-    def __init__(self, device: Any, allow_pickle: bool | None, allowed_classes: tuple,
-                 path: Any, pickle_default: str = "refuse") -> None:  # fmt: skip
+    def __init__(
+        self,
+        device: Any,
+        allow_pickle: bool | None,
+        allowed_classes: tuple,
+        path: Any,
+        pickle_default: str = "refuse",
+    ) -> None:
         import torch
 
         self.device = torch.device(device) if device is not None else None
@@ -145,7 +166,7 @@ class _Ctx:
             found = _lookup(*class_id.split(":", 1))
         name = None
         if found is None and isinstance(type_name, str) and type_name.startswith("<class '"):
-            name = type_name[len("<class '"):].removesuffix("'>")
+            name = type_name[len("<class '") :].removesuffix("'>")
             parts = name.split(".")
             for i in range(len(parts) - 1, 0, -1):
                 found = _lookup(".".join(parts[:i]), ".".join(parts[i:]))
@@ -206,9 +227,12 @@ def _keyed_children(node: Any, meta: dict) -> tuple[bool, dict]:
 
     index, prefix = node._index, node._prefix
     _, children = describe_level(
-        {**meta, "_class": TD_CLASS}, prefix, lambda: index.listing(prefix),
-        lambda sub: sub + "meta.json" in index or index.is_dir(sub), node._where("meta.json"),
-    )  # fmt: skip
+        {**meta, "_class": TD_CLASS},
+        prefix,
+        lambda: index.listing(prefix),
+        lambda sub: sub + "meta.json" in index or index.is_dir(sub),
+        node._where("meta.json"),
+    )
     return True, {c.key: c for c in children}
 
 
@@ -227,7 +251,9 @@ def _build(node: Any, ctx: _Ctx) -> Any:
         data = meta["data"]
         if isinstance(data, str):
             if data != "pickle.pkl" or "pickle.pkl" not in children:
-                raise InvalidArgumentError(f"Invalid pickled NonTensorStack filename in memmap metadata: {data!r}.")
+                raise InvalidArgumentError(
+                    f"Invalid pickled NonTensorStack filename in memmap metadata: {data!r}."
+                )
             data = ctx.unpickle(node, children["pickle.pkl"].path)
         device = meta.get("device")
         return cls._from_list(data, device=torch.device(device) if device is not None else None)
@@ -267,7 +293,9 @@ def _build(node: Any, ctx: _Ctx) -> Any:
         if spec.kind == "leaf":
             leaf = spec.leaf
             if ctx.no_data:
-                leaves[key] = torch.zeros(leaf.shape, device=target, dtype=torch_dtype(leaf.dtype, entry=leaf.entry))
+                leaves[key] = torch.zeros(
+                    leaf.shape, device=target, dtype=torch_dtype(leaf.dtype, entry=leaf.entry)
+                )
             else:
                 leaves[key] = None  # keeps the key order
                 leaf_specs.append(spec)
@@ -314,16 +342,22 @@ def _subpath_node(ar: Any, subpath: Any) -> Any:
             keyed, children, _ = node.level_info()
             spec = children.get(part)
         if spec is None or spec.kind != "level":
-            raise InvalidArgumentError(
-                f"No tensordict found under subpath {'/'.join(parts)!r} in {ar.path}."
-            )
+            raise InvalidArgumentError(f"No tensordict found under subpath {'/'.join(parts)!r} in {ar.path}.")
         node = node.sublevel(spec)
     return node
 
 
-def load(path: str | os.PathLike, *, subpath: Any = None, mode: str | None = "r", device: Any = None,
-         num_threads: int | None = None, allow_pickle: bool | None = None,
-         allowed_classes: tuple = (), _pickle_default: str = "refuse") -> Any:  # fmt: skip
+def load(
+    path: str | os.PathLike,
+    *,
+    subpath: Any = None,
+    mode: str | None = "r",
+    device: Any = None,
+    num_threads: int | None = None,
+    allow_pickle: bool | None = None,
+    allowed_classes: tuple = (),
+    _pickle_default: str = "refuse",
+) -> Any:
     """Loads an archive as ``TensorDict.load_memmap`` would, without importing anything.
 
     Returns a TensorDict, LazyStackedTensorDict, tensorclass instance,
@@ -405,8 +439,9 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
         target = archive_path.resolve()
         if target.exists() and not os.access(target, os.W_OK):
             raise PermissionError(f"Cannot overwrite {archive_path}: the file is not writable.")
-        api.pack(prefix, archive_path, compression=_compression_name(compression),
-                 compresslevel=compresslevel)  # fmt: skip
+        api.pack(
+            prefix, archive_path, compression=_compression_name(compression), compresslevel=compresslevel
+        )
         return archive_path
 
     def unpack_memmap(archive_path, prefix):
@@ -442,15 +477,30 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
         except (InvalidTreeError, AttributeError, TypeError):
             raise _Fallback from None
 
-    def _save_as_archive(td, archive_path, *, num_threads=0, compression=None, copy_existing=False,
-                         share_non_tensor=False, existsok=True, robust_key=True):  # fmt: skip
+    def _save_as_archive(
+        td,
+        archive_path,
+        *,
+        num_threads=0,
+        compression=None,
+        copy_existing=False,
+        share_non_tensor=False,
+        existsok=True,
+        robust_key=True,
+    ):
         from . import api
 
         if robust_key is not True:
             return originals["_save_as_archive"](
-                td, archive_path, num_threads=num_threads, compression=compression,
-                copy_existing=copy_existing, share_non_tensor=share_non_tensor,
-                existsok=existsok, robust_key=robust_key)  # fmt: skip
+                td,
+                archive_path,
+                num_threads=num_threads,
+                compression=compression,
+                copy_existing=copy_existing,
+                share_non_tensor=share_non_tensor,
+                existsok=existsok,
+                robust_key=robust_key,
+            )
         archive_path = Path(archive_path)
         tda._check_archive_target(archive_path, existsok)
         name = _compression_name(compression)
@@ -461,20 +511,38 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
             level = _level_or_fallback(td, like=False)
         except _Fallback:
             return originals["_save_as_archive"](
-                td, archive_path, num_threads=num_threads, compression=compression,
-                copy_existing=copy_existing, share_non_tensor=share_non_tensor,
-                existsok=True, robust_key=robust_key)  # fmt: skip
+                td,
+                archive_path,
+                num_threads=num_threads,
+                compression=compression,
+                copy_existing=copy_existing,
+                share_non_tensor=share_non_tensor,
+                existsok=True,
+                robust_key=robust_key,
+            )
         api.save(level, archive_path, compression=name)
         return archive_path
 
-    def _make_archive_like(td, archive_path, *, num_threads=0, copy_existing=False,
-                           share_non_tensor=False, existsok=True, robust_key=True):  # fmt: skip
+    def _make_archive_like(
+        td,
+        archive_path,
+        *,
+        num_threads=0,
+        copy_existing=False,
+        share_non_tensor=False,
+        existsok=True,
+        robust_key=True,
+    ):
         from . import writer
         from ._paths import user_errors
         from .tree import flatten
 
-        fallback_kw = dict(num_threads=num_threads, copy_existing=copy_existing,
-                           share_non_tensor=share_non_tensor, robust_key=robust_key)  # fmt: skip
+        fallback_kw = dict(
+            num_threads=num_threads,
+            copy_existing=copy_existing,
+            share_non_tensor=share_non_tensor,
+            robust_key=robust_key,
+        )
         if robust_key is not True:
             return originals["_make_archive_like"](td, archive_path, existsok=existsok, **fallback_kw)
         archive_path = Path(archive_path)
@@ -489,8 +557,19 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
 
     orig_load_memmap = originals["TensorDictBase.load_memmap"].__func__
 
-    def load_memmap(cls, prefix, device=None, non_blocking=False, *, out=None, robust_key=True,
-                    subpath=None, mode=None, num_threads=0, allow_pickle=None):  # fmt: skip
+    def load_memmap(
+        cls,
+        prefix,
+        device=None,
+        non_blocking=False,
+        *,
+        out=None,
+        robust_key=True,
+        subpath=None,
+        mode=None,
+        num_threads=0,
+        allow_pickle=None,
+    ):
         import torch
         from tensordict._archive import _ArchivePath
 
@@ -509,21 +588,40 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
             # the central directory only: load() checks each local header it reads
             if path.is_file() and is_archive(path, thorough=False):
                 try:
-                    result = load(path, subpath=subpath, mode=mode, device=device,
-                                  num_threads=num_threads if num_threads and num_threads > 1 else 1,
-                                  allow_pickle=allow_pickle, allowed_classes=(cls,),
-                                  _pickle_default="warn")  # fmt: skip
+                    result = load(
+                        path,
+                        subpath=subpath,
+                        mode=mode,
+                        device=device,
+                        num_threads=num_threads if num_threads and num_threads > 1 else 1,
+                        allow_pickle=allow_pickle,
+                        allowed_classes=(cls,),
+                        _pickle_default="warn",
+                    )
                 except UnsupportedError as exc:
                     if "tdz_numba never imports" not in str(exc):
                         raise
                     # a class tensordict may still find (registered classes): its own path
                 else:
-                    if not non_blocking and device is not None and torch.device(device).type not in ("meta", "cuda"):
+                    if (
+                        not non_blocking
+                        and device is not None
+                        and torch.device(device).type not in ("meta", "cuda")
+                    ):
                         result._sync_all()
                     return result
-        return orig_load_memmap(cls, prefix, device, non_blocking, out=out, robust_key=robust_key,
-                                subpath=subpath, mode=mode, num_threads=num_threads,
-                                allow_pickle=allow_pickle)  # fmt: skip
+        return orig_load_memmap(
+            cls,
+            prefix,
+            device,
+            non_blocking,
+            out=out,
+            robust_key=robust_key,
+            subpath=subpath,
+            mode=mode,
+            num_threads=num_threads,
+            allow_pickle=allow_pickle,
+        )
 
     load_memmap.__doc__ = orig_load_memmap.__doc__
     load_memmap.__name__ = orig_load_memmap.__name__
@@ -547,8 +645,14 @@ def _patch_points() -> list[tuple[Any, str, str]]:
     from tensordict._base import serialization
 
     points: list[tuple[Any, str, str]] = []
-    for name in ("is_memmap_archive", "pack_memmap", "unpack_memmap", "refresh_archive_checksums",
-                 "_save_as_archive", "_make_archive_like"):  # fmt: skip
+    for name in (
+        "is_memmap_archive",
+        "pack_memmap",
+        "unpack_memmap",
+        "refresh_archive_checksums",
+        "_save_as_archive",
+        "_make_archive_like",
+    ):
         for module in (_archive, serialization, tensordict):
             if name in vars(module):
                 points.append((module, name, name))

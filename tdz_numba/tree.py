@@ -130,8 +130,9 @@ class Level(dict):
     ('TensorDict', [2], ['t'])
     """
 
-    def __init__(self, *args: Any, meta: Mapping[str, Any] | None = None, keyed: bool = True,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self, *args: Any, meta: Mapping[str, Any] | None = None, keyed: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.meta: dict[str, Any] = dict(meta or {})
         self.keyed = keyed
@@ -235,8 +236,11 @@ def _lists_keys(meta: Mapping[str, Any]) -> bool:
         return False
     if "_is_non_tensor" in meta:
         return False
-    return all(isinstance(v, dict) and ("dtype" in v or "type" in v)
-               for k, v in meta.items() if not k.startswith("_") and k not in ("shape", "device"))  # fmt: skip
+    return all(
+        isinstance(v, dict) and ("dtype" in v or "type" in v)
+        for k, v in meta.items()
+        if not k.startswith("_") and k not in ("shape", "device")
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -280,22 +284,27 @@ def as_tensor(value: Any, where: str, *, shape_only: bool = False) -> torch.Tens
             value = value.astype(value.dtype.newbyteorder("="))
         if from_numpy_dtype(value.dtype) is None:
             raise InvalidTreeError(
-                f"{where}: numpy dtype {value.dtype} has no torch equivalent and "
-                f"cannot be stored"
+                f"{where}: numpy dtype {value.dtype} has no torch equivalent and cannot be stored"
             )
         return torch.from_numpy(np.ascontiguousarray(value).reshape(value.shape))  # 0-d stays 0-d
     t = value.detach() if value.requires_grad else value
     if t.is_quantized:
-        raise InvalidTreeError(f"{where}: a quantized tensor ({t.dtype}) cannot be stored: load could not "
-                               f"read it back; store t.dequantize() or t.int_repr() and its scale/zero point")
+        raise InvalidTreeError(
+            f"{where}: a quantized tensor ({t.dtype}) cannot be stored: load could not "
+            f"read it back; store t.dequantize() or t.int_repr() and its scale/zero point"
+        )
     if t.layout != torch.strided and not t.is_nested:
-        raise InvalidTreeError(f"{where}: a {str(t.layout).replace('torch.', '')} tensor cannot be stored: "
-                               f"load reads dense tensors; store t.to_dense() (or its indices and values)")
+        raise InvalidTreeError(
+            f"{where}: a {str(t.layout).replace('torch.', '')} tensor cannot be stored: "
+            f"load reads dense tensors; store t.to_dense() (or its indices and values)"
+        )
     if t.device.type == "meta":
         if shape_only:
             return t
-        raise InvalidTreeError(f"{where}: a meta-device tensor has no data to store (allocate() takes meta "
-                               f"templates; save needs real tensors)")
+        raise InvalidTreeError(
+            f"{where}: a meta-device tensor has no data to store (allocate() takes meta "
+            f"templates; save needs real tensors)"
+        )
     if t.device.type != "cpu":
         t = t.cpu()
     if t.is_nested:
@@ -332,10 +341,9 @@ def _json_value(value: Any) -> bool:
 def non_tensor_level(value: Any) -> Level:
     """The NonTensorData level tensordict writes for a plain Python value."""
     return Level(
-        meta={"_type": NON_TENSOR_DATA_TYPE, "data": value, "_metadata": None,
-              "_is_non_tensor": True},
+        meta={"_type": NON_TENSOR_DATA_TYPE, "data": value, "_metadata": None, "_is_non_tensor": True},
         keyed=False,
-    )  # fmt: skip
+    )
 
 
 def byte_view(t: torch.Tensor) -> np.ndarray:
@@ -353,7 +361,9 @@ def _leaf_entries(t: torch.Tensor, name: str, zeros: bool) -> tuple[dict[str, An
             raise InvalidTreeError(f"{name}: nested tensors cannot be allocated in an archive")
         sizes = t._nested_tensor_size().to(torch.int64).contiguous()
         meta = {"device": "cpu", "shape": list(sizes.shape), "dtype": str(t.dtype), "is_nested": True}
-        out = [Entry(name[: -len(".memmap")] + ".shape.memmap", data=byte_view(sizes), nbytes=sizes.numel() * 8)]
+        out = [
+            Entry(name[: -len(".memmap")] + ".shape.memmap", data=byte_view(sizes), nbytes=sizes.numel() * 8)
+        ]
         if t.numel():
             buf = torch.cat([x.reshape(-1) for x in t.unbind()])
             out.insert(0, Entry(name, data=byte_view(buf), nbytes=buf.numel() * buf.element_size()))
@@ -404,7 +414,9 @@ def flatten(tree: Any, *, zeros: bool = False, convert: Converter | None = None)
     return out
 
 
-def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool, convert: Converter | None) -> None:
+def _flatten_level(
+    level: Mapping, prefix: str, out: list[Entry], zeros: bool, convert: Converter | None
+) -> None:
     where = prefix.rstrip("/") or "<root>"
     files: dict[str, Entry] = {}
     dirs: dict[str, Any] = {}
@@ -429,8 +441,7 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool, c
                 raise InvalidTreeError(f"{where}: keys must be str, got {key!r}")
             if key in reserved:
                 raise InvalidTreeError(
-                    f"{where}: key {key!r} collides with the meta.json field of the "
-                    f"same name; rename it"
+                    f"{where}: key {key!r} collides with the meta.json field of the same name; rename it"
                 )
             fname = encode_key(key)
             path = prefix + fname
@@ -441,7 +452,7 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool, c
                 leaf = as_tensor(value, path, shape_only=zeros)
                 meta[key], payloads = _leaf_entries(leaf, path + ".memmap", zeros)
                 for e in payloads:
-                    add_file(e.name[len(prefix):], e)
+                    add_file(e.name[len(prefix) :], e)
             elif _json_value(value):
                 # NaN and infinities are written as json writes them, as tensordict does
                 meta[key] = {"type": "NonTensorData"}
@@ -464,8 +475,15 @@ def _flatten_level(level: Mapping, prefix: str, out: list[Entry], zeros: bool, c
                 meta[key] = {"type": getattr(child, "type_name", "TensorDict")}
                 add_dir(fname, child)
         if own_meta is None:
-            meta.update({"shape": [], "device": "cpu", "_type": TD_TYPE,
-                         "_format_version": FORMAT_VERSION, "_class": TD_CLASS})  # fmt: skip
+            meta.update(
+                {
+                    "shape": [],
+                    "device": "cpu",
+                    "_type": TD_TYPE,
+                    "_format_version": FORMAT_VERSION,
+                    "_class": TD_CLASS,
+                }
+            )
         else:
             meta.update(own_meta)
         compact = False
@@ -525,8 +543,13 @@ class ChildSpec(NamedTuple):
 _is_shape = shape_ok  # the check lives in tdz_numba.bounds
 
 
-def describe_level(meta: Any, prefix: str, listing: Callable[[], tuple[set[str], set[str]]],
-                   has_level: Callable[[str], bool], where: str) -> tuple[bool, list[ChildSpec]]:  # fmt: skip
+def describe_level(
+    meta: Any,
+    prefix: str,
+    listing: Callable[[], tuple[set[str], set[str]]],
+    has_level: Callable[[str], bool],
+    where: str,
+) -> tuple[bool, list[ChildSpec]]:
     """Children of the level at ``prefix`` from its parsed meta.json.
 
     ``listing()`` gives the ``(files, dirs)`` directly under ``prefix`` (only
@@ -565,8 +588,7 @@ def describe_level(meta: Any, prefix: str, listing: Callable[[], tuple[set[str],
                 continue
             if "dtype" not in value or "shape" not in value:
                 raise BadArchiveError(
-                    f"{where}: meta.json entry {key!r} has neither 'dtype'/'shape' "
-                    f"nor 'type': {value!r:.200}"
+                    f"{where}: meta.json entry {key!r} has neither 'dtype'/'shape' nor 'type': {value!r:.200}"
                 )
             shape, dtype = value["shape"], value["dtype"]
             nested = bool(value.get("is_nested", False))
@@ -574,8 +596,14 @@ def describe_level(meta: Any, prefix: str, listing: Callable[[], tuple[set[str],
             itemsize = 8 if nested else _ITEMSIZE.get(dtype, 1) if type(dtype) is str else 1
             if type(shape) is not list or not _is_shape(shape, itemsize):
                 check_shape(shape, itemsize, f"{where}: leaf {key!r}")
-            spec = LeafSpec(key, prefix + fname + ".memmap", value["dtype"], tuple(shape), nested,
-                            prefix + fname + ".shape.memmap" if nested else None)  # fmt: skip
+            spec = LeafSpec(
+                key,
+                prefix + fname + ".memmap",
+                value["dtype"],
+                tuple(shape),
+                nested,
+                prefix + fname + ".shape.memmap" if nested else None,
+            )
             children.append(ChildSpec(key, "leaf", spec.entry, spec))
         return True, children
     files, dirs = listing()

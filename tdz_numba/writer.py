@@ -63,8 +63,15 @@ from .layout import plan
 from .progress import progress as _progress
 from .tree import Entry
 
-__all__ = ["write_entries", "check_target", "check_write_args", "directory_entries", "payload_alignments",
-           "AUTO_THRESHOLD", "AUTO_PAGE"]  # fmt: skip
+__all__ = [
+    "write_entries",
+    "check_target",
+    "check_write_args",
+    "directory_entries",
+    "payload_alignments",
+    "AUTO_THRESHOLD",
+    "AUTO_PAGE",
+]
 
 
 def check_target(path: str | os.PathLike, existsok: bool) -> Path:
@@ -105,17 +112,27 @@ def check_write_args(compression: str | None, compresslevel: int | None, num_thr
         raise InvalidArgumentError(
             f"compresslevel {compresslevel!r} given without compression: pass "
             f'compression="deflate", "bzip2" or "lzma", or no compresslevel',
-            expected=None, found=compresslevel,
-        )  # fmt: skip
+            expected=None,
+            found=compresslevel,
+        )
     codecs.check_level(method, compresslevel)
     check_num_threads(num_threads)
 
 
-def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | None = None,
-                  compresslevel: int | None = None, num_threads: int | None = None,
-                  progress: bool | None = None, durable: bool = True, reserve: bool = True,
-                  segment_size: int | None = None, align: int | str | None = None,
-                  align_threshold: int | None = None) -> Path:  # fmt: skip
+def write_entries(
+    entries: Sequence[Entry],
+    target: Path,
+    *,
+    compression: str | None = None,
+    compresslevel: int | None = None,
+    num_threads: int | None = None,
+    progress: bool | None = None,
+    durable: bool = True,
+    reserve: bool = True,
+    segment_size: int | None = None,
+    align: int | str | None = None,
+    align_threshold: int | None = None,
+) -> Path:
     """Writes ``entries`` as an archive at ``target`` (atomically; with ``durable``,
     ``fsync`` of the file before the rename and of the directory after it). Zero
     payloads (``allocate``) are never written; with ``reserve`` their blocks are
@@ -155,13 +172,21 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
         stored_size[i] = arr.size if arr is not None else e.nbytes
     if to_deflate:  # every segment of every entry in one parallel kernel call
         seg = {} if segment_size is None else {"segment_size": segment_size}
-        for i, d in zip(to_deflate, codecs.deflate_many([sources[i] for i in to_deflate], compresslevel,
-                                                        num_threads, **seg)):  # fmt: skip
+        for i, d in zip(
+            to_deflate,
+            codecs.deflate_many([sources[i] for i in to_deflate], compresslevel, num_threads, **seg),
+        ):
             sources[i], stored_size[i], crc[i], more[i] = d.parts, d.csize, d.crc, d.table
     stored_payload = np.fromiter((e.is_payload for e in entries), np.bool_, n) & (methods == records.STORED)
     alignment = payload_alignments(stored_payload, stored_size, align, align_threshold)
-    p = plan([e.name for e in entries], stored_size, alignment, methods, size=size,
-             local_more=[len(m) for m in more])  # fmt: skip
+    p = plan(
+        [e.name for e in entries],
+        stored_size,
+        alignment,
+        methods,
+        size=size,
+        local_more=[len(m) for m in more],
+    )
 
     target.parent.mkdir(parents=True, exist_ok=True)
     _tempfiles.clean(target.parent)  # leftovers of killed saves (dead processes only)
@@ -174,34 +199,52 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
         for i in range(n):  # zero payloads (allocate): never written, CRC by arithmetic
             if sources[i] is None and size[i]:
                 crc[i] = crc32_zeros(int(size[i]))
-        fields: dict[str, Any] = dict(crc=crc, size=size, csize=stored_size, method=methods, dos=records.dos_datetime(),
-                      pad=p.pad, flags=p.flags)  # fmt: skip
+        fields: dict[str, Any] = dict(
+            crc=crc,
+            size=size,
+            csize=stored_size,
+            method=methods,
+            dos=records.dos_datetime(),
+            pad=p.pad,
+            flags=p.flags,
+        )
         pending = [i for i in range(n) if not hashed[i] and sources[i] is not None and sources[i].size]
         crc_threads = _crc_threads(num_threads)
-        with ThreadPoolExecutor(1) as pool, _progress(int(stored_size.sum()), f"save {target.name}",
-                                                       enabled=progress) as bar:  # fmt: skip
+        with (
+            ThreadPoolExecutor(1) as pool,
+            _progress(int(stored_size.sum()), f"save {target.name}", enabled=progress) as bar,
+        ):
             # CRC-32 batches run in order on all cores (nogil kernel) in a
             # background thread, ahead of this thread's sequential writes: a
             # local header is written as soon as its entry's CRC is known.
             jobs: list[tuple[Any, Any]] = []
             for batch in _batches(pending, stored_size):
                 addrs = np.fromiter((sources[i].ctypes.data for i in batch), np.int64, len(batch))
-                job = pool.submit(run_parallel, crc32_spans, addrs, stored_size[batch].copy(), CRC_CHUNK,
-                                  num_threads=crc_threads)  # fmt: skip
+                job = pool.submit(
+                    run_parallel,
+                    crc32_spans,
+                    addrs,
+                    stored_size[batch].copy(),
+                    CRC_CHUNK,
+                    num_threads=crc_threads,
+                )
                 jobs.append((batch, job))
             start = 0
             for batch, job in [*jobs, (None, None)]:
                 stop = n if batch is None else batch[-1] + 1
                 if job is not None:
                     crc[batch] = job.result()
-                heads = records.local_headers(p.names[start:stop], more=more[start:stop],
-                                              **_rows(fields, start, stop))  # fmt: skip
+                heads = records.local_headers(
+                    p.names[start:stop], more=more[start:stop], **_rows(fields, start, stop)
+                )
                 segments: list[tuple[int, object]] = []
                 for i, head in zip(range(start, stop), heads):
                     h = int(p.header_offset[i])
                     if h + len(head) != int(p.payload_offset[i]):
-                        raise InternalError(f"{p.names[i]!r}: local header of {len(head)} bytes differs from "
-                                            f"the layout plan ({int(p.payload_offset[i]) - h})")  # fmt: skip
+                        raise InternalError(
+                            f"{p.names[i]!r}: local header of {len(head)} bytes differs from "
+                            f"the layout plan ({int(p.payload_offset[i]) - h})"
+                        )
                     segments.append((h, head))
                     pos = h + len(head)
                     for part in sources[i] if isinstance(sources[i], list) else [sources[i]]:
@@ -211,11 +254,16 @@ def write_entries(entries: Sequence[Entry], target: Path, *, compression: str | 
                 write_segments(fd, segments)
                 bar.update(int(stored_size[start:stop].sum()))
                 start = stop
-        tail = records.central_directory(p.names, header_offset=p.header_offset, zip64=p.central_zip64,
-                                         **{**fields, "pad": p.central_pad})  # fmt: skip
+        tail = records.central_directory(
+            p.names, header_offset=p.header_offset, zip64=p.central_zip64, **{**fields, "pad": p.central_pad}
+        )
         if len(tail) != p.cd_size:
-            raise InternalError(f"central directory of {len(tail)} bytes differs from the layout plan ({p.cd_size})")
-        write_segments(fd, [(p.cd_offset, tail + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))])
+            raise InternalError(
+                f"central directory of {len(tail)} bytes differs from the layout plan ({p.cd_size})"
+            )
+        write_segments(
+            fd, [(p.cd_offset, tail + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))]
+        )
         mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else _default_mode()
         os.fchmod(fd, mode)
         if durable:
@@ -242,8 +290,9 @@ AUTO_THRESHOLD = 1 << 20
 AUTO_PAGE = 1 << 16
 
 
-def payload_alignments(stored_payload: np.ndarray, nbytes: np.ndarray, align: int | str | None,
-                       threshold: int | None = None) -> np.ndarray:  # fmt: skip
+def payload_alignments(
+    stored_payload: np.ndarray, nbytes: np.ndarray, align: int | str | None, threshold: int | None = None
+) -> np.ndarray:
     """Payload alignment of every entry for a save's ``align=`` policy.
 
     * ``None`` or ``64``: every STORED ``*.memmap`` payload on a 64-byte boundary:
@@ -263,7 +312,9 @@ def payload_alignments(stored_payload: np.ndarray, nbytes: np.ndarray, align: in
     """
     from .errors import InvalidArgumentError
 
-    if threshold is not None and (not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0):
+    if threshold is not None and (
+        not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0
+    ):
         raise InvalidArgumentError(f"align_threshold must be a non-negative int of bytes, got {threshold!r}")
     if align == "auto":
         big = nbytes >= (AUTO_THRESHOLD if threshold is None else threshold)
@@ -272,8 +323,13 @@ def payload_alignments(stored_payload: np.ndarray, nbytes: np.ndarray, align: in
         raise InvalidArgumentError("align_threshold applies only to align='auto'")
     if align is None:
         align = records.ALIGNMENT
-    if (not isinstance(align, int) or isinstance(align, bool) or align < records.ALIGNMENT
-            or align & (align - 1) or align > AUTO_PAGE):  # fmt: skip
+    if (
+        not isinstance(align, int)
+        or isinstance(align, bool)
+        or align < records.ALIGNMENT
+        or align & (align - 1)
+        or align > AUTO_PAGE
+    ):
         raise InvalidArgumentError(
             f"align must be None, 'auto' or a power of two from {records.ALIGNMENT} to {AUTO_PAGE} "
             f"(e.g. 4096), got {align!r}"

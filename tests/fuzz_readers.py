@@ -20,7 +20,7 @@ __all__ = ["run_fuzz", "fuzz_iterations", "require_fuzz_selected", "LONG_ITERATI
 LONG_ITERATIONS = 20000
 
 _CHILD = textwrap.dedent(
-    r'''
+    r"""
     import os, random, resource, sys, traceback, importlib
     limit = int(sys.argv[5]) << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -94,7 +94,7 @@ _CHILD = textwrap.dedent(
             print(f"FUZZ FAILURE at iteration {i}, mutant kept in {keep}", flush=True)
             sys.exit(3)
     print("FUZZ OK", n)
-    '''
+    """
 )
 
 
@@ -111,8 +111,18 @@ def require_fuzz_selected(request) -> None:
         pytest.skip("long fuzzing run: select it with -m fuzz")
 
 
-def run_fuzz(seed: Path, reader: str, n: int, tmp_path: Path, *, rseed: int = 0, head: int = 0,
-             timeout: float = 120.0, mem_mib: int = 6144, suffix: str = "") -> None:  # fmt: skip
+def run_fuzz(
+    seed: Path,
+    reader: str,
+    n: int,
+    tmp_path: Path,
+    *,
+    rseed: int = 0,
+    head: int = 0,
+    timeout: float = 120.0,
+    mem_mib: int = 6144,
+    suffix: str = "",
+) -> None:
     """Runs ``n`` mutants of ``seed`` through ``reader`` ("module.function") in a child process.
 
     ``head``: mutate mostly the first ``head`` bytes (the header). Fails with
@@ -121,11 +131,26 @@ def run_fuzz(seed: Path, reader: str, n: int, tmp_path: Path, *, rseed: int = 0,
     """
     env = dict(os.environ)
     env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
-    cmd = [sys.executable, "-c", _CHILD, str(seed), reader, str(n), str(rseed), str(mem_mib), str(head),
-           str(tmp_path), suffix]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        _CHILD,
+        str(seed),
+        reader,
+        str(n),
+        str(rseed),
+        str(mem_mib),
+        str(head),
+        str(tmp_path),
+        suffix,
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"fuzzing {reader} hung (> {timeout} s); last mutant in {tmp_path}: {e.stdout}") from None
+        raise AssertionError(
+            f"fuzzing {reader} hung (> {timeout} s); last mutant in {tmp_path}: {e.stdout}"
+        ) from None
     if proc.returncode != 0 or "FUZZ OK" not in proc.stdout:
-        raise AssertionError(f"fuzzing {reader}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"fuzzing {reader}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )

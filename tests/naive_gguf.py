@@ -148,11 +148,17 @@ def _q6_k(b, y):
 
 
 _DECODERS = {
-    "Q4_0": (_q4_0, 18), "Q4_1": (_q4_1, 20), "Q5_0": (lambda b, y: _q5(b, y, False), 22),
-    "Q5_1": (lambda b, y: _q5(b, y, True), 24), "Q8_0": (_q8_0, 34), "Q2_K": (_q2_k, 84), "Q3_K": (_q3_k, 110),
-    "Q4_K": (lambda b, y: _q45_k(b, y, False), 144), "Q5_K": (lambda b, y: _q45_k(b, y, True), 176),
+    "Q4_0": (_q4_0, 18),
+    "Q4_1": (_q4_1, 20),
+    "Q5_0": (lambda b, y: _q5(b, y, False), 22),
+    "Q5_1": (lambda b, y: _q5(b, y, True), 24),
+    "Q8_0": (_q8_0, 34),
+    "Q2_K": (_q2_k, 84),
+    "Q3_K": (_q3_k, 110),
+    "Q4_K": (lambda b, y: _q45_k(b, y, False), 144),
+    "Q5_K": (lambda b, y: _q45_k(b, y, True), 176),
     "Q6_K": (_q6_k, 210),
-}  # fmt: skip
+}
 NAIVE_TYPES = tuple(_DECODERS)
 
 

@@ -140,9 +140,14 @@ def test_gap_when_the_padding_does_not_fit_the_extra_field(tmp_path):
 
 @pytest.mark.parametrize("align", [4096, 65536, "auto"])
 def test_every_variant_reads_in_unzip_and_tensordict(tmp_path, align):
-    tree = {"big": torch.randn(300_000), "small": {"a": torch.arange(7), "b": torch.ones(3, 5)},
-            "name": "run-1"}  # fmt: skip
-    p = tdz_numba.save(tree, tmp_path / "v.tdz", align=align, align_threshold=1 << 20 if align == "auto" else None)
+    tree = {
+        "big": torch.randn(300_000),
+        "small": {"a": torch.arange(7), "b": torch.ones(3, 5)},
+        "name": "run-1",
+    }
+    p = tdz_numba.save(
+        tree, tmp_path / "v.tdz", align=align, align_threshold=1 << 20 if align == "auto" else None
+    )
     if shutil.which("unzip"):
         proc = subprocess.run(["unzip", "-t", str(p)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -161,8 +166,9 @@ def test_pack_and_allocate_take_align(tmp_path):
     q = tdz_numba.pack(d, tmp_path / "y.tdz", align="auto")
     offs = payload_offsets(q)
     assert offs["leaf_01.memmap"] % AUTO_PAGE == 0 and offs["leaf_00.memmap"] % 64 == 0
-    with tdz_numba.allocate({"obs": torch.zeros(84, 84).expand(100, 84, 84)}, tmp_path / "a.tdz",
-                            align=4096) as buf:  # fmt: skip
+    with tdz_numba.allocate(
+        {"obs": torch.zeros(84, 84).expand(100, 84, 84)}, tmp_path / "a.tdz", align=4096
+    ) as buf:
         assert buf.info("obs").offset % 4096 == 0
 
 

@@ -28,7 +28,9 @@ def _write_raw(path, tensors):
     for key, t in tensors.items():
         blob += b"\0" * (-len(blob) % 64)
         raw = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-        specs[key] = TensorSpec(key, t.dtype, tuple(t.shape), None, 0, len(blob), len(raw), type_name=str(t.dtype))
+        specs[key] = TensorSpec(
+            key, t.dtype, tuple(t.shape), None, 0, len(blob), len(raw), type_name=str(t.dtype)
+        )
         blob += raw
     path.write_bytes(bytes(blob))
     return specs
@@ -83,7 +85,9 @@ def test_copy_device_dtype_options(flat, monkeypatch):
         assert d[k].untyped_storage().data_ptr() != ar.source.files[0].buffer.ctypes.data
     ar.close()
 
-    p = tdz_numba.save({"a": {"w": torch.arange(6.0).reshape(2, 3)}, "i": torch.arange(3)}, path.with_suffix(".tdz"))
+    p = tdz_numba.save(
+        {"a": {"w": torch.arange(6.0).reshape(2, 3)}, "i": torch.arange(3)}, path.with_suffix(".tdz")
+    )
     meta = tdz_numba.load(p, device="meta")
     assert meta["a"]["w"].device.type == "meta" and meta["a"]["w"].shape == (2, 3)
     half = tdz_numba.load(p, dtype=torch.float16)
@@ -158,8 +162,11 @@ def test_tree_source_verify_refuses_out_of_bounds(flat, monkeypatch):
 
 def test_save_metadata_roundtrip_and_tensordict_still_loads(tmp_path):
     td_mod = pytest.importorskip("tensordict")
-    p = tdz_numba.save({"a": torch.arange(3.0), "b": {"c": torch.ones(2)}}, tmp_path / "m.tdz",
-                       metadata={"step": 3, "tags": ["x", "y"], "lr": 0.5})  # fmt: skip
+    p = tdz_numba.save(
+        {"a": torch.arange(3.0), "b": {"c": torch.ones(2)}},
+        tmp_path / "m.tdz",
+        metadata={"step": 3, "tags": ["x", "y"], "lr": 0.5},
+    )
     with tdz_numba.open(p) as ar:
         assert ar.metadata == {"step": 3, "tags": ["x", "y"], "lr": 0.5}
         assert sorted(ar) == ["a", "b"]
@@ -176,8 +183,12 @@ def test_save_metadata_roundtrip_and_tensordict_still_loads(tmp_path):
 
 def test_convert_tdz_to_safetensors_and_back(tmp_path):
     st = pytest.importorskip("safetensors.torch")
-    tree = {"obs": {"pixels": torch.randint(0, 255, (2, 3), dtype=torch.uint8), "depth": torch.randn(2)},
-            "reward": torch.randn(4).to(torch.bfloat16), "env": "cartpole", "n": 3}  # fmt: skip
+    tree = {
+        "obs": {"pixels": torch.randint(0, 255, (2, 3), dtype=torch.uint8), "depth": torch.randn(2)},
+        "reward": torch.randn(4).to(torch.bfloat16),
+        "env": "cartpole",
+        "n": 3,
+    }
     p = tdz_numba.save(tree, tmp_path / "x.tdz", metadata={"run": "a"})
     out = tdz_numba.convert(p, tmp_path / "x.safetensors")
     loaded = st.load_file(str(out))
@@ -192,8 +203,10 @@ def test_convert_tdz_to_safetensors_and_back(tmp_path):
     slash = tdz_numba.convert(p, tmp_path / "y.safetensors", nest="/")
     assert "obs/depth" in st.load_file(str(slash))
     with pytest.raises(tdz_numba.InvalidTreeError, match="safetensors"):
-        tdz_numba.convert(tdz_numba.save({"c": torch.ones(2, dtype=torch.complex64)}, tmp_path / "c.tdz"),
-                          tmp_path / "c.safetensors")  # fmt: skip
+        tdz_numba.convert(
+            tdz_numba.save({"c": torch.ones(2, dtype=torch.complex64)}, tmp_path / "c.tdz"),
+            tmp_path / "c.safetensors",
+        )
 
 
 def test_convert_tdz_to_tdz_is_a_valid_zip_tensordict_reads(tmp_path):
@@ -215,7 +228,9 @@ def test_public_level_api(tmp_path):
         sub = ar.sublevel(info.children["a"])
         assert sub is ar.sublevel("a")
         kids = sub.level_info().children
-        assert torch.equal(sub.leaf(kids["b"]), torch.arange(3)) and torch.equal(ar.leaf("a/b"), torch.arange(3))
+        assert torch.equal(sub.leaf(kids["b"]), torch.arange(3)) and torch.equal(
+            ar.leaf("a/b"), torch.arange(3)
+        )
         assert [t.tolist() for t in sub.leaf_tensors([kids["b"]])] == [[0, 1, 2]]
         assert ar.where("a/b").endswith("x.tdz: a/b")
         with pytest.raises(MissingKeyError):
@@ -228,10 +243,15 @@ def test_public_level_api(tmp_path):
 
 def test_bulk_to_dict_matches_per_leaf(tmp_path):
     rng = np.random.default_rng(0)
-    tree = {f"g{i}": {f"x{j}": torch.from_numpy(rng.standard_normal(j + 1).astype(np.float32))
-                      for j in range(7)} for i in range(30)}  # fmt: skip
-    tree["odd"] = {"u8": torch.arange(5, dtype=torch.uint8), "empty": torch.zeros(0, 3),
-                   "c": torch.ones(2, dtype=torch.complex64)}  # fmt: skip
+    tree = {
+        f"g{i}": {f"x{j}": torch.from_numpy(rng.standard_normal(j + 1).astype(np.float32)) for j in range(7)}
+        for i in range(30)
+    }
+    tree["odd"] = {
+        "u8": torch.arange(5, dtype=torch.uint8),
+        "empty": torch.zeros(0, 3),
+        "c": torch.ones(2, dtype=torch.complex64),
+    }
     p = tdz_numba.save(tree, tmp_path / "x.tdz")
     d = tdz_numba.load(p)
     with tdz_numba.open(p) as ar:

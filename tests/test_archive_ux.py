@@ -27,9 +27,16 @@ def td_archive(tmp_path_factory):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ragged = torch.nested.nested_tensor([torch.zeros(2), torch.arange(5.0)])
-        td = TensorDict({"names": NonTensorStack("x", "y", "z"), "cfg": NonTensorData({"lr": 0.1}),
-                         "obs": Obs(pixels=torch.ones(2, 3), batch_size=[2]), "ragged": ragged,
-                         "a": {"b": torch.ones(1)}}, batch_size=[])  # fmt: skip
+        td = TensorDict(
+            {
+                "names": NonTensorStack("x", "y", "z"),
+                "cfg": NonTensorData({"lr": 0.1}),
+                "obs": Obs(pixels=torch.ones(2, 3), batch_size=[2]),
+                "ragged": ragged,
+                "a": {"b": torch.ones(1)},
+            },
+            batch_size=[],
+        )
     path = tmp_path_factory.mktemp("ux") / "ux.tdz"
     tdz_numba.save(td, path)
     assert tensordict is not None
@@ -49,7 +56,9 @@ def test_non_tensor_values_visible(td_archive, capsys):
     assert cli.main(["tree", str(td_archive), "--json"]) == 0
     tree = json.loads(capsys.readouterr().out)
     names = next(c for c in tree["children"] if c["key"] == "names")
-    assert names["kind"] == "value" and names["value"] == ["x", "y", "z"] and names["type"] == "NonTensorStack"
+    assert (
+        names["kind"] == "value" and names["value"] == ["x", "y", "z"] and names["type"] == "NonTensorStack"
+    )
     assert cli.main(["show", str(td_archive), "names"]) == 0
     assert "['x', 'y', 'z']" in capsys.readouterr().out
     assert cli.main(["show", str(td_archive), "cfg", "--json"]) == 0
@@ -88,8 +97,9 @@ def test_nested_shapes_right_everywhere(td_archive, capsys):
 
 
 def test_missing_key_names_level_lists_keys_and_suggests(tmp_path):
-    p = tdz_numba.save({"b": {f"k{i}": torch.ones(1) for i in range(12)} | {"zebra": torch.ones(1)}},
-                       tmp_path / "x.tdz")  # fmt: skip
+    p = tdz_numba.save(
+        {"b": {f"k{i}": torch.ones(1) for i in range(12)} | {"zebra": torch.ones(1)}}, tmp_path / "x.tdz"
+    )
     with tdz_numba.open(p) as ar:
         with pytest.raises(MissingKeyError) as e:
             ar["b/zebar"]
@@ -101,8 +111,16 @@ def test_closed_archive_refuses_everything_naming_the_file(tmp_path):
     p = tdz_numba.save({"a": torch.ones(1)}, tmp_path / "x.tdz")
     ar = tdz_numba.open(p)
     ar.close()
-    for fn in (ar.keys, lambda: list(ar), lambda: len(ar), lambda: ar["a"], lambda: ar.info("a"),
-               ar.to_dict, lambda: "a" in ar, lambda: ar.metadata):  # fmt: skip
+    for fn in (
+        ar.keys,
+        lambda: list(ar),
+        lambda: len(ar),
+        lambda: ar["a"],
+        lambda: ar.info("a"),
+        ar.to_dict,
+        lambda: "a" in ar,
+        lambda: ar.metadata,
+    ):
         with pytest.raises(InvalidArgumentError, match="x.tdz: the archive is closed"):
             fn()
     assert "closed" in repr(ar)
@@ -126,17 +144,21 @@ def test_checksum_error_after_r_plus_suggests_refresh(tmp_path):
 def test_save_refuses_what_load_cannot_read_back(tmp_path, kind):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        value = {"quantized": lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8),
-                 "sparse": lambda: torch.ones(2, 2).to_sparse(),
-                 "meta": lambda: torch.empty(2, device="meta")}[kind]()  # fmt: skip
+        value = {
+            "quantized": lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8),
+            "sparse": lambda: torch.ones(2, 2).to_sparse(),
+            "meta": lambda: torch.empty(2, device="meta"),
+        }[kind]()
     with pytest.raises(InvalidTreeError, match="deep/leaf"):
         tdz_numba.save({"deep": {"leaf": value}}, tmp_path / "x.tdz")
     assert not (tmp_path / "x.tdz").exists()
 
 
 def test_numpy_scalars_are_values_and_zero_d_stays_zero_d(tmp_path):
-    p = tdz_numba.save({"f": np.float32(1.5), "i": np.int64(3), "b": np.bool_(True), "s": np.str_("hi"),
-                        "z": np.array(2.0)}, tmp_path / "x.tdz")  # fmt: skip
+    p = tdz_numba.save(
+        {"f": np.float32(1.5), "i": np.int64(3), "b": np.bool_(True), "s": np.str_("hi"), "z": np.array(2.0)},
+        tmp_path / "x.tdz",
+    )
     back = tdz_numba.load(p)
     assert back["f"].shape == () and back["f"].dtype == torch.float32 and back["f"].item() == 1.5
     assert back["i"].item() == 3 and back["b"].item() is True and back["s"] == "hi" and back["z"].shape == ()

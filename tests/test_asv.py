@@ -29,11 +29,25 @@ def asv_env(tmp_path):
 
 def test_asv_machine_yes_then_check_needs_no_prompt(asv_env):
     asv, env = asv_env
-    proc = subprocess.run([asv, "machine", "--yes"], cwd=ASV_DIR, env=env, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.run(
+        [asv, "machine", "--yes"],
+        cwd=ASV_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run([asv, "check", "--python=same"], cwd=ASV_DIR, env=env, capture_output=True,
-                          text=True, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.run(
+        [asv, "check", "--python=same"],
+        cwd=ASV_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "No problems found" in proc.stdout
 

@@ -21,15 +21,32 @@ def test_make_leaves_groups_of_20():
 def test_leaves_json_table_and_plot(tmp_path, capsys):
     pytest.importorskip("safetensors")
     png = tmp_path / "leaves.png"
-    rc = main(["bench", "--leaves", "20,60", "--size-mib", "0.05", "--repeat", "1", "--no-durable",
-               "--dir", str(tmp_path), "--json", "--plot", str(png)])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "--leaves",
+            "20,60",
+            "--size-mib",
+            "0.05",
+            "--repeat",
+            "1",
+            "--no-durable",
+            "--dir",
+            str(tmp_path),
+            "--json",
+            "--plot",
+            str(png),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr()
     rows = json.loads(out.out)
     assert {(r["leaves"], r["format"], r["op"]) for r in rows} == {
         (n, f, op) for n in (20, 60) for f in leafsweep.FORMATS for op in leafsweep.OPS
     }
-    assert all(r["seconds"] > 0 and r["us_per_leaf"] == pytest.approx(r["seconds"] * 1e6 / r["leaves"]) for r in rows)
+    assert all(
+        r["seconds"] > 0 and r["us_per_leaf"] == pytest.approx(r["seconds"] * 1e6 / r["leaves"]) for r in rows
+    )
     assert "tdz/st" in out.err and "load+sum" in out.err and "cost from 20 to 60 leaves" in out.err
     if png.exists():  # matplotlib installed
         assert png.stat().st_size > 1000

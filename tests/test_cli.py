@@ -28,7 +28,9 @@ LEAF_KEYS = {"obs/pixels", "obs/depth", "obs/nested/flag", "reward", "index", "r
 def _tree():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nested tensors are a prototype
-        ragged = torch.nested.nested_tensor([torch.arange(6.0).reshape(2, 3), torch.arange(3.0).reshape(1, 3)])
+        ragged = torch.nested.nested_tensor(
+            [torch.arange(6.0).reshape(2, 3), torch.arange(3.0).reshape(1, 3)]
+        )
     return {
         "obs": {
             "pixels": torch.arange(4 * 3 * 8 * 8).to(torch.uint8).reshape(4, 3, 8, 8),
@@ -56,8 +58,10 @@ def _cmd(*args):
 
 def _run_all(commands, timeout=240):
     """Runs {name: argv} concurrently; returns {name: CompletedProcess}."""
-    procs = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, argv in commands.items()}  # fmt: skip
+    procs = {
+        name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, argv in commands.items()
+    }
     out = {}
     for name, p in procs.items():
         stdout, stderr = p.communicate(timeout=timeout)
@@ -99,7 +103,9 @@ def _run_on_pty_async(argv, timeout=240):
         stdout, _ = p.communicate(timeout=timeout)
         reader.join(timeout)
         os.close(master)
-        return subprocess.CompletedProcess(argv, p.returncode, stdout, b"".join(chunks).decode("utf-8", "replace"))
+        return subprocess.CompletedProcess(
+            argv, p.returncode, stdout, b"".join(chunks).decode("utf-8", "replace")
+        )
 
     return wait
 
@@ -129,21 +135,27 @@ def runs(files):
     unpacked directory, the last verify the refreshed file)."""
     f = files
     pty_run = _run_on_pty_async(_cmd("verify", f["plain"], "--json")) if sys.platform != "win32" else None
-    res = _run_all({
-        "info": _cmd("info", f["plain"], "--json"),
-        "tree": _cmd("tree", f["plain"], "--json"),
-        "show": _cmd("show", f["deflate"], "reward"),
-        "verify_corrupt": _cmd("verify", f["corrupt"]),
-        "junk": _cmd("info", f["junk"]),
-        "unpack": _cmd("unpack", f["plain"], f["unpacked"]),
-        "refresh": _cmd("refresh", f["rw"]),
-    })  # fmt: skip
+    res = _run_all(
+        {
+            "info": _cmd("info", f["plain"], "--json"),
+            "tree": _cmd("tree", f["plain"], "--json"),
+            "show": _cmd("show", f["deflate"], "reward"),
+            "verify_corrupt": _cmd("verify", f["corrupt"]),
+            "junk": _cmd("info", f["junk"]),
+            "unpack": _cmd("unpack", f["plain"], f["unpacked"]),
+            "refresh": _cmd("refresh", f["rw"]),
+        }
+    )
     if pty_run is not None:
         res["verify_tty"] = pty_run()
-    res.update(_run_all({
-        "pack": _cmd("pack", f["unpacked"], f["packed"], "--compression", "deflate", "--progress"),
-        "verify_refreshed": _cmd("verify", f["rw"], "--json"),
-    }))  # fmt: skip
+    res.update(
+        _run_all(
+            {
+                "pack": _cmd("pack", f["unpacked"], f["packed"], "--compression", "deflate", "--progress"),
+                "verify_refreshed": _cmd("verify", f["rw"], "--json"),
+            }
+        )
+    )
     return res
 
 
@@ -492,8 +504,17 @@ def test_archive_repr_html(files, tmp_path):
     with tdz_numba.open(files["deflate"]) as ar:
         html = ar._repr_html_()
         assert html.startswith('<div class="tdz-archive">') and html.count("<details") == 3
-        for text in ("TensorDict", "pixels", "uint8", "[4, 3, 8, 8]", "768 B", "deflate", "&#x27;cartpole&#x27;",
-                     "nested", "flag"):  # fmt: skip
+        for text in (
+            "TensorDict",
+            "pixels",
+            "uint8",
+            "[4, 3, 8, 8]",
+            "768 B",
+            "deflate",
+            "&#x27;cartpole&#x27;",
+            "nested",
+            "flag",
+        ):
             assert text in html, text
         sub = ar["obs"]._repr_html_()
         assert "obs" in sub and "depth" in sub and "reward" not in sub
@@ -514,8 +535,11 @@ def test_archive_repr_html(files, tmp_path):
 def test_cli_reads_every_format_and_converts(tmp_path, capsys):
     st = pytest.importorskip("safetensors.torch")
     src = tmp_path / "m.safetensors"
-    st.save_file({"model.w": torch.arange(6.0).reshape(2, 3), "model.b": torch.ones(2)}, str(src),
-                 metadata={"author": "me"})  # fmt: skip
+    st.save_file(
+        {"model.w": torch.arange(6.0).reshape(2, 3), "model.b": torch.ones(2)},
+        str(src),
+        metadata={"author": "me"},
+    )
     code, out, _ = _main(capsys, "info", src)
     assert code == 0 and "safetensors" in out and "2 of 2 leaves" in out and "author" in out
     code, out, _ = _main(capsys, "tree", src, "--json")
@@ -535,7 +559,8 @@ def test_cli_reads_every_format_and_converts(tmp_path, capsys):
     code, _, _ = _main(capsys, "convert", src, tmp_path / "flat.tdz", "--flat", "--compression", "deflate")
     assert code == 0 and "model.w" in tdz_numba.load(tmp_path / "flat.tdz")
     code, _, _ = _main(capsys, "convert", dst, tmp_path / "back.safetensors")
-    assert code == 0 and torch.equal(st.load_file(str(tmp_path / "back.safetensors"))["model.w"],
-                                     torch.arange(6.0).reshape(2, 3))  # fmt: skip
+    assert code == 0 and torch.equal(
+        st.load_file(str(tmp_path / "back.safetensors"))["model.w"], torch.arange(6.0).reshape(2, 3)
+    )
     code, _, err = _main(capsys, "convert", tmp_path / "missing.pt", dst)
     assert code == 2 and "missing.pt" in err

@@ -16,14 +16,18 @@ from tdz_numba import bench, cli
 
 
 def _run(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "tdz_numba", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tdz_numba", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture
 def archive(tmp_path):
     tree = {
-        "obs": {"pixels": torch.zeros(4, 3, 8, 8, dtype=torch.uint8), "depth": np.ones((4, 8, 8), np.float32)},
+        "obs": {
+            "pixels": torch.zeros(4, 3, 8, 8, dtype=torch.uint8),
+            "depth": np.ones((4, 8, 8), np.float32),
+        },
         "reward": torch.arange(5, dtype=torch.float64),
         "env": "cartpole",
     }
@@ -43,13 +47,30 @@ def _corrupt(path, key):
 
 def test_bench_quick_json(tmp_path):
     png = tmp_path / "bench.png"
-    proc = _run("bench", "--quick", "--format", "tdz_numba,safetensors,floor", "--workload", "small",
-                "--op", "save,open,read", "--json", "--dir", tmp_path, "--plot", png)  # fmt: skip
+    proc = _run(
+        "bench",
+        "--quick",
+        "--format",
+        "tdz_numba,safetensors,floor",
+        "--workload",
+        "small",
+        "--op",
+        "save,open,read",
+        "--json",
+        "--dir",
+        tmp_path,
+        "--plot",
+        png,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout)
     fmts = ["tdz_numba", "floor"] + (["safetensors"] if importlib.util.find_spec("safetensors") else [])
-    expected = {("small", op, f) for op in ("save", "open", "read") for f in fmts
-                if not (op == "open" and f == "floor")}  # fmt: skip
+    expected = {
+        ("small", op, f)
+        for op in ("save", "open", "read")
+        for f in fmts
+        if not (op == "open" and f == "floor")
+    }
     got = {(r["workload"], r["op"], r["format"]) for r in results}
     assert got == expected
     for r in results:
@@ -71,12 +92,26 @@ def test_bench_quick_json(tmp_path):
 
 
 def test_bench_compressed_quick_json(tmp_path):
-    proc = _run("bench", "--quick", "--compression", "deflate", "--workload", "images_flat,images_small",
-                "--json", "--dir", tmp_path, timeout=300)  # fmt: skip
+    proc = _run(
+        "bench",
+        "--quick",
+        "--compression",
+        "deflate",
+        "--workload",
+        "images_flat,images_small",
+        "--json",
+        "--dir",
+        tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout)
-    expected = {(w, op, f) for w in ("images_flat", "images_small") for op in ("save", "load")
-                for f in ("tdz_numba", "tdz_numba_1t", "td_tdz", "zlib_ng")}  # fmt: skip
+    expected = {
+        (w, op, f)
+        for w in ("images_flat", "images_small")
+        for op in ("save", "load")
+        for f in ("tdz_numba", "tdz_numba_1t", "td_tdz", "zlib_ng")
+    }
     assert {(r["workload"], r["op"], r["format"]) for r in results} == expected
     for r in results:
         assert r["median_ms"] > 0 and len(r["runs_ms"]) == 3 and all(x > 0 for x in r["runs_ms"])
@@ -135,13 +170,25 @@ def test_bench_images_workload():
 
 
 def test_bench_goals():
-    res = bench.BenchResult(workloads={"images_flat": "x"}, ops=["save", "load"], compression="deflate",
-                            nbytes={"images_flat": 100 << 20})  # fmt: skip
-    cells = {("save", "tdz_numba"): 100.0, ("save", "tdz_numba_1t"): 190.0, ("save", "td_tdz"): 300.0,
-             ("save", "zlib_ng"): 180.0, ("load", "tdz_numba"): 50.0, ("load", "tdz_numba_1t"): 60.0,
-             ("load", "zlib_ng"): 40.0}  # fmt: skip
-    res.results = [{"workload": "images_flat", "op": op, "format": f, "median_ms": ms, "runs_ms": [ms]}
-                   for (op, f), ms in cells.items()]  # fmt: skip
+    res = bench.BenchResult(
+        workloads={"images_flat": "x"},
+        ops=["save", "load"],
+        compression="deflate",
+        nbytes={"images_flat": 100 << 20},
+    )
+    cells = {
+        ("save", "tdz_numba"): 100.0,
+        ("save", "tdz_numba_1t"): 190.0,
+        ("save", "td_tdz"): 300.0,
+        ("save", "zlib_ng"): 180.0,
+        ("load", "tdz_numba"): 50.0,
+        ("load", "tdz_numba_1t"): 60.0,
+        ("load", "zlib_ng"): 40.0,
+    }
+    res.results = [
+        {"workload": "images_flat", "op": op, "format": f, "median_ms": ms, "runs_ms": [ms]}
+        for (op, f), ms in cells.items()
+    ]
     res.sizes = {("images_flat", "tdz_numba"): 25 << 20}
     got = {(g["op"], g["goal"]): g for g in bench.reporting.goals(res)}
     cores = bench.reporting._cores()

@@ -128,7 +128,9 @@ def test_memory_budget_is_overridable(monkeypatch):
     with pytest.raises(BadArchiveError, match="12000"):
         codecs.inflate_many(jobs, 1, into=buf[:11_999])
     # streaming holds nothing of the entry's size: allowed
-    assert codecs.stream_member(u8(deflate(b)), 8, len(b), zlib.crc32(b), None, None, "s", chunk=4096) == zlib.crc32(b)
+    assert codecs.stream_member(
+        u8(deflate(b)), 8, len(b), zlib.crc32(b), None, None, "s", chunk=4096
+    ) == zlib.crc32(b)
 
 
 def test_lzma_huge_dictionary_is_clamped():
@@ -188,8 +190,16 @@ def test_corrupt_streams_raise_tdz_errors(codec):
             assert out.tobytes() == b, trial
         pieces: list[bytes] = []
         try:
-            n = codecs.stream_member(data, codecs.CODEC_METHODS[codec], len(b), zlib.crc32(b), None,
-                                     lambda piece, out=pieces: out.append(piece.tobytes()), "c", chunk=4096)  # fmt: skip
+            n = codecs.stream_member(
+                data,
+                codecs.CODEC_METHODS[codec],
+                len(b),
+                zlib.crc32(b),
+                None,
+                lambda piece, out=pieces: out.append(piece.tobytes()),
+                "c",
+                chunk=4096,
+            )
         except TdzError:
             refused += 1
         else:
@@ -211,9 +221,12 @@ def test_inflate_segments_stays_inside_output(n_true, n_told):
     raw = u8(deflate(b))
     buf = _guarded(max(n_told, 1))
     crc, status = codec_kernels.inflate_segments(
-        np.array([raw.ctypes.data], np.int64), np.array([raw.size], np.int64),
-        np.array([buf.ctypes.data], np.int64), np.array([n_told], np.int64), np.array([True]),
-    )  # fmt: skip
+        np.array([raw.ctypes.data], np.int64),
+        np.array([raw.size], np.int64),
+        np.array([buf.ctypes.data], np.int64),
+        np.array([n_told], np.int64),
+        np.array([True]),
+    )
     assert status[0] != 0
     assert (buf[n_told:] == 0xAB).all() if n_told else (buf[1:] == 0xAB).all()
     assert buf[:n_told].tobytes() == b[:n_told]
@@ -231,9 +244,12 @@ def test_inflate_segments_lying_streams_stay_inside_output():
         told = int(rng.integers(0, 20_001))
         buf = _guarded(told)
         _, status = codec_kernels.inflate_segments(
-            np.array([raw.ctypes.data], np.int64), np.array([raw.size], np.int64),
-            np.array([buf.ctypes.data], np.int64), np.array([told], np.int64), np.array([True]),
-        )  # fmt: skip
+            np.array([raw.ctypes.data], np.int64),
+            np.array([raw.size], np.int64),
+            np.array([buf.ctypes.data], np.int64),
+            np.array([told], np.int64),
+            np.array([True]),
+        )
         assert (buf[told:] == 0xAB).all(), trial
 
 
@@ -244,7 +260,9 @@ def test_inflate_step_stays_inside_output():
     assert codec_kernels.inflate_open(strm) == 0
     try:
         buf = _guarded(1000)
-        used, got, rc, crc = codec_kernels.inflate_step(strm, raw.ctypes.data, raw.size, buf.ctypes.data, 1000, 0)
+        used, got, rc, crc = codec_kernels.inflate_step(
+            strm, raw.ctypes.data, raw.size, buf.ctypes.data, 1000, 0
+        )
         assert got == 1000 and rc == 0 and 0 < used <= raw.size
         assert buf[:1000].tobytes() == b[:1000] and (buf[1000:] == 0xAB).all()
         assert int(crc) == zlib.crc32(b[:1000])
@@ -257,9 +275,13 @@ def test_deflate_segments_enforce_max_segment():
     out = np.zeros(64, np.uint8)
     for n, cap in [(codec_kernels.MAX_SEGMENT + 1, 64), (16, 1 << 32), (-1, 64)]:
         _, _, status = codec_kernels.deflate_segments(
-            np.array([a.ctypes.data], np.int64), np.array([n], np.int64), np.array([out.ctypes.data], np.int64),
-            np.array([cap], np.int64), np.array([True]), np.int64(6),
-        )  # fmt: skip
+            np.array([a.ctypes.data], np.int64),
+            np.array([n], np.int64),
+            np.array([out.ctypes.data], np.int64),
+            np.array([cap], np.int64),
+            np.array([True]),
+            np.int64(6),
+        )
         assert status[0] == -2
     assert codecs.segment_size_for(1 << 20, 1 << 40) == codec_kernels.MAX_SEGMENT
 
@@ -342,9 +364,14 @@ def test_zipfile_written_entry_past_4_gib_loads_and_verifies(tmp_path, monkeypat
     real = zipfile._get_compressor
     p = tmp_path / "big.tdz"
     with zipfile.ZipFile(p, "w") as z:
-        meta = {"x": {"device": "cpu", "shape": [piece * reps], "dtype": "torch.uint8", "is_nested": False},
-                "shape": [], "device": "cpu", "_type": "<class 'tensordict._td.TensorDict'>",
-                "_format_version": 1, "_class": "tensordict:TensorDict"}  # fmt: skip
+        meta = {
+            "x": {"device": "cpu", "shape": [piece * reps], "dtype": "torch.uint8", "is_nested": False},
+            "shape": [],
+            "device": "cpu",
+            "_type": "<class 'tensordict._td.TensorDict'>",
+            "_format_version": 1,
+            "_class": "tensordict:TensorDict",
+        }
         z.writestr("meta.json", json.dumps(meta))
         monkeypatch.setattr(zipfile, "_get_compressor", lambda *a, **k: Repeat())
         info = zipfile.ZipInfo("x.memmap")
@@ -372,15 +399,22 @@ def test_leaf_size_claims_checked_before_inflating(tmp_path, monkeypatch):
     import tdz_numba
 
     p = tmp_path / "claim.tdz"
-    meta = {"x": {"device": "cpu", "shape": [10**12], "dtype": "torch.float32", "is_nested": False},
-            "shape": [], "device": "cpu", "_type": "<class 'tensordict._td.TensorDict'>",
-            "_format_version": 1, "_class": "tensordict:TensorDict"}  # fmt: skip
+    meta = {
+        "x": {"device": "cpu", "shape": [10**12], "dtype": "torch.float32", "is_nested": False},
+        "shape": [],
+        "device": "cpu",
+        "_type": "<class 'tensordict._td.TensorDict'>",
+        "_format_version": 1,
+        "_class": "tensordict:TensorDict",
+    }
     with zipfile.ZipFile(p, "w") as z:
         z.writestr("meta.json", json.dumps(meta))
         z.writestr("x.memmap", bytes(4000), compress_type=zipfile.ZIP_DEFLATED)
     calls = []
     real = codecs.inflate_many
-    monkeypatch.setattr(codecs, "inflate_many", lambda jobs, *a, **k: calls.append(jobs) or real(jobs, *a, **k))
+    monkeypatch.setattr(
+        codecs, "inflate_many", lambda jobs, *a, **k: calls.append(jobs) or real(jobs, *a, **k)
+    )
     with pytest.raises(BadArchiveError, match="4000"):
         tdz_numba.load(p)
     with pytest.raises(BadArchiveError, match="4000"):

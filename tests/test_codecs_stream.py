@@ -47,8 +47,17 @@ ENCODE = {0: lambda b: b, 8: deflate, 12: bz2.compress, 14: lambda b: codecs.com
 
 def collect(raw, method, size, crc, table, chunk, threads=None) -> tuple[bytes, list[int], int]:
     pieces: list[bytes] = []
-    found = codecs.stream_member(raw, method, size, crc, table, lambda p: pieces.append(p.tobytes()), "e",
-                                 chunk=chunk, num_threads=threads)  # fmt: skip
+    found = codecs.stream_member(
+        raw,
+        method,
+        size,
+        crc,
+        table,
+        lambda p: pieces.append(p.tobytes()),
+        "e",
+        chunk=chunk,
+        num_threads=threads,
+    )
     return b"".join(pieces), [len(p) for p in pieces], found
 
 
@@ -174,7 +183,9 @@ def hwm():
         return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) << 10
 """
 
-_STREAM_CHILD = _HWM + """
+_STREAM_CHILD = (
+    _HWM
+    + """
 import json, sys, zlib, numpy as np
 from tdz_numba import codecs
 from tdz_numba.kernels import crc32_zeros
@@ -193,25 +204,35 @@ with_table = hwm() - before
 assert codecs.stream_member(raw, 8, size, crc, None, None, "t") == crc
 print(json.dumps({"size": size, "with_table": with_table, "single": hwm() - before, "pieces": len(got)}))
 """
+)
 
 _SAVE_CHILD = """
 import sys, torch, tdz_numba
 tdz_numba.save({"z": torch.zeros(128 << 20), "s": torch.ones(4)}, sys.argv[1], compression="deflate")
 """
 
-_VERIFY_CHILD = _HWM + """
+_VERIFY_CHILD = (
+    _HWM
+    + """
 import json, sys, tdz_numba
 tdz_numba.verify(sys.argv[2])  # compile, page in the code
 before = hwm()
 r = tdz_numba.verify(sys.argv[1])
 print(json.dumps({"growth": hwm() - before, "payload": r.payload_bytes}))
 """
+)
 
 
 def _child(code: str, *args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
-                         env=env, timeout=300, check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -227,8 +248,12 @@ def test_stream_member_peak_rss_is_bounded():
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 def test_verify_peak_rss_is_bounded(tmp_path):
     big, small = tmp_path / "big.tdz", tmp_path / "small.tdz"
-    subprocess.run([sys.executable, "-c", _SAVE_CHILD, str(big)], check=True, timeout=300,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-c", _SAVE_CHILD, str(big)],
+        check=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     tdz_numba.save({"z": torch.zeros(1 << 20), "s": torch.ones(4)}, small, compression="deflate")
     r = _child(_VERIFY_CHILD, str(big), str(small))
     assert r["payload"] >= 512 << 20
@@ -240,11 +265,18 @@ from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(0, 40_000), seg=st.integers(1, 9000), chunk=st.integers(1, 30_000),
-       kind=st.sampled_from(["text", "zeros", "random"]), threads=st.sampled_from([1, 2]))  # fmt: skip
+@given(
+    n=st.integers(0, 40_000),
+    seg=st.integers(1, 9000),
+    chunk=st.integers(1, 30_000),
+    kind=st.sampled_from(["text", "zeros", "random"]),
+    threads=st.sampled_from([1, 2]),
+)
 def test_stream_and_inflate_match_zlib_property(n, seg, chunk, kind, threads):
     rng = np.random.default_rng(n)
-    b = {"text": data_of(n), "zeros": bytes(n), "random": rng.integers(0, 256, n, dtype=np.uint8).tobytes()}[kind]
+    b = {"text": data_of(n), "zeros": bytes(n), "random": rng.integers(0, 256, n, dtype=np.uint8).tobytes()}[
+        kind
+    ]
     (d,) = codecs.deflate_many([u8(b)], None, threads, segment_size=seg)
     stream = b"".join(p.tobytes() for p in d.parts)
     assert zlib.decompress(stream, wbits=-15) == b and d.crc == zlib.crc32(b)

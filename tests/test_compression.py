@@ -478,10 +478,16 @@ def test_roundtrip_each_codec(compression, small_segments, tmp_path):
     if compression == "deflate":
         tables = {n for n, e in zip_entries(p).items() if e.table() is not None}
         assert tables == {
-            "u8_over.memmap", "i64_multiple.memmap", "zeros.memmap", "np_i16.memmap",
-            "lvl1/bf16.memmap", "lvl1/bool.memmap", "lvl1/lvl2/f16.memmap",
-            "lvl1/lvl2/c64.memmap", "lvl1/lvl2/text.memmap",
-        }  # fmt: skip
+            "u8_over.memmap",
+            "i64_multiple.memmap",
+            "zeros.memmap",
+            "np_i16.memmap",
+            "lvl1/bf16.memmap",
+            "lvl1/bool.memmap",
+            "lvl1/lvl2/f16.memmap",
+            "lvl1/lvl2/c64.memmap",
+            "lvl1/lvl2/text.memmap",
+        }
     report = tdz_numba.verify(p)
     assert report.leaves == sum(1 for _ in tensor_leaves(tree))
 
@@ -540,8 +546,9 @@ def test_deflate_default_segment_size(tmp_path):
     assert codecs.SEGMENT_SIZE == 4 << 20
     n = (4 << 20) + 1
     x = torch.from_numpy(np.arange(n, dtype=np.uint8) % 7)
-    p = tdz_numba.save({"x": x, "y": torch.ones(3)}, tmp_path / "x.tdz", compression="deflate",
-                       compresslevel=1)  # fmt: skip
+    p = tdz_numba.save(
+        {"x": x, "y": torch.ones(3)}, tmp_path / "x.tdz", compression="deflate", compresslevel=1
+    )
     e = check_archive_structure(p, "deflate", segment=4 << 20)
     assert e["x.memmap"].table()[3] == 2
     assert e["y.memmap"].table() is None
@@ -839,8 +846,18 @@ def _table_mutations():
     def boundary_shift_back(v, seg, count, lens):
         return v, seg, count, [lens[0] - 1, lens[1] + 1, *lens[2:]]
 
-    return [count_plus, count_minus, seg_double, seg_half, seg_zero, version, len_plus,
-            len_minus_last, boundary_shift, boundary_shift_back]  # fmt: skip
+    return [
+        count_plus,
+        count_minus,
+        seg_double,
+        seg_half,
+        seg_zero,
+        version,
+        len_plus,
+        len_minus_last,
+        boundary_shift,
+        boundary_shift_back,
+    ]
 
 
 @pytest.mark.parametrize("mutate", _table_mutations(), ids=lambda f: f.__name__)
@@ -923,7 +940,9 @@ def test_rplus_refuses_compressed_leaves(compression, tmp_path):
 @pytest.mark.parametrize("name", ["zstd", "zstd99", "gzip", "", "deflate64", 8])
 def test_unknown_compression(name, tmp_path):
     target = tmp_path / "x.tdz"
-    with pytest.raises(tdz_numba.UnknownCompressionError) as info:  # also a ValueError and an UnsupportedError
+    with pytest.raises(
+        tdz_numba.UnknownCompressionError
+    ) as info:  # also a ValueError and an UnsupportedError
         tdz_numba.save({"x": torch.arange(3)}, target, compression=name)
     assert isinstance(info.value, ValueError) and isinstance(info.value, UnsupportedError)
     assert f"unknown compression {name!r}" in str(info.value)
@@ -972,8 +991,9 @@ def test_verify_does_not_patch_or_keep_state(small_segments, tmp_path, inflate_c
 def test_nested_tensor_leaf_compressed(compression, small_segments, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        nt = torch.nested.nested_tensor([torch.arange(900.0).reshape(300, 3), torch.zeros(500, 3)],
-                                        layout=torch.strided)  # fmt: skip
+        nt = torch.nested.nested_tensor(
+            [torch.arange(900.0).reshape(300, 3), torch.zeros(500, 3)], layout=torch.strided
+        )
     p = tdz_numba.save({"n": nt, "x": torch.arange(10)}, tmp_path / "x.tdz", compression=compression)
     with zipfile.ZipFile(p) as z:
         assert z.getinfo("n.memmap").compress_type == METHOD[compression]
@@ -1012,16 +1032,22 @@ def test_inflate_many_zero_size_entry():
     other = make_bytes("text", 100)
     c = zlib.compressobj(6, zlib.DEFLATED, -15)
     raw = np.frombuffer(c.compress(other.tobytes()) + c.flush(), np.uint8)
-    outs = codecs.inflate_many([("entry 'e.memmap'", empty, 0, 0, None),
-                                ("entry 'x.memmap'", raw, 100, zlib.crc32(other.tobytes()), None)], 1)  # fmt: skip
+    outs = codecs.inflate_many(
+        [
+            ("entry 'e.memmap'", empty, 0, 0, None),
+            ("entry 'x.memmap'", raw, 100, zlib.crc32(other.tobytes()), None),
+        ],
+        1,
+    )
     assert outs[0].size == 0 and outs[1].tobytes() == other.tobytes()
 
 
 def test_zero_length_deflated_entry_in_foreign_zip(tmp_path):
     """stdlib zipfile deflates empty files too (a 2-byte stream): such an
     empty leaf must load, like it does with zipfile and tensordict."""
-    d = tdz_numba.unpack(tdz_numba.save({"e": torch.zeros(10, 0), "a": torch.ones(10)}, tmp_path / "x.tdz"),
-                         tmp_path / "dir")  # fmt: skip
+    d = tdz_numba.unpack(
+        tdz_numba.save({"e": torch.zeros(10, 0), "a": torch.ones(10)}, tmp_path / "x.tdz"), tmp_path / "dir"
+    )
     p = tmp_path / "std.zip"
     with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as z:
         for f in sorted(d.iterdir()):

@@ -37,15 +37,23 @@ def _shared() -> torch.Tensor:
 def _save_state(rank: int, world: int, mesh) -> dict:
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    return {f"rank{rank}.w": _per_rank(rank), "shared": _shared(), "step": 7,
-            "dt": distribute_tensor(_full(), mesh, [Shard(0)])}  # fmt: skip
+    return {
+        f"rank{rank}.w": _per_rank(rank),
+        "shared": _shared(),
+        "step": 7,
+        "dt": distribute_tensor(_full(), mesh, [Shard(0)]),
+    }
 
 
 def _check_loaded(rank: int, world: int, mesh, reader, group=None) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    sd = {f"rank{rank}.w": torch.zeros(2, 3, dtype=torch.float64), "shared": torch.zeros(10), "step": 0,
-          "dt": distribute_tensor(torch.zeros(ROWS, COLS), mesh, [Shard(0)])}  # fmt: skip
+    sd = {
+        f"rank{rank}.w": torch.zeros(2, 3, dtype=torch.float64),
+        "shared": torch.zeros(10),
+        "step": 0,
+        "dt": distribute_tensor(torch.zeros(ROWS, COLS), mesh, [Shard(0)]),
+    }
     dcp.load(sd, storage_reader=reader, process_group=group)
     assert torch.equal(sd[f"rank{rank}.w"], _per_rank(rank))
     assert torch.equal(sd["shared"], _shared()) and sd["step"] == 7
@@ -62,8 +70,10 @@ def _worker(rank: int, world: int, port: int, jobs: list, opts: dict | None) -> 
         for job, where in jobs:
             storage_options = opts if where.startswith("s3://") else None
             if job == "save":
-                dcp.save(_save_state(rank, world, mesh),
-                         storage_writer=TdzStorageWriter(where, storage_options=storage_options))  # fmt: skip
+                dcp.save(
+                    _save_state(rank, world, mesh),
+                    storage_writer=TdzStorageWriter(where, storage_options=storage_options),
+                )
             elif job == "load":
                 _check_loaded(rank, world, mesh, TdzStorageReader(where, storage_options=storage_options))
             else:  # "load2": ranks 0 and 1 load as a world of 2 (the others wait)
@@ -105,15 +115,21 @@ def _check_rank_files(ckpt: Path, world: int) -> None:
             assert torch.equal(ar[f"rank{r}.w"], _per_rank(r))
             table = {row[0]: row for row in ar["__dcp__"]}
             assert table["dt" if r == 0 else f"dt@{r * ROWS // world},0"][1:4] == [
-                "dt", [r * ROWS // world, 0], [ROWS // world, COLS]]
+                "dt",
+                [r * ROWS // world, 0],
+                [ROWS // world, COLS],
+            ]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _warm_kernels(tmp_path_factory):
     """Compile (or load) the Numba kernels once here, so that the spawned ranks load them
     from the cache instead of each compiling them on a cold cache."""
-    p = tdz_numba.save({"x": torch.ones(64), "y": {"z": torch.arange(3)}},
-                       tmp_path_factory.mktemp("warm") / "w.tdz", compression="deflate")  # fmt: skip
+    p = tdz_numba.save(
+        {"x": torch.ones(64), "y": {"z": torch.arange(3)}},
+        tmp_path_factory.mktemp("warm") / "w.tdz",
+        compression="deflate",
+    )
     tdz_numba.save(tdz_numba.load(p), p.with_name("s.tdz"))
     tdz_numba.verify(p)
 
@@ -148,8 +164,11 @@ def test_three_ranks_reshard_to_two_and_one(tmp_path):
 
 
 def test_single_process_compressed_bytes_and_overwrite(tmp_path):
-    state = {"w": torch.arange(4096, dtype=torch.float32).reshape(64, 64), "cfg": {"lr": 0.1, "name": "x"},
-             "n": torch.tensor(3)}  # fmt: skip
+    state = {
+        "w": torch.arange(4096, dtype=torch.float32).reshape(64, 64),
+        "cfg": {"lr": 0.1, "name": "x"},
+        "n": torch.tensor(3),
+    }
     ckpt = tmp_path / "c"
     dcp.save(state, storage_writer=TdzStorageWriter(ckpt, compression="deflate"), no_dist=True)
     with tdz_numba.open(ckpt / "__0_0.tdz") as ar:

@@ -7,8 +7,18 @@ import pytest
 
 import tdz_numba
 
-FUNCTIONS = ["save", "open", "load", "pack", "unpack", "verify", "allocate", "is_archive", "refresh_checksums",
-             "convert"]  # fmt: skip
+FUNCTIONS = [
+    "save",
+    "open",
+    "load",
+    "pack",
+    "unpack",
+    "verify",
+    "allocate",
+    "is_archive",
+    "refresh_checksums",
+    "convert",
+]
 
 
 def _sections(obj) -> set[str]:
@@ -30,7 +40,10 @@ def test_raises_name_tdz_errors():
     for name in FUNCTIONS:
         raises = inspect.getdoc(getattr(tdz_numba, name)).split("Raises\n------\n")[1].split("\n\n")[0]
         named = set(re.findall(r"^(\w+)", raises, re.MULTILINE))
-        assert named and all(issubclass(getattr(tdz_numba, n), tdz_numba.TdzError) for n in named), (name, named)
+        assert named and all(issubclass(getattr(tdz_numba, n), tdz_numba.TdzError) for n in named), (
+            name,
+            named,
+        )
 
 
 def test_archive_class_has_numpydoc_sections():

@@ -58,8 +58,13 @@ def test_temp_name_pattern():
     info = _tempfiles.parse_temp_name(name)
     assert info is not None and info["name"] == "x.tdz" and int(info["pid"]) == os.getpid()
     assert name.startswith(".x.tdz.tdz-tmp.")
-    for other in (".x.tdz.abcdefgh.tmp", "x.tdz.tdz-tmp.abcdef.1.0123abcd", ".x.tdz.tdz-tmp.abcdef.0.0123abcd",
-                  ".x.tdz.tdz-tmp.abcdef.12.0123abc", ".x.tdz.tdz-tmp.ABCDEF.12.0123abcd"):  # fmt: skip
+    for other in (
+        ".x.tdz.abcdefgh.tmp",
+        "x.tdz.tdz-tmp.abcdef.1.0123abcd",
+        ".x.tdz.tdz-tmp.abcdef.0.0123abcd",
+        ".x.tdz.tdz-tmp.abcdef.12.0123abc",
+        ".x.tdz.tdz-tmp.ABCDEF.12.0123abcd",
+    ):
         assert _tempfiles.parse_temp_name(other) is None, other
 
 
@@ -93,7 +98,8 @@ def test_clean_removes_only_dead_old_matching_entries(tmp_path):
     _age(link)
 
     assert sorted(p.name for p in clean(tmp_path, dry_run=True)) == sorted(
-        [f".a.tdz.tdz-tmp.{host}.{dead}.0123abcd", stale_dir.name])
+        [f".a.tdz.tdz-tmp.{host}.{dead}.0123abcd", stale_dir.name]
+    )
     removed = sorted(p.name for p in clean(tmp_path))
     assert removed == sorted([f".a.tdz.tdz-tmp.{host}.{dead}.0123abcd", stale_dir.name])
     for name, gone in make.items():
@@ -151,8 +157,9 @@ def test_killed_saves_leave_old_or_new_and_next_save_cleans(mib, tmp_path):
     rng = random.Random(0)
     kills = 0
     for _ in range(10):
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(n)], env=env,
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(path), str(n)], env=env, stdout=subprocess.PIPE, text=True
+        )
         try:
             assert proc.stdout.readline().strip() == "ready"
             deadline = time.monotonic() + 60
@@ -226,7 +233,9 @@ def test_disk_full_on_tmpfs(tmp_path):
         assert _temps(d) == []
         assert tdz_numba.load(old)["a"].tolist() == [1.0] * 16  # the old file is intact
         with pytest.raises(DiskFullError):
-            tdz_numba.allocate({"a": torch.zeros(1 << 20)}, d / "buf.tdz")  # reserved up front, no SIGBUS later
+            tdz_numba.allocate(
+                {"a": torch.zeros(1 << 20)}, d / "buf.tdz"
+            )  # reserved up front, no SIGBUS later
         assert sorted(os.listdir(d)) == ["x.tdz"]
         # sparse on request: succeeds, the space is not taken
         with tdz_numba.allocate({"a": torch.zeros(1 << 20)}, d / "sparse.tdz", reserve=False) as buf:
@@ -256,8 +265,13 @@ _FSIZE_CHILD = textwrap.dedent("""
 
 def test_disk_full_by_file_size_limit(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", _FSIZE_CHILD, str(tmp_path)], env=env, capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", _FSIZE_CHILD, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "save:DiskFullError:True allocate:DiskFullError:True []", r.stdout
 
@@ -267,8 +281,13 @@ def test_disk_full_by_file_size_limit(tmp_path):
 # ---------------------------------------------------------------------------
 def test_missing_file_errors(tmp_path):
     missing = tmp_path / "nope" / "x.tdz"
-    for call in (tdz_numba.open, tdz_numba.load, tdz_numba.verify, tdz_numba.refresh_checksums,
-                 lambda p: tdz_numba.unpack(p, tmp_path / "out")):  # fmt: skip
+    for call in (
+        tdz_numba.open,
+        tdz_numba.load,
+        tdz_numba.verify,
+        tdz_numba.refresh_checksums,
+        lambda p: tdz_numba.unpack(p, tmp_path / "out"),
+    ):
         with pytest.raises(FileMissingError) as info:
             call(missing)
         assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, TdzError)
@@ -289,8 +308,10 @@ def test_read_only_directory_names_the_users_path(tmp_path):
         ctx = contextlib.nullcontext(tmp_path / "ro")
     with ctx as d:
         target = d / "x.tdz"
-        for call in (lambda: tdz_numba.save({"a": torch.ones(2)}, target),
-                     lambda: tdz_numba.allocate({"a": torch.zeros(2)}, target)):  # fmt: skip
+        for call in (
+            lambda: tdz_numba.save({"a": torch.ones(2)}, target),
+            lambda: tdz_numba.allocate({"a": torch.zeros(2)}, target),
+        ):
             with pytest.raises(AccessDeniedError) as info:
                 call()
             assert isinstance(info.value, PermissionError) and isinstance(info.value, TdzError)
@@ -303,17 +324,24 @@ def test_read_only_directory_names_the_users_path(tmp_path):
 def test_write_permission_error_from_the_os_names_the_users_path(tmp_path):
     # an EACCES raised on the temp name (as mkstemp did) is reported on the user's path
     with pytest.raises(AccessDeniedError) as info, user_errors(tmp_path / "x.tdz", action="write"):
-        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / ".x.tdz.tdz-tmp.abcdef.1.0123abcd"))
-    assert str(info.value) == f"cannot write {tmp_path / 'x.tdz'}: permission denied (the directory {tmp_path} " \
-                              f"is not writable)"  # fmt: skip
+        raise PermissionError(
+            errno.EACCES, "Permission denied", str(tmp_path / ".x.tdz.tdz-tmp.abcdef.1.0123abcd")
+        )
+    assert (
+        str(info.value) == f"cannot write {tmp_path / 'x.tdz'}: permission denied (the directory {tmp_path} "
+        f"is not writable)"
+    )
 
 
 def test_file_objects_and_urls_are_not_supported_yet(tmp_path):
     url = "s3://bucket/x.tdz"
     archive = tdz_numba.save({"a": torch.ones(2)}, tmp_path / "x.tdz")
     for arg in (url, io.BytesIO(), "https://host/x.tdz"):
-        for call in (lambda a: tdz_numba.unpack(a, tmp_path / "out"), tdz_numba.refresh_checksums,
-                     lambda a: tdz_numba.allocate({"a": torch.zeros(2)}, a)):  # fmt: skip
+        for call in (
+            lambda a: tdz_numba.unpack(a, tmp_path / "out"),
+            tdz_numba.refresh_checksums,
+            lambda a: tdz_numba.allocate({"a": torch.zeros(2)}, a),
+        ):
             with pytest.raises(UnsupportedError) as info:
                 call(arg)
             assert isinstance(info.value, NotImplementedError)
@@ -331,7 +359,9 @@ def test_file_objects_and_urls_are_not_supported_yet(tmp_path):
 
 
 def test_reserve_false_stays_sparse(tmp_path):
-    with tdz_numba.allocate({"a": torch.zeros(64 << 20, dtype=torch.uint8)}, tmp_path / "s.tdz", reserve=False):
+    with tdz_numba.allocate(
+        {"a": torch.zeros(64 << 20, dtype=torch.uint8)}, tmp_path / "s.tdz", reserve=False
+    ):
         pass
     st = os.stat(tmp_path / "s.tdz")
     assert st.st_size > 64 << 20 and st.st_blocks * 512 < 8 << 20

@@ -77,9 +77,15 @@ class Zip:
     def __init__(self, data: bytes) -> None:
         self.data = bytearray(data)
         parsed = parse_zip(self.data)  # tests/ziputil.py: the one hand parser
-        self.eocd, self.count, self.cd_size, self.cd_off = parsed.eocd, parsed.count, parsed.cd_size, parsed.cd_off
-        self.recs: list[Rec] = [Rec(r.name, r.cpos, r.hoff, r.csize, r.usize, r.crc, r.clen, r.payload)
-                                for r in parsed.records]  # fmt: skip
+        self.eocd, self.count, self.cd_size, self.cd_off = (
+            parsed.eocd,
+            parsed.count,
+            parsed.cd_size,
+            parsed.cd_off,
+        )
+        self.recs: list[Rec] = [
+            Rec(r.name, r.cpos, r.hoff, r.csize, r.usize, r.crc, r.clen, r.payload) for r in parsed.records
+        ]
 
     @classmethod
     def of(cls, path) -> Zip:
@@ -428,7 +434,7 @@ STRUCTURAL = {
             "mid_eocd",
             "last_byte",
         ]
-    },  # fmt: skip
+    },
     "front_cut": _front_cut,
     **{f"garbage_{n}": _garbage(n, n) for n in (1, 21, 22, 64, 4096, 70000)},
     "garbage_with_eocd": _garbage_with_eocd,
@@ -536,10 +542,14 @@ def test_is_archive_false_for_directory_and_missing(tmp_path):
 def test_open_directory_and_missing(tmp_path):
     d = tmp_path / "adir.tdz"
     d.mkdir()
-    for fn in (lambda: tdz_numba.open(d), lambda: tdz_numba.open(d, mode="r+"),
-               lambda: tdz_numba.load(d), lambda: tdz_numba.verify(d),
-               lambda: tdz_numba.unpack(d, tmp_path / "out"),
-               lambda: tdz_numba.refresh_checksums(d)):  # fmt: skip
+    for fn in (
+        lambda: tdz_numba.open(d),
+        lambda: tdz_numba.open(d, mode="r+"),
+        lambda: tdz_numba.load(d),
+        lambda: tdz_numba.verify(d),
+        lambda: tdz_numba.unpack(d, tmp_path / "out"),
+        lambda: tdz_numba.refresh_checksums(d),
+    ):
         _raises(BadArchiveError, fn, str(d), "directory")
     assert not (tmp_path / "out").exists()
     with pytest.raises(FileNotFoundError):
@@ -554,10 +564,17 @@ def test_no_top_level_meta_json(base, tmp_path):
     assert tdz_numba.is_archive(path) is False
 
 
-@pytest.mark.parametrize(("names", "unpack_error"), [
-    (["b/", "b/x.txt"], None), (["q/r/s/"], None), (["é/ü.txt"], None),
-    (["a//b.txt"], "empty path"), (["/"], "empty name"), (["//x"], "absolute"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("names", "unpack_error"),
+    [
+        (["b/", "b/x.txt"], None),
+        (["q/r/s/"], None),
+        (["é/ü.txt"], None),
+        (["a//b.txt"], "empty path"),
+        (["/"], "empty name"),
+        (["//x"], "absolute"),
+    ],
+)
 def test_odd_but_harmless_names(names, unpack_error, base, tmp_path):
     """Directory entries and doubled slashes: the tree still loads and verifies (the extra entries are not
     part of it); unpack writes the harmless ones inside the target and refuses the unsafe names."""
@@ -798,9 +815,23 @@ def test_leaf_dtype_size_disagrees(base, tmp_path):
     _raises(BadArchiveError, lambda: tdz_numba.load(path), "a.memmap", "80", "40")
 
 
-BAD_DTYPES = ["torch.float128", "torch.Tensor", "os.system", "torch.load", "builtins.eval",
-              "torch.nn", "float32", "torch.", "", "torch.float32 ", "__import__('os')",
-              123, None, ["torch.float32"], {"x": 1}]  # fmt: skip
+BAD_DTYPES = [
+    "torch.float128",
+    "torch.Tensor",
+    "os.system",
+    "torch.load",
+    "builtins.eval",
+    "torch.nn",
+    "float32",
+    "torch.",
+    "",
+    "torch.float32 ",
+    "__import__('os')",
+    123,
+    None,
+    ["torch.float32"],
+    {"x": 1},
+]
 
 
 @pytest.mark.parametrize("dtype", BAD_DTYPES, ids=[repr(d) for d in BAD_DTYPES])
@@ -888,8 +919,9 @@ def test_meta_entry_incomplete(value, base, tmp_path):
 def test_save_existsok_false(tmp_path):
     path = tdz_numba.save({"a": torch.ones(3)}, tmp_path / "x.tdz")
     before = path.read_bytes()
-    err = _raises(ArchiveExistsError, lambda: tdz_numba.save({"b": torch.zeros(2)}, path, existsok=False),
-                  str(path))  # fmt: skip
+    err = _raises(
+        ArchiveExistsError, lambda: tdz_numba.save({"b": torch.zeros(2)}, path, existsok=False), str(path)
+    )
     assert isinstance(err, FileExistsError)
     assert path.read_bytes() == before
     _raises(ArchiveExistsError, lambda: tdz_numba.allocate({"b": torch.zeros(2)}, path, existsok=False))
@@ -993,8 +1025,9 @@ def test_failed_pack_is_atomic(tmp_path, monkeypatch):
     d = tdz_numba.unpack(src, tmp_path / "dir")
     target = tdz_numba.save({"keep": torch.ones(1)}, tmp_path / "out" / "t.tdz")
     before = target.read_bytes()
-    monkeypatch.setattr(tdz_numba.writer.records, "end_records",
-                        lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))  # fmt: skip
+    monkeypatch.setattr(
+        tdz_numba.writer.records, "end_records", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+    )
     with pytest.raises(OSError, match="disk full"):
         tdz_numba.pack(d, target)
     monkeypatch.undo()
@@ -1101,11 +1134,13 @@ def pickle_archives(tmp_path):
     evil = pickle.dumps(_Touch(marker), protocol=4)
     out = {}
     for kind, td, rel in [
-        ("stack", lambda: TensorDict(a=NonTensorStack({1}, {2}), b=torch.zeros(2), batch_size=[2]),
-         "a/pickle.pkl"),
-        ("data", lambda: TensorDict(a=NonTensorData({1}), b=torch.zeros(2), batch_size=[]),
-         "a/other.pickle"),
-    ]:  # fmt: skip
+        (
+            "stack",
+            lambda: TensorDict(a=NonTensorStack({1}, {2}), b=torch.zeros(2), batch_size=[2]),
+            "a/pickle.pkl",
+        ),
+        ("data", lambda: TensorDict(a=NonTensorData({1}), b=torch.zeros(2), batch_size=[]), "a/other.pickle"),
+    ]:
         d = tmp_path / f"dir_{kind}"
         td().memmap(d)
         assert (d / rel).is_file(), sorted(str(p) for p in d.rglob("*"))
@@ -1242,10 +1277,12 @@ def test_random_corruption_only_raises_tdz_errors(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).resolve().parents[1]),
-                                         env.get("PYTHONPATH", "")])  # fmt: skip
-    proc = subprocess.run([sys.executable, str(script), str(work), "600"], capture_output=True,
-                          text=True, timeout=120, env=env)  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(pathlib.Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script), str(work), "600"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert proc.returncode == 0, f"fuzz process died (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["leftovers"] == []
@@ -1267,8 +1304,10 @@ def _random_json(rng: random.Random, depth: int = 0):
         return [rng.choice([0, 1, 10, -1, 2**40, "3", 1.5, None]) for _ in range(rng.randrange(4))]
     if kind in (6, 7):
         return [_random_json(rng, depth + 1) for _ in range(rng.randrange(3))]
-    return {rng.choice(["shape", "dtype", "type", "is_nested", "device", "x"]): _random_json(rng, depth + 1)
-            for _ in range(rng.randrange(4))}  # fmt: skip
+    return {
+        rng.choice(["shape", "dtype", "type", "is_nested", "device", "x"]): _random_json(rng, depth + 1)
+        for _ in range(rng.randrange(4))
+    }
 
 
 def test_random_meta_values_only_raise_tdz_errors(base, tmp_path):
@@ -1282,8 +1321,12 @@ def test_random_meta_values_only_raise_tdz_errors(base, tmp_path):
         target = rng.choice(["a", "b", "tag", "shape", "_class", "_type", "new", "../evil", ""])
         roll = rng.random()
         if roll < 0.4 and target in ("a", "new", "../evil", ""):
-            meta[target] = {"device": "cpu", "shape": _random_json(rng, 2), "dtype": _random_json(rng, 2),
-                            "is_nested": rng.choice([False, True, 0, "yes"])}  # fmt: skip
+            meta[target] = {
+                "device": "cpu",
+                "shape": _random_json(rng, 2),
+                "dtype": _random_json(rng, 2),
+                "is_nested": rng.choice([False, True, 0, "yes"]),
+            }
         elif roll < 0.7 and target == "a":
             meta["a"][rng.choice(["shape", "dtype", "is_nested"])] = _random_json(rng)
         else:

@@ -40,7 +40,10 @@ def expected_tree() -> dict:
     """The tree every fixture holds (values chosen so that every byte is known)."""
     return {
         "a": torch.arange(12, dtype=torch.float32).reshape(3, 4),
-        "b": {"c": torch.tensor([1, -2, 3], dtype=torch.int16), "é": torch.full((5,), 1.5, dtype=torch.bfloat16)},
+        "b": {
+            "c": torch.tensor([1, -2, 3], dtype=torch.int16),
+            "é": torch.full((5,), 1.5, dtype=torch.bfloat16),
+        },
         "flag": torch.tensor([True, False, True]),
         "tag": "hello",
         "z": torch.zeros(3000, dtype=torch.float32),  # 12,000 bytes: three deflate segments
@@ -51,8 +54,12 @@ def _write_ours(path: Path, compression: str | None) -> bytes:
     real = records.dos_datetime
     records.dos_datetime = lambda timestamp=None: DOS  # type: ignore[assignment]
     try:
-        writer.write_entries(tree.flatten(expected_tree()), path, compression=compression,
-                             segment_size=SEGMENT if compression else None)  # fmt: skip
+        writer.write_entries(
+            tree.flatten(expected_tree()),
+            path,
+            compression=compression,
+            segment_size=SEGMENT if compression else None,
+        )
     finally:
         records.dos_datetime = real  # type: ignore[assignment]
     return path.read_bytes()
@@ -108,7 +115,9 @@ def test_our_writer_reproduces_the_golden_bytes(regenerated, name):
     golden = (FIXTURES / name).read_bytes()
     got = regenerated[name]
     first = next((i for i, (x, y) in enumerate(zip(golden, got)) if x != y), min(len(golden), len(got)))
-    assert got == golden, f"{name}: {len(got)} bytes written, {len(golden)} golden; first difference at {first}"
+    assert got == golden, (
+        f"{name}: {len(got)} bytes written, {len(golden)} golden; first difference at {first}"
+    )
 
 
 @pytest.mark.parametrize("name", OURS + THEIRS)

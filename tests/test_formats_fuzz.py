@@ -33,7 +33,25 @@ FORMATS = ("safetensors", "sharded", "torch", "npy", "npz", "memmap_dir")
 #: Seconds per format in the CI run (about a minute in all with the worker's start-up).
 CI_SECONDS = {"safetensors": 7, "sharded": 4, "torch": 11, "npy": 5, "npz": 7, "memmap_dir": 5}
 ADDRESS_SPACE = 8 << 30
-EDGES = [0, 1, 2, 7, 8, 63, 64, 255, 256, 4095, 65535, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**64 - 1]
+EDGES = [
+    0,
+    1,
+    2,
+    7,
+    8,
+    63,
+    64,
+    255,
+    256,
+    4095,
+    65535,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**63 - 1,
+    2**64 - 1,
+]
 
 
 # -- seeds ------------------------------------------------------------------------------------------
@@ -46,24 +64,55 @@ def make_seeds(d: Path) -> dict[str, list]:
 
     torch.manual_seed(0)
     out: dict[str, list] = {f: [] for f in FORMATS}
-    save_file({"a": torch.randn(3, 4), "b": torch.arange(5, dtype=torch.int16), "c": torch.ones(2, dtype=torch.bfloat16),
-               "e": torch.zeros(0, 2)}, str(d / "s.safetensors"), metadata={"k": "v"})  # fmt: skip
+    save_file(
+        {
+            "a": torch.randn(3, 4),
+            "b": torch.arange(5, dtype=torch.int16),
+            "c": torch.ones(2, dtype=torch.bfloat16),
+            "e": torch.zeros(0, 2),
+        },
+        str(d / "s.safetensors"),
+        metadata={"k": "v"},
+    )
     out["safetensors"].append((d / "s.safetensors").read_bytes())
     save_file({"w2": torch.ones(2, 2)}, str(d / "s2.safetensors"))
-    wmap = {"a": "s.safetensors", "b": "s.safetensors", "c": "s.safetensors", "e": "s.safetensors",
-            "w2": "s2.safetensors"}  # fmt: skip
-    out["sharded"].append({"m.safetensors.index.json": json.dumps({"metadata": {"total_size": 1}, "weight_map": wmap})
-                           .encode(), "s.safetensors": out["safetensors"][0],
-                           "s2.safetensors": (d / "s2.safetensors").read_bytes()})  # fmt: skip
+    wmap = {
+        "a": "s.safetensors",
+        "b": "s.safetensors",
+        "c": "s.safetensors",
+        "e": "s.safetensors",
+        "w2": "s2.safetensors",
+    }
+    out["sharded"].append(
+        {
+            "m.safetensors.index.json": json.dumps(
+                {"metadata": {"total_size": 1}, "weight_map": wmap}
+            ).encode(),
+            "s.safetensors": out["safetensors"][0],
+            "s2.safetensors": (d / "s2.safetensors").read_bytes(),
+        }
+    )
     x = torch.arange(24, dtype=torch.float32).reshape(4, 6)
-    torch.save({"x": x, "t": x.t(), "s": x[1:, 2:], "p": torch.nn.Parameter(torch.ones(2)),
-                "l": [x[0], (torch.arange(3, dtype=torch.uint8), 5)], "size": torch.Size([1]), "i": 3},
-               d / "p.pt")  # fmt: skip
+    torch.save(
+        {
+            "x": x,
+            "t": x.t(),
+            "s": x[1:, 2:],
+            "p": torch.nn.Parameter(torch.ones(2)),
+            "l": [x[0], (torch.arange(3, dtype=torch.uint8), 5)],
+            "size": torch.Size([1]),
+            "i": 3,
+        },
+        d / "p.pt",
+    )
     out["torch"].append(_unzip((d / "p.pt").read_bytes()))
     torch.save(torch.nn.Linear(3, 2).state_dict(), d / "m.pt", pickle_protocol=4)
     out["torch"].append(_unzip((d / "m.pt").read_bytes()))
-    for arr in (np.arange(12, dtype="<f4").reshape(3, 4), np.asfortranarray(np.ones((2, 3), ">i2")),
-                np.array(3.5)):  # fmt: skip
+    for arr in (
+        np.arange(12, dtype="<f4").reshape(3, 4),
+        np.asfortranarray(np.ones((2, 3), ">i2")),
+        np.array(3.5),
+    ):
         buf = io.BytesIO()
         np.save(buf, arr)
         out["npy"].append(buf.getvalue())
@@ -71,10 +120,13 @@ def make_seeds(d: Path) -> dict[str, list]:
         buf = io.BytesIO()
         save(buf, a=np.arange(6, dtype="<i4").reshape(2, 3), b=np.asfortranarray(np.eye(3)))
         out["npz"].append(_unzip(buf.getvalue()))
-    arch = tdz_numba.save({"a": x, "n": {"b": torch.ones(3, dtype=torch.int64)}, "tag": "t", "z": torch.zeros(0)},
-                          d / "m.tdz")  # fmt: skip
+    arch = tdz_numba.save(
+        {"a": x, "n": {"b": torch.ones(3, dtype=torch.int64)}, "tag": "t", "z": torch.zeros(0)}, d / "m.tdz"
+    )
     md = tdz_numba.unpack(arch, d / "md")
-    out["memmap_dir"].append({str(p.relative_to(md)): p.read_bytes() for p in sorted(md.rglob("*")) if p.is_file()})
+    out["memmap_dir"].append(
+        {str(p.relative_to(md)): p.read_bytes() for p in sorted(md.rglob("*")) if p.is_file()}
+    )
     return out
 
 
@@ -129,7 +181,9 @@ def _edit_entry(header: dict, names: list, data_len: int, rng: random.Random) ->
     if name == "__metadata__" or not isinstance(entry, dict):
         header[name] = _rand_value(rng) if r < 0.5 else {"k": _rand_value(rng)}
     elif r < 0.25:
-        entry["dtype"] = rng.choice(["F32", "F64", "I8", "BOOL", "F8_E4M3", "C64", "F4", "Q4", 7, None, "BF16"])
+        entry["dtype"] = rng.choice(
+            ["F32", "F64", "I8", "BOOL", "F8_E4M3", "C64", "F4", "Q4", 7, None, "BF16"]
+        )
     elif r < 0.5:
         shape = list(entry["shape"])
         op = rng.random()
@@ -169,22 +223,57 @@ def mutate_safetensors(seed: bytes, rng: random.Random) -> bytes:
     return struct.pack("<Q", hl & (2**64 - 1)) + h + data
 
 
-_DESCRS = ["<f4", ">f8", "|u1", "<i8", "|b1", "<c8", "|O", "<U3", "|V8", "<M8[s]", "[('a', '<i4')]", "'<f4'",
-           "<f4 ", "zz", "(2,)<f4", "<f2", ">c16"]  # fmt: skip
+_DESCRS = [
+    "<f4",
+    ">f8",
+    "|u1",
+    "<i8",
+    "|b1",
+    "<c8",
+    "|O",
+    "<U3",
+    "|V8",
+    "<M8[s]",
+    "[('a', '<i4')]",
+    "'<f4'",
+    "<f4 ",
+    "zz",
+    "(2,)<f4",
+    "<f2",
+    ">c16",
+]
 
 
 def mutate_npy(seed: bytes, rng: random.Random) -> bytes:
     if rng.random() < 0.5:
         return _bytes_mutation(seed, rng, head=128)
-    shape = rng.choice(["()", "(3,)", "(3, 4)", "(-1,)", "(2**70,)", "(0, 5)", "(1.5,)", "[3]", "(3, 4, 5, 6)",
-                        "(" + "1," * 40 + ")", "('a',)"])  # fmt: skip
+    shape = rng.choice(
+        [
+            "()",
+            "(3,)",
+            "(3, 4)",
+            "(-1,)",
+            "(2**70,)",
+            "(0, 5)",
+            "(1.5,)",
+            "[3]",
+            "(3, 4, 5, 6)",
+            "(" + "1," * 40 + ")",
+            "('a',)",
+        ]
+    )
     descr = rng.choice(_DESCRS)
     fortran = rng.choice(["False", "True", "0", "None"])
-    text = rng.choice([
-        f"{{'descr': {descr!r}, 'fortran_order': {fortran}, 'shape': {shape}, }}",
-        f"{{'descr': {descr}, 'fortran_order': {fortran}, 'shape': {shape}}}",
-        f"{{'fortran_order': {fortran}, 'shape': {shape}}}", "{" * 200, "[" * 2000, "1 + 1",
-    ])  # fmt: skip
+    text = rng.choice(
+        [
+            f"{{'descr': {descr!r}, 'fortran_order': {fortran}, 'shape': {shape}, }}",
+            f"{{'descr': {descr}, 'fortran_order': {fortran}, 'shape': {shape}}}",
+            f"{{'fortran_order': {fortran}, 'shape': {shape}}}",
+            "{" * 200,
+            "[" * 2000,
+            "1 + 1",
+        ]
+    )
     h = text.encode("latin-1") + b"\n"
     version = rng.choice([1, 1, 2, 3, 4])
     body = seed[seed.index(b"\n") + 1 :] if b"\n" in seed else b""
@@ -214,8 +303,20 @@ def mutate_pickle(data: bytes, rng: random.Random) -> bytes:
         elif r < 0.85:
             b[i] = rng.randrange(256)
         else:
-            b[i:i] = rng.choice([b"h\x00", b"(", b"t", b"R", b"cos\nsystem\n", b"ctorch\nFloatStorage\n", b"0",
-                                 b"X\xff\xff\xff\x7f", b"r\xff\xff\xff\xff", b"\x8b\xff\xff\xff\x7f"])  # fmt: skip
+            b[i:i] = rng.choice(
+                [
+                    b"h\x00",
+                    b"(",
+                    b"t",
+                    b"R",
+                    b"cos\nsystem\n",
+                    b"ctorch\nFloatStorage\n",
+                    b"0",
+                    b"X\xff\xff\xff\x7f",
+                    b"r\xff\xff\xff\xff",
+                    b"\x8b\xff\xff\xff\x7f",
+                ]
+            )
     return bytes(b)
 
 
@@ -236,7 +337,9 @@ def mutate_zip_members(members, rng: random.Random, kind: str) -> bytes:
         elif rng.random() < 0.3:
             m[1] = m[1][: rng.randrange(len(m[1]) + 1)]
         elif rng.random() < 0.3:
-            m[0] = rng.choice(["archive/code/x.py", "archive/constants.pkl", "x.npy", "meta.json", name + "/"])
+            m[0] = rng.choice(
+                ["archive/code/x.py", "archive/constants.pkl", "x.npy", "meta.json", name + "/"]
+            )
         else:
             m[1] = _bytes_mutation(m[1], rng)
     return _zip([tuple(m) for m in members], rng)
@@ -260,8 +363,19 @@ def mutate_sharded(seed: dict, rng: random.Random) -> dict:
             k = rng.choice(sorted(wmap))
             op = rng.random()
             if op < 0.3:
-                wmap[k] = rng.choice(["s2.safetensors", "s.safetensors", "../s.safetensors", "", "/etc/passwd",
-                                      "missing.safetensors", "m.safetensors.index.json", 5, None])  # fmt: skip
+                wmap[k] = rng.choice(
+                    [
+                        "s2.safetensors",
+                        "s.safetensors",
+                        "../s.safetensors",
+                        "",
+                        "/etc/passwd",
+                        "missing.safetensors",
+                        "m.safetensors.index.json",
+                        5,
+                        None,
+                    ]
+                )
             elif op < 0.5:
                 del wmap[k]
             elif op < 0.7:
@@ -292,8 +406,17 @@ def mutate_memmap_dir(seed: dict, rng: random.Random) -> dict:
             k = rng.choice(keys)
             if isinstance(meta.get(k), dict) and rng.random() < 0.7:
                 field = rng.choice(["dtype", "shape", "type", "is_nested"])
-                meta[k][field] = rng.choice([_rand_value(rng), "torch.float64", "torch.evil", [2**40], [3, 3],
-                                             "TensorDict", "NonTensorData"])  # fmt: skip
+                meta[k][field] = rng.choice(
+                    [
+                        _rand_value(rng),
+                        "torch.float64",
+                        "torch.evil",
+                        [2**40],
+                        [3, 3],
+                        "TensorDict",
+                        "NonTensorData",
+                    ]
+                )
             else:
                 meta[k] = _rand_value(rng)
             files[name] = json.dumps(meta).encode()
@@ -393,8 +516,14 @@ def worker(out_dir: Path, budgets: dict[str, float], master: int, progress: Path
                 outcome = type(exc).__name__
             except Exception as exc:  # noqa: BLE001 - what the fuzz looks for
                 outcome = "FAIL"
-                report["failures"].append({"format": fmt, "case": case, "error": repr(exc)[:300],
-                                           "tb": traceback.format_exc()[-1500:]})  # fmt: skip
+                report["failures"].append(
+                    {
+                        "format": fmt,
+                        "case": case,
+                        "error": repr(exc)[:300],
+                        "tb": traceback.format_exc()[-1500:],
+                    }
+                )
             counts[outcome] = counts.get(outcome, 0) + 1
             case += 1
         report["counts"][fmt] = counts
@@ -406,7 +535,15 @@ def run_fuzz(tmp_path: Path, budgets: dict[str, float], master: int = 1) -> dict
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, __file__, "--worker", str(tmp_path), json.dumps(budgets), str(master), str(progress)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        str(tmp_path),
+        json.dumps(budgets),
+        str(master),
+        str(progress),
+    ]
     timeout = sum(budgets.values()) + 180
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -414,8 +551,10 @@ def run_fuzz(tmp_path: Path, budgets: dict[str, float], master: int = 1) -> dict
         pytest.fail(f"fuzz worker hung; last case: {progress.read_text() if progress.exists() else '?'}")
     line = next((x for x in proc.stdout.splitlines() if x.startswith("FUZZ-REPORT ")), None)
     if proc.returncode != 0 or line is None:
-        pytest.fail(f"fuzz worker died (rc {proc.returncode}) at case "
-                    f"{progress.read_text() if progress.exists() else '?'}:\n{proc.stderr[-3000:]}")  # fmt: skip
+        pytest.fail(
+            f"fuzz worker died (rc {proc.returncode}) at case "
+            f"{progress.read_text() if progress.exists() else '?'}:\n{proc.stderr[-3000:]}"
+        )
     return json.loads(line[len("FUZZ-REPORT ") :])
 
 
@@ -438,7 +577,10 @@ def test_fuzz_formats_long(tmp_path, request):
         pytest.skip("the long fuzz run: pytest -m fuzz")
     seconds = float(os.environ.get("TDZ_FORMATS_FUZZ_SECONDS", "60"))
     # thousands of cases per format at the default 60 s (directories are the slowest: ~20 cases/s)
-    _check(run_fuzz(tmp_path, {f: seconds for f in FORMATS}, master=int(time.time())), min_cases=int(15 * seconds))
+    _check(
+        run_fuzz(tmp_path, {f: seconds for f in FORMATS}, master=int(time.time())),
+        min_cases=int(15 * seconds),
+    )
 
 
 def test_mutators_are_deterministic(tmp_path):
@@ -455,6 +597,8 @@ if __name__ == "__main__":
 
         with tempfile.TemporaryDirectory() as d:
             seeds = make_seeds(Path(d))
-            payload = make_case(sys.argv[2], seeds, int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 1)
+            payload = make_case(
+                sys.argv[2], seeds, int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 1
+            )
             read_everything(write_case(Path(d) / "case", payload))
             print("no error")

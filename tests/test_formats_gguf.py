@@ -33,8 +33,10 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Bit-for-bit equal, NaNs compared as NaN (their payloads depend on operand order)."""
     a, b = np.asarray(a, np.float32).reshape(-1), np.asarray(b, np.float32).reshape(-1)
     nan = np.isnan(a)
-    return a.shape == b.shape and np.array_equal(nan, np.isnan(b)) and np.array_equal(
-        a.view(np.uint32)[~nan], b.view(np.uint32)[~nan]
+    return (
+        a.shape == b.shape
+        and np.array_equal(nan, np.isnan(b))
+        and np.array_equal(a.view(np.uint32)[~nan], b.view(np.uint32)[~nan])
     )
 
 
@@ -50,8 +52,9 @@ def _random_blocks(rng, name: str, n_blocks: int, sane: bool) -> np.ndarray:
         elif name == "Q6_K":
             raw[:, 208:210] = half[:, :2]
         else:
-            raw[:, 0:4 if name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else 2] = half[:, : 4 if name in (
-                "Q4_1", "Q5_1", "Q4_K", "Q5_K") else 2]  # fmt: skip
+            raw[:, 0 : 4 if name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else 2] = half[
+                :, : 4 if name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else 2
+            ]
     return raw
 
 
@@ -208,20 +211,30 @@ def test_open_writer_file_matches_gguf_reader(tmp_path):
             assert np.array_equal(got.numpy(), want), rt.name
         assert got.data_ptr() == src.files[0].torch_u8.data_ptr() + spec.offset  # zero-copy
         deq = src.dequantize(rt.name)
-        ref = gguf_dequantize(np.asarray(rt.data), rt.tensor_type) if spec.type_name not in ("F64", "I8", "I16", "I32", "I64") else want
-        assert _same_bits(ref, deq.numpy().astype(np.float32)) if ref.dtype == np.float32 else np.array_equal(
-            ref, deq.numpy())  # fmt: skip
+        ref = (
+            gguf_dequantize(np.asarray(rt.data), rt.tensor_type)
+            if spec.type_name not in ("F64", "I8", "I16", "I32", "I64")
+            else want
+        )
+        assert (
+            _same_bits(ref, deq.numpy().astype(np.float32))
+            if ref.dtype == np.float32
+            else np.array_equal(ref, deq.numpy())
+        )
         assert tuple(deq.shape) == tuple(int(d) for d in reversed(rt.shape))
     # the original float values survive a Q8_0 round trip approximately
-    assert np.allclose(src.dequantize("q8_0").numpy(), gguf_dequantize(_model(np.random.default_rng(4))["q8_0"][0],
-                                                                       T.Q8_0))  # fmt: skip
+    assert np.allclose(
+        src.dequantize("q8_0").numpy(), gguf_dequantize(_model(np.random.default_rng(4))["q8_0"][0], T.Q8_0)
+    )
     src.close()
 
 
 def test_alignment_key_and_version_2(tmp_path):
     rng = np.random.default_rng(5)
-    tensors = {"a": (rng.standard_normal(3).astype(np.float32), None),
-               "b": (rng.standard_normal((2, 5)).astype(np.float32), None)}  # fmt: skip
+    tensors = {
+        "a": (rng.standard_normal(3).astype(np.float32), None),
+        "b": (rng.standard_normal((2, 5)).astype(np.float32), None),
+    }
     path = _write(tmp_path / "a.gguf", tensors, alignment=64, extra_kv=False)
     src = open_gguf(path)
     assert src.metadata["general.alignment"] == 64 and src.data_start % 64 == 0
@@ -235,7 +248,9 @@ def test_alignment_key_and_version_2(tmp_path):
     v2.write_bytes(data)
     s2 = open_gguf(v2)
     assert s2.version == 2
-    assert np.array_equal(tensor_from_spec(s2.level("").children["b"].leaf, s2.files).numpy(), tensors["b"][0])
+    assert np.array_equal(
+        tensor_from_spec(s2.level("").children["b"].leaf, s2.files).numpy(), tensors["b"][0]
+    )
 
 
 def _header(n_tensors, n_kv, version=3):
@@ -247,8 +262,12 @@ def _s(text: bytes) -> bytes:
 
 
 def _tensor_info(name=b"w", dims=(4,), ggml_type=0, offset=0):
-    return _s(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack(
-        "<IQ", ggml_type, offset)  # fmt: skip
+    return (
+        _s(name)
+        + struct.pack("<I", len(dims))
+        + struct.pack(f"<{len(dims)}Q", *dims)
+        + struct.pack("<IQ", ggml_type, offset)
+    )
 
 
 def _pad(b: bytes, n=32) -> bytes:
@@ -270,10 +289,19 @@ def _pad(b: bytes, n=32) -> bytes:
         (_header(0, 1) + _s(b"k") + struct.pack("<IIQ", 9, 4, 2**61), BadArchiveError),  # array count
         (_header(0, 1) + _s(b"k") + struct.pack("<IIQ", 9, 77, 1) + b"\0" * 8, BadArchiveError),  # item type
         (_header(0, 1) + _s(b"k") + struct.pack("<I", 8) + struct.pack("<Q", 10**12), BadArchiveError),
-        (_header(0, 1) + _s(b"k") + struct.pack("<IIQ", 9, 8, 2) + _s(b"a") + struct.pack("<Q", 2**40) + b"\0" * 16,
-         BadArchiveError),  # string array item length
-        (_header(0, 1) + _s(b"k") + struct.pack("<IIQ", 9, 8, 3) + _s(b"a") + _s(b"b") + b"\0" * 4,
-         BadArchiveError),  # string array truncated
+        (
+            _header(0, 1)
+            + _s(b"k")
+            + struct.pack("<IIQ", 9, 8, 2)
+            + _s(b"a")
+            + struct.pack("<Q", 2**40)
+            + b"\0" * 16,
+            BadArchiveError,
+        ),  # string array item length
+        (
+            _header(0, 1) + _s(b"k") + struct.pack("<IIQ", 9, 8, 3) + _s(b"a") + _s(b"b") + b"\0" * 4,
+            BadArchiveError,
+        ),  # string array truncated
         (_header(0, 2) + (_s(b"k") + struct.pack("<IB", 0, 1)) * 2, BadArchiveError),  # duplicate key
         (_header(0, 1) + _s(b"general.alignment") + struct.pack("<II", 4, 48), BadArchiveError),
         (_header(0, 1) + _s(b"general.alignment") + struct.pack("<Q", 8) + b"abcdefgh", BadArchiveError),
@@ -283,7 +311,10 @@ def _pad(b: bytes, n=32) -> bytes:
         (_pad(_header(1, 0) + _tensor_info(dims=(64,))) + b"\0" * 64, BadArchiveError),  # past the end
         (_pad(_header(1, 0) + _tensor_info(dims=(2**40, 2**40))) + b"\0" * 64, BadArchiveError),
         (_pad(_header(1, 0) + _tensor_info(offset=2**64 - 32)) + b"\0" * 64, BadArchiveError),
-        (_pad(_header(1, 0) + _tensor_info(dims=(0, 2**40, 2**40))) + b"\0" * 64, BadArchiveError),  # empty, huge
+        (
+            _pad(_header(1, 0) + _tensor_info(dims=(0, 2**40, 2**40))) + b"\0" * 64,
+            BadArchiveError,
+        ),  # empty, huge
         (_pad(_header(1, 0) + _tensor_info(dims=(48,), ggml_type=8)) + b"\0" * 64, BadArchiveError),  # row
         (_pad(_header(1, 0) + _tensor_info(dims=(), ggml_type=12)) + b"\0" * 512, BadArchiveError),
         (_pad(_header(2, 0) + _tensor_info() * 2) + b"\0" * 64, BadArchiveError),  # duplicate name
@@ -305,8 +336,13 @@ def test_nested_arrays_depth_limit(tmp_path):
 
 
 def test_every_truncation_is_an_error(tmp_path):
-    path = _write(tmp_path / "t.gguf", {"w": (np.ones((2, 32), np.float32), None),
-                                         "q": (gguf_quantize(np.ones((2, 32), np.float32), T.Q8_0), T.Q8_0)})  # fmt: skip
+    path = _write(
+        tmp_path / "t.gguf",
+        {
+            "w": (np.ones((2, 32), np.float32), None),
+            "q": (gguf_quantize(np.ones((2, 32), np.float32), T.Q8_0), T.Q8_0),
+        },
+    )
     data = path.read_bytes()
     src = open_gguf(path)
     end = max(i.offset + i.nbytes for i in src.tensor_info.values())  # the padding after it is optional
@@ -320,13 +356,18 @@ def test_every_truncation_is_an_error(tmp_path):
 
 def test_fuzz_gguf(tmp_path):
     rng = np.random.default_rng(6)
-    seed = _write(tmp_path / "seed.gguf", {
-        "f": (rng.standard_normal((3, 32)).astype(np.float32), None),
-        "q8": (gguf_quantize(rng.standard_normal((2, 64)).astype(np.float32), T.Q8_0), T.Q8_0),
-        "q4k": (_random_blocks(rng, "Q4_K", 2, True).reshape(1, -1), T.Q4_K),
-    })  # fmt: skip
+    seed = _write(
+        tmp_path / "seed.gguf",
+        {
+            "f": (rng.standard_normal((3, 32)).astype(np.float32), None),
+            "q8": (gguf_quantize(rng.standard_normal((2, 64)).astype(np.float32), T.Q8_0), T.Q8_0),
+            "q4k": (_random_blocks(rng, "Q4_K", 2, True).reshape(1, -1), T.Q4_K),
+        },
+    )
     head = open_gguf(seed).data_start
-    run_fuzz(seed, "tdz_numba.formats.gguf.open_gguf", fuzz_iterations(1000), tmp_path, head=head, suffix=".gguf")
+    run_fuzz(
+        seed, "tdz_numba.formats.gguf.open_gguf", fuzz_iterations(1000), tmp_path, head=head, suffix=".gguf"
+    )
 
 
 def test_detect_and_open_source(tmp_path):
@@ -354,14 +395,25 @@ def test_dequantize_accepts_block_view_shape(name):
 def test_fuzz_gguf_long(tmp_path, request):
     require_fuzz_selected(request)
     rng = np.random.default_rng(9)
-    seed = _write(tmp_path / "seed.gguf", {
-        "f": (rng.standard_normal((3, 32)).astype(np.float32), None),
-        "q5": (gguf_quantize(rng.standard_normal((2, 64)).astype(np.float32), T.Q5_1), T.Q5_1),
-        "q6k": (_random_blocks(rng, "Q6_K", 2, True).reshape(1, -1), T.Q6_K),
-    })  # fmt: skip
+    seed = _write(
+        tmp_path / "seed.gguf",
+        {
+            "f": (rng.standard_normal((3, 32)).astype(np.float32), None),
+            "q5": (gguf_quantize(rng.standard_normal((2, 64)).astype(np.float32), T.Q5_1), T.Q5_1),
+            "q6k": (_random_blocks(rng, "Q6_K", 2, True).reshape(1, -1), T.Q6_K),
+        },
+    )
     n = fuzz_iterations(LONG_ITERATIONS)
-    run_fuzz(seed, "tdz_numba.formats.gguf.open_gguf", n, tmp_path, rseed=1, head=open_gguf(seed).data_start,
-             suffix=".gguf", timeout=max(120.0, n / 20))  # fmt: skip
+    run_fuzz(
+        seed,
+        "tdz_numba.formats.gguf.open_gguf",
+        n,
+        tmp_path,
+        rseed=1,
+        head=open_gguf(seed).data_start,
+        suffix=".gguf",
+        timeout=max(120.0, n / 20),
+    )
 
 
 @pytest.mark.parametrize("name", NAIVE_TYPES)
@@ -382,8 +434,11 @@ def test_through_tdz_numba_open(tmp_path):
     if not hasattr(tdz_numba.Archive, "format"):
         pytest.skip("tdz_numba.open does not read foreign formats in this build yet")
     q = gguf_quantize(np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64), T.Q8_0)
-    path = _write(tmp_path / "m.gguf", {"w": (np.arange(64, dtype=np.float32).reshape(2, 32), None),
-                                         "q": (q, T.Q8_0)}, extra_kv=False)  # fmt: skip
+    path = _write(
+        tmp_path / "m.gguf",
+        {"w": (np.arange(64, dtype=np.float32).reshape(2, 32), None), "q": (q, T.Q8_0)},
+        extra_kv=False,
+    )
     with tdz_numba.open(path) as ar:
         assert ar.format == "gguf" and ar.metadata["general.architecture"] == "llama"
         assert ar["w"].tolist() == np.arange(64, dtype=np.float32).reshape(2, 32).tolist()

@@ -89,9 +89,14 @@ def test_read_everything(tmp_path):
     layer = src.level(model.children["layer0"].path)
     assert layer.meta == {"kind": "linear"}
     assert "self" not in layer.children  # the cycle is walked once
-    for k, want in [("w_gzip", data["f32"]), ("w_chunked", data["i64"]), ("w_be", data["i64"].astype(np.int32)),
-                    ("compact", np.array([1, 2, 3, 4], np.int32)), ("unallocated", np.full((2, 2), 7, np.float32)),
-                    ("empty", np.zeros((0, 3), np.float32))]:  # fmt: skip
+    for k, want in [
+        ("w_gzip", data["f32"]),
+        ("w_chunked", data["i64"]),
+        ("w_be", data["i64"].astype(np.int32)),
+        ("compact", np.array([1, 2, 3, 4], np.int32)),
+        ("unallocated", np.full((2, 2), 7, np.float32)),
+        ("empty", np.zeros((0, 3), np.float32)),
+    ]:
         spec = layer.children[k].leaf
         t = tensor_from_spec(spec, src.files)
         assert t.dtype == torch.from_numpy(want).dtype and np.array_equal(t.numpy(), want), k
@@ -205,8 +210,16 @@ def test_fuzz_hdf5_long(tmp_path, request):
         f.create_dataset("g/s", data="text")
         f["g"].attrs["s"] = "t"
     n = fuzz_iterations(LONG_ITERATIONS)
-    run_fuzz(p, "tdz_numba.formats.hdf5.open_hdf5", n, tmp_path, rseed=1, head=4096, suffix=".h5",
-             timeout=max(120.0, n / 10))  # fmt: skip
+    run_fuzz(
+        p,
+        "tdz_numba.formats.hdf5.open_hdf5",
+        n,
+        tmp_path,
+        rseed=1,
+        head=4096,
+        suffix=".h5",
+        timeout=max(120.0, n / 10),
+    )
 
 
 def test_through_tdz_numba_open(tmp_path):

@@ -18,7 +18,9 @@ def _tree():
         "a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
         "nested": {"b": torch.ones(2, 4, dtype=torch.bfloat16), "deep": {"c": torch.tensor([1, 2, 3])}},
         "empty": torch.zeros(0, 2),
-        "tag": "hello", "n": 3, "lst": [1, 2],
+        "tag": "hello",
+        "n": 3,
+        "lst": [1, 2],
     }
 
 
@@ -31,7 +33,9 @@ def test_unpacked_archive(tmp_path):
     tree = formats.to_tree(src)
     ref = tdz_numba.load(arch)
     assert list(tree) == list(ref)
-    assert torch.equal(tree["a"], ref["a"]) and torch.equal(tree["nested"]["deep"]["c"], ref["nested"]["deep"]["c"])
+    assert torch.equal(tree["a"], ref["a"]) and torch.equal(
+        tree["nested"]["deep"]["c"], ref["nested"]["deep"]["c"]
+    )
     assert tree["nested"]["b"].dtype == torch.bfloat16 and tree["empty"].shape == (0, 2)
     assert tree["tag"] == "hello" and tree["n"] == 3 and tree["lst"] == [1, 2]
     assert src.level("").meta["_type"].endswith("TensorDict'>") and "a" not in src.level("").meta
@@ -103,9 +107,14 @@ def test_detect_ignores_extensions(tmp_path):
     assert formats.open_source(tmp_path / "t.npz") is None
 
 
-@pytest.mark.parametrize("raw, exc", [
-    (b"", BadArchiveError), (b"hello world", UnsupportedError), (b"PK\x03\x04garbage", BadArchiveError),
-])
+@pytest.mark.parametrize(
+    "raw, exc",
+    [
+        (b"", BadArchiveError),
+        (b"hello world", UnsupportedError),
+        (b"PK\x03\x04garbage", BadArchiveError),
+    ],
+)
 def test_detect_unknown_and_malformed(tmp_path, raw, exc):
     p = tmp_path / "f"
     p.write_bytes(raw)
@@ -128,7 +137,9 @@ def test_detect_other_zip_and_dirs(tmp_path):
 
 
 def test_registry_two_line_extension(tmp_path):
-    formats.register("fake", lambda p, head, size: head.startswith(b"FAKE"), "tdz_numba.formats.numpy_fmt:open_npy")
+    formats.register(
+        "fake", lambda p, head, size: head.startswith(b"FAKE"), "tdz_numba.formats.numpy_fmt:open_npy"
+    )
     try:
         p = tmp_path / "f"
         p.write_bytes(b"FAKE....")

@@ -113,22 +113,28 @@ def _npy(header: bytes, data: bytes = b"", version=1) -> bytes:
     return b"\x93NUMPY" + bytes([version, 0]) + struct.pack("<I", len(header)) + header + data
 
 
-@pytest.mark.parametrize("raw, exc", [
-    (_npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", bytes(8)), BadArchiveError),  # short data
-    (_npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }"), BadArchiveError),
-    (_npy(b"{'descr': '<f4', 'fortran_order': 0, 'shape': (1,), }", bytes(4)), BadArchiveError),
-    (_npy(b"{'descr': '<f4', 'fortran_order': False}"), BadArchiveError),
-    (_npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}"), BadArchiveError),
-    (_npy(b"{'descr': 'zz', 'fortran_order': False, 'shape': (1,), }"), BadArchiveError),
-    (_npy(b"{'descr': 3, 'fortran_order': False, 'shape': (1,), }"), BadArchiveError),
-    (_npy(b"__import__('os').system('touch /tmp/x')"), BadArchiveError),
-    (_npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (1.5,), }"), BadArchiveError),
-    (_npy(b"{'descr': '<M8[s]', 'fortran_order': False, 'shape': (1,), }", bytes(8)), UnsupportedError),
-    (_npy(b"{'descr': '<f4'", version=9), UnsupportedError),
-    (b"\x93NUMPY\x01\x00\xff\xff{", BadArchiveError),
-    (b"\x93NUMPY\x02\x00\xff\xff\xff\x7f{", BadArchiveError),
-    (b"\x93NUMPY", BadArchiveError),
-])
+@pytest.mark.parametrize(
+    "raw, exc",
+    [
+        (
+            _npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", bytes(8)),
+            BadArchiveError,
+        ),  # short data
+        (_npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }"), BadArchiveError),
+        (_npy(b"{'descr': '<f4', 'fortran_order': 0, 'shape': (1,), }", bytes(4)), BadArchiveError),
+        (_npy(b"{'descr': '<f4', 'fortran_order': False}"), BadArchiveError),
+        (_npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}"), BadArchiveError),
+        (_npy(b"{'descr': 'zz', 'fortran_order': False, 'shape': (1,), }"), BadArchiveError),
+        (_npy(b"{'descr': 3, 'fortran_order': False, 'shape': (1,), }"), BadArchiveError),
+        (_npy(b"__import__('os').system('touch /tmp/x')"), BadArchiveError),
+        (_npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (1.5,), }"), BadArchiveError),
+        (_npy(b"{'descr': '<M8[s]', 'fortran_order': False, 'shape': (1,), }", bytes(8)), UnsupportedError),
+        (_npy(b"{'descr': '<f4'", version=9), UnsupportedError),
+        (b"\x93NUMPY\x01\x00\xff\xff{", BadArchiveError),
+        (b"\x93NUMPY\x02\x00\xff\xff\xff\x7f{", BadArchiveError),
+        (b"\x93NUMPY", BadArchiveError),
+    ],
+)
 def test_bad_npy(tmp_path, raw, exc):
     p = tmp_path / "bad.npy"
     p.write_bytes(raw)

@@ -22,8 +22,12 @@ from onnx.external_data_helper import convert_model_to_external_data  # noqa: E4
 def _model(inits, **kw):
     outputs = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in inits]
     graph = helper.make_graph([], "g0", [], outputs, inits, doc_string="graph doc")
-    model = helper.make_model(graph, producer_name="tdz-test", producer_version="1.0",
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.x", 2)])  # fmt: skip
+    model = helper.make_model(
+        graph,
+        producer_name="tdz-test",
+        producer_version="1.0",
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.x", 2)],
+    )
     model.doc_string = "model doc"
     helper.set_model_props(model, {"author": "me", "k": "v"})
     return model
@@ -81,7 +85,11 @@ def test_embedded_raw_data_located(tmp_path):
     assert m["opset_import"] == {"": 17, "ai.x": 2} and m["metadata_props"] == {"author": "me", "k": "v"}
     assert m["doc_string"] == "model doc" and m["graph_doc_string"] == "graph doc" and m["ir_version"] >= 7
     ref = onnx.load(str(p), load_external_data=False)
-    assert m["ir_version"] == ref.ir_version and m["model_version"] == ref.model_version and m["domain"] == ref.domain
+    assert (
+        m["ir_version"] == ref.ir_version
+        and m["model_version"] == ref.model_version
+        and m["domain"] == ref.domain
+    )
     src.close()
 
 
@@ -95,7 +103,9 @@ def test_typed_fields_and_special_types(tmp_path):
         helper.make_tensor("tb", TensorProto.BOOL, [2], [True, False]),
         helper.make_tensor("s", TensorProto.STRING, [2], [b"ab", b"c"]),
         helper.make_tensor("i4", TensorProto.INT4, [4], [1, 2, 3, 4]),
-        helper.make_tensor("rbf", TensorProto.BFLOAT16, [2], np.array([0x3F80, 0x4000], np.uint16).tobytes(), raw=True),
+        helper.make_tensor(
+            "rbf", TensorProto.BFLOAT16, [2], np.array([0x3F80, 0x4000], np.uint16).tobytes(), raw=True
+        ),
         helper.make_tensor("ti32", TensorProto.INT32, [3], [-5, 0, 2**31 - 1]),
         helper.make_tensor("ti8", TensorProto.INT8, [2], [-128, 127]),
         helper.make_tensor("tu64", TensorProto.UINT64, [2], [0, 2**64 - 1]),
@@ -134,7 +144,9 @@ def test_typed_fields_and_special_types(tmp_path):
 def test_external_data(tmp_path):
     arrays = {k: v for k, v in _arrays().items() if v.size >= 4}
     model = _model([numpy_helper.from_array(v, k) for k, v in arrays.items()])
-    convert_model_to_external_data(model, all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    convert_model_to_external_data(
+        model, all_tensors_to_one_file=True, location="weights.bin", size_threshold=0
+    )
     p = tmp_path / "ext.onnx"
     onnx.save(model, p)
     src = open_onnx(p)
@@ -253,7 +265,15 @@ def test_fuzz_onnx_long(tmp_path, request):
     p = tmp_path / "seed.onnx"
     onnx.save(_model([numpy_helper.from_array(v, k) for k, v in arrays.items()]), p)
     n = fuzz_iterations(LONG_ITERATIONS)
-    run_fuzz(p, "tdz_numba.formats.onnx.open_onnx", n, tmp_path, rseed=1, suffix=".onnx", timeout=max(120.0, n / 20))
+    run_fuzz(
+        p,
+        "tdz_numba.formats.onnx.open_onnx",
+        n,
+        tmp_path,
+        rseed=1,
+        suffix=".onnx",
+        timeout=max(120.0, n / 20),
+    )
 
 
 def test_through_tdz_numba_open(tmp_path):

@@ -20,8 +20,11 @@ def _all_dtypes():
         elif dt == torch.bool:
             t = torch.tensor([[True, False], [False, True], [True, True]])
         else:
-            t = torch.arange(6, dtype=torch.int64).reshape(3, 2).to(dt) if dt.itemsize > 1 or dt != torch.uint8 \
+            t = (
+                torch.arange(6, dtype=torch.int64).reshape(3, 2).to(dt)
+                if dt.itemsize > 1 or dt != torch.uint8
                 else torch.arange(6, dtype=torch.uint8).reshape(3, 2)
+            )
         out[f"t{i}_{name}"] = t
     return out
 
@@ -33,7 +36,9 @@ def _same(a, b):
 
 def test_every_dtype_zero_copy(tmp_path):
     tensors = _all_dtypes()
-    tensors = {k: v for k, v in tensors.items() if not k.endswith(("C128",))}  # not a safetensors-python dtype
+    tensors = {
+        k: v for k, v in tensors.items() if not k.endswith(("C128",))
+    }  # not a safetensors-python dtype
     p = tmp_path / "all.safetensors"
     try:
         save_file(tensors, str(p), metadata={"format": "pt", "x": "y"})
@@ -75,7 +80,9 @@ def _sharded(tmp_path):
     b = {"w2": torch.randn(2, 2, dtype=torch.float16)}
     save_file(a, str(tmp_path / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
     save_file(b, str(tmp_path / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
-    wmap = {k: "model-00001-of-00002.safetensors" for k in a} | {k: "model-00002-of-00002.safetensors" for k in b}
+    wmap = {k: "model-00001-of-00002.safetensors" for k in a} | {
+        k: "model-00002-of-00002.safetensors" for k in b
+    }
     idx = tmp_path / "model.safetensors.index.json"
     idx.write_text(json.dumps({"metadata": {"total_size": 60}, "weight_map": wmap}))
     return idx, {**a, **b}
@@ -94,13 +101,16 @@ def test_sharded_index_and_directory(tmp_path):
             assert torch.equal(tree[k], ref[k])
 
 
-@pytest.mark.parametrize("edit, exc", [
-    (lambda ix: ix["weight_map"].update(missing="model-00001-of-00002.safetensors"), BadArchiveError),
-    (lambda ix: ix["weight_map"].pop("b1"), BadArchiveError),  # shard 1 holds a name the map lacks
-    (lambda ix: ix["weight_map"].update(w1="../etc/passwd"), BadArchiveError),
-    (lambda ix: ix["weight_map"].update(w1="nope.safetensors"), BadArchiveError),
-    (lambda ix: ix.pop("weight_map"), BadArchiveError),
-])
+@pytest.mark.parametrize(
+    "edit, exc",
+    [
+        (lambda ix: ix["weight_map"].update(missing="model-00001-of-00002.safetensors"), BadArchiveError),
+        (lambda ix: ix["weight_map"].pop("b1"), BadArchiveError),  # shard 1 holds a name the map lacks
+        (lambda ix: ix["weight_map"].update(w1="../etc/passwd"), BadArchiveError),
+        (lambda ix: ix["weight_map"].update(w1="nope.safetensors"), BadArchiveError),
+        (lambda ix: ix.pop("weight_map"), BadArchiveError),
+    ],
+)
 def test_sharded_index_validated(tmp_path, edit, exc):
     idx, _ = _sharded(tmp_path)
     ix = json.loads(idx.read_text())
@@ -127,8 +137,10 @@ def _raw(header: dict, data: bytes, pad_to=8) -> bytes:
     return struct.pack("<Q", len(h)) + h + data
 
 
-_GOOD = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-         "b": {"dtype": "I16", "shape": [2], "data_offsets": [8, 12]}}
+_GOOD = {
+    "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+    "b": {"dtype": "I16", "shape": [2], "data_offsets": [8, 12]},
+}
 
 
 def test_handwritten_good(tmp_path):
@@ -149,24 +161,27 @@ def _bad(**changes):
     return h
 
 
-@pytest.mark.parametrize("header, data, match", [
-    (_bad(a__dtype="F33"), 12, "'a'.*dtype"),
-    (_bad(a__dtype=5), 12, "'a'.*dtype"),
-    (_bad(a__shape=[-1]), 12, "'a'.*shape"),
-    (_bad(a__shape=[3]), 12, "'a'.*data_offsets"),
-    (_bad(a__shape="2"), 12, "'a'.*shape"),
-    (_bad(a__data_offsets=[0, 8, 9]), 12, "'a'.*data_offsets"),
-    (_bad(a__data_offsets=[8, 0]), 12, "'a'.*data_offsets"),
-    (_bad(b__data_offsets=[4, 8]), 12, "'b'.*data_offsets"),  # overlap
-    (_bad(b__data_offsets=[10, 14]), 14, "'b'"),  # gap
-    (_bad(b__data_offsets=[8, 112]), 12, "'b'.*data_offsets"),  # out of bounds
-    (_bad(a__data_offsets=...), 12, "'a'.*data_offsets"),
-    (_bad(a__extra=1), 12, "'a'.*unknown"),
-    (_GOOD, 20, "data area"),  # trailing bytes
-    ({**_GOOD, "__metadata__": {"k": 1}}, 12, "__metadata__"),
-    ({**_GOOD, "__metadata__": []}, 12, "__metadata__"),
-    ({"a": [1]}, 0, "'a'"),
-])
+@pytest.mark.parametrize(
+    "header, data, match",
+    [
+        (_bad(a__dtype="F33"), 12, "'a'.*dtype"),
+        (_bad(a__dtype=5), 12, "'a'.*dtype"),
+        (_bad(a__shape=[-1]), 12, "'a'.*shape"),
+        (_bad(a__shape=[3]), 12, "'a'.*data_offsets"),
+        (_bad(a__shape="2"), 12, "'a'.*shape"),
+        (_bad(a__data_offsets=[0, 8, 9]), 12, "'a'.*data_offsets"),
+        (_bad(a__data_offsets=[8, 0]), 12, "'a'.*data_offsets"),
+        (_bad(b__data_offsets=[4, 8]), 12, "'b'.*data_offsets"),  # overlap
+        (_bad(b__data_offsets=[10, 14]), 14, "'b'"),  # gap
+        (_bad(b__data_offsets=[8, 112]), 12, "'b'.*data_offsets"),  # out of bounds
+        (_bad(a__data_offsets=...), 12, "'a'.*data_offsets"),
+        (_bad(a__extra=1), 12, "'a'.*unknown"),
+        (_GOOD, 20, "data area"),  # trailing bytes
+        ({**_GOOD, "__metadata__": {"k": 1}}, 12, "__metadata__"),
+        ({**_GOOD, "__metadata__": []}, 12, "__metadata__"),
+        ({"a": [1]}, 0, "'a'"),
+    ],
+)
 def test_bad_headers(tmp_path, header, data, match):
     p = tmp_path / "bad.safetensors"
     p.write_bytes(_raw(header, bytes(data)))
@@ -174,15 +189,18 @@ def test_bad_headers(tmp_path, header, data, match):
         open_safetensors(p)
 
 
-@pytest.mark.parametrize("raw, match", [
-    (b"\x01\x00", "too short"),
-    (struct.pack("<Q", 200_000_000) + b"{}", "limit"),
-    (struct.pack("<Q", 100) + b"{}", "past the end"),
-    (struct.pack("<Q", 4) + b"[1] ", "start"),
-    (struct.pack("<Q", 4) + b"{1: ", "JSON"),
-    (struct.pack("<Q", 2) + b"\xff\xfe", "start"),
-    (struct.pack("<Q", 13) + b'{"a":1,"a":2}', "twice"),
-])
+@pytest.mark.parametrize(
+    "raw, match",
+    [
+        (b"\x01\x00", "too short"),
+        (struct.pack("<Q", 200_000_000) + b"{}", "limit"),
+        (struct.pack("<Q", 100) + b"{}", "past the end"),
+        (struct.pack("<Q", 4) + b"[1] ", "start"),
+        (struct.pack("<Q", 4) + b"{1: ", "JSON"),
+        (struct.pack("<Q", 2) + b"\xff\xfe", "start"),
+        (struct.pack("<Q", 13) + b'{"a":1,"a":2}', "twice"),
+    ],
+)
 def test_bad_framing(tmp_path, raw, match):
     p = tmp_path / "bad.safetensors"
     p.write_bytes(raw)

@@ -25,7 +25,9 @@ def _check(ours, ref, path="<root>"):
         assert isinstance(ours, torch.Tensor), path
         assert ours.dtype == ref.dtype and ours.shape == ref.shape, path
         assert ours.stride() == ref.stride(), path
-        assert torch.equal(ours.contiguous().reshape(-1).view(torch.uint8), ref.contiguous().reshape(-1).view(torch.uint8)), path
+        assert torch.equal(
+            ours.contiguous().reshape(-1).view(torch.uint8), ref.contiguous().reshape(-1).view(torch.uint8)
+        ), path
     elif isinstance(ref, dict):
         assert list(ours) == [str(k) for k in ref], path
         for k, v in ref.items():
@@ -40,8 +42,13 @@ def _check(ours, ref, path="<root>"):
 
 def test_module_state_dict(tmp_path):
     torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
-                            torch.nn.Linear(4, 5), torch.nn.LayerNorm(5))
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4, 5),
+        torch.nn.LayerNorm(5),
+    )
     p = tmp_path / "m.pt"
     torch.save(m.state_dict(), p)
     assert formats.detect(p) == "torch"
@@ -57,17 +64,31 @@ def test_module_state_dict(tmp_path):
 def test_nested_containers_strides_and_aliasing(tmp_path):
     x = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     obj = {
-        "x": x, "t": x.t(), "slice": x[1:3, 2:5], "row": x[2], "col": x[:, 3], "step": x[::2, ::3],
-        "list": [x[0], (x.t()[1:], 7), {"deep": x[3, 1:]}], "tuple": (x[1], "s"),
-        "plain": [1, 2.5, None, True, "x", (1, 2)], "size": torch.Size([2, 3]), "dev": torch.device("cpu"),
-        "dt": torch.bfloat16, "od": OrderedDict(a=x[0, :2]), 3: x[:1], "bytes": b"\x00\xff",
-        "set": {1, 2}, "param": torch.nn.Parameter(torch.ones(2, 2)),
+        "x": x,
+        "t": x.t(),
+        "slice": x[1:3, 2:5],
+        "row": x[2],
+        "col": x[:, 3],
+        "step": x[::2, ::3],
+        "list": [x[0], (x.t()[1:], 7), {"deep": x[3, 1:]}],
+        "tuple": (x[1], "s"),
+        "plain": [1, 2.5, None, True, "x", (1, 2)],
+        "size": torch.Size([2, 3]),
+        "dev": torch.device("cpu"),
+        "dt": torch.bfloat16,
+        "od": OrderedDict(a=x[0, :2]),
+        3: x[:1],
+        "bytes": b"\x00\xff",
+        "set": {1, 2},
+        "param": torch.nn.Parameter(torch.ones(2, 2)),
     }
     p = tmp_path / "n.pt"
     torch.save(obj, p)
     ref = torch.load(p, weights_only=True)
     ours = _load(p)
-    _check({k: v for k, v in ours.items()}, {str(k) if not isinstance(k, str) else k: v for k, v in ref.items()})
+    _check(
+        {k: v for k, v in ours.items()}, {str(k) if not isinstance(k, str) else k: v for k, v in ref.items()}
+    )
     assert ours["list"]["1"]["1"] == 7 and ours["tuple"]["1"] == "s"
     # tensors sharing a storage are views of the same bytes (mode r: private mapping, writes stay in memory)
     ours["x"][2, 0] = 555.0
@@ -108,8 +129,11 @@ def test_every_dtype(tmp_path, protocol):
     for name, dt in dtype_table().items():
         t = _creatable(dt)
         if t is not None:
-            tensors[name] = torch.randint(0, 100, (3,), dtype=torch.uint8).view(torch.uint8).repeat(dt.itemsize) \
-                .view(dt) if dt.itemsize else t
+            tensors[name] = (
+                torch.randint(0, 100, (3,), dtype=torch.uint8).view(torch.uint8).repeat(dt.itemsize).view(dt)
+                if dt.itemsize
+                else t
+            )
     p = tmp_path / "d.pt"
     torch.save(tensors, p, pickle_protocol=protocol)
     _check(_load(p), torch.load(p, weights_only=False))  # our own file; weights_only lacks FRAME
@@ -176,8 +200,11 @@ def test_handmade_views(tmp_path):
     raw = torch.arange(12, dtype=torch.float32).numpy().tobytes()
     s = _S("0", torch.FloatStorage, 12)
     p = tmp_path / "h.pt"
-    _write_pt(p, {"a": _T(s, 0, (3, 4), (4, 1)), "b": _T(s, 5, (2, 2), (1, 3)), "z": _T(s, 12, (0,), (1,))},
-              {"0": raw})  # fmt: skip
+    _write_pt(
+        p,
+        {"a": _T(s, 0, (3, 4), (4, 1)), "b": _T(s, 5, (2, 2), (1, 3)), "z": _T(s, 12, (0,), (1,))},
+        {"0": raw},
+    )
     tree = _load(p)
     full = torch.arange(12, dtype=torch.float32)
     assert torch.equal(tree["a"], full.view(3, 4))
@@ -185,17 +212,20 @@ def test_handmade_views(tmp_path):
     assert tree["z"].shape == (0,)
 
 
-@pytest.mark.parametrize("offset, size, stride", [
-    (13, (1,), (1,)),       # offset past the storage
-    (0, (13,), (1,)),       # longer than the storage
-    (0, (3, 4), (5, 1)),    # strides reach past the end
-    (10, (2, 2), (1, 1)),   # offset + extent past the end
-    (0, (3,), (1, 1)),      # rank mismatch
-    (-1, (1,), (1,)),
-    (0, (-1,), (1,)),
-    (0, (2,), (-1,)),
-    (0, "x", (1,)),
-])
+@pytest.mark.parametrize(
+    "offset, size, stride",
+    [
+        (13, (1,), (1,)),  # offset past the storage
+        (0, (13,), (1,)),  # longer than the storage
+        (0, (3, 4), (5, 1)),  # strides reach past the end
+        (10, (2, 2), (1, 1)),  # offset + extent past the end
+        (0, (3,), (1, 1)),  # rank mismatch
+        (-1, (1,), (1,)),
+        (0, (-1,), (1,)),
+        (0, (2,), (-1,)),
+        (0, "x", (1,)),
+    ],
+)
 def test_views_outside_storage(tmp_path, offset, size, stride):
     s = _S("0", torch.FloatStorage, 12)
     p = tmp_path / "v.pt"
@@ -204,14 +234,17 @@ def test_views_outside_storage(tmp_path, offset, size, stride):
         open_torch(p)
 
 
-@pytest.mark.parametrize("pid, storages", [
-    (("storage", torch.FloatStorage, "0", "cpu", 13), {"0": bytes(48)}),   # numel beyond record
-    (("storage", torch.FloatStorage, "9", "cpu", 1), {"0": bytes(48)}),    # no record
-    (("storage", torch.FloatStorage, "../0", "cpu", 1), {"0": bytes(48)}),
-    (("storage", torch.FloatStorage, 0, "cpu", 1), {"0": bytes(48)}),
-    (("blob", torch.FloatStorage, "0", "cpu", 1), {"0": bytes(48)}),
-    (("storage", torch.FloatStorage, "0"), {"0": bytes(48)}),
-])
+@pytest.mark.parametrize(
+    "pid, storages",
+    [
+        (("storage", torch.FloatStorage, "0", "cpu", 13), {"0": bytes(48)}),  # numel beyond record
+        (("storage", torch.FloatStorage, "9", "cpu", 1), {"0": bytes(48)}),  # no record
+        (("storage", torch.FloatStorage, "../0", "cpu", 1), {"0": bytes(48)}),
+        (("storage", torch.FloatStorage, 0, "cpu", 1), {"0": bytes(48)}),
+        (("blob", torch.FloatStorage, "0", "cpu", 1), {"0": bytes(48)}),
+        (("storage", torch.FloatStorage, "0"), {"0": bytes(48)}),
+    ],
+)
 def test_bad_persistent_ids(tmp_path, pid, storages):
     s = _S("0", torch.FloatStorage, 1)
     s.pid = pid
@@ -278,43 +311,57 @@ class _EvilEval:
 
 
 @pytest.mark.parametrize("protocol", [2, 4, 5])
-@pytest.mark.parametrize("make, name", [
-    (_EvilSystem, "system"), (_EvilExec, "exec"), (lambda m: _EvilImport(), "__import__"), (_EvilEval, "eval"),
-])
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (_EvilSystem, "system"),
+        (_EvilExec, "exec"),
+        (lambda m: _EvilImport(), "__import__"),
+        (_EvilEval, "eval"),
+    ],
+)
 def test_malicious_pickles_run_nothing(tmp_path, make, name, protocol):
     marker = tmp_path / "marker"
     p = tmp_path / "evil.pt"
     # the evil object hides inside an otherwise normal state dict
     s = _S("0", torch.FloatStorage, 2)
-    _write_pt(p, {"w": _T(s, 0, (2,), (1,)), "x": [1, {"y": make(str(marker))}]}, {"0": bytes(8)}, protocol=protocol)
+    _write_pt(
+        p, {"w": _T(s, 0, (2,), (1,)), "x": [1, {"y": make(str(marker))}]}, {"0": bytes(8)}, protocol=protocol
+    )
     assert formats.detect(p) == "torch"
     with pytest.raises(UnsafeContentError, match=rf"(posix|builtins|__builtin__)\.{name}\b"):
         formats.open_source(p)
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("raw, exc", [
-    (b"\x80\x02cposix\nsystem\n.", UnsafeContentError),
-    (b"\x80\x04\x8c\x05posix\x8c\x06system\x93.", UnsafeContentError),
-    (b"\x80\x02ctorch._utils\n_rebuild_qtensor\n.", UnsupportedError),
-    (b"\x80\x02ctorch\nQUInt8Storage\n.", UnsupportedError),
-    (b"\x80\x02ctorch\nFloatStorage\n.", UnsupportedError),  # a bare class as the value
-    (b"\x80\x02]q\x00h\x00a.", BadArchiveError),              # a list that holds itself
-    (b"\x80\x02K\x01K\x02.", BadArchiveError),               # two items at STOP
-    (b"\x80\x02K\x01", BadArchiveError),                     # no STOP
-    (b"\x80\x02h\x05.", BadArchiveError),                    # memo miss
-    (b"\x80\x02X\xff\x00\x00\x00ab.", BadArchiveError),      # string past the end
-    (b"\x80\x02(K\x01u.", BadArchiveError),                  # SETITEMS without a dict
-    (b"\x80\x02t.", BadArchiveError),                        # TUPLE without MARK
-    (b"\x80\x02\xff.", BadArchiveError),                     # unknown opcode
-    (b"\x80\x09N.", UnsupportedError),                       # protocol 9
-    (b"(I1\n.", UnsupportedError),                           # text opcode
-    (b"\x80\x02N\x8a\xffab.", BadArchiveError),              # LONG1 past the end
-    (b"\x80\x02}K\x01]s\x8f.", BadArchiveError),             # junk after SETITEM
-    (b"\x80\x02\x82\x01.", UnsafeContentError),              # EXT1
-    (b"\x80\x02ccollections\nOrderedDict\n]\x85R}b.", None),  # OrderedDict([]) + BUILD of its __dict__: fine
-    (b"\x80\x02]}b.", UnsupportedError),                   # BUILD on a list
-])
+@pytest.mark.parametrize(
+    "raw, exc",
+    [
+        (b"\x80\x02cposix\nsystem\n.", UnsafeContentError),
+        (b"\x80\x04\x8c\x05posix\x8c\x06system\x93.", UnsafeContentError),
+        (b"\x80\x02ctorch._utils\n_rebuild_qtensor\n.", UnsupportedError),
+        (b"\x80\x02ctorch\nQUInt8Storage\n.", UnsupportedError),
+        (b"\x80\x02ctorch\nFloatStorage\n.", UnsupportedError),  # a bare class as the value
+        (b"\x80\x02]q\x00h\x00a.", BadArchiveError),  # a list that holds itself
+        (b"\x80\x02K\x01K\x02.", BadArchiveError),  # two items at STOP
+        (b"\x80\x02K\x01", BadArchiveError),  # no STOP
+        (b"\x80\x02h\x05.", BadArchiveError),  # memo miss
+        (b"\x80\x02X\xff\x00\x00\x00ab.", BadArchiveError),  # string past the end
+        (b"\x80\x02(K\x01u.", BadArchiveError),  # SETITEMS without a dict
+        (b"\x80\x02t.", BadArchiveError),  # TUPLE without MARK
+        (b"\x80\x02\xff.", BadArchiveError),  # unknown opcode
+        (b"\x80\x09N.", UnsupportedError),  # protocol 9
+        (b"(I1\n.", UnsupportedError),  # text opcode
+        (b"\x80\x02N\x8a\xffab.", BadArchiveError),  # LONG1 past the end
+        (b"\x80\x02}K\x01]s\x8f.", BadArchiveError),  # junk after SETITEM
+        (b"\x80\x02\x82\x01.", UnsafeContentError),  # EXT1
+        (
+            b"\x80\x02ccollections\nOrderedDict\n]\x85R}b.",
+            None,
+        ),  # OrderedDict([]) + BUILD of its __dict__: fine
+        (b"\x80\x02]}b.", UnsupportedError),  # BUILD on a list
+    ],
+)
 def test_raw_pickles(tmp_path, raw, exc):
     p = tmp_path / "r.pt"
     _write_pt(p, raw)
@@ -348,7 +395,9 @@ def test_vm_does_not_import():
         calls.append(name)
         return real(name, *a, **k)
 
-    data = pickle.dumps({"a": OrderedDict(b=[1, 2.0, "x", None, True, (b"z",)]), "s": frozenset({1})}, protocol=4)
+    data = pickle.dumps(
+        {"a": OrderedDict(b=[1, 2.0, "x", None, True, (b"z",)]), "s": frozenset({1})}, protocol=4
+    )
     builtins.__import__ = spy
     try:
         out = pickle_vm.load(data, lambda pid: None)

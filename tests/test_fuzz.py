@@ -40,7 +40,9 @@ def _report(summary: dict) -> str:
     lines = [json.dumps(summary["counts"])]
     for g in summary["root_causes"][:15]:
         ex = g["examples"][0]
-        lines.append(f"{g['count']:5d} {g['cause']} ops={g['ops']} e.g. case {ex['id']} ({ex['seed']}: {ex['how']})")
+        lines.append(
+            f"{g['count']:5d} {g['cause']} ops={g['ops']} e.g. case {ex['id']} ({ex['seed']}: {ex['how']})"
+        )
     return "\n".join(lines)
 
 
@@ -63,7 +65,9 @@ def test_seeds_cover_every_record(seeds):
     assert {"zip64_end", "locator", "descriptor", "seg_count", "seg_clen_3", "pad_data", "zip64_0"} <= names
     small = [sd for sd in seeds[0] if sd.name not in ("deep_levels", "long_name")]
     assert len(small) >= 12 and all(len(sd.data) < 16_000 for sd in small)
-    assert {"td_stored", "td_deflate", "td_bzip2", "td_lazy", "zip64", "nested_tensor"} <= {sd.name for sd in small}
+    assert {"td_stored", "td_deflate", "td_bzip2", "td_lazy", "zip64", "nested_tensor"} <= {
+        sd.name for sd in small
+    }
     assert tdz_numba.load(seeds[1])  # the warm-up archive is valid
 
 
@@ -88,8 +92,14 @@ def test_workers_are_isolated(tmp_path, seeds):
 def _run(tmp_path: Path, count: int, seeds, tag: str = "tdz-fuzz-1") -> dict:
     seeds, warm = seeds
     jobs = min(2, os.cpu_count() or 1)
-    results = run_cases(make_cases(seeds, tag, 0, count), jobs=jobs, work=tmp_path / "work", warm=warm,
-                        timeout=TIMEOUT, failures=tmp_path / "failures")  # fmt: skip
+    results = run_cases(
+        make_cases(seeds, tag, 0, count),
+        jobs=jobs,
+        work=tmp_path / "work",
+        warm=warm,
+        timeout=TIMEOUT,
+        failures=tmp_path / "failures",
+    )
     summary = summarize(results)
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -116,11 +126,14 @@ def _check(summary: dict) -> None:
     if not summary["root_causes"]:
         return
     known = _open_causes()
-    unknown = [g for g in summary["root_causes"] if _site(g["cause"].split("(ours: ", 1)[1].rstrip(")")) not in known]
+    unknown = [
+        g for g in summary["root_causes"] if _site(g["cause"].split("(ours: ", 1)[1].rstrip(")")) not in known
+    ]
     if unknown:
         pytest.fail(_report({"counts": summary["counts"], "root_causes": unknown}))
-    owners = sorted({known.get(_site(g["cause"].split("(ours: ", 1)[1].rstrip(")")), "?")
-                     for g in summary["root_causes"]})  # fmt: skip
+    owners = sorted(
+        {known.get(_site(g["cause"].split("(ours: ", 1)[1].rstrip(")")), "?") for g in summary["root_causes"]}
+    )
     pytest.xfail(f"only known open causes (owners {owners}):\n" + _report(summary))
 
 
@@ -182,10 +195,20 @@ def replayed(tmp_path_factory, request):
     import tdz_numba
 
     tdz_numba.save({"a": torch.ones(3), "b": {"c": torch.arange(4)}}, warm, compression="deflate")
-    cases = [Case(i, f["file"], f["op"], f.get("subpath"), f.get("how", ""),
-                  gzip.decompress((HOSTILE / f["file"]).read_bytes()))
-             for i, f in enumerate(chosen)]  # fmt: skip
-    results = run_cases(cases, jobs=min(2, os.cpu_count() or 1), work=tmp / "work", warm=warm, timeout=TIMEOUT)
+    cases = [
+        Case(
+            i,
+            f["file"],
+            f["op"],
+            f.get("subpath"),
+            f.get("how", ""),
+            gzip.decompress((HOSTILE / f["file"]).read_bytes()),
+        )
+        for i, f in enumerate(chosen)
+    ]
+    results = run_cases(
+        cases, jobs=min(2, os.cpu_count() or 1), work=tmp / "work", warm=warm, timeout=TIMEOUT
+    )
     return {chosen[r["id"]]["file"]: r for r in results}
 
 
@@ -222,8 +245,26 @@ def test_fixtures_stay_small():
 # ---------------------------------------------------------------------------
 # bounds: shapes, nested sizes, deep JSON, deep trees
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("shape", [[2**63], [2**64], [-1], [0, 2**62], [2**62, 0], [2**32, 2**32], [1] * 65,
-                                   [3.0], ["3"], [True], [None], "3", 3, None, [2**61, 4]])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape",
+    [
+        [2**63],
+        [2**64],
+        [-1],
+        [0, 2**62],
+        [2**62, 0],
+        [2**32, 2**32],
+        [1] * 65,
+        [3.0],
+        ["3"],
+        [True],
+        [None],
+        "3",
+        3,
+        None,
+        [2**61, 4],
+    ],
+)
 def test_check_shape_refuses(shape):
     from tdz_numba import BadArchiveError
     from tdz_numba.bounds import check_shape
@@ -232,8 +273,18 @@ def test_check_shape_refuses(shape):
         check_shape(shape, 4, "leaf")
 
 
-@pytest.mark.parametrize("shape,itemsize", [([], 8), ([0], 1), ([2**62, 1], 1), ([0, 2**61 - 1], 4), ([1] * 64, 16),
-                                            ([2**31, 2**31], 1), ([3, 0, 5], 8)])  # fmt: skip
+@pytest.mark.parametrize(
+    "shape,itemsize",
+    [
+        ([], 8),
+        ([0], 1),
+        ([2**62, 1], 1),
+        ([0, 2**61 - 1], 4),
+        ([1] * 64, 16),
+        ([2**31, 2**31], 1),
+        ([3, 0, 5], 8),
+    ],
+)
 def test_check_shape_accepts(shape, itemsize):
     from tdz_numba.bounds import check_shape
 
@@ -271,8 +322,12 @@ def _zip(entries: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-_TD = {"_type": "<class 'tensordict._td.TensorDict'>", "_format_version": 1, "_class": "tensordict:TensorDict",
-       "device": "cpu"}  # fmt: skip
+_TD = {
+    "_type": "<class 'tensordict._td.TensorDict'>",
+    "_format_version": 1,
+    "_class": "tensordict:TensorDict",
+    "device": "cpu",
+}
 
 
 def _leaf_meta(shape, dtype="torch.float32", nested=False):
@@ -304,7 +359,11 @@ def test_huge_shapes_refused_at_open(tmp_path, shape):
 def test_bad_dtype_and_nested_flag_types(tmp_path):
     import tdz_numba
 
-    for leaf in (_leaf_meta([2], dtype=["torch.float32"]), _leaf_meta([2], nested="yes"), _leaf_meta([2], dtype=3)):
+    for leaf in (
+        _leaf_meta([2], dtype=["torch.float32"]),
+        _leaf_meta([2], nested="yes"),
+        _leaf_meta([2], dtype=3),
+    ):
         p = tmp_path / "t.tdz"
         p.write_bytes(_zip({"meta.json": json.dumps({"x": leaf, "shape": [], **_TD}).encode()}))
         with pytest.raises(tdz_numba.BadArchiveError):
@@ -318,8 +377,15 @@ def test_nested_sizes_overflow_refused(tmp_path):
 
     sizes = np.array([[2**32, 2**32], [1, 1]], np.int64)  # products wrap to 0 + 1 in int64
     p = tmp_path / "n.tdz"
-    p.write_bytes(_zip({"meta.json": json.dumps({"x": _leaf_meta([2, 2], nested=True), "shape": [], **_TD}).encode(),
-                        "x.memmap": bytes(4), "x.shape.memmap": sizes.tobytes()}))  # fmt: skip
+    p.write_bytes(
+        _zip(
+            {
+                "meta.json": json.dumps({"x": _leaf_meta([2, 2], nested=True), "shape": [], **_TD}).encode(),
+                "x.memmap": bytes(4),
+                "x.shape.memmap": sizes.tobytes(),
+            }
+        )
+    )
     with pytest.raises(tdz_numba.BadArchiveError, match="nested sizes too large"):
         tdz_numba.load(p)
 
@@ -356,6 +422,6 @@ def test_1100_nested_levels_walked_iteratively(tmp_path):
         tree, depth = tree["d"], depth + 1
     assert depth == 1100 and tree["x"].tolist() == [0.0, 0.0]
     with tdz_numba.open(p) as ar:
-        (path, leaf), = list(ar.leaves())  # fmt: skip
+        ((path, leaf),) = list(ar.leaves())
         assert path == "d/" * 1100 + "x" and leaf.shape == (2,)
     assert tdz_numba.verify(p).levels == 1101

@@ -17,9 +17,11 @@ from tdz_numba.reader import ArchiveIndex
 from tdz_numba.records import Status
 
 DOS = (0, 33)
-META = b'{"a": {"device": "cpu", "shape": [2], "dtype": "torch.float32", "is_nested": false}, "shape": [], ' \
-       b'"device": null, "_type": "<class \'tensordict._td.TensorDict\'>", "_format_version": 1, ' \
-       b'"_class": "tensordict:TensorDict"}'  # fmt: skip
+META = (
+    b'{"a": {"device": "cpu", "shape": [2], "dtype": "torch.float32", "is_nested": false}, "shape": [], '
+    b'"device": null, "_type": "<class \'tensordict._td.TensorDict\'>", "_format_version": 1, '
+    b'"_class": "tensordict:TensorDict"}'
+)
 DATA = np.arange(2, dtype=np.float32).tobytes()
 
 
@@ -122,13 +124,30 @@ def test_index_matches_naive_parse_of_zipfile_archives(tmp_path):
         buf = b.getvalue()
         for check_local in (False, True):
             end = records.find_end_record(buf)
-            cols, status = kernels.parse_central_directory(np.frombuffer(buf, np.uint8), end.cd_offset,
-                                                           end.cd_size, end.count, check_local)  # fmt: skip
+            cols, status = kernels.parse_central_directory(
+                np.frombuffer(buf, np.uint8), end.cd_offset, end.cd_size, end.count, check_local
+            )
             assert status[0] == Status.OK
             t = cols.view(records.INDEX_DTYPE)[:, 0]
-            got = [(buf[r["name_offset"] : r["name_offset"] + r["name_len"]], *(int(r[k]) for k in (
-                "flags", "method", "crc", "csize", "size", "header_offset", "payload_offset", "local_extra_len")))
-                for r in t]  # fmt: skip
+            got = [
+                (
+                    buf[r["name_offset"] : r["name_offset"] + r["name_len"]],
+                    *(
+                        int(r[k])
+                        for k in (
+                            "flags",
+                            "method",
+                            "crc",
+                            "csize",
+                            "size",
+                            "header_offset",
+                            "payload_offset",
+                            "local_extra_len",
+                        )
+                    ),
+                )
+                for r in t
+            ]
             assert got == naive_index(buf, check_local)
 
 
@@ -164,7 +183,14 @@ def test_crc_error_attributes(tmp_path):
 
 def test_error_attributes_default_to_none():
     e = tdz_numba.BadArchiveError("plain message")
-    assert (str(e), e.path, e.entry, e.offset, e.expected, e.found) == ("plain message", None, None, None, None, None)
+    assert (str(e), e.path, e.entry, e.offset, e.expected, e.found) == (
+        "plain message",
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
     assert issubclass(tdz_numba.UnknownCompressionError, (TdzError, ValueError, NotImplementedError))
     from tdz_numba.errors import InternalError
 
@@ -177,7 +203,9 @@ def test_num_threads_is_checked_the_same_everywhere(tmp_path, bad):
     p = tdz_numba.save({"a": torch.ones(3)}, tmp_path / "x.tdz")
     calls = [
         lambda: tdz_numba.save({"a": torch.ones(3)}, tmp_path / "y.tdz", num_threads=bad),
-        lambda: tdz_numba.save({"a": torch.ones(3)}, tmp_path / "y.tdz", compression="deflate", num_threads=bad),
+        lambda: tdz_numba.save(
+            {"a": torch.ones(3)}, tmp_path / "y.tdz", compression="deflate", num_threads=bad
+        ),
         lambda: tdz_numba.open(p, num_threads=bad),
         lambda: tdz_numba.load(p, num_threads=bad),
         lambda: tdz_numba.pack(tdz_numba.unpack(p, tmp_path / "d"), tmp_path / "z.tdz", num_threads=bad),
@@ -212,8 +240,9 @@ def test_is_archive_agrees_with_open(tmp_path, meta):
     assert opened == (meta == b"{}")
 
 
-@pytest.mark.parametrize("name", ["ours_stored.tdz", "ours_deflate.tdz", "ours_zip64_end.tdz", "td_stored.tdz",
-                                  "td_deflate.tdz"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", ["ours_stored.tdz", "ours_deflate.tdz", "ours_zip64_end.tdz", "td_stored.tdz", "td_deflate.tdz"]
+)
 @pytest.mark.parametrize("check_local", [False, True])
 def test_index_of_golden_archives_matches_naive_parse(name, check_local):
     from pathlib import Path
@@ -221,8 +250,24 @@ def test_index_of_golden_archives_matches_naive_parse(name, check_local):
     path = Path(__file__).resolve().parent / "fixtures" / name
     buf = path.read_bytes()
     index = ArchiveIndex(path, check_local=check_local)
-    got = [(n.encode(), *(int(r[k]) for k in ("flags", "method", "crc", "csize", "size", "header_offset",
-                                              "payload_offset", "local_extra_len")))
-           for n, r in zip(index.names, index.table)]  # fmt: skip
+    got = [
+        (
+            n.encode(),
+            *(
+                int(r[k])
+                for k in (
+                    "flags",
+                    "method",
+                    "crc",
+                    "csize",
+                    "size",
+                    "header_offset",
+                    "payload_offset",
+                    "local_extra_len",
+                )
+            ),
+        )
+        for n, r in zip(index.names, index.table)
+    ]
     assert got == naive_index(buf, check_local)
     assert int(index.table["next_offset"].max()) == index.end.cd_offset

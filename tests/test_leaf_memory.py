@@ -121,11 +121,15 @@ def test_stream_peak_rss_is_bounded(tmp_path):
     p = tdz_numba.save(tree, tmp_path / "big.tdz", align="auto")
     del tree
     os.sync()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
+    }
     peaks = {}
     for how in ("stream", "to_dict"):
-        proc = subprocess.run([sys.executable, "-c", _CHILD, str(p), how], capture_output=True, text=True,
-                              timeout=300, env=env)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(p), how], capture_output=True, text=True, timeout=300, env=env
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         total, peak = proc.stdout.split()
         assert float(total) == n * leaf / 4

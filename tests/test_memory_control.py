@@ -47,8 +47,11 @@ def test_inner_pages(offset, nbytes, expected):
     assert memory.inner_pages(offset, nbytes, PAGE) == expected
     # the slow oracle: every page whose bytes all lie inside the range
     if nbytes < 64 * PAGE:
-        inside = [p for p in range(offset // PAGE, (offset + nbytes) // PAGE + 1)
-                  if p * PAGE >= offset and (p + 1) * PAGE <= offset + nbytes]  # fmt: skip
+        inside = [
+            p
+            for p in range(offset // PAGE, (offset + nbytes) // PAGE + 1)
+            if p * PAGE >= offset and (p + 1) * PAGE <= offset + nbytes
+        ]
         got = memory.inner_pages(offset, nbytes, PAGE)
         assert got == ((inside[0] * PAGE, len(inside) * PAGE) if inside else (got[0], 0))
 

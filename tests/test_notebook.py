@@ -47,10 +47,15 @@ def python3_kernel(tmp_path, monkeypatch):
     if not ok:
         kdir = tmp_path / "jupyter" / "kernels" / KERNEL
         kdir.mkdir(parents=True)
-        kdir.joinpath("kernel.json").write_text(json.dumps({
-            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "Python 3 (tdz_numba tests)", "language": "python",
-        }))  # fmt: skip
+        kdir.joinpath("kernel.json").write_text(
+            json.dumps(
+                {
+                    "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": "Python 3 (tdz_numba tests)",
+                    "language": "python",
+                }
+            )
+        )
         path = os.pathsep.join(p for p in (str(tmp_path / "jupyter"), os.environ.get("JUPYTER_PATH")) if p)
         monkeypatch.setenv("JUPYTER_PATH", path)
         spec = KernelSpecManager().get_kernel_spec(KERNEL)
@@ -61,14 +66,21 @@ def python3_kernel(tmp_path, monkeypatch):
 def test_explore_archive_notebook(python3_kernel, tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert nb.metadata["kernelspec"]["name"] == "python3"
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name=python3_kernel, allow_errors=True,
-                                     resources={"metadata": {"path": str(tmp_path)}})  # fmt: skip
+    client = nbclient.NotebookClient(
+        nb,
+        timeout=300,
+        kernel_name=python3_kernel,
+        allow_errors=True,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     client.execute()
     errors = [
         f"cell {i}: {out.get('ename')}: {out.get('evalue')}\n" + "\n".join(out.get("traceback", []))[-3000:]
-        for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
-        for out in cell.get("outputs", []) if out.output_type == "error"
-    ]  # fmt: skip
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if out.output_type == "error"
+    ]
     assert not errors, "\n\n".join(errors)
     outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
     html = [out["data"]["text/html"] for out in outputs if "text/html" in out.get("data", {})]

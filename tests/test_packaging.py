@@ -176,12 +176,17 @@ def test_runtime_dependencies_agree(pyproject, env_text, recipe_text):
 def test_environment_has_the_dev_tools(pyproject, env_text):
     conda = {_split_req(r)[0] for r in yaml_list(env_text, "dependencies")}
     pip = {_split_req(r)[0] for r in yaml_list(env_text, "dependencies", "pip") if not r.startswith("-")}
-    dev = {CONDA_NAME.get(n, n) for n, _ in map(_split_req, pyproject["project"]["optional-dependencies"]["dev"])}
+    dev = {
+        CONDA_NAME.get(n, n) for n, _ in map(_split_req, pyproject["project"]["optional-dependencies"]["dev"])
+    }
     missing = dev - conda - pip
     assert not missing, f"dev extras missing from environment.yml: {sorted(missing)}"
     runtime = set(_runtime(pyproject))
-    extras = {CONDA_NAME.get(n, n) for reqs in pyproject["project"]["optional-dependencies"].values()
-              for n, _ in map(_split_req, reqs)}  # fmt: skip
+    extras = {
+        CONDA_NAME.get(n, n)
+        for reqs in pyproject["project"]["optional-dependencies"].values()
+        for n, _ in map(_split_req, reqs)
+    }
     system_tools = {"zip", "unzip"}  # Debian/conda binaries the interop tests call
     unknown = conda - dev - extras - runtime - system_tools - {"python", "pip"}
     assert not unknown, f"environment.yml installs packages pyproject.toml does not name: {sorted(unknown)}"
@@ -197,8 +202,9 @@ def test_recipe_metadata(pyproject, recipe_raw, recipe_text):
     m = re.search(r'{%\s*set\s+version\s*=\s*"([^"]+)"\s*%}', recipe_raw)
     assert m and m[1] == pyproject["project"]["version"]
     assert re.search(r"^\s+noarch:\s*python\s*$", recipe_text, re.M)
-    assert re.search(r"^\s+script:\s*python -m pip install \. --no-deps --no-build-isolation -vv\s*$",
-                     recipe_text, re.M)  # fmt: skip
+    assert re.search(
+        r"^\s+script:\s*python -m pip install \. --no-deps --no-build-isolation -vv\s*$", recipe_text, re.M
+    )
     # conda-forge's noarch conventions: python_min in host and test, >=python_min at run time, pip check
     python_min = pyproject["project"]["requires-python"].removeprefix(">=")
     assert f"python {python_min}" in yaml_list(recipe_text, "requirements", "host")
@@ -232,8 +238,9 @@ def test_changelog_has_this_version(pyproject):
 
 
 def test_python_m_help():
-    proc = subprocess.run([sys.executable, "-m", "tdz_numba", "--help"], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "tdz_numba", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     for verb in ("info", "tree", "show", "verify", "pack", "unpack", "refresh", "bench"):
         assert verb in proc.stdout
@@ -273,15 +280,30 @@ def test_build_sdist_and_wheel_then_install(tmp_path):
 
     src = tmp_path / "src"
     # a copy of the tracked files only: no .venv, caches or build outputs
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()  # fmt: skip
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     for rel in files:
         if (ROOT / rel).is_file():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, src / rel)
     out = tmp_path / "dist"
-    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir",
-                           str(out), str(src)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            "--sdist",
+            "--wheel",
+            "--outdir",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (wheel,) = out.glob("*.whl")
     (sdist,) = out.glob("*.tar.gz")
@@ -298,13 +320,23 @@ def test_build_sdist_and_wheel_then_install(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     # import tdz_numba needs none of its dependencies: they load on first use
     clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    proc = subprocess.run([str(py), "-c", "import tdz_numba, sys; print(tdz_numba.__version__, tdz_numba.__file__)"],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path, env=clean_env)  # fmt: skip
+    proc = subprocess.run(
+        [str(py), "-c", "import tdz_numba, sys; print(tdz_numba.__version__, tdz_numba.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=clean_env,
+    )
     assert proc.returncode == 0, proc.stderr
     version, where = proc.stdout.split()
     assert version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

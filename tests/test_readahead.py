@@ -28,8 +28,9 @@ class _Spy:
 
 def test_merges_sorts_and_skips_bad_ranges():
     spy = _Spy(64 << 20)
-    got = memory.readahead(spy, [8 << 20, 0, -1, 1 << 20, 60 << 20], [1 << 20, 1 << 20, 5, 1 << 20, 8 << 20],
-                           gap=0)  # fmt: skip
+    got = memory.readahead(
+        spy, [8 << 20, 0, -1, 1 << 20, 60 << 20], [1 << 20, 1 << 20, 5, 1 << 20, 8 << 20], gap=0
+    )
     # [0, 2 MiB) merged (adjacent), [8, 9 MiB) alone, the negative and the out-of-bounds ranges skipped
     assert spy.calls == [(mmap.MADV_WILLNEED, 0, 2 << 20), (mmap.MADV_WILLNEED, 8 << 20, 1 << 20)]
     assert got == 3 << 20

@@ -46,8 +46,9 @@ def test_readme_has_python_and_cli_blocks():
 @pytest.mark.parametrize("i", range(len(blocks("python"))))
 def test_python_block_runs(i, workdir):
     code = blocks("python")[i]
-    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, env=_env(), capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=workdir, env=_env(), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, f"README python block {i}:\n{code}\n--- stderr:\n{proc.stderr[-3000:]}"
 
 
@@ -65,6 +66,12 @@ def _cli_lines() -> list[str]:
 def test_cli_line_runs(line, workdir):
     # after the python blocks (pytest runs this module's tests in file order)
     argv = shlex.split(line)[1:]
-    proc = subprocess.run([sys.executable, "-m", "tdz_numba", *argv], cwd=workdir, env=_env(),
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "tdz_numba", *argv],
+        cwd=workdir,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"

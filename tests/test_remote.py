@@ -30,8 +30,10 @@ GROUPS, PER_GROUP, LEAF = 100, 20, 1024  # 2,000 float32 leaves of 4 KiB
 
 def _wide_tree(seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {f"g{i:03d}": {f"x{j:02d}": torch.randn(LEAF, generator=g) for j in range(PER_GROUP)}
-            for i in range(GROUPS)}  # fmt: skip
+    return {
+        f"g{i:03d}": {f"x{j:02d}": torch.randn(LEAF, generator=g) for j in range(PER_GROUP)}
+        for i in range(GROUPS)
+    }
 
 
 def _assert_tree_equal(a, b) -> None:
@@ -137,8 +139,12 @@ def test_leaf_access_fetches_one_range(http, wide):
 
 
 def test_compressed_and_mixed_values(http, tmp_path):
-    tree = {"a": torch.arange(100_000), "b": {"c": torch.ones(7, 3, dtype=torch.bfloat16), "s": "text"},
-            "n": 3, "e": torch.empty(0, 5)}  # fmt: skip
+    tree = {
+        "a": torch.arange(100_000),
+        "b": {"c": torch.ones(7, 3, dtype=torch.bfloat16), "s": "text"},
+        "n": 3,
+        "e": torch.empty(0, 5),
+    }
     for comp in (None, "deflate", "lzma"):
         p = tdz_numba.save(tree, tmp_path / f"m{comp}.tdz", compression=comp)
         url = http.put(f"m{comp}.tdz", p.read_bytes())
@@ -240,8 +246,9 @@ def test_s3_roundtrip_multipart(s3, wide):
     tree, path, data = wide
     url = "s3://bucket/ckpt/wide.tdz"
     big = {"w": torch.randn(3 << 20), "small": tree["g000"]}  # 12 MiB: multipart with 5 MiB blocks
-    remote_write.save_remote(tdz_numba.tree.flatten(big), url, storage_options=s3.storage_options,
-                             block_size=5 << 20)  # fmt: skip
+    remote_write.save_remote(
+        tdz_numba.tree.flatten(big), url, storage_options=s3.storage_options, block_size=5 << 20
+    )
     back = tdz_numba.load(url, storage_options=s3.storage_options)
     _assert_tree_equal(back, big)
     assert tdz_numba.verify(url, storage_options=s3.storage_options).leaves == 1 + PER_GROUP
@@ -274,8 +281,12 @@ def test_s3_upload_interrupted_leaves_old_object(s3, monkeypatch):
     real = remote_write._write
     monkeypatch.setattr(remote_write, "_write", failing)
     with pytest.raises(KeyboardInterrupt):
-        remote_write.save_remote(tdz_numba.tree.flatten({"v": torch.randn(4 << 20)}), url,
-                                 storage_options=s3.storage_options, block_size=5 << 20)  # fmt: skip
+        remote_write.save_remote(
+            tdz_numba.tree.flatten({"v": torch.randn(4 << 20)}),
+            url,
+            storage_options=s3.storage_options,
+            block_size=5 << 20,
+        )
     monkeypatch.undo()
     assert _pending_uploads(fs) == []  # the multipart upload was aborted
     _assert_tree_equal(tdz_numba.load(url, storage_options=s3.storage_options), old)
@@ -288,7 +299,8 @@ def test_s3_upload_killed_process(s3, tmp_path):
     url = "s3://bucket/killed.tdz"
     tdz_numba.save({"v": torch.arange(10)}, url, storage_options=s3.storage_options)
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import time, torch, tdz_numba
         from tdz_numba import remote_write
         real = remote_write._write
@@ -300,15 +312,17 @@ def test_s3_upload_killed_process(s3, tmp_path):
         opts = {s3.storage_options!r}
         remote_write.save_remote(tdz_numba.tree.flatten({{"v": torch.randn(16 << 20)}}), {url!r},
                                  storage_options=opts, block_size=5 << 20)
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     child = subprocess.Popen([sys.executable, str(script)], env=env)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and child.poll() is None:
             ups = _pending_uploads(fs)
-            if ups and fs.call_s3("list_parts", Bucket="bucket", Key=ups[0]["Key"],
-                                  UploadId=ups[0]["UploadId"]).get("Parts"):  # fmt: skip
+            if ups and fs.call_s3(
+                "list_parts", Bucket="bucket", Key=ups[0]["Key"], UploadId=ups[0]["UploadId"]
+            ).get("Parts"):
                 break
             time.sleep(0.05)
         assert child.poll() is None, "the upload finished before it could be killed"
@@ -334,7 +348,9 @@ def test_is_remote_detection(tmp_path):
 def test_cli_accepts_urls(http, tmp_path, capsys):
     from tdz_numba.cli import main
 
-    p = tdz_numba.save({"obs": {"x": torch.arange(12.0).reshape(3, 4)}, "r": torch.ones(3)}, tmp_path / "c.tdz")
+    p = tdz_numba.save(
+        {"obs": {"x": torch.arange(12.0).reshape(3, 4)}, "r": torch.ones(3)}, tmp_path / "c.tdz"
+    )
     url = http.put("cli.tdz", p.read_bytes())
     for argv in (["info", url], ["tree", url], ["show", url, "obs/x"], ["verify", url, "--json"]):
         assert main(argv) == 0, argv
@@ -382,8 +398,11 @@ def test_spans_match_oracle(wide, http):
         for _ in range(50):
             rows = rng.choice(len(idx.names), size=int(rng.integers(1, 300)), replace=False)
             got = idx._spans(rows)
-            ext = [(int(idx.table["header_offset"][i]), int(min(idx._limit[i], idx.tail_start))) for i in rows
-                   if idx.table["header_offset"][i] < idx.tail_start]  # fmt: skip
+            ext = [
+                (int(idx.table["header_offset"][i]), int(min(idx._limit[i], idx.tail_start)))
+                for i in rows
+                if idx.table["header_offset"][i] < idx.tail_start
+            ]
             assert got == _naive_spans(ext, remote.MAX_GAP, remote.MAX_WASTE)
 
 
@@ -419,8 +438,11 @@ def test_pack_to_url_and_refusals(tmp_path):
     url = "memory://tdz-pack/x.tdz"
     tdz_numba.pack(d, url)
     _assert_tree_equal(tdz_numba.load(url), tree)
-    for call in (lambda: tdz_numba.refresh_checksums(url), lambda: tdz_numba.allocate(tree, url),
-                 lambda: tdz_numba.unpack(url, tmp_path / "out")):  # fmt: skip
+    for call in (
+        lambda: tdz_numba.refresh_checksums(url),
+        lambda: tdz_numba.allocate(tree, url),
+        lambda: tdz_numba.unpack(url, tmp_path / "out"),
+    ):
         with pytest.raises(tdz_numba.UnsupportedError, match="memory://tdz-pack/x.tdz"):
             call()
     with pytest.raises(FileNotFoundError):

@@ -17,9 +17,25 @@ from ziputil import zero_timestamps
 import tdz_numba
 from tdz_numba import Level
 
-DTYPES = [torch.bool, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int8, torch.int16,
-          torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64,
-          torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2]  # fmt: skip
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
 
 
 def _sample(dtype, shape):
@@ -52,8 +68,10 @@ def test_roundtrip_dtype_shape_matrix(tmp_path, dtype, shape):
     p = tdz_numba.save({"x": t}, tmp_path / "x.tdz")
     back = tdz_numba.load(p)["x"]
     assert back.dtype == dtype and back.shape == t.shape
-    assert torch.equal(back.view(torch.uint8) if dtype.itemsize == 1 and dtype.is_floating_point else back,
-                       t.view(torch.uint8) if dtype.itemsize == 1 and dtype.is_floating_point else t)
+    assert torch.equal(
+        back.view(torch.uint8) if dtype.itemsize == 1 and dtype.is_floating_point else back,
+        t.view(torch.uint8) if dtype.itemsize == 1 and dtype.is_floating_point else t,
+    )
 
 
 def test_numpy_leaves_noncontiguous_conj_neg_requires_grad(tmp_path):
@@ -83,9 +101,20 @@ def test_numpy_leaves_noncontiguous_conj_neg_requires_grad(tmp_path):
 
 
 def test_plain_values_nesting_and_odd_keys(tmp_path):
-    tree = {"s": "héllo", "i": 3, "f": 2.5, "b": True, "none": None, "lst": [1, "a", None, [2.0]],
-            "nan": float("nan"), "": torch.ones(1), ".": torch.ones(2), "..": {"x": torch.zeros(1)},
-            "odd/key name%": torch.arange(3), "a": {"b": {"c": torch.tensor([7])}}}  # fmt: skip
+    tree = {
+        "s": "héllo",
+        "i": 3,
+        "f": 2.5,
+        "b": True,
+        "none": None,
+        "lst": [1, "a", None, [2.0]],
+        "nan": float("nan"),
+        "": torch.ones(1),
+        ".": torch.ones(2),
+        "..": {"x": torch.zeros(1)},
+        "odd/key name%": torch.arange(3),
+        "a": {"b": {"c": torch.tensor([7])}},
+    }
     back = tdz_numba.load(tdz_numba.save(tree, tmp_path / "x.tdz"))
     assert list(back) == list(tree)
     for k in ("s", "i", "f", "b", "none", "lst"):
@@ -103,14 +132,26 @@ def test_plain_values_nesting_and_odd_keys(tmp_path):
 
 
 def test_bytes_on_disk_alignment_order_and_zip_tools(tmp_path):
-    tree = {"z": torch.ones(3), "a": {"y": torch.ones(65, dtype=torch.uint8), "x": torch.ones(1)},
-            "m": torch.arange(10, dtype=torch.int64), "t": "text", "e": torch.zeros(0)}  # fmt: skip
+    tree = {
+        "z": torch.ones(3),
+        "a": {"y": torch.ones(65, dtype=torch.uint8), "x": torch.ones(1)},
+        "m": torch.arange(10, dtype=torch.int64),
+        "t": "text",
+        "e": torch.zeros(0),
+    }
     p = tdz_numba.save(tree, tmp_path / "x.tdz")
     headers = _local_headers(p)
     names = [n for n, _, _ in headers]
     # meta.json first at every level, then files sorted, then directories sorted; no empty payloads
-    assert names == ["meta.json", "m.memmap", "z.memmap", "a/meta.json", "a/x.memmap", "a/y.memmap",
-                     "t/meta.json"]  # fmt: skip
+    assert names == [
+        "meta.json",
+        "m.memmap",
+        "z.memmap",
+        "a/meta.json",
+        "a/x.memmap",
+        "a/y.memmap",
+        "t/meta.json",
+    ]
     for name, payload, extra in headers:
         if name.endswith(".memmap"):
             assert payload % 64 == 0, name
@@ -196,8 +237,11 @@ def test_refresh_checksums_foreign_zip_with_data_descriptors(tmp_path):
 
 def test_allocate_zero_filled_writable_and_not_materialized(tmp_path):
     frame = torch.zeros(64, 64, dtype=torch.uint8)
-    template = {"obs": frame.expand(50_000, 64, 64), "reward": torch.zeros(()).expand(50_000),
-                "meta": {"idx": torch.arange(3)}}  # fmt: skip
+    template = {
+        "obs": frame.expand(50_000, 64, 64),
+        "reward": torch.zeros(()).expand(50_000),
+        "meta": {"idx": torch.arange(3)},
+    }
     p = tmp_path / "buf.tdz"
     with tdz_numba.allocate(template, p) as buf:
         assert buf.mode == "r+"
@@ -301,13 +345,39 @@ def test_is_archive(tmp_path, small_tree):
 
 def test_public_api_is_pinned():
     assert tdz_numba.__all__ == [
-        "__version__", "save", "open", "load", "pack", "unpack", "is_archive", "verify",
-        "refresh_checksums", "allocate", "convert", "Archive", "LeafInfo", "LevelInfo", "Location", "Level",
-        "RawFile", "PickledData",
-        "VerifyReport", "TdzError", "BadArchiveError", "ChecksumError", "UnsupportedError",
-        "ArchiveExistsError", "UnsafeContentError", "InvalidTreeError", "InvalidArgumentError",
-        "MissingKeyError", "UnknownCompressionError", "FileMissingError", "AccessDeniedError", "DiskFullError",
-    ]  # fmt: skip
+        "__version__",
+        "save",
+        "open",
+        "load",
+        "pack",
+        "unpack",
+        "is_archive",
+        "verify",
+        "refresh_checksums",
+        "allocate",
+        "convert",
+        "Archive",
+        "LeafInfo",
+        "LevelInfo",
+        "Location",
+        "Level",
+        "RawFile",
+        "PickledData",
+        "VerifyReport",
+        "TdzError",
+        "BadArchiveError",
+        "ChecksumError",
+        "UnsupportedError",
+        "ArchiveExistsError",
+        "UnsafeContentError",
+        "InvalidTreeError",
+        "InvalidArgumentError",
+        "MissingKeyError",
+        "UnknownCompressionError",
+        "FileMissingError",
+        "AccessDeniedError",
+        "DiskFullError",
+    ]
     for name in tdz_numba.__all__:
         assert getattr(tdz_numba, name) is not None
     for name in tdz_numba.__all__:

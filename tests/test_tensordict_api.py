@@ -60,15 +60,25 @@ class Trip:
 
 
 def make_plain():
-    return TensorDict(a=torch.arange(24.0).reshape(4, 3, 2), m=torch.arange(12).reshape(4, 3) % 2 == 0,
-                      batch_size=[4, 3], names=["t", "env"])  # fmt: skip
+    return TensorDict(
+        a=torch.arange(24.0).reshape(4, 3, 2),
+        m=torch.arange(12).reshape(4, 3) % 2 == 0,
+        batch_size=[4, 3],
+        names=["t", "env"],
+    )
 
 
 def make_nested():
-    return TensorDict(obs=TensorDict(p=torch.arange(24, dtype=torch.uint8).reshape(2, 3, 4),
-                                     deep=TensorDict(d=torch.randn(2, 5, dtype=torch.float64), batch_size=[2]),
-                                     batch_size=[2]),
-                      r=torch.randn(2), batch_size=[2], names=["t"])  # fmt: skip
+    return TensorDict(
+        obs=TensorDict(
+            p=torch.arange(24, dtype=torch.uint8).reshape(2, 3, 4),
+            deep=TensorDict(d=torch.randn(2, 5, dtype=torch.float64), batch_size=[2]),
+            batch_size=[2],
+        ),
+        r=torch.randn(2),
+        batch_size=[2],
+        names=["t"],
+    )
 
 
 def make_lazy0():
@@ -78,7 +88,9 @@ def make_lazy0():
 def make_lazy1():
     return LazyStackedTensorDict.lazy_stack(
         [TensorDict(a=torch.zeros(2, 3), batch_size=[2]), TensorDict(a=torch.ones(2, 4), batch_size=[2])],
-        1, stack_dim_name="s")  # fmt: skip
+        1,
+        stack_dim_name="s",
+    )
 
 
 def make_tc():
@@ -98,23 +110,37 @@ def make_nts():
 
 
 def make_pickled():
-    return TensorDict(st=NonTensorStack(Trip(1), Trip(2)), d=NonTensorData({1, 2}), a=torch.arange(2.0),
-                      batch_size=[2])  # fmt: skip
+    return TensorDict(
+        st=NonTensorStack(Trip(1), Trip(2)), d=NonTensorData({1, 2}), a=torch.arange(2.0), batch_size=[2]
+    )
 
 
 def make_nested_tensors():
-    return TensorDict(n=torch.nested.nested_tensor([torch.ones(2, 3), torch.arange(12.0).reshape(4, 3)],
-                                                   layout=torch.strided),
-                      dense=torch.ones(2), batch_size=[2])  # fmt: skip
+    return TensorDict(
+        n=torch.nested.nested_tensor(
+            [torch.ones(2, 3), torch.arange(12.0).reshape(4, 3)], layout=torch.strided
+        ),
+        dense=torch.ones(2),
+        batch_size=[2],
+    )
 
 
 def make_empty():
-    return TensorDict(a=torch.zeros(0, 3), full=torch.ones(2, 2), sub=TensorDict(e=torch.zeros(0)), batch_size=[])
+    return TensorDict(
+        a=torch.zeros(0, 3), full=torch.ones(2, 2), sub=TensorDict(e=torch.zeros(0)), batch_size=[]
+    )
 
 
 def make_odd_keys():
-    return TensorDict({"odd/key name%": torch.arange(3.0), "": torch.ones(1), "é": torch.tensor([1, 2]),
-                       "sub dir": TensorDict({"a b": torch.ones(2)})}, batch_size=[])  # fmt: skip
+    return TensorDict(
+        {
+            "odd/key name%": torch.arange(3.0),
+            "": torch.ones(1),
+            "é": torch.tensor([1, 2]),
+            "sub dir": TensorDict({"a b": torch.ones(2)}),
+        },
+        batch_size=[],
+    )
 
 
 LAYOUTS = {
@@ -148,7 +174,9 @@ def assert_same(got, exp, where="<root>"):
     if isinstance(exp, torch.Tensor):
         assert got.dtype == exp.dtype and got.device == exp.device, where
         if exp.is_nested:
-            assert got.is_nested and all(torch.equal(a, b) for a, b in zip(got.unbind(0), exp.unbind(0))), where
+            assert got.is_nested and all(torch.equal(a, b) for a, b in zip(got.unbind(0), exp.unbind(0))), (
+                where
+            )
         else:
             assert got.shape == exp.shape, where
             if exp.device.type != "meta":
@@ -265,7 +293,9 @@ def compare_results(ours: dict, theirs: dict, name: str):
         if isinstance(exp, Exception):
             assert isinstance(got, type(exp)), f"{where}: {got!r} is not a {type(exp).__name__} ({exp})"
         elif isinstance(got, Exception):
-            raise AssertionError(f"{where}: raised {got!r}, tensordict returned {type(exp).__name__}") from got
+            raise AssertionError(
+                f"{where}: raised {got!r}, tensordict returned {type(exp).__name__}"
+            ) from got
         elif isinstance(exp, (bytes, str, list, bool, type(None))):
             assert got == exp, where
         elif isinstance(exp, Path):
@@ -336,7 +366,9 @@ def test_zero_copy_and_meta_device(tmp_path):
     got = tdt.load(p)
     with tdz_numba.open(p) as ar:
         base = ar["r"].untyped_storage().data_ptr()
-    assert got["r"].untyped_storage().data_ptr() != 0 and not isinstance(got["r"], tensordict.MemoryMappedTensor)
+    assert got["r"].untyped_storage().data_ptr() != 0 and not isinstance(
+        got["r"], tensordict.MemoryMappedTensor
+    )
     assert base != 0
     meta = tdt.load(p, device="meta")
     assert meta["obs", "p"].device.type == "meta" and meta.device == torch.device("meta")
@@ -370,8 +402,14 @@ def test_enable_disable_restores_exactly():
     from tensordict import _archive
     from tensordict._base import serialization
 
-    names = ["is_memmap_archive", "pack_memmap", "unpack_memmap", "refresh_archive_checksums",
-             "_save_as_archive", "_make_archive_like"]  # fmt: skip
+    names = [
+        "is_memmap_archive",
+        "pack_memmap",
+        "unpack_memmap",
+        "refresh_archive_checksums",
+        "_save_as_archive",
+        "_make_archive_like",
+    ]
     before = {(m.__name__, n): vars(m).get(n) for m in (_archive, serialization, tensordict) for n in names}
     owner = next(c for c in TensorDictBase.__mro__ if "load_memmap" in vars(c))
     lm = vars(owner)["load_memmap"]

@@ -55,8 +55,11 @@ _register_tensor_class(_UserTD)  # so that tensordict's own load_memmap finds it
 
 def _base(*shape):
     g = torch.Generator().manual_seed(len(shape))
-    return TensorDict(a=torch.randn(*shape, 5, generator=g), b=torch.randint(10, (*shape, 3), generator=g),
-                      batch_size=list(shape))  # fmt: skip
+    return TensorDict(
+        a=torch.randn(*shape, 5, generator=g),
+        b=torch.randint(10, (*shape, 3), generator=g),
+        batch_size=list(shape),
+    )
 
 
 def _fixtures():
@@ -70,13 +73,15 @@ def _fixtures():
         "td_params": lambda: TensorDictParams(_base(4, 3, 2, 1)),
         "typed_td": lambda: _Typed(a=torch.randn(4, 3, 5), b=torch.zeros(4, 3, 2), batch_size=[4, 3]),
         "nested_typed_td": lambda: _NestedTyped(a=torch.randn(4, 3), inner=_base(4, 3), batch_size=[4, 3]),
-        "typed_inside_td": lambda: TensorDict(x=_Typed(a=torch.randn(2, 5), b=torch.zeros(2, 1), batch_size=[2]),
-                                              batch_size=[2]),  # fmt: skip
+        "typed_inside_td": lambda: TensorDict(
+            x=_Typed(a=torch.randn(2, 5), b=torch.zeros(2, 1), batch_size=[2]), batch_size=[2]
+        ),
         "params_inside_td": lambda: TensorDict(p=TensorDictParams(_base(3)), batch_size=[3]),
         "sub_td_nested": lambda: TensorDict(x=_base(3, 2), batch_size=[3])._get_sub_tensordict(1),
         "stacked_td": lambda: LazyStackedTensorDict(_base(4, 3), _base(4, 3), stack_dim=1),
-        "nested_stacked_td": lambda: TensorDict(s=LazyStackedTensorDict(_base(2), _base(2), stack_dim=0),
-                                                batch_size=[2]),  # fmt: skip
+        "nested_stacked_td": lambda: TensorDict(
+            s=LazyStackedTensorDict(_base(2), _base(2), stack_dim=0), batch_size=[2]
+        ),
         "metadata": lambda: TensorDict(m=MetaData[str]("a metadata!"), n=NonTensorData("text"), x=_base(2)),
         "user_subclass": lambda: TensorDict(u=_UserTD(a=torch.ones(2), batch_size=[2]), batch_size=[2]),
     }
@@ -157,8 +162,10 @@ def test_written_class_rule():
 def test_plain_load_of_a_user_subclass_lists_its_keys(tmp_path):
     # tdz_numba.load (no tensordict class resolution) reads a TensorDict subclass's
     # level by its key listing, as for TensorDict itself
-    td = TensorDict(u=_UserTD(a=torch.ones(2), b=TensorDict(c=torch.zeros(2, 1), batch_size=[2]), batch_size=[2]),
-                    batch_size=[2])  # fmt: skip
+    td = TensorDict(
+        u=_UserTD(a=torch.ones(2), b=TensorDict(c=torch.zeros(2, 1), batch_size=[2]), batch_size=[2]),
+        batch_size=[2],
+    )
     tree = tdz_numba.load(tdt.save(td, tmp_path / "x.tdz"))
     assert tree["u"].type_name == "_UserTD"
     assert sorted(tree["u"]) == ["a", "b"] and tree["u"]["a"].tolist() == [1.0, 1.0]

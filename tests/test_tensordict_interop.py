@@ -94,9 +94,23 @@ class Tripwire:
 # ---------------------------------------------------------------------------
 # layouts
 # ---------------------------------------------------------------------------
-ZOO_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-              torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16,
-              torch.float32, torch.float64, torch.complex64, torch.complex128]  # fmt: skip
+ZOO_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+]
 
 
 def _sample(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
@@ -185,17 +199,21 @@ def make_lazy0():
 def make_lazy1():
     # heterogeneous shapes: only a lazy stack can hold them
     return LazyStackedTensorDict.lazy_stack(
-        [TensorDict(a=torch.zeros(2, 3), batch_size=[2]),
-         TensorDict(a=torch.ones(2, 4), batch_size=[2]),
-         TensorDict(a=torch.full((2, 5), 2.0), batch_size=[2])],  # fmt: skip
+        [
+            TensorDict(a=torch.zeros(2, 3), batch_size=[2]),
+            TensorDict(a=torch.ones(2, 4), batch_size=[2]),
+            TensorDict(a=torch.full((2, 5), 2.0), batch_size=[2]),
+        ],
         1,
     )
 
 
 def make_lazy_named():
     return LazyStackedTensorDict.lazy_stack(
-        [TensorDict(a=torch.zeros(3, 2), batch_size=[3], names=["x"]),
-         TensorDict(a=torch.ones(3, 2), batch_size=[3], names=["x"])],  # fmt: skip
+        [
+            TensorDict(a=torch.zeros(3, 2), batch_size=[3], names=["x"]),
+            TensorDict(a=torch.ones(3, 2), batch_size=[3], names=["x"]),
+        ],
         1,
         stack_dim_name="s",
     )
@@ -203,7 +221,10 @@ def make_lazy_named():
 
 def make_lazy_in_td():
     lazy = LazyStackedTensorDict.lazy_stack(
-        [TensorDict(a=torch.zeros(3), s=NonTensorData("p")), TensorDict(a=torch.ones(3), s=NonTensorData("q"))],
+        [
+            TensorDict(a=torch.zeros(3), s=NonTensorData("p")),
+            TensorDict(a=torch.ones(3), s=NonTensorData("q")),
+        ],
         0,
     )
     return TensorDict(z=lazy, w=torch.arange(2), batch_size=[2])
@@ -227,7 +248,9 @@ def make_tensorclass_mixed():
 
 
 def make_tensorclass_in_td():
-    return TensorDict(tc=MyTC(x=torch.ones(2, 2), s="inner", batch_size=[2]), y=torch.zeros(2), batch_size=[2])
+    return TensorDict(
+        tc=MyTC(x=torch.ones(2, 2), s="inner", batch_size=[2]), y=torch.zeros(2), batch_size=[2]
+    )
 
 
 def make_non_tensor_data():
@@ -259,7 +282,9 @@ def make_non_tensor_stack_2d():
 
 def make_nested_tensors():
     return TensorDict(
-        n=torch.nested.nested_tensor([torch.ones(2, 3), torch.arange(12.0).reshape(4, 3)], layout=torch.strided),
+        n=torch.nested.nested_tensor(
+            [torch.ones(2, 3), torch.arange(12.0).reshape(4, 3)], layout=torch.strided
+        ),
         i=torch.nested.nested_tensor([torch.arange(3), torch.arange(5)], layout=torch.strided),
         e=torch.nested.nested_tensor([torch.ones(0, 2), torch.zeros(3, 2)], layout=torch.strided),
         d3=torch.nested.nested_tensor([torch.ones(2, 3, 4), torch.zeros(1, 2, 3)], layout=torch.strided),
@@ -293,11 +318,15 @@ def make_views():
 
 def make_large():
     # crosses the writer's 1 MiB CRC chunk: the chunk CRCs must fold correctly
-    return TensorDict(big=torch.arange(3 * (1 << 20) // 8 + 13, dtype=torch.float64), small=torch.ones(3), batch_size=[])
+    return TensorDict(
+        big=torch.arange(3 * (1 << 20) // 8 + 13, dtype=torch.float64), small=torch.ones(3), batch_size=[]
+    )
 
 
 def make_many_keys():
-    return TensorDict({f"k{i:03d}": torch.full((i % 7 + 1,), i, dtype=torch.int32) for i in range(150)}, batch_size=[])
+    return TensorDict(
+        {f"k{i:03d}": torch.full((i % 7 + 1,), i, dtype=torch.int32) for i in range(150)}, batch_size=[]
+    )
 
 
 def make_empty_td():
@@ -331,13 +360,32 @@ LAYOUTS = {
 # layouts without non-ASCII keys (Info-ZIP stores names without the UTF-8 flag)
 ASCII_LAYOUTS = [k for k in LAYOUTS if k != "robust_keys"]
 # small, diverse subset for the slower matrix tests
-CORE_LAYOUTS = ["plain", "nested", "robust_keys", "empty_leaves", "lazy_stack_dim1", "tensorclass",
-                "non_tensor_data", "non_tensor_stack", "nested_tensors", "dtype_zoo"]  # fmt: skip
+CORE_LAYOUTS = [
+    "plain",
+    "nested",
+    "robust_keys",
+    "empty_leaves",
+    "lazy_stack_dim1",
+    "tensorclass",
+    "non_tensor_data",
+    "non_tensor_stack",
+    "nested_tensors",
+    "dtype_zoo",
+]
 
 
 # layouts whose tensordicts support ``(a == b).all()`` (no NaN, nested or non-tensor leaves)
-EQ_LAYOUTS = ["plain", "partial_names", "nested", "empty_leaves", "lazy_stack_dim0", "views", "large",
-              "many_keys", "empty_td"]  # fmt: skip
+EQ_LAYOUTS = [
+    "plain",
+    "partial_names",
+    "nested",
+    "empty_leaves",
+    "lazy_stack_dim0",
+    "views",
+    "large",
+    "many_keys",
+    "empty_td",
+]
 
 
 def make_pickled():
@@ -486,8 +534,9 @@ def dir_snapshot(d: Path) -> dict[str, bytes]:
     return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(Path(d).rglob("*")) if p.is_file()}
 
 
-def zip_directory_stdlib(src: Path, dst: Path, compression: int, *, stream: bool = False,
-                         with_dirs: bool = False) -> Path:  # fmt: skip
+def zip_directory_stdlib(
+    src: Path, dst: Path, compression: int, *, stream: bool = False, with_dirs: bool = False
+) -> Path:
     """Zips a memmap directory with the stdlib (optionally to a non-seekable
     stream, which makes zipfile write data descriptors)."""
 
@@ -963,8 +1012,12 @@ def test_zip_cli_non_ascii_key(tmp_path):
     assert_tensor_same(tree["é"], td["é"], "é")
 
 
-_ZIP_METHODS = {"stored": zipfile.ZIP_STORED, "deflated": zipfile.ZIP_DEFLATED,
-                "bzip2": zipfile.ZIP_BZIP2, "lzma": zipfile.ZIP_LZMA}  # fmt: skip
+_ZIP_METHODS = {
+    "stored": zipfile.ZIP_STORED,
+    "deflated": zipfile.ZIP_DEFLATED,
+    "bzip2": zipfile.ZIP_BZIP2,
+    "lzma": zipfile.ZIP_LZMA,
+}
 _STDLIB_CASES = [
     pytest.param(layout, method, stream, id=f"{layout}-{method}-{'descriptors' if stream else 'seekable'}")
     for layout in CORE_LAYOUTS + ["lazy_stack_dim0", "tensorclass_in_td", "large"]
@@ -1074,7 +1127,9 @@ def test_plain_dict_loads_in_tensordict(tmp_path):
 def test_plain_dict_matches_equivalent_tensordict_bytes(tmp_path):
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     tree = {"a": t, "s": "hello", "sub": {"b": torch.ones(2, dtype=torch.int64), "n": 3}}
-    td = TensorDict(a=t, s=NonTensorData("hello"), sub=TensorDict(b=torch.ones(2, dtype=torch.int64), n=NonTensorData(3)))
+    td = TensorDict(
+        a=t, s=NonTensorData("hello"), sub=TensorDict(b=torch.ones(2, dtype=torch.int64), n=NonTensorData(3))
+    )
     ours = tdz_numba.save(tree, tmp_path / "ours.tdz")
     assert_same_bytes(ours, their_archive(td, tmp_path))
 
@@ -1132,7 +1187,9 @@ def test_unpack_of_their_archive(layout, tmp_path):
         assert_td_same(TensorDict.load_memmap(out), td)
     # the same files, byte for byte, as unzip and as tensordict's own memmap
     if HAVE_UNZIP:
-        subprocess.run(["unzip", "-q", str(p), "-d", str(tmp_path / "unzip_dir")], check=True, capture_output=True)
+        subprocess.run(
+            ["unzip", "-q", str(p), "-d", str(tmp_path / "unzip_dir")], check=True, capture_output=True
+        )
         unzip_snap = dir_snapshot(tmp_path / "unzip_dir")
         assert dir_snapshot(out) == unzip_snap
     if layout != "pickled":
@@ -1153,8 +1210,9 @@ def test_pack_unpack_roundtrip_is_identity(tmp_path):
 # in-place writes through shared mappings, both directions
 # ---------------------------------------------------------------------------
 def test_r_plus_on_their_archive_then_tensordict_reads(tmp_path):
-    td = TensorDict(a=torch.zeros(4, 3), b=TensorDict(c=torch.zeros(4, dtype=torch.int8), batch_size=[4]),
-                    batch_size=[4])  # fmt: skip
+    td = TensorDict(
+        a=torch.zeros(4, 3), b=TensorDict(c=torch.zeros(4, dtype=torch.int8), batch_size=[4]), batch_size=[4]
+    )
     p = their_archive(td, tmp_path)
     with tdz_numba.open(p, mode="r+") as ar:
         ar["a"][1] = 5.0

@@ -13,7 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_mypy_clean():
     pytest.importorskip("mypy", reason="mypy is not installed (pip install -e .[dev])")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"mypy found errors:\n{proc.stdout}{proc.stderr}"
     assert proc.stdout.strip() == ""

@@ -54,14 +54,29 @@ def test_warmup_compiles_everything_ahead(tmp_path: Path) -> None:
     out = warm.stdout
     for family in ("CRC, layout, index", "deflate/inflate", "dequantize", "memory pages"):
         assert family in out
-    for kernel in ("crc32_spans", "plan_layout", "parse_central_directory", "deflate_segments",
-                   "inflate_segments", "inflate_step", "_q4_k", "_bf16", "touch_pages"):  # fmt: skip
+    for kernel in (
+        "crc32_spans",
+        "plan_layout",
+        "parse_central_directory",
+        "deflate_segments",
+        "inflate_segments",
+        "inflate_step",
+        "_q4_k",
+        "_bf16",
+        "touch_pages",
+    ):
         assert kernel in out, out
     assert f"cache: {cache}" in out
     used = _run(["-c", USE, str(tmp_path), "gguf"], cache)
     assert used.returncode == 0, used.stderr
     assert NOTICE not in used.stderr, used.stderr
-    again = _run(["-c", "import tdz_numba; r = tdz_numba.warmup(verbose=False); "
-                        "print(len(r.compiled), len(r.cache_dirs))"], cache)  # fmt: skip
+    again = _run(
+        [
+            "-c",
+            "import tdz_numba; r = tdz_numba.warmup(verbose=False); "
+            "print(len(r.compiled), len(r.cache_dirs))",
+        ],
+        cache,
+    )
     assert again.returncode == 0, again.stderr
     assert again.stdout.split() == ["0", "2"]

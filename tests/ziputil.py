@@ -80,8 +80,21 @@ def parse_zip(data: bytes | bytearray) -> ParsedZip:
         clen = 46 + name_len + extra_len + comment_len
         payload = payload_offset(data, hoff)
         local_name_len, local_extra_len = struct.unpack_from("<HH", data, hoff + 26)
-        records.append(Record(name, p, clen, hoff, payload, method, crc, csize, usize,
-                              hoff + 30 + local_name_len, local_extra_len))  # fmt: skip
+        records.append(
+            Record(
+                name,
+                p,
+                clen,
+                hoff,
+                payload,
+                method,
+                crc,
+                csize,
+                usize,
+                hoff + 30 + local_name_len,
+                local_extra_len,
+            )
+        )
         p += clen
     assert p == cd_off + cd_size, f"central directory ends at {p}, recorded {cd_off + cd_size}"
     return ParsedZip(eocd, count, cd_off, cd_size, records)

@@ -35,8 +35,10 @@ def make_tree(layout, size_mib):
         rows = max(1, total // 8 // 4096)
         return {f"w{i}": torch.randn(rows, 4096, generator=g) for i in range(8)}
     per = max(1, total // 2000)
-    return {f"group_{i:03d}": {f"leaf_{j:02d}": torch.randn(per, generator=g) for j in range(20)}
-            for i in range(100)}  # fmt: skip
+    return {
+        f"group_{i:03d}": {f"leaf_{j:02d}": torch.randn(per, generator=g) for j in range(20)}
+        for i in range(100)
+    }
 
 
 def flat_keys(tree):

@@ -52,10 +52,12 @@ def peak_rss_growth(module, cls, params, method, args=()):
     and returns the operation's peak RSS growth in bytes."""
     if not os.path.exists("/proc/self/clear_refs"):
         raise NotImplementedError("needs Linux (/proc/self/clear_refs)")
-    code = _CHILD.format(here=HERE, module=module, cls=cls, params=tuple(params), method=method,
-                         args=tuple(args))  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          cwd=os.getcwd())  # fmt: skip
+    code = _CHILD.format(
+        here=HERE, module=module, cls=cls, params=tuple(params), method=method, args=tuple(args)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=os.getcwd()
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("PEAK "):
             return int(line.split()[1])

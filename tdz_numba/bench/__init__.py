@@ -74,10 +74,32 @@ from .plot import plot
 from .reporting import format_table, goal_lines, report
 from .workloads import Workload, make_images, make_workload
 
-__all__ = ["WORKLOADS", "OPS", "FORMATS", "CRC_FORMAT", "COMPRESSIONS", "COMPRESSED_WORKLOADS",
-           "COMPRESSED_OPS", "COMPRESSED_FORMATS", "BenchResult", "Workload", "run", "main", "format_table",
-           "goal_lines", "report", "plot", "make_images", "make_workload", "leaf_sum", "sum_tree",
-           "build_parser", "Format", "FORMAT_CLASSES", "COMPRESSED_CLASSES"]  # fmt: skip
+__all__ = [
+    "WORKLOADS",
+    "OPS",
+    "FORMATS",
+    "CRC_FORMAT",
+    "COMPRESSIONS",
+    "COMPRESSED_WORKLOADS",
+    "COMPRESSED_OPS",
+    "COMPRESSED_FORMATS",
+    "BenchResult",
+    "Workload",
+    "run",
+    "main",
+    "format_table",
+    "goal_lines",
+    "report",
+    "plot",
+    "make_images",
+    "make_workload",
+    "leaf_sum",
+    "sum_tree",
+    "build_parser",
+    "Format",
+    "FORMAT_CLASSES",
+    "COMPRESSED_CLASSES",
+]
 
 # -- command line -------------------------------------------------------------------------------
 
@@ -121,47 +143,96 @@ def build_parser(prog: str = "tdz bench") -> argparse.ArgumentParser:
     all_workloads = tuple(dict.fromkeys([*WORKLOADS, *COMPRESSED_WORKLOADS]))
     all_ops = tuple(dict.fromkeys([*OPS, *COMPRESSED_OPS]))
     all_formats = tuple(dict.fromkeys([*FORMATS, *COMPRESSED_FORMATS]))
-    p.add_argument("--workload", type=_choices(all_workloads, "workload"), default=None,
-                   help=f"comma list of {', '.join(WORKLOADS)}; with --compression of "
-                        f"{', '.join(COMPRESSED_WORKLOADS)} (default all)")  # fmt: skip
-    p.add_argument("--op", type=_choices(all_ops, "op"), default=None,
-                   help=f"comma list of {', '.join(OPS)}; with --compression of "
-                        f"{', '.join(COMPRESSED_OPS)} (default all)")  # fmt: skip
-    p.add_argument("--format", type=_choices(all_formats, "format"), default=None,
-                   help=f"comma list of {', '.join(FORMATS)}; with --compression of "
-                        f"{', '.join(COMPRESSED_FORMATS)} (default all)")  # fmt: skip
-    p.add_argument("--compression", choices=COMPRESSIONS, default=None,
-                   help="run the compressed section instead: image-like and float workloads saved "
-                        "and loaded compressed, tdz_numba on all threads and on one against "
-                        "tensordict and single-thread zlib-ng, with scaling and goal checks")  # fmt: skip
-    p.add_argument("--compresslevel", type=int, default=None, metavar="N",
-                   help="deflate level -1..9 of the compressed section (default: zlib-ng's default)")  # fmt: skip
-    p.add_argument("--size-mib", type=_positive(float), default=None,
-                   help=f"MiB of data per workload (default {DEFAULT_SIZE_MIB:g}; {QUICK_SIZE_MIB:g} with --quick)")
-    p.add_argument("--repeat", type=_positive(int), default=None,
-                   help=f"timed runs per cell after one warm-up (default {DEFAULT_REPEAT}; "
-                        f"{QUICK_REPEAT} with --quick)")  # fmt: skip
-    p.add_argument("--cold", action="store_true",
-                   help="drop the artifact's cached pages before each timed open/read/copy/verify")
-    p.add_argument("--dir", type=Path, default=None,
-                   help="where artifacts go (a temporary sub-directory is made there; default: the "
-                        "current directory, not /dev/shm)")  # fmt: skip
-    p.add_argument("--json", action="store_true",
-                   help="print the results as JSON on stdout (the report goes to stderr)")
+    p.add_argument(
+        "--workload",
+        type=_choices(all_workloads, "workload"),
+        default=None,
+        help=f"comma list of {', '.join(WORKLOADS)}; with --compression of "
+        f"{', '.join(COMPRESSED_WORKLOADS)} (default all)",
+    )
+    p.add_argument(
+        "--op",
+        type=_choices(all_ops, "op"),
+        default=None,
+        help=f"comma list of {', '.join(OPS)}; with --compression of "
+        f"{', '.join(COMPRESSED_OPS)} (default all)",
+    )
+    p.add_argument(
+        "--format",
+        type=_choices(all_formats, "format"),
+        default=None,
+        help=f"comma list of {', '.join(FORMATS)}; with --compression of "
+        f"{', '.join(COMPRESSED_FORMATS)} (default all)",
+    )
+    p.add_argument(
+        "--compression",
+        choices=COMPRESSIONS,
+        default=None,
+        help="run the compressed section instead: image-like and float workloads saved "
+        "and loaded compressed, tdz_numba on all threads and on one against "
+        "tensordict and single-thread zlib-ng, with scaling and goal checks",
+    )
+    p.add_argument(
+        "--compresslevel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="deflate level -1..9 of the compressed section (default: zlib-ng's default)",
+    )
+    p.add_argument(
+        "--size-mib",
+        type=_positive(float),
+        default=None,
+        help=f"MiB of data per workload (default {DEFAULT_SIZE_MIB:g}; {QUICK_SIZE_MIB:g} with --quick)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=_positive(int),
+        default=None,
+        help=f"timed runs per cell after one warm-up (default {DEFAULT_REPEAT}; {QUICK_REPEAT} with --quick)",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the artifact's cached pages before each timed open/read/copy/verify",
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where artifacts go (a temporary sub-directory is made there; default: the "
+        "current directory, not /dev/shm)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the results as JSON on stdout (the report goes to stderr)"
+    )
     p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="save a bar chart (matplotlib)")
     p.add_argument("--quick", action="store_true", help=f"size {QUICK_SIZE_MIB:g} MiB, repeat {QUICK_REPEAT}")
     p.add_argument("-v", "--verbose", action="store_true", help="print each cell to stderr as it is measured")
-    p.add_argument("--remote", action="store_true",
-                   help="remote archives (HTTP, S3) and DCP on loopback servers (see --remote --help)")  # fmt: skip
-    p.add_argument("--alignment", action="store_true",
-                   help="file size, save speed and cold reads of align=64/4096/65536/'auto' next to ztensor's "
-                        "writers (see --alignment --help)")  # fmt: skip
-    p.add_argument("--leaves", metavar="N,N,...", default=None,
-                   help="leaf-count sweep: save, lazy open and load+sum of 64 MiB in N leaves against "
-                        "safetensors and torch, us per leaf (see --leaves 200 --help)")  # fmt: skip
-    p.add_argument("--read-formats", action="store_true",
-                   help="read every tensor file format (safetensors, .pt, npz, GGUF, HDF5, ONNX, .tdz) with "
-                        "tdz_numba, the format's own library and ztensor (see --read-formats --help)")  # fmt: skip
+    p.add_argument(
+        "--remote",
+        action="store_true",
+        help="remote archives (HTTP, S3) and DCP on loopback servers (see --remote --help)",
+    )
+    p.add_argument(
+        "--alignment",
+        action="store_true",
+        help="file size, save speed and cold reads of align=64/4096/65536/'auto' next to ztensor's "
+        "writers (see --alignment --help)",
+    )
+    p.add_argument(
+        "--leaves",
+        metavar="N,N,...",
+        default=None,
+        help="leaf-count sweep: save, lazy open and load+sum of 64 MiB in N leaves against "
+        "safetensors and torch, us per leaf (see --leaves 200 --help)",
+    )
+    p.add_argument(
+        "--read-formats",
+        action="store_true",
+        help="read every tensor file format (safetensors, .pt, npz, GGUF, HDF5, ONNX, .tdz) with "
+        "tdz_numba, the format's own library and ztensor (see --read-formats --help)",
+    )
     return p
 
 
@@ -204,17 +275,30 @@ def main(argv: list[str] | None = None, prog: str = "tdz bench") -> int:
         bad = [n for n in given if n not in names]
         if bad:
             where = "with --compression" if args.compression else "without --compression"
-            parser.error(f"argument --{kind}: {', '.join(map(repr, bad))} not available {where}; "
-                         f"choose from {', '.join(names)}")  # fmt: skip
-    size = args.size_mib if args.size_mib is not None else (QUICK_SIZE_MIB if args.quick else DEFAULT_SIZE_MIB)
+            parser.error(
+                f"argument --{kind}: {', '.join(map(repr, bad))} not available {where}; "
+                f"choose from {', '.join(names)}"
+            )
+    size = (
+        args.size_mib if args.size_mib is not None else (QUICK_SIZE_MIB if args.quick else DEFAULT_SIZE_MIB)
+    )
     repeat = args.repeat if args.repeat is not None else (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    res = run(workloads=args.workload, ops=args.op, formats=args.format, size_mib=size, repeat=repeat,
-              cold=args.cold, directory=args.dir, progress=progress if args.verbose else None,
-              compression=args.compression, compresslevel=args.compresslevel)  # fmt: skip
+    res = run(
+        workloads=args.workload,
+        ops=args.op,
+        formats=args.format,
+        size_mib=size,
+        repeat=repeat,
+        cold=args.cold,
+        directory=args.dir,
+        progress=progress if args.verbose else None,
+        compression=args.compression,
+        compresslevel=args.compresslevel,
+    )
     text = report(res, argv)
     if args.plot is not None:
         out = plot(res, args.plot)

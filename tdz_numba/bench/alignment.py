@@ -128,9 +128,15 @@ def _median_ms(fn: Callable[[], Any], repeat: int, before: Callable[[], None] | 
     return statistics.median(runs)
 
 
-def run_alignment(*, workloads: tuple[str, ...] = WORKLOADS, writers: tuple[str, ...] = WRITERS,
-                  size_mib: float = 512.0, repeat: int = 5, directory: str | os.PathLike | None = None,
-                  progress: Callable[[str], None] | None = None) -> tuple[list[dict], list[str]]:  # fmt: skip
+def run_alignment(
+    *,
+    workloads: tuple[str, ...] = WORKLOADS,
+    writers: tuple[str, ...] = WRITERS,
+    size_mib: float = 512.0,
+    repeat: int = 5,
+    directory: str | os.PathLike | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[dict], list[str]]:
     """Rows ``{"workload", "writer", "size_ratio", "save_gbps", "evictable", "cold_all_ms", "cold_one_ms"}``
     and notes."""
     say = progress or (lambda s: None)
@@ -144,15 +150,19 @@ def run_alignment(*, workloads: tuple[str, ...] = WORKLOADS, writers: tuple[str,
                 row = _cell(w, writer, tensors, root / f"{w}.{writer}", repeat, notes)
                 if row is not None:
                     rows.append(row)
-                    say(f"[{w}] {writer:<13} {row['size_ratio']:.4f}x {row['save_gbps']:.2f} GB/s "
-                        f"cold all {row['cold_all_ms']:.1f} ms one {row['cold_one_ms']:.2f} ms")  # fmt: skip
+                    say(
+                        f"[{w}] {writer:<13} {row['size_ratio']:.4f}x {row['save_gbps']:.2f} GB/s "
+                        f"cold all {row['cold_all_ms']:.1f} ms one {row['cold_one_ms']:.2f} ms"
+                    )
             tensors.clear()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows, notes
 
 
-def _cell(w: str, writer: str, tensors: dict[str, Any], path: Path, repeat: int, notes: list[str]) -> dict | None:
+def _cell(
+    w: str, writer: str, tensors: dict[str, Any], path: Path, repeat: int, notes: list[str]
+) -> dict | None:
     from ..writer import AUTO_THRESHOLD
 
     payload = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -174,24 +184,53 @@ def _cell(w: str, writer: str, tensors: dict[str, Any], path: Path, repeat: int,
         return None
     finally:
         path.unlink(missing_ok=True)
-    return {"workload": w, "writer": writer, "size_ratio": size / payload, "save_gbps": payload / save_ms / 1e6,
-            "evictable": evictable, "cold_all_ms": cold_all, "cold_one_ms": cold_one, "payload": payload}  # fmt: skip
+    return {
+        "workload": w,
+        "writer": writer,
+        "size_ratio": size / payload,
+        "save_gbps": payload / save_ms / 1e6,
+        "evictable": evictable,
+        "cold_all_ms": cold_all,
+        "cold_one_ms": cold_one,
+        "payload": payload,
+    }
 
 
 def alignment_table(rows: list[dict], notes: list[str]) -> str:
-    header = ["workload", "writer", "file/payload", "save GB/s", "big leaves on a page", "cold read-all",
-              "cold read one"]  # fmt: skip
+    header = [
+        "workload",
+        "writer",
+        "file/payload",
+        "save GB/s",
+        "big leaves on a page",
+        "cold read-all",
+        "cold read one",
+    ]
     body = []
     for r in rows:
         ev = "-" if r["evictable"] is None else f"{100 * r['evictable']:.0f}%"
-        body.append([r["workload"], r["writer"], f"{r['size_ratio']:.4f}x", f"{r['save_gbps']:.2f}", ev,
-                     f"{r['cold_all_ms']:.1f} ms", f"{r['cold_one_ms']:.2f} ms"])  # fmt: skip
+        body.append(
+            [
+                r["workload"],
+                r["writer"],
+                f"{r['size_ratio']:.4f}x",
+                f"{r['save_gbps']:.2f}",
+                ev,
+                f"{r['cold_all_ms']:.1f} ms",
+                f"{r['cold_one_ms']:.2f} ms",
+            ]
+        )
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
-    lines = ["  ".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip(), "  ".join("-" * wd for wd in widths)]
+    lines = [
+        "  ".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip(),
+        "  ".join("-" * wd for wd in widths),
+    ]
     lines += ["  ".join(c.ljust(wd) for c, wd in zip(b, widths)).rstrip() for b in body]
-    lines.append("tdz_N: tdz_numba save(align=N); tdz_auto: align='auto' (>= 1 MiB on 64 KiB, the rest 64 B); "
-                 "zt_canonical: ztensor canonical (64 KiB + digests); zt_4096: ztensor align=4096. Medians; "
-                 "cold = page cache dropped before each run; one = the largest leaf.")  # fmt: skip
+    lines.append(
+        "tdz_N: tdz_numba save(align=N); tdz_auto: align='auto' (>= 1 MiB on 64 KiB, the rest 64 B); "
+        "zt_canonical: ztensor canonical (64 KiB + digests); zt_4096: ztensor align=4096. Medians; "
+        "cold = page cache dropped before each run; one = the largest leaf."
+    )
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
 
@@ -204,8 +243,11 @@ def plot_alignment(rows: list[dict], path: str | os.PathLike) -> Path:
 
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    metrics = (("size_ratio", "file size / payload (log)"), ("save_gbps", "save GB/s"),
-               ("cold_all_ms", "cold read-all ms"))  # fmt: skip
+    metrics = (
+        ("size_ratio", "file size / payload (log)"),
+        ("save_gbps", "save GB/s"),
+        ("cold_all_ms", "cold read-all ms"),
+    )
     for ax, (key, label) in zip(axes, metrics):
         width = 0.8 / len(WRITERS)
         for j, writer in enumerate(WRITERS):
@@ -254,9 +296,14 @@ def main(argv: list[str], prog: str = "tdz bench --alignment") -> int:
         p.error(f"unknown {', '.join(bad)}")
     size = args.size_mib if args.size_mib is not None else (16.0 if args.quick else 512.0)
     repeat = args.repeat if args.repeat is not None else (3 if args.quick else 5)
-    rows, notes = run_alignment(workloads=workloads, writers=writers, size_mib=size, repeat=repeat,
-                                directory=args.dir,
-                                progress=(lambda s: print(s, file=sys.stderr)) if args.verbose else None)  # fmt: skip
+    rows, notes = run_alignment(
+        workloads=workloads,
+        writers=writers,
+        size_mib=size,
+        repeat=repeat,
+        directory=args.dir,
+        progress=(lambda s: print(s, file=sys.stderr)) if args.verbose else None,
+    )
     text = f"tdz_numba alignment benchmark: {size:g} MiB per workload, median of {repeat}\n"
     text += alignment_table(rows, notes)
     if args.plot is not None:

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 WORKLOADS = ("flat", "small")
 OPS = ("save", "open", "read", "copy", "verify")
-FORMATS = ("tdz_numba", "td_tdz", "td_tdz_enabled", "td_dir", "td_consolidated", "torch", "safetensors",
-           "floor")  # fmt: skip
+FORMATS = (
+    "tdz_numba",
+    "td_tdz",
+    "td_tdz_enabled",
+    "td_dir",
+    "td_consolidated",
+    "torch",
+    "safetensors",
+    "floor",
+)
 #: Pseudo-format of the verify row: zlib-ng's single-thread crc32 over the same payload bytes.
 CRC_FORMAT = "zlib_ng_crc32"
 
@@ -40,4 +48,3 @@ COLORS = {
     "tdz_numba_1t": "#ff9896",
     "zlib_ng": "#9467bd",
 }
-

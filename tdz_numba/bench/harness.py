@@ -107,8 +107,13 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return dt * 1e3, out
 
 
-def measure(fn: Callable[[int], Any], repeat: int, *, before: Callable[[int], None] | None = None,
-            after: Callable[[int, Any], None] | None = None) -> list[float]:  # fmt: skip
+def measure(
+    fn: Callable[[int], Any],
+    repeat: int,
+    *,
+    before: Callable[[int], None] | None = None,
+    after: Callable[[int, Any], None] | None = None,
+) -> list[float]:
     """One warm-up run (index 0) then ``repeat`` timed runs; returns the timed runs in ms.
 
     ``before(i)`` and ``after(i, result)`` run outside the timed region; the
@@ -159,9 +164,14 @@ def available_formats(formats: Iterable[str]) -> tuple[list[str], list[str]]:
     """``(usable formats, notes)``: tensordict and safetensors formats are skipped when
     their package does not import."""
     usable, notes = [], []
-    need = {"td_tdz": "tensordict", "td_tdz_enabled": "tensordict", "td_dir": "tensordict",
-            "td_consolidated": "tensordict",
-            "safetensors": "safetensors", "zlib_ng": "zlib_ng"}  # fmt: skip
+    need = {
+        "td_tdz": "tensordict",
+        "td_tdz_enabled": "tensordict",
+        "td_dir": "tensordict",
+        "td_consolidated": "tensordict",
+        "safetensors": "safetensors",
+        "zlib_ng": "zlib_ng",
+    }
     modules = {"tensordict": "tensordict", "safetensors": "safetensors.torch", "zlib_ng": "zlib_ng.zlib_ng"}
     failed: dict[str, str] = {}
     for fmt in formats:
@@ -249,11 +259,20 @@ def _crc_file(path: Path, spans: list[tuple[int, int]]) -> int:
     return acc
 
 
-def run(*, workloads: Iterable[str] = WORKLOADS, ops: Iterable[str] = OPS,
-        formats: Iterable[str] = FORMATS, size_mib: float = DEFAULT_SIZE_MIB,
-        repeat: int = DEFAULT_REPEAT, cold: bool = False, directory: str | os.PathLike | None = None,
-        progress: Callable[[str], None] | None = None, seed: int = 0, compression: str | None = None,
-        compresslevel: int | None = None) -> BenchResult:  # fmt: skip
+def run(
+    *,
+    workloads: Iterable[str] = WORKLOADS,
+    ops: Iterable[str] = OPS,
+    formats: Iterable[str] = FORMATS,
+    size_mib: float = DEFAULT_SIZE_MIB,
+    repeat: int = DEFAULT_REPEAT,
+    cold: bool = False,
+    directory: str | os.PathLike | None = None,
+    progress: Callable[[str], None] | None = None,
+    seed: int = 0,
+    compression: str | None = None,
+    compresslevel: int | None = None,
+) -> BenchResult:
     """Runs the benchmark and returns a :class:`BenchResult`.
 
     ``directory`` is where artifacts go (a temporary sub-directory is made in
@@ -271,12 +290,24 @@ def run(*, workloads: Iterable[str] = WORKLOADS, ops: Iterable[str] = OPS,
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module="tensordict")
         warnings.filterwarnings("ignore", message="The given buffer is not writable")  # zlib_ng load
-        return _run(workloads, ops, formats, size_mib, repeat, cold, directory, progress, seed, compression,
-                    compresslevel)  # fmt: skip
+        return _run(
+            workloads,
+            ops,
+            formats,
+            size_mib,
+            repeat,
+            cold,
+            directory,
+            progress,
+            seed,
+            compression,
+            compresslevel,
+        )
 
 
-def _run(workloads, ops, formats, size_mib, repeat, cold, directory, progress, seed, compression,
-         compresslevel) -> BenchResult:  # fmt: skip
+def _run(
+    workloads, ops, formats, size_mib, repeat, cold, directory, progress, seed, compression, compresslevel
+) -> BenchResult:
     t_start = time.perf_counter()
     if compression is not None:
         if compression not in COMPRESSIONS:
@@ -292,22 +323,36 @@ def _run(workloads, ops, formats, size_mib, repeat, cold, directory, progress, s
             formats = COMPRESSED_FORMATS
     else:
         all_workloads, all_ops, all_formats = WORKLOADS, OPS, FORMATS
-    for kind, names, allowed in (("workload", workloads, all_workloads), ("op", ops, all_ops),
-                                 ("format", formats, all_formats)):  # fmt: skip
+    for kind, names, allowed in (
+        ("workload", workloads, all_workloads),
+        ("op", ops, all_ops),
+        ("format", formats, all_formats),
+    ):
         bad = [n for n in names if n not in allowed]
         if bad:
-            raise ValueError(f"unknown {kind} {', '.join(map(repr, bad))}"
-                             + (f" with compression={compression!r}" if compression else "")
-                             + f"; choose from {', '.join(allowed)}")  # fmt: skip
+            raise ValueError(
+                f"unknown {kind} {', '.join(map(repr, bad))}"
+                + (f" with compression={compression!r}" if compression else "")
+                + f"; choose from {', '.join(allowed)}"
+            )
     ops = [o for o in all_ops if o in set(ops)]
     wanted = [f for f in all_formats if f in set(formats)]
     fmt_names, notes = available_formats(wanted)
-    res = BenchResult(notes=notes, size_mib=size_mib, repeat=repeat, cold=cold,
-                      formats=fmt_names, ops=ops, compression=compression,
-                      compresslevel=compresslevel)  # fmt: skip
+    res = BenchResult(
+        notes=notes,
+        size_mib=size_mib,
+        repeat=repeat,
+        cold=cold,
+        formats=fmt_names,
+        ops=ops,
+        compression=compression,
+        compresslevel=compresslevel,
+    )
     if compression is not None and compresslevel is not None and "td_tdz" in fmt_names:
-        res.notes.append(f"td_tdz: tensordict's save takes no compression level: it uses zlib's "
-                         f"default, not {compresslevel}")  # fmt: skip
+        res.notes.append(
+            f"td_tdz: tensordict's save takes no compression level: it uses zlib's "
+            f"default, not {compresslevel}"
+        )
     say = progress or (lambda s: None)
 
     parent = Path(directory) if directory is not None else Path.cwd()
@@ -341,8 +386,16 @@ def _run(workloads, ops, formats, size_mib, repeat, cold, directory, progress, s
     return res
 
 
-def _run_workload(w: Workload, root: Path, ops: list[str], fmts: dict[str, Format], repeat: int,
-                  cold: bool, res: BenchResult, say: Callable[[str], None]) -> None:  # fmt: skip
+def _run_workload(
+    w: Workload,
+    root: Path,
+    ops: list[str],
+    fmts: dict[str, Format],
+    repeat: int,
+    cold: bool,
+    res: BenchResult,
+    say: Callable[[str], None],
+) -> None:
     wdir = root / w.name
     wdir.mkdir()
     # reference total of the read op (sum of per-leaf float32 sums) and its tolerance
@@ -374,11 +427,19 @@ def _run_workload(w: Workload, root: Path, ops: list[str], fmts: dict[str, Forma
         row = {"workload": w.name, "op": op, "format": fmt_name, "median_ms": med, "runs_ms": runs}
         if res.compression is not None:
             file_bytes = res.sizes.get((w.name, fmt_name))
-            row.update(compression=res.compression, compresslevel=res.compresslevel, nbytes=w.nbytes,
-                       file_bytes=file_bytes, size_ratio=w.nbytes / file_bytes if file_bytes else None)  # fmt: skip
+            row.update(
+                compression=res.compression,
+                compresslevel=res.compresslevel,
+                nbytes=w.nbytes,
+                file_bytes=file_bytes,
+                size_ratio=w.nbytes / file_bytes if file_bytes else None,
+            )
         res.results.append(row)
-        say(f"[{w.name}] {op:<6} {fmt_name:<16} {med:10.2f} ms  (runs: "
-            + ", ".join(f"{r:.1f}" for r in runs) + ")")
+        say(
+            f"[{w.name}] {op:<6} {fmt_name:<16} {med:10.2f} ms  (runs: "
+            + ", ".join(f"{r:.1f}" for r in runs)
+            + ")"
+        )
 
     for op in ops:
         for name, fmt in fmts.items():
@@ -402,8 +463,18 @@ def _run_workload(w: Workload, root: Path, ops: list[str], fmts: dict[str, Forma
     shutil.rmtree(wdir, ignore_errors=True)
 
 
-def _measure_cell(op: str, w: Workload, fmt: Format, artifact: Path, wdir: Path, repeat: int,
-                  cold: bool, ref_total: float, tol: float, res: BenchResult) -> list[float]:  # fmt: skip
+def _measure_cell(
+    op: str,
+    w: Workload,
+    fmt: Format,
+    artifact: Path,
+    wdir: Path,
+    repeat: int,
+    cold: bool,
+    ref_total: float,
+    tol: float,
+    res: BenchResult,
+) -> list[float]:
     if op in ("save", "copy"):
         written: list[Path] = []
         stem = f"{fmt.name}.{op}"
@@ -438,12 +509,15 @@ def _measure_cell(op: str, w: Workload, fmt: Format, artifact: Path, wdir: Path,
     if op == "open":
         return measure(lambda i: fmt.open(artifact), repeat, before=dropping)
     if op in ("read", "load"):  # load: the compressed section's open + sum of every leaf
+
         def after(i: int, out: Any) -> None:
             if i == 0:
                 total = out[0]
                 if not math.isfinite(total) or abs(total - ref_total) > tol:
-                    res.notes.append(f"{w.name}/{op}/{fmt.name}: WARNING: sum of leaves {total!r} "
-                                     f"differs from the in-memory sum {ref_total!r}")  # fmt: skip
+                    res.notes.append(
+                        f"{w.name}/{op}/{fmt.name}: WARNING: sum of leaves {total!r} "
+                        f"differs from the in-memory sum {ref_total!r}"
+                    )
 
         return measure(lambda i: fmt.read(w, artifact), repeat, before=dropping, after=after)
     if op == "verify":
@@ -462,4 +536,3 @@ def _measure_crc(artifact: Path, repeat: int, cold: bool) -> list[float]:
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-

@@ -34,7 +34,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_LEAVES", "FORMATS", "OPS", "make_leaves", "run_sweep", "sweep_table", "plot_sweep", "main"]
+__all__ = [
+    "DEFAULT_LEAVES",
+    "FORMATS",
+    "OPS",
+    "make_leaves",
+    "run_sweep",
+    "sweep_table",
+    "plot_sweep",
+    "main",
+]
 
 DEFAULT_LEAVES = (200, 2_000, 20_000, 100_000)
 FORMATS = ("tdz_numba", "safetensors", "torch")
@@ -83,8 +92,11 @@ def _ops(fmt: str, nested: dict, flat: dict, durable: bool) -> dict[str, Callabl
             ar.close()
             return keys
 
-        return {"save": lambda p: tdz_numba.save(nested, p, durable=durable), "open": t_open,
-                "load+sum": lambda p: _sum(tdz_numba.load(p))}  # fmt: skip
+        return {
+            "save": lambda p: tdz_numba.save(nested, p, durable=durable),
+            "open": t_open,
+            "load+sum": lambda p: _sum(tdz_numba.load(p)),
+        }
     if fmt == "safetensors":
         from safetensors import safe_open
         from safetensors.torch import load_file, save_file
@@ -93,12 +105,18 @@ def _ops(fmt: str, nested: dict, flat: dict, durable: bool) -> dict[str, Callabl
             with safe_open(str(p), "pt") as f:
                 return list(f.keys())
 
-        return {"save": lambda p: save_file(flat, str(p)), "open": s_open,
-                "load+sum": lambda p: _sum(load_file(str(p)))}  # fmt: skip
+        return {
+            "save": lambda p: save_file(flat, str(p)),
+            "open": s_open,
+            "load+sum": lambda p: _sum(load_file(str(p))),
+        }
     import torch
 
-    return {"save": lambda p: torch.save(flat, p), "open": lambda p: torch.load(p, mmap=True, weights_only=True),
-            "load+sum": lambda p: _sum(torch.load(p, mmap=True, weights_only=True))}  # fmt: skip
+    return {
+        "save": lambda p: torch.save(flat, p),
+        "open": lambda p: torch.load(p, mmap=True, weights_only=True),
+        "load+sum": lambda p: _sum(torch.load(p, mmap=True, weights_only=True)),
+    }
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -125,10 +143,16 @@ def _median(fn: Callable[[], Any], repeat: int, before: Callable[[], None] | Non
     return statistics.median(times)
 
 
-def run_sweep(*, leaves: Iterable[int] = DEFAULT_LEAVES, formats: Iterable[str] = FORMATS,
-              size_mib: float = 64.0, repeat: int = 3, durable: bool = True,
-              directory: str | os.PathLike | None = None,
-              progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def run_sweep(
+    *,
+    leaves: Iterable[int] = DEFAULT_LEAVES,
+    formats: Iterable[str] = FORMATS,
+    size_mib: float = 64.0,
+    repeat: int = 3,
+    durable: bool = True,
+    directory: str | os.PathLike | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
     """Runs the sweep; one row per (N, format, op): ``{"leaves", "format", "op", "seconds", "us_per_leaf"}``."""
     formats = list(formats)
     rows: list[dict[str, Any]] = []
@@ -143,13 +167,18 @@ def run_sweep(*, leaves: Iterable[int] = DEFAULT_LEAVES, formats: Iterable[str] 
                 def fresh(path: Path = path) -> None:
                     path.unlink(missing_ok=True)
 
-                seconds = {op: _median(partial(ops[op], path), repeat, fresh if op == "save" else None)
-                           for op in OPS}  # fmt: skip
+                seconds = {
+                    op: _median(partial(ops[op], path), repeat, fresh if op == "save" else None) for op in OPS
+                }
                 path.unlink(missing_ok=True)
                 for op, s in seconds.items():
-                    rows.append({"leaves": n, "format": fmt, "op": op, "seconds": s, "us_per_leaf": s * 1e6 / n})
+                    rows.append(
+                        {"leaves": n, "format": fmt, "op": op, "seconds": s, "us_per_leaf": s * 1e6 / n}
+                    )
                     if progress is not None:
-                        progress(f"N={n:>7,} {fmt:<12} {op:<9} {s * 1e3:10.2f} ms  {s * 1e6 / n:8.2f} us/leaf")
+                        progress(
+                            f"N={n:>7,} {fmt:<12} {op:<9} {s * 1e3:10.2f} ms  {s * 1e6 / n:8.2f} us/leaf"
+                        )
             del nested, flat
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -178,8 +207,12 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
     if len(leaves) > 1:
         lo, hi = leaves[0], leaves[-1]
         for f in formats:
-            growth = [f"{op} {cell[(hi, f, op)] / cell[(lo, f, op)]:.1f}x" for op in OPS if (lo, f, op) in cell]
-            lines.append(f"{f}: cost from {lo:,} to {hi:,} leaves ({hi / lo:g}x the leaves): {', '.join(growth)}")
+            growth = [
+                f"{op} {cell[(hi, f, op)] / cell[(lo, f, op)]:.1f}x" for op in OPS if (lo, f, op) in cell
+            ]
+            lines.append(
+                f"{f}: cost from {lo:,} to {hi:,} leaves ({hi / lo:g}x the leaves): {', '.join(growth)}"
+            )
     return "\n".join(lines)
 
 
@@ -193,7 +226,9 @@ def plot_sweep(rows: list[dict[str, Any]], path: str | os.PathLike) -> Path:
     fig, axes = plt.subplots(1, len(OPS), figsize=(4.2 * len(OPS), 3.6), sharex=True)
     for ax, op in zip(axes, OPS):
         for fmt in dict.fromkeys(r["format"] for r in rows):
-            pts = sorted((r["leaves"], r["us_per_leaf"]) for r in rows if r["format"] == fmt and r["op"] == op)
+            pts = sorted(
+                (r["leaves"], r["us_per_leaf"]) for r in rows if r["format"] == fmt and r["op"] == op
+            )
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=fmt)
         ax.set_xscale("log")
@@ -225,27 +260,50 @@ def main(argv: list[str], prog: str = "tdz bench --leaves") -> int:
     import json
 
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--leaves", type=_leaf_counts, default=list(DEFAULT_LEAVES), metavar="N,N,...",
-                   help="leaf counts (default 200,2000,20000,100000)")  # fmt: skip
+    p.add_argument(
+        "--leaves",
+        type=_leaf_counts,
+        default=list(DEFAULT_LEAVES),
+        metavar="N,N,...",
+        help="leaf counts (default 200,2000,20000,100000)",
+    )
     p.add_argument("--format", default=",".join(FORMATS), help="comma list of " + ", ".join(FORMATS))
-    p.add_argument("--size-mib", type=float, default=64.0, help="MiB of float32 split into the leaves (default 64)")
+    p.add_argument(
+        "--size-mib", type=float, default=64.0, help="MiB of float32 split into the leaves (default 64)"
+    )
     p.add_argument("--repeat", type=int, default=3, help="timed runs per cell after a warm-up (default 3)")
-    p.add_argument("--durable", action=argparse.BooleanOptionalAction, default=True,
-                   help="tdz_numba.save(durable=...) (default: True, the library default)")  # fmt: skip
+    p.add_argument(
+        "--durable",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tdz_numba.save(durable=...) (default: True, the library default)",
+    )
     p.add_argument("--dir", type=Path, default=None, help="where artifacts go (a temporary sub-directory)")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON on stdout (the table on stderr)")
-    p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="us per leaf against N, log-log")
+    p.add_argument(
+        "--json", action="store_true", help="print the rows as JSON on stdout (the table on stderr)"
+    )
+    p.add_argument(
+        "--plot", type=Path, default=None, metavar="OUT.png", help="us per leaf against N, log-log"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print each cell to stderr as it is measured")
     args = p.parse_args(argv)
     formats = [s for s in args.format.split(",") if s]
     bad = [f for f in formats if f not in FORMATS]
     if bad or args.repeat < 1 or args.size_mib <= 0:
         p.error(f"unknown format {', '.join(bad)}" if bad else "--repeat and --size-mib must be > 0")
-    rows = run_sweep(leaves=args.leaves, formats=formats, size_mib=args.size_mib, repeat=args.repeat,
-                     durable=args.durable, directory=args.dir,
-                     progress=(lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None)  # fmt: skip
-    text = (f"tdz_numba leaf-count sweep: {args.size_mib:g} MiB float32 in N leaves (groups of {GROUP}), "
-            f"median of {args.repeat}, durable={args.durable}\n{sweep_table(rows)}")  # fmt: skip
+    rows = run_sweep(
+        leaves=args.leaves,
+        formats=formats,
+        size_mib=args.size_mib,
+        repeat=args.repeat,
+        durable=args.durable,
+        directory=args.dir,
+        progress=(lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None,
+    )
+    text = (
+        f"tdz_numba leaf-count sweep: {args.size_mib:g} MiB float32 in N leaves (groups of {GROUP}), "
+        f"median of {args.repeat}, durable={args.durable}\n{sweep_table(rows)}"
+    )
     if args.plot is not None:
         text += f"\nplot: {plot_sweep(rows, args.plot)}"
     if args.json:

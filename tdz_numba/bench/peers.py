@@ -175,8 +175,10 @@ class Floor(Format):
         return sum(float(a.sum()) for a in w.arrays), None
 
 
-FORMAT_CLASSES = {c.name: c for c in (TdzNumba, TdTdz, TdTdzEnabled, TdDir, TdConsolidated, TorchFormat,
-                                       SafetensorsFormat, Floor)}  # fmt: skip
+FORMAT_CLASSES = {
+    c.name: c
+    for c in (TdzNumba, TdTdz, TdTdzEnabled, TdDir, TdConsolidated, TorchFormat, SafetensorsFormat, Floor)
+}
 
 
 # -- compressed formats (ops "save" and "load"; "load" calls ``read``) --------------------------
@@ -222,8 +224,13 @@ class CTdzNumba(Compressed):
     def save(self, w, path):
         import tdz_numba
 
-        return tdz_numba.save(w.tree, path, compression=self.compression, compresslevel=self.compresslevel,
-                              num_threads=self.num_threads)  # fmt: skip
+        return tdz_numba.save(
+            w.tree,
+            path,
+            compression=self.compression,
+            compresslevel=self.compresslevel,
+            num_threads=self.num_threads,
+        )
 
     def read(self, w, path):
         import tdz_numba
@@ -305,4 +312,3 @@ class ZlibNg(Compressed):
 
 
 COMPRESSED_CLASSES = {c.name: c for c in (CTdzNumba, CTdzNumba1t, CTdTdz, ZlibNg)}
-

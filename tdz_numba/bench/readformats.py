@@ -40,8 +40,15 @@ __all__ = ["READ_FORMATS", "READERS", "llama_shapes", "make_tensors", "run_read_
 
 READ_FORMATS = ("tdz", "safetensors", "torch", "npz", "gguf", "hdf5", "onnx")
 READERS = ("tdz_numba", "tdz_numba_copy", "own", "ztensor")
-SUFFIX = {"tdz": ".tdz", "safetensors": ".safetensors", "torch": ".pt", "npz": ".npz", "gguf": ".gguf",
-          "hdf5": ".h5", "onnx": ".onnx"}  # fmt: skip
+SUFFIX = {
+    "tdz": ".tdz",
+    "safetensors": ".safetensors",
+    "torch": ".pt",
+    "npz": ".npz",
+    "gguf": ".gguf",
+    "hdf5": ".h5",
+    "onnx": ".onnx",
+}
 #: Formats ztensor 2.1 reads.
 ZTENSOR_READS = ("safetensors", "torch", "npz", "gguf", "hdf5", "onnx")
 
@@ -52,11 +59,17 @@ def llama_shapes() -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h)}
     for i in range(16):
         p = f"model.layers.{i}."
-        out |= {p + "input_layernorm.weight": (h,), p + "self_attn.q_proj.weight": (h, h),
-                p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, h), p + "post_attention_layernorm.weight": (h,),
-                p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                p + "mlp.down_proj.weight": (h, inter)}  # fmt: skip
+        out |= {
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (h, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, h),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        }
     out["model.norm.weight"] = (h,)
     return out
 
@@ -226,10 +239,17 @@ class ReadResult:
     repeat: int = 5
 
 
-def run_read_formats(*, workloads: tuple[str, ...] = ("mixed", "small"), formats: tuple[str, ...] = READ_FORMATS,
-                     readers: tuple[str, ...] = READERS, size_mib: float = 512.0, repeat: int = 5,
-                     caches: tuple[str, ...] = ("warm", "cold"), directory: str | os.PathLike | None = None,
-                     progress: Callable[[str], None] | None = None) -> ReadResult:  # fmt: skip
+def run_read_formats(
+    *,
+    workloads: tuple[str, ...] = ("mixed", "small"),
+    formats: tuple[str, ...] = READ_FORMATS,
+    readers: tuple[str, ...] = READERS,
+    size_mib: float = 512.0,
+    repeat: int = 5,
+    caches: tuple[str, ...] = ("warm", "cold"),
+    directory: str | os.PathLike | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ReadResult:
     """Writes every format with its own library, then times every reader on it (see the module doc)."""
     import torch
 
@@ -246,7 +266,9 @@ def run_read_formats(*, workloads: tuple[str, ...] = ("mixed", "small"), formats
                 try:
                     _write(fmt, tensors, path)
                 except Exception as exc:  # a missing optional package, a writer's limit
-                    res.notes.append(f"{wname}/{fmt}: not written ({type(exc).__name__}: {exc})".splitlines()[0])
+                    res.notes.append(
+                        f"{wname}/{fmt}: not written ({type(exc).__name__}: {exc})".splitlines()[0]
+                    )
                     continue
                 res.file_bytes[(wname, fmt)] = path.stat().st_size
                 for reader in readers:
@@ -257,15 +279,28 @@ def run_read_formats(*, workloads: tuple[str, ...] = ("mixed", "small"), formats
                         try:
                             runs, total = _measure(fn, repeat, path if cache == "cold" else None)
                         except Exception as exc:
-                            res.notes.append(f"{wname}/{fmt}/{reader}: failed ({type(exc).__name__}: "
-                                             f"{str(exc).splitlines()[0] if str(exc) else ''})")  # fmt: skip
+                            res.notes.append(
+                                f"{wname}/{fmt}/{reader}: failed ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else ''})"
+                            )
                             break
                         if abs(total - expected) > 1e-3 * (abs(expected) + nbytes / 2):
                             res.notes.append(f"{wname}/{fmt}/{reader}: WARNING: sum {total} != {expected}")
                         med = statistics.median(runs)
-                        res.rows.append({"workload": wname, "format": fmt, "reader": reader, "cache": cache,
-                                         "median_ms": med, "gbps": nbytes / med / 1e6, "runs_ms": runs})  # fmt: skip
-                        say(f"[{wname}] {fmt:<12} {reader:<15} {cache:<5} {med:9.1f} ms {nbytes / med / 1e6:6.2f} GB/s")
+                        res.rows.append(
+                            {
+                                "workload": wname,
+                                "format": fmt,
+                                "reader": reader,
+                                "cache": cache,
+                                "median_ms": med,
+                                "gbps": nbytes / med / 1e6,
+                                "runs_ms": runs,
+                            }
+                        )
+                        say(
+                            f"[{wname}] {fmt:<12} {reader:<15} {cache:<5} {med:9.1f} ms {nbytes / med / 1e6:6.2f} GB/s"
+                        )
                 path.unlink(missing_ok=True)
             del tensors
     finally:
@@ -312,8 +347,10 @@ def read_table(res: ReadResult) -> str:
     lines.append("  ".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip())
     lines.append("  ".join("-" * wd for wd in widths))
     lines += ["  ".join(c.ljust(wd) for c, wd in zip(row, widths)).rstrip() for row in rows]
-    lines.append("cells: GB/s of tensor bytes read and summed (median), (time relative to tdz_numba's in the "
-                 "same row: > 1x = slower than tdz_numba)")  # fmt: skip
+    lines.append(
+        "cells: GB/s of tensor bytes read and summed (median), (time relative to tdz_numba's in the "
+        "same row: > 1x = slower than tdz_numba)"
+    )
     for w, n in res.nbytes.items():
         sizes = ", ".join(f"{f} {res.file_bytes[(ww, f)] / n:.3f}x" for (ww, f) in res.file_bytes if ww == w)
         lines.append(f"workload {w}: {n / 2**20:.1f} MiB of tensors; file size / payload: {sizes}")
@@ -337,7 +374,11 @@ def plot_read(res: ReadResult, path: str | os.PathLike) -> Path:
         for j, reader in enumerate(READERS):
             xs, ys = [], []
             for i, f in enumerate(fmts):
-                cell = [r for r in res.rows if (r["workload"], r["cache"], r["format"], r["reader"]) == (w, c, f, reader)]
+                cell = [
+                    r
+                    for r in res.rows
+                    if (r["workload"], r["cache"], r["format"], r["reader"]) == (w, c, f, reader)
+                ]
                 if cell:
                     xs.append(i + (j - (len(READERS) - 1) / 2) * width)
                     ys.append(cell[0]["gbps"])
@@ -388,11 +429,20 @@ def main(argv: list[str], prog: str = "tdz bench --read-formats") -> int:
     repeat = args.repeat if args.repeat is not None else (3 if args.quick else 5)
     if size <= 0 or repeat < 1:
         p.error("--size-mib must be > 0 and --repeat >= 1")
-    res = run_read_formats(workloads=args.workload, formats=args.format, readers=args.reader, size_mib=size,
-                           repeat=repeat, caches=args.cache, directory=args.dir,
-                           progress=(lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None)  # fmt: skip
-    text = (f"tdz_numba read benchmark: {size:g} MiB per workload, median of {repeat} after a warm-up\n"
-            + read_table(res))  # fmt: skip
+    res = run_read_formats(
+        workloads=args.workload,
+        formats=args.format,
+        readers=args.reader,
+        size_mib=size,
+        repeat=repeat,
+        caches=args.cache,
+        directory=args.dir,
+        progress=(lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None,
+    )
+    text = (
+        f"tdz_numba read benchmark: {size:g} MiB per workload, median of {repeat} after a warm-up\n"
+        + read_table(res)
+    )
     if args.plot is not None:
         text += f"\nplot: {plot_read(res, args.plot)}"
     if args.json:

@@ -52,8 +52,10 @@ def _tree(size_mib: float):
 
     per = max(1, int(size_mib * (1 << 20) / 4 / 2000))
     g = torch.Generator().manual_seed(0)
-    return {f"group_{i:03d}": {f"leaf_{j:02d}": torch.rand(per, generator=g) for j in range(20)}
-            for i in range(100)}  # fmt: skip
+    return {
+        f"group_{i:03d}": {f"leaf_{j:02d}": torch.rand(per, generator=g) for j in range(20)}
+        for i in range(100)
+    }
 
 
 def _flat(size_mib: float):
@@ -79,8 +81,10 @@ def _dcp_worker(rank: int, world: int, port: int, root: str, size_mib: float, re
         g = torch.Generator().manual_seed(rank)
         sd = {f"r{rank}.w{k}": torch.rand(n, generator=g) for k in range(8)}
         res: dict[str, float] = {}
-        for name, writer, reader in (("tdz", TdzStorageWriter, TdzStorageReader),
-                                     ("fs", dcp.FileSystemWriter, dcp.FileSystemReader)):  # fmt: skip
+        for name, writer, reader in (
+            ("tdz", TdzStorageWriter, TdzStorageReader),
+            ("fs", dcp.FileSystemWriter, dcp.FileSystemReader),
+        ):
             ckpt = f"{root}/{name}"
 
             def clean(ckpt=ckpt):
@@ -108,8 +112,13 @@ def _dcp_worker(rank: int, world: int, port: int, root: str, size_mib: float, re
         dist.destroy_process_group()
 
 
-def run_remote(size_mib: float = 64, repeat: int = 3, *, dcp_size_mib: float | None = None,
-               sections: tuple[str, ...] = ("http", "s3", "dcp")) -> dict[str, Any]:  # fmt: skip
+def run_remote(
+    size_mib: float = 64,
+    repeat: int = 3,
+    *,
+    dcp_size_mib: float | None = None,
+    sections: tuple[str, ...] = ("http", "s3", "dcp"),
+) -> dict[str, Any]:
     """Measures the figures listed in the module docstring; returns them as a dict."""
     import fsspec
 
@@ -131,18 +140,24 @@ def run_remote(size_mib: float = 64, repeat: int = 3, *, dcp_size_mib: float | N
                     list(ar)
                 res["open_list_requests"] = http.requests
                 idx = tdz_numba.open(local)._index
-                needed = sum(int(idx.table["csize"][i]) for i, n in enumerate(idx.names) if n.startswith("group_050/"))
+                needed = sum(
+                    int(idx.table["csize"][i]) for i, n in enumerate(idx.names) if n.startswith("group_050/")
+                )
                 http.reset_log()
                 tdz_numba.load(url, subpath="group_050")
                 res["subpath_requests"] = http.requests
                 res["subpath_bytes_ratio"] = (http.bytes_served - http.log[0][3]) / needed  # beyond the tail
                 fs = fsspec.filesystem("http")
 
-                flat_url = http.put("flat.tdz", tdz_numba.save(_flat(size_mib), Path(d) / "flat.tdz").read_bytes())
+                flat_url = http.put(
+                    "flat.tdz", tdz_numba.save(_flat(size_mib), Path(d) / "flat.tdz").read_bytes()
+                )
                 for name, u in (("small", url), ("flat", flat_url)):  # every leaf in memory vs the bytes
                     res[f"read_all_{name}_tdz_s"] = _median(lambda u=u: tdz_numba.load(u), repeat)
                     res[f"read_all_{name}_cat_s"] = _median(lambda u=u: fs.cat_file(u), repeat)
-                    res[f"read_all_{name}_ratio"] = res[f"read_all_{name}_cat_s"] / res[f"read_all_{name}_tdz_s"]
+                    res[f"read_all_{name}_ratio"] = (
+                        res[f"read_all_{name}_cat_s"] / res[f"read_all_{name}_tdz_s"]
+                    )
             finally:
                 http.stop()
         if "s3" in sections:
@@ -151,8 +166,9 @@ def run_remote(size_mib: float = 64, repeat: int = 3, *, dcp_size_mib: float | N
                 fs = s3.fs()
                 fs.call_s3("create_bucket", Bucket="bench")
                 opts = s3.storage_options
-                res["s3_save_tdz_s"] = _median(lambda: tdz_numba.save(tree, "s3://bench/a.tdz", storage_options=opts),
-                                               repeat)  # fmt: skip
+                res["s3_save_tdz_s"] = _median(
+                    lambda: tdz_numba.save(tree, "s3://bench/a.tdz", storage_options=opts), repeat
+                )
                 res["s3_put_s"] = _median(lambda: fs.put(str(local), "bench/b.tdz"), repeat)
                 res["s3_save_ratio"] = res["s3_put_s"] / res["s3_save_tdz_s"]
             finally:
@@ -161,8 +177,12 @@ def run_remote(size_mib: float = 64, repeat: int = 3, *, dcp_size_mib: float | N
             import torch.multiprocessing as mp
 
             out = Path(d) / "dcp.json"
-            mp.spawn(_dcp_worker, args=(2, free_port(), str(Path(d) / "dcp"), dcp_size_mib or size_mib, repeat,
-                                        str(out)), nprocs=2, join=True)  # fmt: skip
+            mp.spawn(
+                _dcp_worker,
+                args=(2, free_port(), str(Path(d) / "dcp"), dcp_size_mib or size_mib, repeat, str(out)),
+                nprocs=2,
+                join=True,
+            )
             r = json.loads(out.read_text())
             res.update(r)
             res["dcp_save_ratio"] = r["dcp_save_tdz"] / r["dcp_save_fs"]
@@ -179,8 +199,12 @@ def main(argv: list[str] | None = None, prog: str = "tdz bench --remote") -> int
     p.add_argument("--section", action="append", choices=["http", "s3", "dcp"], default=None)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    res = run_remote(args.size_mib, args.repeat, dcp_size_mib=args.dcp_size_mib,
-                     sections=tuple(args.section or ("http", "s3", "dcp")))  # fmt: skip
+    res = run_remote(
+        args.size_mib,
+        args.repeat,
+        dcp_size_mib=args.dcp_size_mib,
+        sections=tuple(args.section or ("http", "s3", "dcp")),
+    )
     if args.json:
         print(json.dumps(res, indent=1))
     else:

@@ -65,11 +65,13 @@ def machine_info() -> str:
         threads += f", numba threads {numba.config.NUMBA_NUM_THREADS})"  # type: ignore[attr-defined]
     except Exception:  # pragma: no cover
         threads += ")" if threads else ""
-    return (f"machine: {os.cpu_count()} cpus, {affinity} usable{threads}, {platform.platform()}, "
-            f"python {platform.python_version()}, torch {version('torch')}, numba {version('numba')}, "
-            f"numpy {version('numpy')}, tensordict {version('tensordict')}, "
-            f"safetensors {version('safetensors')}, zlib-ng {version('zlib-ng')}, "
-            f"tdz_numba {version('tdz_numba')}")  # fmt: skip
+    return (
+        f"machine: {os.cpu_count()} cpus, {affinity} usable{threads}, {platform.platform()}, "
+        f"python {platform.python_version()}, torch {version('torch')}, numba {version('numba')}, "
+        f"numpy {version('numpy')}, tensordict {version('tensordict')}, "
+        f"safetensors {version('safetensors')}, zlib-ng {version('zlib-ng')}, "
+        f"tdz_numba {version('tdz_numba')}"
+    )
 
 
 def _columns(res: BenchResult) -> list[str]:
@@ -103,11 +105,16 @@ def format_table(res: BenchResult) -> str:
             rows.append([wname, op, *cells])
     header = ["workload", "op", *cols]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    lines = ["  ".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip(),
-             "  ".join("-" * wd for wd in widths)]  # fmt: skip
+    lines = [
+        "  ".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip(),
+        "  ".join("-" * wd for wd in widths),
+    ]
     for row in rows:
-        lines.append("  ".join((c.ljust(wd) if i < 2 else c.rjust(wd)) for i, (c, wd)
-                               in enumerate(zip(row, widths))).rstrip())  # fmt: skip
+        lines.append(
+            "  ".join(
+                (c.ljust(wd) if i < 2 else c.rjust(wd)) for i, (c, wd) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
     return "\n".join(lines)
 
 
@@ -117,14 +124,21 @@ def fastest_lines(res: BenchResult) -> list[str]:
     out = []
     for wname in res.workloads:
         for op in res.ops:
-            cells = [r for r in res.results if r["workload"] == wname and r["op"] == op
-                     and r["format"] not in (CRC_FORMAT, "floor", "zlib_ng", "tdz_numba_1t")]  # fmt: skip
+            cells = [
+                r
+                for r in res.results
+                if r["workload"] == wname
+                and r["op"] == op
+                and r["format"] not in (CRC_FORMAT, "floor", "zlib_ng", "tdz_numba_1t")
+            ]
             if len(cells) < 2:
                 continue
             cells.sort(key=lambda r: r["median_ms"])
             best, second = cells[0], cells[1]
-            out.append(f"fastest {wname}/{op}: {best['format']} ({_fmt_ms(best['median_ms'])}, "
-                       f"{second['median_ms'] / best['median_ms']:.2f}x ahead of {second['format']})")  # fmt: skip
+            out.append(
+                f"fastest {wname}/{op}: {best['format']} ({_fmt_ms(best['median_ms'])}, "
+                f"{second['median_ms'] / best['median_ms']:.2f}x ahead of {second['format']})"
+            )
     return out
 
 
@@ -133,11 +147,15 @@ def enabled_lines(res: BenchResult) -> list[str]:
     out = []
     cell = {(r["workload"], r["op"], r["format"]): r["median_ms"] for r in res.results}
     for wname in res.workloads:
-        parts = [f"{op} {cell[(wname, op, 'td_tdz')] / cell[(wname, op, 'td_tdz_enabled')]:.1f}x"
-                 for op in res.ops
-                 if (wname, op, "td_tdz") in cell and (wname, op, "td_tdz_enabled") in cell]  # fmt: skip
+        parts = [
+            f"{op} {cell[(wname, op, 'td_tdz')] / cell[(wname, op, 'td_tdz_enabled')]:.1f}x"
+            for op in res.ops
+            if (wname, op, "td_tdz") in cell and (wname, op, "td_tdz_enabled") in cell
+        ]
         if parts:
-            out.append(f"tensordict API with tdz_numba.tensordict.enable() vs without, {wname}: " + ", ".join(parts))
+            out.append(
+                f"tensordict API with tdz_numba.tensordict.enable() vs without, {wname}: " + ", ".join(parts)
+            )
     return out
 
 
@@ -181,18 +199,42 @@ def goals(res: BenchResult) -> list[dict]:
             full, one, ref = ms(w, op, "tdz_numba"), ms(w, op, "tdz_numba_1t"), ms(w, op, "zlib_ng")
             if full and one:
                 target = GOAL_SCALING * cores
-                out.append(dict(workload=w, op=op, goal="scaling", value=one / full, target=target,
-                                passed=one / full >= target,
-                                text=f"{one / full:.2f}x ({_fmt_ms(one)} -> {_fmt_ms(full)})"))  # fmt: skip
+                out.append(
+                    dict(
+                        workload=w,
+                        op=op,
+                        goal="scaling",
+                        value=one / full,
+                        target=target,
+                        passed=one / full >= target,
+                        text=f"{one / full:.2f}x ({_fmt_ms(one)} -> {_fmt_ms(full)})",
+                    )
+                )
             if one and ref:
-                out.append(dict(workload=w, op=op, goal="single_thread", value=one / ref, target=GOAL_SINGLE,
-                                passed=one / ref <= GOAL_SINGLE,
-                                text=f"{one / ref:.2f}x (tdz_numba_1t {_fmt_ms(one)} vs zlib_ng {_fmt_ms(ref)})"))  # fmt: skip
+                out.append(
+                    dict(
+                        workload=w,
+                        op=op,
+                        goal="single_thread",
+                        value=one / ref,
+                        target=GOAL_SINGLE,
+                        passed=one / ref <= GOAL_SINGLE,
+                        text=f"{one / ref:.2f}x (tdz_numba_1t {_fmt_ms(one)} vs zlib_ng {_fmt_ms(ref)})",
+                    )
+                )
         full, td = ms(w, "save", "tdz_numba"), ms(w, "save", "td_tdz")
         if full and td:
-            out.append(dict(workload=w, op="save", goal="vs_tensordict", value=td / full, target=GOAL_VS_TD,
-                            passed=td / full >= GOAL_VS_TD,
-                            text=f"{td / full:.2f}x (td_tdz {_fmt_ms(td)} vs tdz_numba {_fmt_ms(full)})"))  # fmt: skip
+            out.append(
+                dict(
+                    workload=w,
+                    op="save",
+                    goal="vs_tensordict",
+                    value=td / full,
+                    target=GOAL_VS_TD,
+                    passed=td / full >= GOAL_VS_TD,
+                    text=f"{td / full:.2f}x (td_tdz {_fmt_ms(td)} vs tdz_numba {_fmt_ms(full)})",
+                )
+            )
     return out
 
 
@@ -209,32 +251,44 @@ def goal_lines(res: BenchResult) -> list[str]:
         n = res.nbytes.get(w, 0)
         ratios = [(f, n / b) for (ww, f), b in res.sizes.items() if ww == w and b]
         if ratios:
-            lines.append(f"size ratio {w} (uncompressed / file, {human(n)}): "
-                         + ", ".join(f"{f} {r:.2f}x" for f, r in ratios))  # fmt: skip
+            lines.append(
+                f"size ratio {w} (uncompressed / file, {human(n)}): "
+                + ", ".join(f"{f} {r:.2f}x" for f, r in ratios)
+            )
         for op in res.ops:
             found = [(f, res.cell(w, op, f)) for f in _columns(res)]
             cells = [(f, c) for f, c in found if c is not None and c["median_ms"] > 0]
             if cells and n:
-                lines.append(f"throughput {w}/{op} (uncompressed MB/s): "
-                             + ", ".join(f"{f} {n / c['median_ms'] / 1e3:.0f}" for f, c in cells))  # fmt: skip
+                lines.append(
+                    f"throughput {w}/{op} (uncompressed MB/s): "
+                    + ", ".join(f"{f} {n / c['median_ms'] / 1e3:.0f}" for f, c in cells)
+                )
         by = {(g["op"], g["goal"]): g for g in gs if g["workload"] == w}
         sc = [(op, by[(op, "scaling")]) for op in ("save", "load") if (op, "scaling") in by]
         if sc:
-            lines.append(f"scaling {w}: tdz_numba all threads vs num_threads=1: "
-                         + ", ".join(f"{op} {g['text']}" for op, g in sc)
-                         + f"; goal >= {GOAL_SCALING:g} x {cores} cores = {GOAL_SCALING * cores:.2f}x: "
-                         + ", ".join(f"{op} {'PASS' if g['passed'] else 'FAIL'}" for op, g in sc))  # fmt: skip
+            lines.append(
+                f"scaling {w}: tdz_numba all threads vs num_threads=1: "
+                + ", ".join(f"{op} {g['text']}" for op, g in sc)
+                + f"; goal >= {GOAL_SCALING:g} x {cores} cores = {GOAL_SCALING * cores:.2f}x: "
+                + ", ".join(f"{op} {'PASS' if g['passed'] else 'FAIL'}" for op, g in sc)
+            )
         st = [(op, by[(op, "single_thread")]) for op in ("save", "load") if (op, "single_thread") in by]
         if st:
-            lines.append(f"goal {w}: single thread within {GOAL_SINGLE:g}x of zlib-ng: "
-                         + ", ".join(f"{op} {verdict(g)}" for op, g in st))  # fmt: skip
+            lines.append(
+                f"goal {w}: single thread within {GOAL_SINGLE:g}x of zlib-ng: "
+                + ", ".join(f"{op} {verdict(g)}" for op, g in st)
+            )
         if ("save", "vs_tensordict") in by:
-            lines.append(f"goal {w}: save >= {GOAL_VS_TD:g}x faster than tensordict compressed: "
-                         + verdict(by[("save", "vs_tensordict")]))  # fmt: skip
+            lines.append(
+                f"goal {w}: save >= {GOAL_VS_TD:g}x faster than tensordict compressed: "
+                + verdict(by[("save", "vs_tensordict")])
+            )
     if gs:
         failed = [f"{g['workload']}/{g['op']}/{g['goal']}" for g in gs if not g["passed"]]
-        lines.append(f"goals: {len(gs) - len(failed)} PASS, {len(failed)} FAIL"
-                     + (f" ({', '.join(failed)})" if failed else ""))  # fmt: skip
+        lines.append(
+            f"goals: {len(gs) - len(failed)} PASS, {len(failed)} FAIL"
+            + (f" ({', '.join(failed)})" if failed else "")
+        )
     return lines
 
 
@@ -251,8 +305,11 @@ def _relative(directory: str) -> str:
 
 def report(res: BenchResult, argv: list[str]) -> str:
     """The header, the table and the notes, as printed by ``tdz bench``."""
-    mode = ("cold (fsync + posix_fadvise DONTNEED of every artifact file before each timed "
-            "open/read/copy/verify)" if res.cold else "warm page cache")  # fmt: skip
+    mode = (
+        "cold (fsync + posix_fadvise DONTNEED of every artifact file before each timed open/read/copy/verify)"
+        if res.cold
+        else "warm page cache"
+    )
     if res.compression is not None:
         mode = mode.replace("open/read/copy/verify", "load")
     lines = [
@@ -262,8 +319,10 @@ def report(res: BenchResult, argv: list[str]) -> str:
         f"cache: {mode}",
     ]
     if res.compression is not None:
-        lines.append(f"compression: {res.compression}, compresslevel {_level_text(res.compresslevel)}; "
-                     f"tdz_numba threads: all ({_cores()} usable cores) and 1")  # fmt: skip
+        lines.append(
+            f"compression: {res.compression}, compresslevel {_level_text(res.compresslevel)}; "
+            f"tdz_numba threads: all ({_cores()} usable cores) and 1"
+        )
     lines += [
         f"artifacts: a temporary directory in {_relative(res.directory)} on {res.filesystem} "
         "(removed after the run)",
@@ -275,19 +334,23 @@ def report(res: BenchResult, argv: list[str]) -> str:
         lines.append(f"workload {wname}: {desc}" + (f"; artifacts: {sizes}" if sizes else ""))
     lines += ["", format_table(res), ""]
     if res.compression is not None:
-        lines.append("cells: median (ratio to tdz_numba in the same row); '-' = not applicable. "
-                     f"save = write a fresh {res.compression} archive; load = open + inflate + "
-                     "float(t.sum()) of every leaf (tdz_numba: tdz_numba.load(p, num_threads); td_tdz: "
-                     f"TensorDict.load_memmap(p, num_threads={os.cpu_count()})). tdz_numba_1t = tdz_numba "
-                     "with num_threads=1; zlib_ng = one raw-deflate stream per leaf on one thread into "
-                     "one file (no container, no CRC-32), load = zlib_ng.decompress of each + the sums. "
-                     "Sums: torch's, numpy's for uint8 leaves (torch's uint8 sum is ~10x slower).")  # fmt: skip
+        lines.append(
+            "cells: median (ratio to tdz_numba in the same row); '-' = not applicable. "
+            f"save = write a fresh {res.compression} archive; load = open + inflate + "
+            "float(t.sum()) of every leaf (tdz_numba: tdz_numba.load(p, num_threads); td_tdz: "
+            f"TensorDict.load_memmap(p, num_threads={os.cpu_count()})). tdz_numba_1t = tdz_numba "
+            "with num_threads=1; zlib_ng = one raw-deflate stream per leaf on one thread into "
+            "one file (no container, no CRC-32), load = zlib_ng.decompress of each + the sums. "
+            "Sums: torch's, numpy's for uint8 leaves (torch's uint8 sum is ~10x slower)."
+        )
         lines += goal_lines(res)
     else:
-        lines.append("cells: median (ratio to tdz_numba in the same row); '-' = not applicable. "
-                     "open = lazy open (no payload read); read = open + float(t.sum()) of every leaf "
-                     "(floor: numpy sum of the in-memory arrays); copy = shutil.copyfile/copytree; "
-                     f"{CRC_FORMAT} = zlib-ng crc32 on one thread over the payloads that verify checks.")  # fmt: skip
+        lines.append(
+            "cells: median (ratio to tdz_numba in the same row); '-' = not applicable. "
+            "open = lazy open (no payload read); read = open + float(t.sum()) of every leaf "
+            "(floor: numpy sum of the in-memory arrays); copy = shutil.copyfile/copytree; "
+            f"{CRC_FORMAT} = zlib-ng crc32 on one thread over the payloads that verify checks."
+        )
     for wname in res.workloads:
         v = res.cell(wname, "verify", "tdz_numba")
         c = res.cell(wname, "verify", CRC_FORMAT)
@@ -311,4 +374,3 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"  # pragma: no cover
-

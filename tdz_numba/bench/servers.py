@@ -161,15 +161,22 @@ class MotoS3:
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+        for k, v in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
             os.environ.setdefault(k, v)
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
         host, port = self.server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
-        self.storage_options = {"key": "testing", "secret": "testing", "skip_instance_cache": True,
-                                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}  # fmt: skip
+        self.storage_options = {
+            "key": "testing",
+            "secret": "testing",
+            "skip_instance_cache": True,
+            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+        }
 
     def fs(self):
         import s3fs

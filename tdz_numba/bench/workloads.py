@@ -169,4 +169,3 @@ def make_workload(name: str, size_mib: float, seed: int = 0) -> Workload:
     arrays = [t.numpy() for t in flat.values()]
     nbytes = sum(a.nbytes for a in arrays)
     return Workload(name, description, tree, flat, arrays, nbytes)
-

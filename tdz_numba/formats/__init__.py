@@ -33,8 +33,9 @@ from .detect import opener as _opener
 __all__ = ["open_source", "detect", "register", "FORMATS", "to_tree"]
 
 
-def open_source(path: str | os.PathLike, *, copy: bool = False, sniffed: tuple[str, Any] | None = None,
-                **options: Any) -> Source | None:  # fmt: skip
+def open_source(
+    path: str | os.PathLike, *, copy: bool = False, sniffed: tuple[str, Any] | None = None, **options: Any
+) -> Source | None:
     """Opens a tensor file of any supported format other than ``.tdz``.
 
     Parameters

@@ -29,8 +29,17 @@ from typing import Any, NamedTuple
 
 from ..errors import BadArchiveError, UnsupportedError
 
-__all__ = ["FORMATS", "Format", "register", "detect", "sniff", "opener", "HEAD_BYTES",
-           "TORCH_LEGACY_MAGIC", "zip_kind"]  # fmt: skip
+__all__ = [
+    "FORMATS",
+    "Format",
+    "register",
+    "detect",
+    "sniff",
+    "opener",
+    "HEAD_BYTES",
+    "TORCH_LEGACY_MAGIC",
+    "zip_kind",
+]
 
 #: How many leading bytes a sniffer sees.
 HEAD_BYTES = 4096

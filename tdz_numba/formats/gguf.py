@@ -44,8 +44,16 @@ import numpy as np
 from ..errors import BadArchiveError, InvalidArgumentError, MissingKeyError, UnsupportedError
 from ..sources import MappedFile, TensorSpec, TreeSource, check_extent, tensor_from_spec
 
-__all__ = ["GGML_TYPES", "GGUFTensorInfo", "GGUFSource", "detect_gguf", "open_gguf", "dequantize",
-           "MAX_DIMS", "MAX_ARRAY_DEPTH"]  # fmt: skip
+__all__ = [
+    "GGML_TYPES",
+    "GGUFTensorInfo",
+    "GGUFSource",
+    "detect_gguf",
+    "open_gguf",
+    "dequantize",
+    "MAX_DIMS",
+    "MAX_ARRAY_DEPTH",
+]
 
 MAGIC = b"GGUF"
 #: Most dimensions a tensor info may list.
@@ -55,25 +63,80 @@ MAX_ARRAY_DEPTH = 8
 
 #: ggml type id -> (name, elements per block, bytes per block)
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
-    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
-    18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
-    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
-    40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
-}  # fmt: skip
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+}
 _BY_NAME = {v[0]: k for k, v in GGML_TYPES.items()}
-_PLAIN = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8",
-          "I16": "int16", "I32": "int32", "I64": "int64"}  # fmt: skip
+_PLAIN = {
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F64": "float64",
+    "I8": "int8",
+    "I16": "int16",
+    "I32": "int32",
+    "I64": "int64",
+}
 
 # metadata value types: id -> (struct format, size); 7 bool, 8 string, 9 array
-_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-            6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}  # fmt: skip
-_NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8",
-       11: "<i8", 12: "<f8"}  # fmt: skip
+_SCALARS = {
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
+}
+_NP = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 _U64 = struct.Struct("<Q")
 _MIN_SIZE = {**{k: v[1] for k, v in _SCALARS.items()}, 8: 8, 9: 12}
 
@@ -157,12 +220,16 @@ class _Cursor:
         if vtype == 8:
             return self.string(what)
         if vtype != 9:
-            raise BadArchiveError(f"{self.where}: {what}: unknown value type {vtype} at offset {self.pos - 4}")
+            raise BadArchiveError(
+                f"{self.where}: {what}: unknown value type {vtype} at offset {self.pos - 4}"
+            )
         if depth >= MAX_ARRAY_DEPTH:
             raise BadArchiveError(f"{self.where}: {what}: arrays nested deeper than {MAX_ARRAY_DEPTH}")
         itype = self.u32(f"{what} item type")
         if itype not in _MIN_SIZE:
-            raise BadArchiveError(f"{self.where}: {what}: unknown array item type {itype} at offset {self.pos - 4}")
+            raise BadArchiveError(
+                f"{self.where}: {what}: unknown array item type {itype} at offset {self.pos - 4}"
+            )
         n = self.count(f"{what} item count", _MIN_SIZE[itype])
         if itype == 8:  # string arrays (vocabularies: 100k+ items): one tight loop
             return self._strings(n, what)
@@ -230,17 +297,25 @@ def _parse(buf: memoryview, where: str) -> tuple[dict[str, Any], list[GGUFTensor
             raise BadArchiveError(f"{where}: tensor {name!r}: unknown ggml type {ggml_type}")
         tname, block, tsize = GGML_TYPES[ggml_type]
         if block > 1 and (not dims or dims[0] % block):
-            raise BadArchiveError(f"{where}: tensor {name!r}: row length {dims[0] if dims else None} is not a "
-                                  f"multiple of the {tname} block size {block}")  # fmt: skip
+            raise BadArchiveError(
+                f"{where}: tensor {name!r}: row length {dims[0] if dims else None} is not a "
+                f"multiple of the {tname} block size {block}"
+            )
         if offset % alignment:
-            raise BadArchiveError(f"{where}: tensor {name!r}: offset {offset} is not a multiple of {alignment}")
-        if math.prod(max(d, 1) for d in dims) * 8 >= 2**63:  # even an empty tensor needs a shape numpy can hold
+            raise BadArchiveError(
+                f"{where}: tensor {name!r}: offset {offset} is not a multiple of {alignment}"
+            )
+        if (
+            math.prod(max(d, 1) for d in dims) * 8 >= 2**63
+        ):  # even an empty tensor needs a shape numpy can hold
             raise BadArchiveError(f"{where}: tensor {name!r}: dimensions {list(dims)} are too large")
         nbytes = math.prod(dims) // block * tsize
         start = data_start + offset
         if start + nbytes > len(buf):
-            raise BadArchiveError(f"{where}: tensor {name!r} ({tname}, {nbytes} bytes at {start}) lies "
-                                  f"outside the file ({len(buf)} bytes)")  # fmt: skip
+            raise BadArchiveError(
+                f"{where}: tensor {name!r} ({tname}, {nbytes} bytes at {start}) lies "
+                f"outside the file ({len(buf)} bytes)"
+            )
         out.append(GGUFTensorInfo(name, ggml_type, tname, tuple(reversed(dims)), start, nbytes))
     return meta, out, version, data_start
 
@@ -286,12 +361,22 @@ def open_gguf(path: str | os.PathLike, **kw: Any) -> GGUFSource:
         for info in infos:
             plain = _PLAIN.get(info.type_name)
             if plain is not None:
-                spec = TensorSpec(info.name, getattr(torch, plain), info.shape, None, 0, info.offset,
-                                  info.nbytes, info.type_name)  # fmt: skip
+                spec = TensorSpec(
+                    info.name,
+                    getattr(torch, plain),
+                    info.shape,
+                    None,
+                    0,
+                    info.offset,
+                    info.nbytes,
+                    info.type_name,
+                )
             else:
                 _, block, tsize = GGML_TYPES[info.ggml_type]
                 shape = (*info.shape[:-1], info.shape[-1] // block * tsize)
-                spec = TensorSpec(info.name, torch.uint8, shape, None, 0, info.offset, info.nbytes, info.type_name)
+                spec = TensorSpec(
+                    info.name, torch.uint8, shape, None, 0, info.offset, info.nbytes, info.type_name
+                )
             check_extent(spec, f.size, where)
             tree[info.name] = spec
         src = GGUFSource("gguf", path, tree, files=[f], metadata=meta)
@@ -318,8 +403,9 @@ def _type(ggml_type: int | str) -> tuple[str, int, int]:
     return GGML_TYPES[tid]
 
 
-def dequantize(data: Any, ggml_type: int | str, shape: tuple[int, ...] | list[int], *,
-               num_threads: int | None = None) -> Any:  # fmt: skip
+def dequantize(
+    data: Any, ggml_type: int | str, shape: tuple[int, ...] | list[int], *, num_threads: int | None = None
+) -> Any:
     """Decodes GGML blocks to float32 of the logical ``shape`` (numpy order, last dim = row).
 
     ``shape`` may also be the shape of the block view a GGUF leaf has,
@@ -369,11 +455,14 @@ def dequantize(data: Any, ggml_type: int | str, shape: tuple[int, ...] | list[in
         shape = (*shape[:-1], shape[-1] // tsize * block)
         numel = math.prod(shape)
     if block > 1 and (not shape or shape[-1] % block):
-        raise InvalidArgumentError(f"{name}: row length of shape {list(shape)} is not a multiple of the "
-                                   f"block size {block}")  # fmt: skip
+        raise InvalidArgumentError(
+            f"{name}: row length of shape {list(shape)} is not a multiple of the block size {block}"
+        )
     need = numel // block * tsize
     if raw.size != need:
-        raise InvalidArgumentError(f"{name}: shape {list(shape)} needs {need} bytes of blocks, got {raw.size}")
+        raise InvalidArgumentError(
+            f"{name}: shape {list(shape)} needs {need} bytes of blocks, got {raw.size}"
+        )
     if name in _PLAIN and name not in ("F16", "BF16"):
         out = raw.view(np.dtype(_PLAIN[name]).newbyteorder("<")).reshape(shape)
     elif name in KERNELS:

@@ -119,8 +119,12 @@ def _q5_0(raw, half, out):  # pragma: no cover - compiled
         blk = raw[b * 22 : b * 22 + 22]
         dst = out[b * 32 : b * 32 + 32]
         d = half[np.int64(blk[0]) | (np.int64(blk[1]) << 8)]
-        qh = (np.uint32(blk[2]) | (np.uint32(blk[3]) << 8) | (np.uint32(blk[4]) << 16)
-              | (np.uint32(blk[5]) << 24))  # fmt: skip
+        qh = (
+            np.uint32(blk[2])
+            | (np.uint32(blk[3]) << 8)
+            | (np.uint32(blk[4]) << 16)
+            | (np.uint32(blk[5]) << 24)
+        )
         qs = blk[6:22]
         for j in range(16):
             dst[j] = d * np.float32((np.int32(qs[j] & 15) | (np.int32((qh >> j) & 1) << 4)) - 16)
@@ -139,8 +143,12 @@ def _q5_1(raw, half, out):  # pragma: no cover - compiled
         dst = out[b * 32 : b * 32 + 32]
         d = half[np.int64(blk[0]) | (np.int64(blk[1]) << 8)]
         m = half[np.int64(blk[2]) | (np.int64(blk[3]) << 8)]
-        qh = (np.uint32(blk[4]) | (np.uint32(blk[5]) << 8) | (np.uint32(blk[6]) << 16)
-              | (np.uint32(blk[7]) << 24))  # fmt: skip
+        qh = (
+            np.uint32(blk[4])
+            | (np.uint32(blk[5]) << 8)
+            | (np.uint32(blk[6]) << 16)
+            | (np.uint32(blk[7]) << 24)
+        )
         qs = blk[8:24]
         for j in range(16):
             dst[j] = d * np.float32(np.int32(qs[j] & 15) | (np.int32((qh >> j) & 1) << 4)) + m

@@ -184,11 +184,29 @@ def _dataset(dset: Any, key: str, f: MappedFile, where: str) -> Any:
     plist = dset.id.get_create_plist()
     layout = plist.get_layout()
     if layout == _LAYOUT_VIRTUAL:
-        return TensorSpec(key, tdtype, shape, None, 0, 0, 0, dtype.str,
-                          loader=_refused(dset.name, "a virtual dataset (its data live in other files)"))  # fmt: skip
+        return TensorSpec(
+            key,
+            tdtype,
+            shape,
+            None,
+            0,
+            0,
+            0,
+            dtype.str,
+            loader=_refused(dset.name, "a virtual dataset (its data live in other files)"),
+        )
     if plist.get_external_count() > 0:
-        return TensorSpec(key, tdtype, shape, None, 0, 0, 0, dtype.str,
-                          loader=_refused(dset.name, "external raw storage (its data live in other files)"))  # fmt: skip
+        return TensorSpec(
+            key,
+            tdtype,
+            shape,
+            None,
+            0,
+            0,
+            0,
+            dtype.str,
+            loader=_refused(dset.name, "external raw storage (its data live in other files)"),
+        )
     offset = dset.id.get_offset() if layout == _LAYOUT_CONTIGUOUS else None
     if offset is not None and dtype.isnative and plist.get_nfilters() == 0:
         nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
@@ -213,7 +231,9 @@ def open_hdf5(path: str | os.PathLike, **kw: Any) -> HDF5Source:
     try:
         import h5py  # type: ignore[import-untyped]
     except ImportError:
-        raise UnsupportedError(f"{path}: reading HDF5 files needs h5py (pip install 'tdz_numba[hdf5]')") from None
+        raise UnsupportedError(
+            f"{path}: reading HDF5 files needs h5py (pip install 'tdz_numba[hdf5]')"
+        ) from None
     where = str(path)
     f = MappedFile.open(path)
     h5 = None

@@ -83,8 +83,7 @@ def open_memmap_dir(path: str | os.PathLike, **options: Any) -> TreeSource:
         for f in files:
             f.close()
         raise
-    return TreeSource("memmap_dir", root, tree, files=files, metadata={},
-                      level_meta={"": tree.meta})  # fmt: skip
+    return TreeSource("memmap_dir", root, tree, files=files, metadata={}, level_meta={"": tree.meta})
 
 
 def _walk(root: Path, files: list[MappedFile]) -> Level:
@@ -104,11 +103,19 @@ def _walk(root: Path, files: list[MappedFile]) -> Level:
         seen.add(real)
         meta = _read_meta(d / "meta.json", where)
         keyed, children = describe_level(
-            meta, prefix, lambda d=d: _listing(d),  # type: ignore[misc]
-            lambda sub: (root / sub).is_dir(), f"{where}/meta.json",
-        )  # fmt: skip
-        if not keyed and meta.get("_type") == NON_TENSOR_DATA_TYPE and meta.get("_metadata") is None \
-                and "data" in meta and not isinstance(meta["data"], dict):  # fmt: skip
+            meta,
+            prefix,
+            lambda d=d: _listing(d),  # type: ignore[misc]
+            lambda sub: (root / sub).is_dir(),
+            f"{where}/meta.json",
+        )
+        if (
+            not keyed
+            and meta.get("_type") == NON_TENSOR_DATA_TYPE
+            and meta.get("_metadata") is None
+            and "data" in meta
+            and not isinstance(meta["data"], dict)
+        ):
             value: Any = meta["data"]
             if parent is None:
                 out = Level({"data": value}, meta=meta, keyed=False)
@@ -146,12 +153,16 @@ def _leaf(root: Path, leaf: Any, files: list[MappedFile], where: str) -> TensorS
     if nbytes == 0:
         return TensorSpec(leaf.key, dtype, leaf.shape, None, 0, 0, 0, leaf.dtype)
     if not p.is_file():
-        raise BadArchiveError(f"{entry}: leaf {leaf.key!r} of shape {list(leaf.shape)} has no file {leaf.entry!r}")
+        raise BadArchiveError(
+            f"{entry}: leaf {leaf.key!r} of shape {list(leaf.shape)} has no file {leaf.entry!r}"
+        )
     f = MappedFile.open(p)
     files.append(f)
     if f.size != nbytes:
-        raise BadArchiveError(f"{entry}: leaf {leaf.key!r} ({leaf.dtype}, shape {list(leaf.shape)}) needs "
-                              f"{nbytes} bytes, the file holds {f.size}")  # fmt: skip
+        raise BadArchiveError(
+            f"{entry}: leaf {leaf.key!r} ({leaf.dtype}, shape {list(leaf.shape)}) needs "
+            f"{nbytes} bytes, the file holds {f.size}"
+        )
     spec = TensorSpec(leaf.key, dtype, leaf.shape, None, len(files) - 1, 0, nbytes, leaf.dtype)
     check_extent(spec, f.size, entry)
     return spec

@@ -127,16 +127,22 @@ def _swapped_loader(f: MappedFile, offset: int, h: NpyHeader) -> Any:
     return load
 
 
-def _spec(key: str, h: NpyHeader, f: MappedFile, file: int, offset: int, avail: int, where: str) -> TensorSpec:
+def _spec(
+    key: str, h: NpyHeader, f: MappedFile, file: int, offset: int, avail: int, where: str
+) -> TensorSpec:
     dtype = from_numpy_dtype(h.dtype.newbyteorder("="))
     need = math.prod(h.shape) * h.dtype.itemsize
     if avail < need:
-        raise BadArchiveError(f"{where}: array {key!r} ({h.dtype.str}, shape {list(h.shape)}) needs {need} bytes, "
-                              f"{avail} follow its header")  # fmt: skip
+        raise BadArchiveError(
+            f"{where}: array {key!r} ({h.dtype.str}, shape {list(h.shape)}) needs {need} bytes, "
+            f"{avail} follow its header"
+        )
     loader = None
     if not h.dtype.isnative and h.dtype.itemsize > 1:
         loader = _swapped_loader(f, offset, h)
-    spec = TensorSpec(key, dtype, h.shape, _strides(h.shape, h.fortran), file, offset, need, h.dtype.str, loader=loader)
+    spec = TensorSpec(
+        key, dtype, h.shape, _strides(h.shape, h.fortran), file, offset, need, h.dtype.str, loader=loader
+    )
     if loader is not None:
         check_extent(spec._replace(loader=None), f.size, where)
     check_extent(spec, f.size, where)
@@ -171,8 +177,9 @@ def _deflated_loader(index: ArchiveIndex, name: str, h: NpyHeader, where: str) -
         data = index.read(name)  # inflated in parallel, CRC checked
         n = math.prod(h.shape) * h.dtype.itemsize
         if data.size != h.data_offset + n:
-            raise BadArchiveError(f"{where}: member {name!r} inflates to {data.size} bytes, "
-                                  f"expected {h.data_offset + n}")  # fmt: skip
+            raise BadArchiveError(
+                f"{where}: member {name!r} inflates to {data.size} bytes, expected {h.data_offset + n}"
+            )
         arr = data[h.data_offset :].view(h.dtype)
         if not h.dtype.isnative:
             arr = arr.astype(h.dtype.newbyteorder("="))
@@ -214,16 +221,33 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
                 h = parse_npy_header(_inflate_head(index.raw(e), what), what)
                 need = math.prod(h.shape) * h.dtype.itemsize
                 if e.size != h.data_offset + need:
-                    raise BadArchiveError(f"{what}: holds {e.size} bytes, header and shape say {h.data_offset + need}")
+                    raise BadArchiveError(
+                        f"{what}: holds {e.size} bytes, header and shape say {h.data_offset + need}"
+                    )
                 if e.size > e.compressed_size * _MAX_DEFLATE_RATIO + 4096:
-                    raise BadArchiveError(f"{what}: {e.compressed_size} deflated bytes cannot inflate to {e.size}")
+                    raise BadArchiveError(
+                        f"{what}: {e.compressed_size} deflated bytes cannot inflate to {e.size}"
+                    )
                 dtype = from_numpy_dtype(h.dtype.newbyteorder("="))
                 # size: the leaf's own bytes (the member also holds the .npy header); crc: the member's
-                spec = TensorSpec(key, dtype, h.shape, None, 0, e.payload_offset, e.compressed_size, h.dtype.str,
-                                  codec="deflate", size=need, crc=e.crc,
-                                  loader=_deflated_loader(index, name, h, what))  # fmt: skip
+                spec = TensorSpec(
+                    key,
+                    dtype,
+                    h.shape,
+                    None,
+                    0,
+                    e.payload_offset,
+                    e.compressed_size,
+                    h.dtype.str,
+                    codec="deflate",
+                    size=need,
+                    crc=e.crc,
+                    loader=_deflated_loader(index, name, h, what),
+                )
             else:
-                raise UnsupportedError(f"{what}: compression method {e.method} (numpy writes stored or deflate)")
+                raise UnsupportedError(
+                    f"{what}: compression method {e.method} (numpy writes stored or deflate)"
+                )
             if key in tree:
                 raise BadArchiveError(f"{where}: two members named {name!r}")
             tree[key] = spec

@@ -53,20 +53,60 @@ __all__ = ["ONNX_DTYPES", "detect_onnx", "open_onnx", "parse_model"]
 
 #: ONNX TensorProto.DataType -> (torch dtype name, ONNX name)
 ONNX_DTYPES: dict[int, tuple[str, str]] = {
-    1: ("float32", "FLOAT"), 2: ("uint8", "UINT8"), 3: ("int8", "INT8"), 4: ("uint16", "UINT16"),
-    5: ("int16", "INT16"), 6: ("int32", "INT32"), 7: ("int64", "INT64"), 9: ("bool", "BOOL"),
-    10: ("float16", "FLOAT16"), 11: ("float64", "DOUBLE"), 12: ("uint32", "UINT32"), 13: ("uint64", "UINT64"),
-    14: ("complex64", "COMPLEX64"), 15: ("complex128", "COMPLEX128"), 16: ("bfloat16", "BFLOAT16"),
-    17: ("float8_e4m3fn", "FLOAT8E4M3FN"), 18: ("float8_e4m3fnuz", "FLOAT8E4M3FNUZ"),
-    19: ("float8_e5m2", "FLOAT8E5M2"), 20: ("float8_e5m2fnuz", "FLOAT8E5M2FNUZ"),
+    1: ("float32", "FLOAT"),
+    2: ("uint8", "UINT8"),
+    3: ("int8", "INT8"),
+    4: ("uint16", "UINT16"),
+    5: ("int16", "INT16"),
+    6: ("int32", "INT32"),
+    7: ("int64", "INT64"),
+    9: ("bool", "BOOL"),
+    10: ("float16", "FLOAT16"),
+    11: ("float64", "DOUBLE"),
+    12: ("uint32", "UINT32"),
+    13: ("uint64", "UINT64"),
+    14: ("complex64", "COMPLEX64"),
+    15: ("complex128", "COMPLEX128"),
+    16: ("bfloat16", "BFLOAT16"),
+    17: ("float8_e4m3fn", "FLOAT8E4M3FN"),
+    18: ("float8_e4m3fnuz", "FLOAT8E4M3FNUZ"),
+    19: ("float8_e5m2", "FLOAT8E5M2"),
+    20: ("float8_e5m2fnuz", "FLOAT8E5M2FNUZ"),
     24: ("float8_e8m0fnu", "FLOAT8E8M0"),
-}  # fmt: skip
-_PACKED_BITS = {21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1", 25: "UINT2", 26: "INT2", 27: "FLOAT6E2M3",
-                28: "FLOAT6E3M2"}  # fmt: skip
+}
+_PACKED_BITS = {
+    21: "UINT4",
+    22: "INT4",
+    23: "FLOAT4E2M1",
+    25: "UINT2",
+    26: "INT2",
+    27: "FLOAT6E2M3",
+    28: "FLOAT6E3M2",
+}
 _STRING = 8
 # typed field number -> (wire element: "f4"/"f8" fixed, "v" varint), by data type
-_TYPED_FIELD = {1: 4, 14: 4, 6: 5, 5: 5, 3: 5, 4: 5, 2: 5, 9: 5, 10: 5, 16: 5, 17: 5, 18: 5, 19: 5, 20: 5,
-                24: 5, 7: 7, 11: 10, 15: 10, 12: 11, 13: 11}  # fmt: skip
+_TYPED_FIELD = {
+    1: 4,
+    14: 4,
+    6: 5,
+    5: 5,
+    3: 5,
+    4: 5,
+    2: 5,
+    9: 5,
+    10: 5,
+    16: 5,
+    17: 5,
+    18: 5,
+    19: 5,
+    20: 5,
+    24: 5,
+    7: 7,
+    11: 10,
+    15: 10,
+    12: 11,
+    13: 11,
+}
 # ModelProto fields that may come first (tag bytes): ir_version, producer_name/version, domain,
 # model_version, doc_string, graph, opset_import, metadata_props, training_info, functions
 _MODEL_TAGS = {0x08, 0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0x7A, 0x82}
@@ -140,8 +180,17 @@ def _pairs(buf: memoryview, v: tuple[int, int]) -> tuple[str, str]:
 
 
 def _tensor(buf: memoryview, start: int, end: int) -> dict[str, Any]:
-    t: dict[str, Any] = {"dims": [], "data_type": 0, "name": "", "raw": None, "location": 0, "external": [],
-                         "typed": {}, "strings": [], "segment": False}  # fmt: skip
+    t: dict[str, Any] = {
+        "dims": [],
+        "data_type": 0,
+        "name": "",
+        "raw": None,
+        "location": 0,
+        "external": [],
+        "typed": {},
+        "strings": [],
+        "segment": False,
+    }
     for f, w, v in _fields(buf, start, end):
         if f == 1:  # dims: packed or one varint each
             if w == 2:
@@ -172,9 +221,18 @@ def _tensor(buf: memoryview, start: int, end: int) -> dict[str, Any]:
 
 def parse_model(buf: memoryview, where: str = "<onnx>") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(metadata, initializers)`` of a serialized ModelProto (see the module docstring)."""
-    info: dict[str, Any] = {"ir_version": 0, "producer_name": "", "producer_version": "", "domain": "",
-                            "model_version": 0, "doc_string": "", "opset_import": {}, "graph_name": "",
-                            "graph_doc_string": "", "metadata_props": {}}  # fmt: skip
+    info: dict[str, Any] = {
+        "ir_version": 0,
+        "producer_name": "",
+        "producer_version": "",
+        "domain": "",
+        "model_version": 0,
+        "doc_string": "",
+        "opset_import": {},
+        "graph_name": "",
+        "graph_doc_string": "",
+        "metadata_props": {},
+    }
     inits: list[dict[str, Any]] = []
     graphs = 0
     try:
@@ -182,7 +240,9 @@ def parse_model(buf: memoryview, where: str = "<onnx>") -> tuple[dict[str, Any],
             if w == 0 and f in (1, 5):
                 info["ir_version" if f == 1 else "model_version"] = _signed(v)
             elif w == 2 and f in (2, 3, 4, 6):
-                info[{2: "producer_name", 3: "producer_version", 4: "domain", 6: "doc_string"}[f]] = _str(buf, v)
+                info[{2: "producer_name", 3: "producer_version", 4: "domain", 6: "doc_string"}[f]] = _str(
+                    buf, v
+                )
             elif w == 2 and f == 8:
                 domain, version = "", 0
                 for f2, w2, v2 in _fields(buf, v[0], v[0] + v[1]):
@@ -250,7 +310,9 @@ def _typed_loader(buf: memoryview, t: dict[str, Any], dtype: Any, where: str):
             if fixed is not None:
                 if w == 2:
                     if v[1] % np.dtype(fixed).itemsize:
-                        raise BadArchiveError(f"{where}: initializer {t['name']!r}: packed field of {v[1]} bytes")
+                        raise BadArchiveError(
+                            f"{where}: initializer {t['name']!r}: packed field of {v[1]} bytes"
+                        )
                     chunks.append(np.frombuffer(buf[v[0] : v[0] + v[1]], fixed))
                 elif w == (5 if field == 4 else 1):
                     chunks.append(np.frombuffer(buf[v : v + np.dtype(fixed).itemsize], fixed))
@@ -270,16 +332,37 @@ def _typed_loader(buf: memoryview, t: dict[str, Any], dtype: Any, where: str):
             flat = np.array(values, dtype=np.uint64) if values else np.zeros(0, np.uint64)
         want = numel * (2 if dt in (14, 15) else 1)
         if flat.size != want:
-            raise BadArchiveError(f"{where}: initializer {t['name']!r}: {flat.size} values for shape {list(shape)}")
-        np_name = {1: "<f4", 14: "<f4", 11: "<f8", 15: "<f8", 7: "<i8", 13: "<u8", 12: "<u4", 6: "<i4",
-                   5: "<i2", 3: "i1", 4: "<u2", 2: "u1", 9: "u1", 10: "<u2", 16: "<u2"}.get(dt, "u1")  # fmt: skip
+            raise BadArchiveError(
+                f"{where}: initializer {t['name']!r}: {flat.size} values for shape {list(shape)}"
+            )
+        np_name = {
+            1: "<f4",
+            14: "<f4",
+            11: "<f8",
+            15: "<f8",
+            7: "<i8",
+            13: "<u8",
+            12: "<u4",
+            6: "<i4",
+            5: "<i2",
+            3: "i1",
+            4: "<u2",
+            2: "u1",
+            9: "u1",
+            10: "<u2",
+            16: "<u2",
+        }.get(dt, "u1")
         if fixed is None:  # varints: int32/int64 are two's complement in 64 bits, then narrowed
             flat = flat.astype(np.int64 if dt in (3, 5, 6, 7) else np.uint64).astype(np_name)
         out = flat.astype(fixed, copy=False) if fixed else flat
         if dt in (14, 15):
             out = np.ascontiguousarray(out).view(np.complex64 if dt == 14 else np.complex128)
         else:
-            out = np.ascontiguousarray(out).view(f"u{dtype.itemsize}") if dtype.itemsize > 1 else out.view(np.uint8)
+            out = (
+                np.ascontiguousarray(out).view(f"u{dtype.itemsize}")
+                if dtype.itemsize > 1
+                else out.view(np.uint8)
+            )
         return out.reshape(shape)
 
     return load
@@ -292,12 +375,16 @@ def _external(t: dict[str, Any], model_dir: Path, where: str) -> tuple[str, int,
         raise BadArchiveError(f"{where}: initializer {key!r}: external data without a location")
     rel = Path(location)
     if rel.is_absolute() or ".." in rel.parts or location.startswith(("/", "\\")) or ":" in rel.parts[0]:
-        raise UnsafeContentError(f"{where}: initializer {key!r}: external data location {location!r} "
-                                 f"is outside the model's directory")  # fmt: skip
+        raise UnsafeContentError(
+            f"{where}: initializer {key!r}: external data location {location!r} "
+            f"is outside the model's directory"
+        )
     full = (model_dir / rel).resolve()
     if not full.is_relative_to(model_dir.resolve()):
-        raise UnsafeContentError(f"{where}: initializer {key!r}: external data location {location!r} "
-                                 f"resolves outside the model's directory")  # fmt: skip
+        raise UnsafeContentError(
+            f"{where}: initializer {key!r}: external data location {location!r} "
+            f"resolves outside the model's directory"
+        )
     try:
         offset = int(info.get("offset", "0"))
         length = int(info["length"]) if "length" in info else None
@@ -336,31 +423,54 @@ def open_onnx(path: str | os.PathLike, **kw: Any) -> TreeSource:
             dt = t["data_type"]
             if dt == _STRING:
                 if len(t["strings"]) != numel:
-                    raise BadArchiveError(f"{where}: initializer {key!r}: {len(t['strings'])} strings for "
-                                          f"shape {list(shape)}")  # fmt: skip
+                    raise BadArchiveError(
+                        f"{where}: initializer {key!r}: {len(t['strings'])} strings for shape {list(shape)}"
+                    )
                 tree[key] = [_str(buf, s) for s in t["strings"]]
                 continue
             if dt not in ONNX_DTYPES:
                 name = _PACKED_BITS.get(dt, f"data type {dt}")
-                tree[key] = TensorSpec(key, torch.uint8, shape, None, 0, 0, 0, name,
-                                       loader=_refused(key, f"{name} elements are not supported"))  # fmt: skip
+                tree[key] = TensorSpec(
+                    key,
+                    torch.uint8,
+                    shape,
+                    None,
+                    0,
+                    0,
+                    0,
+                    name,
+                    loader=_refused(key, f"{name} elements are not supported"),
+                )
                 continue
             dtype = getattr(torch, ONNX_DTYPES[dt][0])
             type_name = ONNX_DTYPES[dt][1]
             nbytes = numel * dtype.itemsize
             if t["segment"]:
-                spec = TensorSpec(key, dtype, shape, None, 0, 0, 0, type_name,
-                                  loader=_refused(key, "segmented tensors are not supported"))  # fmt: skip
+                spec = TensorSpec(
+                    key,
+                    dtype,
+                    shape,
+                    None,
+                    0,
+                    0,
+                    0,
+                    type_name,
+                    loader=_refused(key, "segmented tensors are not supported"),
+                )
             elif t["location"] == 1:  # EXTERNAL
                 full, offset, length = _external(t, model_dir, where)
                 if length is not None and length != nbytes:
-                    raise BadArchiveError(f"{where}: initializer {key!r}: external length {length}, "
-                                          f"shape {list(shape)} needs {nbytes}")  # fmt: skip
+                    raise BadArchiveError(
+                        f"{where}: initializer {key!r}: external length {length}, "
+                        f"shape {list(shape)} needs {nbytes}"
+                    )
                 if full not in by_location:
                     try:
                         mf = MappedFile.open(full)
                     except FileNotFoundError:
-                        raise BadArchiveError(f"{where}: initializer {key!r}: external file {full} is missing") from None
+                        raise BadArchiveError(
+                            f"{where}: initializer {key!r}: external file {full} is missing"
+                        ) from None
                     by_location[full] = len(files)
                     files.append(mf)
                 spec = TensorSpec(key, dtype, shape, None, by_location[full], offset, nbytes, type_name)
@@ -368,12 +478,16 @@ def open_onnx(path: str | os.PathLike, **kw: Any) -> TreeSource:
             elif t["raw"] is not None:
                 off, n = t["raw"]
                 if n != nbytes:
-                    raise BadArchiveError(f"{where}: initializer {key!r}: raw_data holds {n} bytes, "
-                                          f"shape {list(shape)} of {type_name} needs {nbytes}")  # fmt: skip
+                    raise BadArchiveError(
+                        f"{where}: initializer {key!r}: raw_data holds {n} bytes, "
+                        f"shape {list(shape)} of {type_name} needs {nbytes}"
+                    )
                 spec = TensorSpec(key, dtype, shape, None, 0, off, nbytes, type_name)
                 check_extent(spec, files[0].size, where)
             else:
-                spec = TensorSpec(key, dtype, shape, None, 0, 0, 0, type_name, loader=_typed_loader(buf, t, dtype, where))
+                spec = TensorSpec(
+                    key, dtype, shape, None, 0, 0, 0, type_name, loader=_typed_loader(buf, t, dtype, where)
+                )
             tree[key] = spec
         src = TreeSource("onnx", path, tree, files=files, metadata=metadata)
     except BaseException:

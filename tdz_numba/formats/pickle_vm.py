@@ -41,8 +41,16 @@ import torch
 from ..dtypes import dtype_table
 from ..errors import BadArchiveError, TdzError, UnsafeContentError, UnsupportedError
 
-__all__ = ["load", "TensorRef", "StorageType", "MAX_PICKLE_BYTES", "MAX_MEMO", "MAX_STACK", "MAX_ITEMS",
-           "GLOBALS"]  # fmt: skip
+__all__ = [
+    "load",
+    "TensorRef",
+    "StorageType",
+    "MAX_PICKLE_BYTES",
+    "MAX_MEMO",
+    "MAX_STACK",
+    "MAX_ITEMS",
+    "GLOBALS",
+]
 
 #: Largest pickle this VM reads (tensor data lives outside the pickle). Every opcode pushes at
 #: most one item, so this also bounds the stack between MARKs.
@@ -70,8 +78,16 @@ class TensorRef:
 
     __slots__ = ("storage", "offset", "shape", "stride", "dtype", "requires_grad", "parameter")
 
-    def __init__(self, storage: Any, offset: int, shape: tuple[int, ...], stride: tuple[int, ...],
-                 dtype: torch.dtype, requires_grad: bool, parameter: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        storage: Any,
+        offset: int,
+        shape: tuple[int, ...],
+        stride: tuple[int, ...],
+        dtype: torch.dtype,
+        requires_grad: bool,
+        parameter: bool = False,
+    ) -> None:
         self.storage = storage
         self.offset = offset
         self.shape = shape
@@ -95,12 +111,19 @@ class _Fn(NamedTuple):
 # -- the allowlist ---------------------------------------------------------------------------------
 _DTYPES = {str(v)[len("torch.") :]: v for v in dtype_table().values()}
 _STORAGES = {
-    "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
-    "LongStorage": torch.int64, "IntStorage": torch.int32, "ShortStorage": torch.int16,
-    "CharStorage": torch.int8, "ByteStorage": torch.uint8, "BoolStorage": torch.bool,
-    "BFloat16Storage": torch.bfloat16, "ComplexDoubleStorage": torch.complex128,
+    "DoubleStorage": torch.float64,
+    "FloatStorage": torch.float32,
+    "HalfStorage": torch.float16,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool,
+    "BFloat16Storage": torch.bfloat16,
+    "ComplexDoubleStorage": torch.complex128,
     "ComplexFloatStorage": torch.complex64,
-}  # fmt: skip
+}
 #: (module, name) -> what it stands for: a dtype, a StorageType or an _Fn.
 GLOBALS: dict[tuple[str, str], Any] = {}
 for _n, _dt in _STORAGES.items():
@@ -110,8 +133,13 @@ for _mod in ("torch", "torch.storage"):
     GLOBALS[(_mod, "TypedStorage")] = StorageType("TypedStorage", torch.uint8, True)
 for _n, _dt in _DTYPES.items():
     GLOBALS[("torch", _n)] = _dt
-for _n in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
-           "_rebuild_parameter_with_state"):  # fmt: skip
+for _n in (
+    "_rebuild_tensor",
+    "_rebuild_tensor_v2",
+    "_rebuild_tensor_v3",
+    "_rebuild_parameter",
+    "_rebuild_parameter_with_state",
+):
     GLOBALS[("torch._utils", _n)] = _Fn(f"torch._utils.{_n}", _n)
 GLOBALS[("torch._tensor", "_rebuild_from_type_v2")] = _Fn("torch._tensor._rebuild_from_type_v2", "from_type")
 GLOBALS[("torch._tensor", "Tensor")] = GLOBALS[("torch", "Tensor")] = _Fn("torch.Tensor", "tensor_type")
@@ -126,12 +154,17 @@ for _mod in ("builtins", "__builtin__"):
 GLOBALS[("_codecs", "encode")] = _Fn("_codecs.encode", "encode")
 #: torch reconstructions that are safe but not read here (sparse, quantized, nested, ...).
 _KNOWN_UNSUPPORTED = {
-    "_rebuild_qtensor": "quantized tensors", "_rebuild_sparse_tensor": "sparse tensors",
-    "_rebuild_nested_tensor": "nested tensors", "_rebuild_meta_tensor_no_storage": "meta tensors",
-    "_rebuild_wrapper_subclass": "tensor subclasses", "_rebuild_device_tensor_from_numpy": "numpy-backed tensors",
-    "_rebuild_device_tensor_from_cpu_tensor": "device tensors", "_rebuild_xla_tensor": "XLA tensors",
-    "_rebuild_mps_tensor": "MPS tensors", "_rebuild_sparse_csr_tensor": "sparse tensors",
-}  # fmt: skip
+    "_rebuild_qtensor": "quantized tensors",
+    "_rebuild_sparse_tensor": "sparse tensors",
+    "_rebuild_nested_tensor": "nested tensors",
+    "_rebuild_meta_tensor_no_storage": "meta tensors",
+    "_rebuild_wrapper_subclass": "tensor subclasses",
+    "_rebuild_device_tensor_from_numpy": "numpy-backed tensors",
+    "_rebuild_device_tensor_from_cpu_tensor": "device tensors",
+    "_rebuild_xla_tensor": "XLA tensors",
+    "_rebuild_mps_tensor": "MPS tensors",
+    "_rebuild_sparse_csr_tensor": "sparse tensors",
+}
 _QUANTIZED_STORAGES = {"QUInt8Storage", "QInt8Storage", "QInt32Storage", "QUInt4x2Storage", "QUInt2x4Storage"}
 _LATIN1 = ("latin1", "latin-1", "iso-8859-1", "iso8859-1", "l1")
 
@@ -141,11 +174,15 @@ def _lookup(module: str, name: str, where: str) -> Any:
     if value is not None:
         return value
     if module == "torch" and name in _QUANTIZED_STORAGES:
-        raise UnsupportedError(f"{where}: the pickle holds quantized storage (torch.{name}), which tdz_numba "
-                               f"does not read; dequantize the tensors first")  # fmt: skip
+        raise UnsupportedError(
+            f"{where}: the pickle holds quantized storage (torch.{name}), which tdz_numba "
+            f"does not read; dequantize the tensors first"
+        )
     if module == "torch._utils" and name in _KNOWN_UNSUPPORTED:
-        raise UnsupportedError(f"{where}: the pickle holds {_KNOWN_UNSUPPORTED[name]} (torch._utils.{name}), "
-                               f"which tdz_numba does not read; convert them to dense tensors first")  # fmt: skip
+        raise UnsupportedError(
+            f"{where}: the pickle holds {_KNOWN_UNSUPPORTED[name]} (torch._utils.{name}), "
+            f"which tdz_numba does not read; convert them to dense tensors first"
+        )
     raise UnsafeContentError(
         f"{where}: the pickle names {module}.{name}, which is not tensor data; refusing to run it "
         f"(only torch tensor/storage reconstruction, containers and scalars are read)"
@@ -161,10 +198,14 @@ def _ints(v: Any, what: str, where: str) -> tuple[int, ...]:
 
 def _tensor(args: tuple, where: str, dtype: torch.dtype | None = None) -> TensorRef:
     if len(args) < 4:
-        raise BadArchiveError(f"{where}: a tensor rebuild needs (storage, offset, size, stride), found {len(args)} args")
+        raise BadArchiveError(
+            f"{where}: a tensor rebuild needs (storage, offset, size, stride), found {len(args)} args"
+        )
     storage, offset, size, stride = args[:4]
     if type(storage) is not _Storage:
-        raise BadArchiveError(f"{where}: a tensor rebuild's storage is {_short(storage)}, not a persistent storage")
+        raise BadArchiveError(
+            f"{where}: a tensor rebuild's storage is {_short(storage)}, not a persistent storage"
+        )
     if type(offset) is not int or offset < 0:
         raise BadArchiveError(f"{where}: storage offset {_short(offset)} is not a non-negative int")
     shape = _ints(size, "a tensor's size", where)
@@ -189,8 +230,15 @@ def _call(fn: _Fn, args: Any, where: str) -> Any:
         if len(args) < 2 or not isinstance(args[0], TensorRef):
             raise BadArchiveError(f"{where}: {fn.name} needs a tensor as first argument")
         t = args[0]
-        return TensorRef(t.storage, t.offset, t.shape, t.stride, t.dtype, bool(args[1]) if type(args[1]) is bool
-                         else False, True)  # fmt: skip
+        return TensorRef(
+            t.storage,
+            t.offset,
+            t.shape,
+            t.stride,
+            t.dtype,
+            bool(args[1]) if type(args[1]) is bool else False,
+            True,
+        )
     if kind == "from_type":  # (func, new_type, args, state): plain Tensor/Parameter only
         if len(args) != 4 or not isinstance(args[0], _Fn) or not isinstance(args[1], _Fn):
             raise BadArchiveError(f"{where}: malformed _rebuild_from_type_v2 arguments")
@@ -205,7 +253,11 @@ def _call(fn: _Fn, args: Any, where: str) -> Any:
     if kind == "ordered_dict":
         if args == ():
             return OrderedDict()
-        if len(args) == 1 and isinstance(args[0], list) and all(isinstance(p, tuple) and len(p) == 2 for p in args[0]):
+        if (
+            len(args) == 1
+            and isinstance(args[0], list)
+            and all(isinstance(p, tuple) and len(p) == 2 for p in args[0])
+        ):
             try:
                 return OrderedDict(args[0])
             except TypeError as exc:
@@ -236,7 +288,12 @@ def _call(fn: _Fn, args: Any, where: str) -> Any:
             return complex(*args)
         raise BadArchiveError(f"{where}: complex() needs numbers")
     if kind == "encode":  # protocol 2 bytes: _codecs.encode(str, "latin1")
-        if len(args) == 2 and isinstance(args[0], str) and isinstance(args[1], str) and args[1].lower() in _LATIN1:
+        if (
+            len(args) == 2
+            and isinstance(args[0], str)
+            and isinstance(args[1], str)
+            and args[1].lower() in _LATIN1
+        ):
             try:
                 return args[0].encode("latin-1")
             except UnicodeEncodeError:
@@ -314,14 +371,18 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pick
     try:
         return _run(data, n, persistent_load, where)
     except IndexError:
-        raise BadArchiveError(f"{where}: truncated or malformed pickle (stack underflow or a read past the end)") from None
+        raise BadArchiveError(
+            f"{where}: truncated or malformed pickle (stack underflow or a read past the end)"
+        ) from None
     except struct.error:
         raise BadArchiveError(f"{where}: truncated pickle") from None
     except (TypeError, KeyError, AttributeError, ValueError, RecursionError, OverflowError) as exc:
         if isinstance(exc, TdzError):
             raise
         if type(exc) is KeyError:
-            raise BadArchiveError(f"{where}: memo key {exc} was never stored (or an unhashable dict key)") from None
+            raise BadArchiveError(
+                f"{where}: memo key {exc} was never stored (or an unhashable dict key)"
+            ) from None
         raise BadArchiveError(f"{where}: malformed pickle: {type(exc).__name__}: {exc}") from None
     finally:
         if paused:
@@ -592,7 +653,9 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
             push = stack.append
         elif op == 0x32:  # 2 DUP
             push(stack[-1])
-        elif op == 0x42 or op == 0x43 or op == 0x8E or op == 0x96:  # BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8
+        elif (
+            op == 0x42 or op == 0x43 or op == 0x8E or op == 0x96
+        ):  # BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8
             if op == 0x43:
                 length, skip = data[pos], 1
             elif op == 0x42:
@@ -622,8 +685,10 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
                 _lookup(module, name, where)
             raise UnsupportedError(f"{where}: INST/OBJ opcodes are not read")
         elif op in (0x82, 0x83, 0x84):  # EXT1/2/4: the copyreg extension registry
-            raise UnsafeContentError(f"{where}: the pickle uses a copyreg extension code, which names a "
-                                     f"global tdz_numba does not resolve")  # fmt: skip
+            raise UnsafeContentError(
+                f"{where}: the pickle uses a copyreg extension code, which names a "
+                f"global tdz_numba does not resolve"
+            )
         elif op in (0x97, 0x98):
             raise UnsupportedError(f"{where}: out-of-band buffers (pickle protocol 5) are not read")
         elif op in (0x49, 0x4C, 0x53, 0x56, 0x46, 0x70, 0x67, 0x50):

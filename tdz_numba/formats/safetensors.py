@@ -46,12 +46,27 @@ __all__ = ["open_safetensors", "open_sharded", "parse_header", "DTYPES", "MAX_HE
 MAX_HEADER_SIZE = 100_000_000
 
 _NAMES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
-    "I16": "int16", "U16": "uint16", "F16": "float16", "BF16": "bfloat16", "I32": "int32",
-    "U32": "uint32", "F32": "float32", "F64": "float64", "I64": "int64", "U64": "uint64",
-    "C64": "complex64", "C128": "complex128",
-}  # fmt: skip
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "F64": "float64",
+    "I64": "int64",
+    "U64": "uint64",
+    "C64": "complex64",
+    "C128": "complex128",
+}
 #: safetensors dtype names -> torch dtypes (those this torch has).
 DTYPES: dict[str, torch.dtype] = {k: getattr(torch, v) for k, v in _NAMES.items() if hasattr(torch, v)}
 #: dtypes safetensors defines that have no torch equivalent here (sub-byte floats, ...).
@@ -82,13 +97,17 @@ def _explain(name: str, info: Any, where: str, data_len: int | None = None) -> N
     extra = set(info) - set(_FIELDS)
     missing = set(_FIELDS) - set(info)
     if missing or extra:
-        raise BadArchiveError(f"{what}: fields must be dtype, shape, data_offsets "
-                              f"(missing {sorted(missing)}, unknown {sorted(extra)[:5]})")  # fmt: skip
+        raise BadArchiveError(
+            f"{what}: fields must be dtype, shape, data_offsets "
+            f"(missing {sorted(missing)}, unknown {sorted(extra)[:5]})"
+        )
     tname = info["dtype"]
     if isinstance(tname, str) and tname in _UNSUPPORTED:
         raise UnsupportedError(f"{what}: dtype {tname} has no torch {torch.__version__} equivalent")
     if not isinstance(tname, str) or tname not in DTYPES:
-        raise BadArchiveError(f"{what}: dtype: unknown {str(tname)[:40]!r} (expected one of {sorted(DTYPES)})")
+        raise BadArchiveError(
+            f"{what}: dtype: unknown {str(tname)[:40]!r} (expected one of {sorted(DTYPES)})"
+        )
     shape = info["shape"]
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
         raise BadArchiveError(f"{what}: shape: {str(shape)[:100]} is not a list of non-negative ints")
@@ -101,7 +120,9 @@ def _explain(name: str, info: Any, where: str, data_len: int | None = None) -> N
     raise BadArchiveError(f"{what}: data_offsets: end {end} is past the data area ({data_len} bytes)")
 
 
-def parse_header(buf: Any, size: int, where: str, file: int = 0) -> tuple[dict[str, TensorSpec], dict[str, str]]:
+def parse_header(
+    buf: Any, size: int, where: str, file: int = 0
+) -> tuple[dict[str, TensorSpec], dict[str, str]]:
     """Validated ``({name: spec}, metadata)`` of the safetensors bytes ``buf`` (``size`` long).
 
     ``buf`` supports slicing to bytes-like objects (a numpy uint8 array or ``bytes``).
@@ -152,12 +173,16 @@ def parse_header(buf: Any, size: int, where: str, file: int = 0) -> tuple[dict[s
                 _explain(name, info, where)
             numel *= d
         if end - begin != numel * dtype.itemsize:
-            raise BadArchiveError(f"{where}: tensor {name!r}: data_offsets: {end - begin} bytes, but "
-                                  f"{info['dtype']} of shape {shape} needs {numel * dtype.itemsize}")  # fmt: skip
+            raise BadArchiveError(
+                f"{where}: tensor {name!r}: data_offsets: {end - begin} bytes, but "
+                f"{info['dtype']} of shape {shape} needs {numel * dtype.itemsize}"
+            )
         shape = tuple(shape)
         if not numel or len(shape) > MAX_NDIM:  # else the bytes, inside the file, bound the shape
             check_shape(shape, None, dtype.itemsize, f"{where}: tensor {name!r}")
-        specs[name] = TensorSpec(name, dtype, shape, None, file, data_start + begin, end - begin, info["dtype"])
+        specs[name] = TensorSpec(
+            name, dtype, shape, None, file, data_start + begin, end - begin, info["dtype"]
+        )
         extents.append((begin, end, name))
     extents.sort()
     pos = 0
@@ -167,7 +192,9 @@ def parse_header(buf: Any, size: int, where: str, file: int = 0) -> tuple[dict[s
             raise BadArchiveError(f"{where}: tensor {name!r}: data_offsets: begins at {begin}, {why}")
         pos = end
     if pos != data_len:
-        raise BadArchiveError(f"{where}: tensors end at data offset {pos}, the data area has {data_len} bytes")
+        raise BadArchiveError(
+            f"{where}: tensors end at data offset {pos}, the data area has {data_len} bytes"
+        )
     return specs, metadata
 
 
@@ -185,7 +212,9 @@ def open_safetensors(path: str | os.PathLike, **options: Any) -> TreeSource:
 
 def _shard_path(root: Path, name: Any, where: str) -> Path:
     if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise BadArchiveError(f"{where}: weight_map names shard {name!r}: not a file name in the same directory")
+        raise BadArchiveError(
+            f"{where}: weight_map names shard {name!r}: not a file name in the same directory"
+        )
     return root / name
 
 
@@ -231,11 +260,15 @@ def open_sharded(path: str | os.PathLike, **options: Any) -> TreeSource:
         for key, shard in wmap.items():
             spec = per_shard[shard].get(key)
             if spec is None:
-                raise BadArchiveError(f"{where}: weight_map puts {key!r} in {shard!r}, which does not hold it")
+                raise BadArchiveError(
+                    f"{where}: weight_map puts {key!r} in {shard!r}, which does not hold it"
+                )
             tree[key] = spec
         extra = [k for k in owner if k not in wmap]
         if extra:
-            raise BadArchiveError(f"{where}: shard {owner[extra[0]]!r} holds {extra[0]!r}, which weight_map does not list")
+            raise BadArchiveError(
+                f"{where}: shard {owner[extra[0]]!r} holds {extra[0]!r}, which weight_map does not list"
+            )
     except BaseException:
         for f in files:
             f.close()

@@ -112,7 +112,9 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
 
     def persistent_load(pid: tuple) -> _Record:
         if len(pid) != 5 or pid[0] != "storage":
-            raise BadArchiveError(f"{where}: persistent id of {len(pid)} fields, expected ('storage', type, key, location, numel)")
+            raise BadArchiveError(
+                f"{where}: persistent id of {len(pid)} fields, expected ('storage', type, key, location, numel)"
+            )
         _, stype, key, location, numel = pid
         if not isinstance(key, str) or not isinstance(location, str) or type(numel) is not int or numel < 0:
             raise BadArchiveError(f"{where}: malformed storage id (key, location, numel)")
@@ -123,13 +125,19 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
                 raise BadArchiveError(f"{where}: storage {key!r} has no record {name!r}")
             e = index.entry(name)
             if e.method != STORED:
-                raise UnsupportedError(f"{where}: storage record {name!r} is compressed; torch.save writes them stored")
+                raise UnsupportedError(
+                    f"{where}: storage record {name!r} is compressed; torch.save writes them stored"
+                )
             if e.size != e.compressed_size:
-                raise BadArchiveError(f"{where}: stored record {name!r} has sizes {e.compressed_size} and {e.size}")
+                raise BadArchiveError(
+                    f"{where}: stored record {name!r} has sizes {e.compressed_size} and {e.size}"
+                )
             rec = records[key] = _Record(key, e.payload_offset, e.size)
         if numel * stype.dtype.itemsize > rec.nbytes:
-            raise BadArchiveError(f"{where}: storage {key!r} claims {numel} {stype.name} elements, "
-                                  f"its record holds {rec.nbytes} bytes")  # fmt: skip
+            raise BadArchiveError(
+                f"{where}: storage {key!r} claims {numel} {stype.name} elements, "
+                f"its record holds {rec.nbytes} bytes"
+            )
         return rec
 
     root = pickle_vm.load(data, persistent_load, f"{where}: {prefix}data.pkl")
@@ -152,7 +160,9 @@ def _spec(ref: pickle_vm.TensorRef, key: str, where: str, size: int, contiguous:
     itemsize = dtype.itemsize
     start = ref.offset * itemsize
     shape, stride = ref.shape, ref.stride
-    spec = TensorSpec(key, dtype, shape, stride, 0, rec.offset + start, rec.nbytes - start, _TYPE_NAMES[dtype])
+    spec = TensorSpec(
+        key, dtype, shape, stride, 0, rec.offset + start, rec.nbytes - start, _TYPE_NAMES[dtype]
+    )
     # the common case, checked cheaply: C-contiguous, non-empty, inside its record
     c = contiguous.get(shape, False)
     if c is False:
@@ -160,10 +170,13 @@ def _spec(ref: pickle_vm.TensorRef, key: str, where: str, size: int, contiguous:
     if c == stride and spec.numel * itemsize <= rec.nbytes - start:
         return spec
     if start > rec.nbytes:
-        raise BadArchiveError(f"{where}: tensor {key!r}: storage offset {ref.offset} is past its storage "
-                              f"{rec.key!r} ({rec.nbytes} bytes)")  # fmt: skip
-    check_shape(shape, stride if all(s >= 0 for s in stride) else None, itemsize,
-                f"{where}: tensor {key!r}")  # negative strides are refused by check_extent
+        raise BadArchiveError(
+            f"{where}: tensor {key!r}: storage offset {ref.offset} is past its storage "
+            f"{rec.key!r} ({rec.nbytes} bytes)"
+        )
+    check_shape(
+        shape, stride if all(s >= 0 for s in stride) else None, itemsize, f"{where}: tensor {key!r}"
+    )  # negative strides are refused by check_extent
     check_extent(spec, size, f"{where}: storage {rec.key!r}")
     return spec
 
@@ -220,8 +233,10 @@ def _holds_tensor(root: Any, where: str) -> dict[int, bool]:
         for v in values:
             if isinstance(v, _CONTAINERS):
                 stack.append((v, False))
-            elif isinstance(v, _INTERNAL) or (isinstance(v, (set, frozenset)) and
-                                              any(isinstance(x, (pickle_vm.TensorRef, *_INTERNAL)) for x in v)):
+            elif isinstance(v, _INTERNAL) or (
+                isinstance(v, (set, frozenset))
+                and any(isinstance(x, (pickle_vm.TensorRef, *_INTERNAL)) for x in v)
+            ):
                 raise UnsupportedError(f"{where}: the pickle holds {_what(v)} as a value, not tensor data")
     return result
 
@@ -248,8 +263,11 @@ def _to_tree(root: Any, where: str, size: int) -> Level:
     stack: list[tuple[Any, Level, str]] = [(root, out, "")]
     while stack:
         node, level, path = stack.pop()
-        items = ((_key(k, where), v) for k, v in node.items()) if isinstance(node, Mapping) else \
-            ((str(i), v) for i, v in enumerate(node))  # fmt: skip
+        items = (
+            ((_key(k, where), v) for k, v in node.items())
+            if isinstance(node, Mapping)
+            else ((str(i), v) for i, v in enumerate(node))
+        )
         for key, value in items:
             if key in level:
                 raise UnsupportedError(f"{where}: two keys of {path or '<root>'} both read as {key!r}")

@@ -27,11 +27,18 @@ LIMIT = 1_900_000
 
 #: Which helper owns the code in a frame's file (the innermost tdz_numba frame).
 OWNERS = {
-    "reader.py": "core", "kernels.py": "core", "records.py": "core", "layout.py": "core",
-    "codecs.py": "codec", "codec_kernels.py": "codec",
-    "integrity.py": "safety", "writer.py": "safety",
-    "archive.py": "archive", "tdzsource.py": "archive", "bulk.py": "archive",
-}  # fmt: skip
+    "reader.py": "core",
+    "kernels.py": "core",
+    "records.py": "core",
+    "layout.py": "core",
+    "codecs.py": "codec",
+    "codec_kernels.py": "codec",
+    "integrity.py": "safety",
+    "writer.py": "safety",
+    "archive.py": "archive",
+    "tdzsource.py": "archive",
+    "bulk.py": "archive",
+}
 
 
 def owner_of(rec: dict) -> str | None:
@@ -69,24 +76,51 @@ def keep(out: Path, per_cause: int = 25) -> int:
         used += len(packed)
         known.add(name)
         per[cause] += 1
-        index.append({"file": name, "op": rec["op"], "subpath": rec.get("subpath"), "seed": rec["seed"],
-                      "how": rec["how"][:300], "cause": cause[:200], "owner": owner_of(rec),
-                      "msg": rec.get("msg", "")[:200]})  # fmt: skip
+        index.append(
+            {
+                "file": name,
+                "op": rec["op"],
+                "subpath": rec.get("subpath"),
+                "seed": rec["seed"],
+                "how": rec["how"][:300],
+                "cause": cause[:200],
+                "owner": owner_of(rec),
+                "msg": rec.get("msg", "")[:200],
+            }
+        )
         added += 1
     index_path.write_text(json.dumps(index, indent=1) + "\n")
     return added
 
 
-def add(data: bytes, op: str, *, subpath: str | None, how: str, cause: str, owner: str | None,
-        seed: str = "manual") -> str:  # fmt: skip
+def add(
+    data: bytes,
+    op: str,
+    *,
+    subpath: str | None,
+    how: str,
+    cause: str,
+    owner: str | None,
+    seed: str = "manual",
+) -> str:
     """Adds one input by hand (a reproducer found outside a run); returns its file name."""
     index_path = HOSTILE / "index.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else []
     name = hashlib.sha256(data).hexdigest()[:16] + f"-{op}.bin.gz"
     if name not in {f["file"] for f in index}:
         (HOSTILE / name).write_bytes(gzip.compress(data, 9, mtime=0))
-        index.append({"file": name, "op": op, "subpath": subpath, "seed": seed, "how": how, "cause": cause,
-                      "owner": owner, "msg": ""})  # fmt: skip
+        index.append(
+            {
+                "file": name,
+                "op": op,
+                "subpath": subpath,
+                "seed": seed,
+                "how": how,
+                "cause": cause,
+                "owner": owner,
+                "msg": "",
+            }
+        )
         index_path.write_text(json.dumps(index, indent=1) + "\n")
     return name
 

@@ -42,34 +42,158 @@ from .zipmodel import Field, entries, field_map, rebuild
 
 __all__ = ["mutate", "KINDS"]
 
-_DTYPES = ["torch.float32", "torch.float64", "torch.uint8", "torch.int64", "torch.bool", "torch.bfloat16",
-           "torch.complex128", "torch.float8_e4m3fn", "torch.uint64", "torch.quint8", "torch.foo", "float32",
-           "", 3, None, ["torch.float32"], "torch.float32 "]  # fmt: skip
-_HUGE_SHAPES = [[2**63], [2**64], [2**63 - 1], [2**63 + 5], [-1], [0, 2**62], [2**62, 0], [2**32, 2**32],
-                [2**31, 2**31, 2**31], [2**62, 2], [2**61, 8], [1] * 70, [1] * 5000, [10**30], [-(2**63)],
-                [0, 2**63], [2**40], [10**12], [3.0], ["3"], [True], [None], [[2]], "3", 3, {}, [],
-                [2**21, 2**21, 2**21], [0] * 64 + [2**63]]  # fmt: skip
-_CLASSES = ["tensordict:TensorDict", "tensordict:LazyStackedTensorDict", "tensordict:NonTensorStack",
-            "tensordict:NonTensorData", "x:y", "", 5, None, ":", "tensordict:", "os:system"]  # fmt: skip
-_TYPES = ["<class 'tensordict._td.TensorDict'>", "<class 'tensordict.tensorclass.NonTensorData'>",
-          "<class 'tensordict.tensorclass.NonTensorStack'>", "<class 'tensordict._lazy.LazyStackedTensorDict'>",
-          "<class 'x.Y'>", "<class ''>", 5, None, ""]  # fmt: skip
-_NAMES = [b"", b"/", b"meta.json/", b"../x", b"/abs", b"a//b", b"./meta.json", b"\xff\xfe", b"a\x00b",
-          b"x" * 300, b"q/" * 1500 + b"f", b"C:\\x", b"meta.json", b"%", b"..", b"a\\b"]  # fmt: skip
+_DTYPES = [
+    "torch.float32",
+    "torch.float64",
+    "torch.uint8",
+    "torch.int64",
+    "torch.bool",
+    "torch.bfloat16",
+    "torch.complex128",
+    "torch.float8_e4m3fn",
+    "torch.uint64",
+    "torch.quint8",
+    "torch.foo",
+    "float32",
+    "",
+    3,
+    None,
+    ["torch.float32"],
+    "torch.float32 ",
+]
+_HUGE_SHAPES = [
+    [2**63],
+    [2**64],
+    [2**63 - 1],
+    [2**63 + 5],
+    [-1],
+    [0, 2**62],
+    [2**62, 0],
+    [2**32, 2**32],
+    [2**31, 2**31, 2**31],
+    [2**62, 2],
+    [2**61, 8],
+    [1] * 70,
+    [1] * 5000,
+    [10**30],
+    [-(2**63)],
+    [0, 2**63],
+    [2**40],
+    [10**12],
+    [3.0],
+    ["3"],
+    [True],
+    [None],
+    [[2]],
+    "3",
+    3,
+    {},
+    [],
+    [2**21, 2**21, 2**21],
+    [0] * 64 + [2**63],
+]
+_CLASSES = [
+    "tensordict:TensorDict",
+    "tensordict:LazyStackedTensorDict",
+    "tensordict:NonTensorStack",
+    "tensordict:NonTensorData",
+    "x:y",
+    "",
+    5,
+    None,
+    ":",
+    "tensordict:",
+    "os:system",
+]
+_TYPES = [
+    "<class 'tensordict._td.TensorDict'>",
+    "<class 'tensordict.tensorclass.NonTensorData'>",
+    "<class 'tensordict.tensorclass.NonTensorStack'>",
+    "<class 'tensordict._lazy.LazyStackedTensorDict'>",
+    "<class 'x.Y'>",
+    "<class ''>",
+    5,
+    None,
+    "",
+]
+_NAMES = [
+    b"",
+    b"/",
+    b"meta.json/",
+    b"../x",
+    b"/abs",
+    b"a//b",
+    b"./meta.json",
+    b"\xff\xfe",
+    b"a\x00b",
+    b"x" * 300,
+    b"q/" * 1500 + b"f",
+    b"C:\\x",
+    b"meta.json",
+    b"%",
+    b"..",
+    b"a\\b",
+]
 _CRITICAL = re.compile(r"size|offset|count|hoff|zip64_|seg_|len|z64_end|n_disk|extra_id")
-KINDS = ("field", "field", "field", "field", "z64", "name", "flip", "bytes", "truncate", "append", "dup",
-         "meta", "meta", "meta", "meta", "entry")  # fmt: skip
+KINDS = (
+    "field",
+    "field",
+    "field",
+    "field",
+    "z64",
+    "name",
+    "flip",
+    "bytes",
+    "truncate",
+    "append",
+    "dup",
+    "meta",
+    "meta",
+    "meta",
+    "meta",
+    "entry",
+)
 
 
 def _int_values(f: Field, old: int, size: int, rng: random.Random, others: list[int]) -> int:
     bits = 8 * f.width
     top = (1 << bits) - 1
-    cands = [0, 1, top, top - 1, top >> 1, (top >> 1) + 1, old + 1, old - 1, old + 64, old - 64, old * 2,
-             size, size - 1, size + 1, size - old, old ^ (1 << rng.randrange(bits)), rng.randrange(top + 1),
-             rng.choice(others) if others else 0]  # fmt: skip
+    cands = [
+        0,
+        1,
+        top,
+        top - 1,
+        top >> 1,
+        (top >> 1) + 1,
+        old + 1,
+        old - 1,
+        old + 64,
+        old - 64,
+        old * 2,
+        size,
+        size - 1,
+        size + 1,
+        size - old,
+        old ^ (1 << rng.randrange(bits)),
+        rng.randrange(top + 1),
+        rng.choice(others) if others else 0,
+    ]
     if bits == 64:
-        cands += [2**63 - 1, 2**63, 2**63 + 1, 2**63 - 30, 2**63 - 46, 2**64 - 30, 2**63 - old, 2**32,
-                  2**31, 2**62, 2**40, 4 * 10**12, 2**64 - old]  # fmt: skip
+        cands += [
+            2**63 - 1,
+            2**63,
+            2**63 + 1,
+            2**63 - 30,
+            2**63 - 46,
+            2**64 - 30,
+            2**63 - old,
+            2**32,
+            2**31,
+            2**62,
+            2**40,
+            4 * 10**12,
+            2**64 - old,
+        ]
     if bits == 32:
         cands += [2**31 - 1, 2**31, 0xFFFFFFFF - 30, 0xFFFFFFFF]
     return rng.choice(cands) & top
@@ -89,8 +213,10 @@ def _field_edit(data: bytearray, fields: list[Field], rng: random.Random) -> str
     f = rng.choice(by_record[rec])
     fmt = {2: "<H", 4: "<I", 8: "<Q"}[f.width]
     old = struct.unpack_from(fmt, data, f.offset)[0]
-    others = [struct.unpack_from({2: "<H", 4: "<I", 8: "<Q"}[g.width], data, g.offset)[0]
-              for g in rng.sample(ints, min(4, len(ints)))]  # fmt: skip
+    others = [
+        struct.unpack_from({2: "<H", 4: "<I", 8: "<Q"}[g.width], data, g.offset)[0]
+        for g in rng.sample(ints, min(4, len(ints)))
+    ]
     new = _int_values(f, old, len(data), rng, others)
     struct.pack_into(fmt, data, f.offset, new)
     return f"field {f.record}[{f.index}].{f.name}@{f.offset}: {old}->{new}"
@@ -116,7 +242,11 @@ def _name_edit(data: bytearray, fields: list[Field], rng: random.Random) -> str:
         return _flip(data, rng)
     f = rng.choice(names)
     src = rng.choice(_NAMES + [bytes(data[g.offset : g.offset + g.width]) for g in rng.sample(names, 1)])
-    new = (src + b"x" * f.width)[: f.width] if rng.random() < 0.5 else (src * (f.width // max(len(src), 1) + 1))[: f.width]
+    new = (
+        (src + b"x" * f.width)[: f.width]
+        if rng.random() < 0.5
+        else (src * (f.width // max(len(src), 1) + 1))[: f.width]
+    )
     if rng.random() < 0.3:  # only the tail: keeps the directory, changes the file
         cut = rng.randrange(f.width)
         new = bytes(data[f.offset : f.offset + cut]) + new[cut:]
@@ -156,8 +286,14 @@ def _truncate(data: bytearray, rng: random.Random, fields: list[Field]) -> str:
 
 
 def _append(data: bytearray, rng: random.Random) -> str:
-    junk = rng.choice([b"\0" * rng.randrange(1, 70000), b"PK\x05\x06" + bytes(18), b"PK\x06\x07" + bytes(16),
-                       bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))])  # fmt: skip
+    junk = rng.choice(
+        [
+            b"\0" * rng.randrange(1, 70000),
+            b"PK\x05\x06" + bytes(18),
+            b"PK\x06\x07" + bytes(16),
+            bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))),
+        ]
+    )
     if rng.random() < 0.5:
         data[0:0] = junk
         return f"prepend {len(junk)} bytes"
@@ -180,8 +316,9 @@ def _dup_central(data: bytearray, fields: list[Field], rng: random.Random) -> st
     count, cd_size = struct.unpack_from("<H4xI", data, e + 8)[0], struct.unpack_from("<I", data, e + 12)[0]
     data[e:e] = rec
     e += len(rec)
-    struct.pack_into("<HHI", data, e + 8, (count + 1) & 0xFFFF, (count + 1) & 0xFFFF,
-                     (cd_size + len(rec)) & 0xFFFFFFFF)  # fmt: skip
+    struct.pack_into(
+        "<HHI", data, e + 8, (count + 1) & 0xFFFF, (count + 1) & 0xFFFF, (cd_size + len(rec)) & 0xFFFFFFFF
+    )
     return f"dup central[{k}]"
 
 
@@ -221,33 +358,82 @@ def _meta_edit(meta, rng: random.Random) -> tuple[object | bytes, str]:
         return meta, f"meta: {k}.is_nested={meta[k]['is_nested']!r}"
     if choice == 6:
         k = rng.choice(sorted(meta)) if meta else "x"
-        meta[k] = rng.choice([5, [], "x", {}, {"type": 5}, {"type": "TensorDict"}, {"dtype": "torch.float32"},
-                              {"shape": [1]}, None, {"type": "NonTensorData", "dtype": 1}])  # fmt: skip
+        meta[k] = rng.choice(
+            [
+                5,
+                [],
+                "x",
+                {},
+                {"type": 5},
+                {"type": "TensorDict"},
+                {"dtype": "torch.float32"},
+                {"shape": [1]},
+                None,
+                {"type": "NonTensorData", "dtype": 1},
+            ]
+        )
         return meta, f"meta: {k!r} -> {meta[k]!r}"
     if choice == 7 and meta:
         k = rng.choice(sorted(meta))
         del meta[k]
         return meta, f"meta: del {k!r}"
     if choice == 8:
-        field_, vals = rng.choice([("_class", _CLASSES), ("_type", _TYPES),
-                                   ("_format_version", [2, "1", -1, 1.5, True, 10**30, None, 0]),
-                                   ("shape", [[2**63], [-1], "x", None, [1.5], [10**30]]),
-                                   ("stack_dim", [10**30, -5, "0", None, 2**63, 1]),
-                                   ("_names", [5, ["a"] * 50, [None], "x", [1]]),
-                                   ("data", [_deep_obj(400), "x" * 100000, [1] * 1000, None, {"a": 1}])])  # fmt: skip
+        field_, vals = rng.choice(
+            [
+                ("_class", _CLASSES),
+                ("_type", _TYPES),
+                ("_format_version", [2, "1", -1, 1.5, True, 10**30, None, 0]),
+                ("shape", [[2**63], [-1], "x", None, [1.5], [10**30]]),
+                ("stack_dim", [10**30, -5, "0", None, 2**63, 1]),
+                ("_names", [5, ["a"] * 50, [None], "x", [1]]),
+                ("data", [_deep_obj(400), "x" * 100000, [1] * 1000, None, {"a": 1}]),
+            ]
+        )
         meta[field_] = rng.choice(vals)
         return meta, f"meta: {field_}={str(meta[field_])[:50]}"
     if choice == 9:
-        raw = rng.choice([_deep(100_000, "list"), _deep(50_000, "dict"), _deep(1_100, "list"), "[]", "5",
-                          '"s"', "null", "\xef\xbb\xbf{}", '{"a": NaN}', "1e999999", '{"a":1,"a":2}', "{",
-                          '{"x": ' + "9" * 5000 + "}"])  # fmt: skip
+        raw = rng.choice(
+            [
+                _deep(100_000, "list"),
+                _deep(50_000, "dict"),
+                _deep(1_100, "list"),
+                "[]",
+                "5",
+                '"s"',
+                "null",
+                "\xef\xbb\xbf{}",
+                '{"a": NaN}',
+                "1e999999",
+                '{"a":1,"a":2}',
+                "{",
+                '{"x": ' + "9" * 5000 + "}",
+            ]
+        )
         return raw.encode("utf-8", "surrogatepass"), f"meta: raw {raw[:30]!r} ({len(raw)} chars)"
     if choice == 10:
-        key = rng.choice(["ключ", "a/b", "..", "", "%", "meta.json", "/".join(["a"] * 1500), "x" * 300,
-                          "\udcff", "nul\x00", "日本語/キー", "a\\b"])  # fmt: skip
-        meta[key] = rng.choice([{"device": "cpu", "shape": [2], "dtype": "torch.float32", "is_nested": False},
-                                {"type": "TensorDict"}, {"device": "cpu", "shape": [0], "dtype": "torch.int8",
-                                                         "is_nested": False}])  # fmt: skip
+        key = rng.choice(
+            [
+                "ключ",
+                "a/b",
+                "..",
+                "",
+                "%",
+                "meta.json",
+                "/".join(["a"] * 1500),
+                "x" * 300,
+                "\udcff",
+                "nul\x00",
+                "日本語/キー",
+                "a\\b",
+            ]
+        )
+        meta[key] = rng.choice(
+            [
+                {"device": "cpu", "shape": [2], "dtype": "torch.float32", "is_nested": False},
+                {"type": "TensorDict"},
+                {"device": "cpu", "shape": [0], "dtype": "torch.int8", "is_nested": False},
+            ]
+        )
         try:
             return json.dumps(meta, ensure_ascii=False).encode("utf-8"), f"meta: add key {key[:30]!r}"
         except UnicodeEncodeError:
@@ -257,15 +443,21 @@ def _meta_edit(meta, rng: random.Random) -> tuple[object | bytes, str]:
         cut = rng.randrange(len(raw) + 1)
         return raw[:cut] + rng.choice([b"", b"\xff", b"\x00", b"}"]), f"meta: cut at {cut}"
     if choice == 12:
-        meta[rng.choice(leaves) if leaves else "x"] = {"device": "cpu", "shape": [2, 3], "dtype": "torch.float32",
-                                                       "is_nested": True}  # fmt: skip
+        meta[rng.choice(leaves) if leaves else "x"] = {
+            "device": "cpu",
+            "shape": [2, 3],
+            "dtype": "torch.float32",
+            "is_nested": True,
+        }
         return meta, "meta: nested flag on a dense leaf"
     n = rng.choice([1, 2, 3, 4, 5])
     for _ in range(n):
         if not leaves:
             break
         k = rng.choice(leaves)
-        meta[k]["shape"] = [rng.choice([0, 1, 2, 3, 2**31, 2**32 + 1, 2**62]) for _ in range(rng.randrange(1, 4))]
+        meta[k]["shape"] = [
+            rng.choice([0, 1, 2, 3, 2**31, 2**32 + 1, 2**62]) for _ in range(rng.randrange(1, 4))
+        ]
     return meta, f"meta: {n} random shapes"
 
 
@@ -281,7 +473,11 @@ def _meta_mutation(data: bytes, rng: random.Random) -> bytes | None:
         members = entries(data)
     except Exception:
         return None
-    metas = [m for m in members if m.name.endswith(b"meta.json") and struct.unpack_from("<H", m.local_fixed, 8)[0] == 0]
+    metas = [
+        m
+        for m in members
+        if m.name.endswith(b"meta.json") and struct.unpack_from("<H", m.local_fixed, 8)[0] == 0
+    ]
     if not metas:
         return None
     m = rng.choice(metas)
@@ -304,10 +500,26 @@ def _entry_mutation(data: bytes, rng: random.Random) -> tuple[bytes, str] | None
         return None
     base = rng.choice(names)
     stem = base.rsplit(b"/", 1)[0] + b"/" if b"/" in base else b""
-    new_name = rng.choice([b"", b"meta.json/", stem + b"meta.json/x", base + b"/y", base.rstrip(b"/") + b"//",
-                           stem + b"/" + base[len(stem):], b"q/" * 1500 + b"f", b"x" * 300 + b".memmap",
-                           stem + b"a" * 300, b"\xff.memmap", b"link", b"link/x", b"../../etc", b"./meta.json",
-                           base, stem + b"\xe2\x80\x8b.memmap"])  # fmt: skip
+    new_name = rng.choice(
+        [
+            b"",
+            b"meta.json/",
+            stem + b"meta.json/x",
+            base + b"/y",
+            base.rstrip(b"/") + b"//",
+            stem + b"/" + base[len(stem) :],
+            b"q/" * 1500 + b"f",
+            b"x" * 300 + b".memmap",
+            stem + b"a" * 300,
+            b"\xff.memmap",
+            b"link",
+            b"link/x",
+            b"../../etc",
+            b"./meta.json",
+            base,
+            stem + b"\xe2\x80\x8b.memmap",
+        ]
+    )
     if rng.random() < 0.5:  # rename an existing entry
         m = rng.choice(members)
         old = m.name

@@ -105,9 +105,15 @@ class _Worker:
         env.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
         env["OMP_NUM_THREADS"] = "1"
         self.stderr = open(self.dir.parent / f"w{self.k}.stderr.{self.starts}", "w")
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "worker.py"), str(self.warm), str(self.dir)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     env=env, text=True, bufsize=1)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "worker.py"), str(self.warm), str(self.dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=env,
+            text=True,
+            bufsize=1,
+        )
         self.starts += 1
         line = self._readline(300)
         if line != "ready":
@@ -167,18 +173,32 @@ class _Worker:
                 if ln.strip().startswith("File "):
                     frame = ln.strip()
                     break
-            rec = {"cat": "timeout" if timed_out else "signal", "exc": "timeout" if timed_out else f"rc={rc}",
-                   "frame": frame, "ours": frame, "msg": tail[-600:]}  # fmt: skip
+            rec = {
+                "cat": "timeout" if timed_out else "signal",
+                "exc": "timeout" if timed_out else f"rc={rc}",
+                "frame": frame,
+                "ours": frame,
+                "msg": tail[-600:],
+            }
             self.proc = None
             self.stderr.close()
-        rec.update(id=case.id, seed=case.seed, op=case.op, subpath=case.subpath, how=case.how,
-                   secs=round(secs, 4))  # fmt: skip
+        rec.update(
+            id=case.id, seed=case.seed, op=case.op, subpath=case.subpath, how=case.how, secs=round(secs, 4)
+        )
         return rec
 
 
-def run_cases(cases, *, jobs: int, work: Path, warm: Path, timeout: float = 10.0,
-              failures: Path | None = None, progress: bool = False,
-              log: Path | None = None) -> list[dict]:  # fmt: skip
+def run_cases(
+    cases,
+    *,
+    jobs: int,
+    work: Path,
+    warm: Path,
+    timeout: float = 10.0,
+    failures: Path | None = None,
+    progress: bool = False,
+    log: Path | None = None,
+) -> list[dict]:
     """Runs ``cases`` (an iterable of :class:`Case`) in ``jobs`` workers; returns one record per
     case (also appended to ``log``, one JSON line each, as they come)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -204,8 +224,11 @@ def run_cases(cases, *, jobs: int, work: Path, warm: Path, timeout: float = 10.0
                     if progress and len(results) % 500 == 0:
                         bad = sum(r["cat"] in FAILURES for r in results)
                         rate = len(results) / (time.perf_counter() - t0)
-                        print(f"  {len(results)} cases, {bad} failures, {rate:.1f} cases/s", file=sys.stderr,
-                              flush=True)  # fmt: skip
+                        print(
+                            f"  {len(results)} cases, {bad} failures, {rate:.1f} cases/s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
         except BaseException as exc:  # surfaced by the caller
             errors.append(exc)
             while todo.get() is not None:  # drain so the producer never blocks
@@ -252,9 +275,21 @@ def summarize(results: list[dict]) -> dict:
         "counts": {c: cats.get(c, 0) for c in CATEGORIES},
         "by_op": {op: {c: by_op[op].get(c, 0) for c in CATEGORIES} for op in OPS},
         "root_causes": [
-            {"cause": k, "count": len(v), "ops": sorted({r["op"] for r in v}),
-             "examples": [{"id": r["id"], "seed": r["seed"], "op": r["op"], "how": r["how"],
-                           "msg": r.get("msg", "")[:200]} for r in v[:3]]}  # fmt: skip
+            {
+                "cause": k,
+                "count": len(v),
+                "ops": sorted({r["op"] for r in v}),
+                "examples": [
+                    {
+                        "id": r["id"],
+                        "seed": r["seed"],
+                        "op": r["op"],
+                        "how": r["how"],
+                        "msg": r.get("msg", "")[:200],
+                    }
+                    for r in v[:3]
+                ],
+            }
             for k, v in sorted(groups.items(), key=lambda kv: -len(kv[1]))
         ],
         "median_case_s": sorted(r["secs"] for r in results)[len(results) // 2] if results else None,
@@ -286,9 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     seeds, warm = prepare_seeds(args.out)
     t1 = time.perf_counter()
     cases = make_cases(seeds, args.tag, args.start, args.cases)
-    results = run_cases(cases, jobs=args.jobs, work=args.out / "work", warm=warm, timeout=args.timeout,
-                        failures=args.out / "failures", progress=True,
-                        log=args.out / "results.jsonl")  # fmt: skip
+    results = run_cases(
+        cases,
+        jobs=args.jobs,
+        work=args.out / "work",
+        warm=warm,
+        timeout=args.timeout,
+        failures=args.out / "failures",
+        progress=True,
+        log=args.out / "results.jsonl",
+    )
     t2 = time.perf_counter()
     summary = summarize(results)
     summary.update(seeds_s=round(t1 - t0, 1), run_s=round(t2 - t1, 1), tag=args.tag, start=args.start)

@@ -48,9 +48,11 @@ def _tree():
     g = torch.Generator().manual_seed(0)
     return {
         "a": torch.randn(4, 8, generator=g),
-        "obs": {"pix": torch.arange(96, dtype=torch.uint8).reshape(2, 3, 16),
-                "depth": np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4),
-                "bf": torch.ones(5, dtype=torch.bfloat16)},  # fmt: skip
+        "obs": {
+            "pix": torch.arange(96, dtype=torch.uint8).reshape(2, 3, 16),
+            "depth": np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4),
+            "bf": torch.ones(5, dtype=torch.bfloat16),
+        },
         "flag": torch.tensor([True, False, True]),
         "c": torch.zeros(3, dtype=torch.complex64),
         "i": torch.arange(10, dtype=torch.int64),
@@ -61,8 +63,11 @@ def _compressible():
     import torch
 
     # several KiB, compressible: deflate cuts it into many segments (small SEGMENT_SIZE)
-    return {"z": torch.arange(4096, dtype=torch.int32) % 7, "w": torch.zeros(300, 5),
-            "sub": {"v": torch.arange(1000, dtype=torch.int16)}}  # fmt: skip
+    return {
+        "z": torch.arange(4096, dtype=torch.int32) % 7,
+        "w": torch.zeros(300, 5),
+        "sub": {"v": torch.arange(1000, dtype=torch.int16)},
+    }
 
 
 def _tdz(tree, path: Path, **kw) -> bytes:
@@ -117,7 +122,9 @@ def _descriptor_zip(seed: bytes) -> bytes:
     with zipfile.ZipFile(sink, "w") as z:
         for info in src.infolist():
             zi = zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0))
-            zi.compress_type = zipfile.ZIP_DEFLATED if info.filename.endswith(".memmap") else zipfile.ZIP_STORED
+            zi.compress_type = (
+                zipfile.ZIP_DEFLATED if info.filename.endswith(".memmap") else zipfile.ZIP_STORED
+            )
             z.writestr(zi, src.read(info.filename))
     return bytes(sink.buf)
 
@@ -125,12 +132,20 @@ def _descriptor_zip(seed: bytes) -> bytes:
 def _deep_levels(n: int = 1100) -> bytes:
     """``n`` nested levels ``d/d/d/...``, each a TensorDict with one sub-level."""
     buf = io.BytesIO()
-    level = {"shape": [], "device": "cpu", "_type": "<class 'tensordict._td.TensorDict'>",
-             "_format_version": 1, "_class": "tensordict:TensorDict"}  # fmt: skip
+    level = {
+        "shape": [],
+        "device": "cpu",
+        "_type": "<class 'tensordict._td.TensorDict'>",
+        "_format_version": 1,
+        "_class": "tensordict:TensorDict",
+    }
     with zipfile.ZipFile(buf, "w") as z:
         for i in range(n + 1):
-            meta = ({"d": {"type": "TensorDict"}} if i < n else {"x": {"device": "cpu", "shape": [2],
-                    "dtype": "torch.float32", "is_nested": False}}) | level  # fmt: skip
+            meta = (
+                {"d": {"type": "TensorDict"}}
+                if i < n
+                else {"x": {"device": "cpu", "shape": [2], "dtype": "torch.float32", "is_nested": False}}
+            ) | level
             prefix = "d/" * i
             z.writestr(zipfile.ZipInfo(prefix + "meta.json"), json.dumps(meta))
             if i == n:
@@ -177,15 +192,46 @@ def make_seeds(work: Path) -> list[Seed]:
     lazy = LazyStackedTensorDict.lazy_stack(
         [TensorDict(a=torch.zeros(2, 3), batch_size=[2]), TensorDict(a=torch.ones(2, 5), batch_size=[2])], 1
     )
-    s["lazy_stack"] = (_tdz(TensorDict(z=lazy, w=torch.arange(2), batch_size=[2]), work / "lazy.tdz"),
-                       ("z", "z/1"))  # fmt: skip
-    s["tensorclass"] = (_tdz(TensorDict(tc=FuzzTC(x=torch.ones(2, 2), s="inner", batch_size=[2]),
-                                        y=torch.zeros(2), batch_size=[2]), work / "tc.tdz"), ("tc",))  # fmt: skip
-    s["non_tensor"] = (_tdz({"s": "hello", "n": None, "l": [1, 2.5, "x"], "big": 10**20, "t": torch.ones(1),
-                             "sub": {"f": 1.5}}, work / "ntd.tdz"), ("sub", "s"))  # fmt: skip
-    s["empty_leaves"] = (_tdz({"e": torch.zeros(0, 3), "f": torch.zeros(2, 0, dtype=torch.int64),
-                               "g": np.zeros(0, np.float64), "sub": {"h": torch.zeros(0)},
-                               "full": torch.ones(2)}, work / "empty.tdz"), ("sub",))  # fmt: skip
+    s["lazy_stack"] = (
+        _tdz(TensorDict(z=lazy, w=torch.arange(2), batch_size=[2]), work / "lazy.tdz"),
+        ("z", "z/1"),
+    )
+    s["tensorclass"] = (
+        _tdz(
+            TensorDict(
+                tc=FuzzTC(x=torch.ones(2, 2), s="inner", batch_size=[2]), y=torch.zeros(2), batch_size=[2]
+            ),
+            work / "tc.tdz",
+        ),
+        ("tc",),
+    )
+    s["non_tensor"] = (
+        _tdz(
+            {
+                "s": "hello",
+                "n": None,
+                "l": [1, 2.5, "x"],
+                "big": 10**20,
+                "t": torch.ones(1),
+                "sub": {"f": 1.5},
+            },
+            work / "ntd.tdz",
+        ),
+        ("sub", "s"),
+    )
+    s["empty_leaves"] = (
+        _tdz(
+            {
+                "e": torch.zeros(0, 3),
+                "f": torch.zeros(2, 0, dtype=torch.int64),
+                "g": np.zeros(0, np.float64),
+                "sub": {"h": torch.zeros(0)},
+                "full": torch.ones(2),
+            },
+            work / "empty.tdz",
+        ),
+        ("sub",),
+    )
     s["zip64"] = (to_zip64(s["stored"][0]), ("obs",))
     s["zip64_deflate"] = (to_zip64(s["deflate_segments"][0]), ("sub",))
     s["descriptors"] = (_descriptor_zip(s["deflate_segments"][0]), ("sub",))
@@ -195,9 +241,27 @@ def make_seeds(work: Path) -> list[Seed]:
     return [Seed(name, data, subs) for name, (data, subs) in s.items()]
 
 
-SEED_NAMES = ("stored", "deflate_segments", "bzip2", "lzma", "nested", "nested_tensor", "lazy_stack",
-              "tensorclass", "non_tensor", "empty_leaves", "zip64", "zip64_deflate", "descriptors", "td_stored", "td_deflate",
-              "td_bzip2", "td_lazy", "deep_levels", "long_name")  # fmt: skip
+SEED_NAMES = (
+    "stored",
+    "deflate_segments",
+    "bzip2",
+    "lzma",
+    "nested",
+    "nested_tensor",
+    "lazy_stack",
+    "tensorclass",
+    "non_tensor",
+    "empty_leaves",
+    "zip64",
+    "zip64_deflate",
+    "descriptors",
+    "td_stored",
+    "td_deflate",
+    "td_bzip2",
+    "td_lazy",
+    "deep_levels",
+    "long_name",
+)
 
 
 def load_seeds(directory: Path) -> list[Seed]:

@@ -106,8 +106,12 @@ def classify(op: str, exc: BaseException | None) -> dict:
     if exc is None:
         return {"cat": "accepted"}
     tb = traceback.extract_tb(exc.__traceback__)
-    rec = {"exc": type(exc).__name__, "frame": _frame(tb, False), "ours": _frame(tb, True),
-           "msg": str(exc)[:300]}  # fmt: skip
+    rec = {
+        "exc": type(exc).__name__,
+        "frame": _frame(tb, False),
+        "ours": _frame(tb, True),
+        "msg": str(exc)[:300],
+    }
     if isinstance(exc, MemoryError):
         rec["cat"] = "memory"
     elif isinstance(exc, TdzError) and op != "is_archive":

@@ -27,16 +27,61 @@ from dataclasses import dataclass, field
 
 __all__ = ["Field", "field_map", "Member", "entries", "rebuild", "normalize_times", "to_zip64"]
 
-_EOCD = [("sig", 4), ("disk", 2), ("cd_disk", 2), ("n_disk", 2), ("count", 2), ("cd_size", 4),
-         ("cd_offset", 4), ("comment_len", 2)]  # fmt: skip
-_Z64END = [("sig", 4), ("rec_size", 8), ("ver_made", 2), ("ver_need", 2), ("disk", 4), ("cd_disk", 4),
-           ("n_disk", 8), ("count", 8), ("cd_size", 8), ("cd_offset", 8)]  # fmt: skip
+_EOCD = [
+    ("sig", 4),
+    ("disk", 2),
+    ("cd_disk", 2),
+    ("n_disk", 2),
+    ("count", 2),
+    ("cd_size", 4),
+    ("cd_offset", 4),
+    ("comment_len", 2),
+]
+_Z64END = [
+    ("sig", 4),
+    ("rec_size", 8),
+    ("ver_made", 2),
+    ("ver_need", 2),
+    ("disk", 4),
+    ("cd_disk", 4),
+    ("n_disk", 8),
+    ("count", 8),
+    ("cd_size", 8),
+    ("cd_offset", 8),
+]
 _LOCATOR = [("sig", 4), ("disk", 4), ("z64_end", 8), ("n_disks", 4)]
-_CENTRAL = [("sig", 4), ("ver_made", 2), ("ver_need", 2), ("flags", 2), ("method", 2), ("time", 2),
-            ("date", 2), ("crc", 4), ("csize", 4), ("size", 4), ("name_len", 2), ("extra_len", 2),
-            ("comment_len", 2), ("disk", 2), ("int_attr", 2), ("ext_attr", 4), ("hoff", 4)]  # fmt: skip
-_LOCAL = [("sig", 4), ("ver_need", 2), ("flags", 2), ("method", 2), ("time", 2), ("date", 2), ("crc", 4),
-          ("csize", 4), ("size", 4), ("name_len", 2), ("extra_len", 2)]  # fmt: skip
+_CENTRAL = [
+    ("sig", 4),
+    ("ver_made", 2),
+    ("ver_need", 2),
+    ("flags", 2),
+    ("method", 2),
+    ("time", 2),
+    ("date", 2),
+    ("crc", 4),
+    ("csize", 4),
+    ("size", 4),
+    ("name_len", 2),
+    ("extra_len", 2),
+    ("comment_len", 2),
+    ("disk", 2),
+    ("int_attr", 2),
+    ("ext_attr", 4),
+    ("hoff", 4),
+]
+_LOCAL = [
+    ("sig", 4),
+    ("ver_need", 2),
+    ("flags", 2),
+    ("method", 2),
+    ("time", 2),
+    ("date", 2),
+    ("crc", 4),
+    ("csize", 4),
+    ("size", 4),
+    ("name_len", 2),
+    ("extra_len", 2),
+]
 
 
 @dataclass(frozen=True)
@@ -255,8 +300,12 @@ def _set_local_sizes(lfixed: bytes, lextra: bytes, crc: int, size: int) -> tuple
     return bytes(f), bytes(e)
 
 
-def rebuild(members: list[Member], *, replace: dict[bytes, bytes] | None = None,
-            extra_members: list[tuple[bytes, bytes]] = ()) -> bytes:  # fmt: skip
+def rebuild(
+    members: list[Member],
+    *,
+    replace: dict[bytes, bytes] | None = None,
+    extra_members: list[tuple[bytes, bytes]] = (),
+) -> bytes:
     """The archive of ``members`` with the STORED entries named in ``replace`` given new
     bytes (CRC and sizes updated), plus ``extra_members`` (name, bytes) appended STORED.
 
@@ -270,8 +319,26 @@ def rebuild(members: list[Member], *, replace: dict[bytes, bytes] | None = None,
     rows = [(m, replace.get(m.name)) for m in members]
     for name, data in extra_members:
         lfixed = struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 0, 0, 0x21, 0, 0, 0, len(name), 0)
-        cfixed = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 0, 0, 0x21, 0, 0, 0, len(name),
-                             0, 0, 0, 0, 0o644 << 16, 0)  # fmt: skip
+        cfixed = struct.pack(
+            "<IHHHHHHIIIHHHHHII",
+            0x02014B50,
+            20,
+            20,
+            0,
+            0,
+            0,
+            0x21,
+            0,
+            0,
+            0,
+            len(name),
+            0,
+            0,
+            0,
+            0,
+            0o644 << 16,
+            0,
+        )
         rows.append((Member(name, lfixed, b"", b"", b"", cfixed, b"", b""), data))
     for m, new in rows:
         hoff = len(out)
