@@ -93,8 +93,12 @@ def make_tensors(workload: str, size_mib: float, seed: int = 0) -> dict[str, Any
     if workload == "small":
         per = 5120  # 10 KiB of float16
         n = max(1, target // per)
-        base = torch.randn(per, generator=g).to(torch.float16)
-        return {f"params.{i // 100:04d}.p{i % 100:02d}": base.roll(i) for i in range(n)}
+        # every tensor distinct (a writer that stores identical tensors once, as ztensor's canonical
+        # form does, must not gain from repeats), each with its own storage
+        flat = torch.randn(n * per, generator=g).to(torch.float16)
+        return {
+            f"params.{i // 100:04d}.p{i % 100:02d}": flat[i * per : (i + 1) * per].clone() for i in range(n)
+        }
     raise ValueError(f"unknown workload {workload!r}; choose mixed or small")
 
 
