@@ -37,32 +37,17 @@ from . import codecs, records
 from .errors import ArchiveExistsError, InternalError, InvalidArgumentError, TdzError
 from .layout import plan
 from .tree import Entry
+from .writer import _batches  # the local writer's CRC batches: one rule for both
 
 __all__ = ["stream_entries", "save_remote", "SLICE_BYTES"]
 
 #: Largest single ``write`` to the stream (bounds the stream's buffering of big payloads).
 SLICE_BYTES = 8 << 20
-_CRC_BATCH = 16 << 20
 #: fsspec protocols whose objects appear only when the file is closed (one-shot PUT below the
 #: block size, multipart upload completed at close above it); an error before close discards it.
 _COMMIT_ON_CLOSE = {"s3", "s3a"}
 #: Other fsspec protocols whose files honour ``autocommit=False`` (commit / discard).
 _TRANSACTIONAL = {"gs", "gcs", "abfs", "az", "adl", "abfss", "file", "local"}
-
-
-def _batches(rows: list[int], sizes: np.ndarray) -> list[list[int]]:
-    out: list[list[int]] = []
-    cur: list[int] = []
-    acc = 0
-    for i in rows:
-        cur.append(i)
-        acc += int(sizes[i])
-        if acc >= _CRC_BATCH or len(cur) >= 512:
-            out.append(cur)
-            cur, acc = [], 0
-    if cur:
-        out.append(cur)
-    return out
 
 
 def _write(stream: Any, data: Any) -> int:
