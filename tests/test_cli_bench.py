@@ -323,7 +323,7 @@ def test_not_an_archive_exits_2(tmp_path, command, capsys):
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and "junk.tdz" in err[0] and "Traceback" not in captured.err
     assert cli.main([command, str(tmp_path / "missing.tdz")]) == 2
-    assert "No such file" in capsys.readouterr().err
+    assert "no such file" in capsys.readouterr().err.lower()
 
 
 def test_not_an_archive_subprocess(tmp_path, capsys):
