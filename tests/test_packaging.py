@@ -320,15 +320,18 @@ def test_build_sdist_and_wheel_then_install(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
+    # no PYTHONPATH: a checkout on it (with a tdz_numba.egg-info) would make pip think the
+    # package is already installed and skip the wheel
+    clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     proc = subprocess.run(
         [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
         capture_output=True,
         text=True,
         timeout=300,
+        env=clean_env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     # import tdz_numba needs none of its dependencies: they load on first use
-    clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     proc = subprocess.run(
         [str(py), "-c", "import tdz_numba, sys; print(tdz_numba.__version__, tdz_numba.__file__)"],
         capture_output=True,
