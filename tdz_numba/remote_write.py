@@ -35,9 +35,8 @@ import numpy as np
 
 from . import codecs, records
 from .errors import ArchiveExistsError, InternalError, InvalidArgumentError, TdzError
-from .layout import plan
 from .tree import Entry
-from .writer import _batches  # the local writer's CRC batches: one rule for both
+from .writer import _batches, prepare  # the local writer's preparation and CRC batches
 
 __all__ = ["stream_entries", "save_remote", "SLICE_BYTES"]
 
@@ -74,43 +73,17 @@ def stream_entries(
 
     method = codecs.method_of(compression)
     codecs.check_level(method, compresslevel)
-    n = len(entries)
-    methods = np.zeros(n, np.int64)
-    stored_size = np.zeros(n, np.int64)
-    size = np.zeros(n, np.int64)
-    crc = np.zeros(n, np.int64)
-    hashed = np.zeros(n, np.bool_)
-    sources: list = [None] * n
-    more = [b""] * n
-    to_deflate: list[int] = []
-    for i, e in enumerate(entries):
-        arr = None if e.zeros else np.frombuffer(e.data, dtype=np.uint8)  # type: ignore[arg-type]
-        size[i] = arr.size if arr is not None else e.nbytes
-        if method != records.STORED and e.is_payload and size[i] > 0:
-            if arr is None:
-                arr = np.zeros(int(size[i]), np.uint8)
-            methods[i] = method
-            hashed[i] = True
-            if method == records.DEFLATED:
-                to_deflate.append(i)
-            else:
-                from zlib_ng import zlib_ng
-
-                crc[i] = zlib_ng.crc32(arr)
-                arr = np.frombuffer(codecs.compress(arr, method, compresslevel), dtype=np.uint8)
-        sources[i] = arr
-        stored_size[i] = arr.size if arr is not None else e.nbytes
-    if to_deflate:
-        for i, d in zip(
-            to_deflate, codecs.deflate_many([sources[i] for i in to_deflate], compresslevel, num_threads)
-        ):
-            sources[i], stored_size[i], crc[i], more[i] = d.parts, d.csize, d.crc, d.table
-    align = [
-        records.ALIGNMENT if e.is_payload and methods[i] == records.STORED else 0
-        for i, e in enumerate(entries)
-    ]
-    p = plan(
-        [e.name for e in entries], stored_size, align, methods, size=size, local_more=[len(m) for m in more]
+    prep = prepare(entries, compression=compression, compresslevel=compresslevel, num_threads=num_threads)
+    n, methods, stored_size, size, crc, hashed, sources, more, p = (
+        prep.n,
+        prep.methods,
+        prep.stored_size,
+        prep.size,
+        prep.crc,
+        prep.hashed,
+        prep.sources,
+        prep.more,
+        prep.plan,
     )
     for i in range(n):
         if sources[i] is None and size[i]:

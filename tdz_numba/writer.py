@@ -44,6 +44,7 @@ import os
 import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,30 +120,33 @@ def check_write_args(compression: str | None, compresslevel: int | None, num_thr
     check_num_threads(num_threads)
 
 
-def write_entries(
+@dataclass
+class Prepared:
+    """Entries ready to write: payloads compressed, sizes and CRCs known where they can be, the
+    layout planned. Shared by the local writer and the streamed (remote) one."""
+
+    n: int
+    methods: np.ndarray
+    stored_size: np.ndarray
+    size: np.ndarray
+    crc: np.ndarray
+    hashed: np.ndarray  # CRC already known (compressed entries)
+    sources: list  # the bytes to write: an array, a list of parts, None for zeros
+    more: list  # extra blocks before the zip64 one (segment tables)
+    plan: Any
+
+
+def prepare(
     entries: Sequence[Entry],
-    target: Path,
     *,
     compression: str | None = None,
     compresslevel: int | None = None,
     num_threads: int | None = None,
-    progress: bool | None = None,
-    durable: bool = True,
-    reserve: bool = True,
     segment_size: int | None = None,
     align: int | str | None = None,
     align_threshold: int | None = None,
-) -> Path:
-    """Writes ``entries`` as an archive at ``target`` (atomically; with ``durable``,
-    ``fsync`` of the file before the rename and of the directory after it). Zero
-    payloads (``allocate``) are never written; with ``reserve`` their blocks are
-    allocated (``fallocate``), so that a full disk fails here, not on a later write.
-    ``segment_size``: uncompressed bytes per deflate segment (default
-    :data:`tdz_numba.codecs.SEGMENT_SIZE`). ``align`` and ``align_threshold``: see
-    :func:`payload_alignments`."""
-    from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
-
-    check_write_args(compression, compresslevel, num_threads)
+) -> Prepared:
+    """Compresses the payloads (deflate in parallel segments) and plans every offset."""
     method = codecs.method_of(compression)
     n = len(entries)
     methods = np.zeros(n, np.int64)
@@ -186,6 +190,54 @@ def write_entries(
         methods,
         size=size,
         local_more=[len(m) for m in more],
+    )
+
+    return Prepared(n, methods, stored_size, size, crc, hashed, sources, more, p)
+
+
+def write_entries(
+    entries: Sequence[Entry],
+    target: Path,
+    *,
+    compression: str | None = None,
+    compresslevel: int | None = None,
+    num_threads: int | None = None,
+    progress: bool | None = None,
+    durable: bool = True,
+    reserve: bool = True,
+    segment_size: int | None = None,
+    align: int | str | None = None,
+    align_threshold: int | None = None,
+) -> Path:
+    """Writes ``entries`` as an archive at ``target`` (atomically; with ``durable``,
+    ``fsync`` of the file before the rename and of the directory after it). Zero
+    payloads (``allocate``) are never written; with ``reserve`` their blocks are
+    allocated (``fallocate``), so that a full disk fails here, not on a later write.
+    ``segment_size``: uncompressed bytes per deflate segment (default
+    :data:`tdz_numba.codecs.SEGMENT_SIZE`). ``align`` and ``align_threshold``: see
+    :func:`payload_alignments`."""
+    from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
+
+    check_write_args(compression, compresslevel, num_threads)
+    prep = prepare(
+        entries,
+        compression=compression,
+        compresslevel=compresslevel,
+        num_threads=num_threads,
+        segment_size=segment_size,
+        align=align,
+        align_threshold=align_threshold,
+    )
+    n, methods, stored_size, size, crc, hashed, sources, more, p = (
+        prep.n,
+        prep.methods,
+        prep.stored_size,
+        prep.size,
+        prep.crc,
+        prep.hashed,
+        prep.sources,
+        prep.more,
+        prep.plan,
     )
 
     target.parent.mkdir(parents=True, exist_ok=True)
