@@ -135,6 +135,7 @@ class _Ctx:
         self.allowed = tuple(allowed_classes)
         self.path = path
         self.cache: dict[tuple[Any, Any], type] = {}
+        self.tensors: dict[str, Any] = {}  # entry -> tensor, from one bulk pass
 
     def resolve(self, meta: dict) -> type:
         class_id = meta.get("_class")
@@ -288,26 +289,33 @@ def _build(node: Any, ctx: _Ctx) -> Any:
     target = ctx.device
     leaves: dict[str, Any] = {}
     subs: list[tuple[str, Any]] = []
-    leaf_specs = []
+    missing = []
+    tensors = ctx.tensors
     for key, spec in children.items():
-        if spec.kind == "leaf":
-            leaf = spec.leaf
+        kind = spec.kind
+        if kind == "leaf":
             if ctx.no_data:
+                leaf = spec.leaf
                 leaves[key] = torch.zeros(
                     leaf.shape, device=target, dtype=torch_dtype(leaf.dtype, entry=leaf.entry)
                 )
-            else:
-                leaves[key] = None  # keeps the key order
-                leaf_specs.append(spec)
-        elif spec.kind == "level":
+                continue
+            t = tensors.get(spec.path)
+            if t is None:
+                missing.append(spec)  # not reached by the bulk pass (a subclass listing its keys)
+            elif target is not None:
+                t = t.to(target, non_blocking=True)
+            leaves[key] = t  # None keeps the key order
+        elif kind == "level":
             subs.append((key, spec))
-    if leaf_specs:  # all leaves of the level in one call (cached by load's prefetch)
-        for spec, t in zip(leaf_specs, node.leaf_tensors(leaf_specs)):
+    if missing:  # all of them in one call
+        for spec, t in zip(missing, node.leaf_tensors(missing)):
             leaves[spec.key] = t if target is None else t.to(target, non_blocking=True)
     batch_size = torch.Size(meta.get("shape", ()))
     device = saved_device if target is None else target
     if cls is TensorDict or not issubclass(cls, TensorDict):
-        result = TensorDict._new_unsafe(leaves, batch_size=batch_size, device=device)  # type: ignore[arg-type]
+        # tensordict sets loaded leaves with validated=True: no per-leaf check either
+        result = TensorDict._new_unsafe(leaves, batch_size=batch_size, device=device, nested=False)  # type: ignore[arg-type]
     else:
         result = cls(leaves, batch_size=batch_size, device=device)
     names = meta.get("_names")
@@ -317,6 +325,23 @@ def _build(node: Any, ctx: _Ctx) -> Any:
         # validated as tensordict sets them (non-tensor data is expanded to the batch size)
         result._set_str(key, _build(node.sublevel(spec), ctx), inplace=False, validated=False)
     return result
+
+
+def _bulk_tensors(node: Any) -> dict[str, Any]:
+    """``{entry: tensor}`` of every leaf below ``node``, resolved in one bulk call."""
+    from .bulk import materialize
+
+    specs = []
+    stack = [node]
+    while stack:
+        level = stack.pop()
+        for spec in level.level_info().children.values():
+            kind = spec.kind
+            if kind == "leaf":
+                specs.append(spec.leaf)
+            elif kind == "level":
+                stack.append(level.sublevel(spec))
+    return {leaf.entry: t for leaf, t in zip(specs, materialize(node, specs))}
 
 
 def _subpath_node(ar: Any, subpath: Any) -> Any:
@@ -379,14 +404,36 @@ def load(
     if allow_pickle is not None and not isinstance(allow_pickle, bool):
         raise InvalidArgumentError("allow_pickle must be a bool or None.")
     ctx = _Ctx(device, allow_pickle, allowed_classes, path, _pickle_default)
-    ar = api.open(path, mode=mode, allow_pickle=False, num_threads=num_threads)
+    return _load_open(api.open(path, mode=mode, allow_pickle=False, num_threads=num_threads), ctx, subpath)
+
+
+def _load_open(ar: Any, ctx: _Ctx, subpath: Any) -> Any:
+    """:func:`load` of an opened archive (closed on return; its leaves keep the mapping)."""
     try:
         node = _subpath_node(ar, subpath)
         if not ctx.no_data:
-            node.materialize()
+            ctx.tensors = _bulk_tensors(node)
         return _build(node, ctx)
     finally:
         ar.close()
+
+
+def _open_tdz(path: Path, mode: str, num_threads: int) -> Any:
+    """``path`` opened as a ``.tdz`` archive, or None when it is not one (then
+    tensordict's own ``load_memmap`` reads it): the zip reader directly, no
+    format detection. None exactly when ``is_archive(path, thorough=False)`` is False."""
+    from .archive import Archive
+    from .integrity import is_archive
+    from .tdzsource import open_tdz
+
+    if not path.is_file():
+        return None
+    try:
+        return Archive(open_tdz(path, mode=mode, allow_pickle=False, num_threads=num_threads))
+    except (TdzError, OSError, ValueError, RecursionError):
+        if is_archive(path, thorough=False):
+            raise  # an archive that this mode cannot open (read-only file with mode="r+", ...)
+        return None
 
 
 # ---------------------------------------------------------------------------
@@ -582,22 +629,13 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
             and not isinstance(prefix, _ArchivePath)
             and not torch._guards.active_fake_mode()
         ):
-            from .integrity import is_archive
-
             path = Path(prefix)
-            # the central directory only: load() checks each local header it reads
-            if path.is_file() and is_archive(path, thorough=False):
+            # the central directory only: load checks each local header it reads
+            ar = _open_tdz(path, mode or "r", num_threads if num_threads and num_threads > 1 else 1)
+            if ar is not None:
+                ctx = _Ctx(device, allow_pickle, (cls,), path, "warn")
                 try:
-                    result = load(
-                        path,
-                        subpath=subpath,
-                        mode=mode,
-                        device=device,
-                        num_threads=num_threads if num_threads and num_threads > 1 else 1,
-                        allow_pickle=allow_pickle,
-                        allowed_classes=(cls,),
-                        _pickle_default="warn",
-                    )
+                    result = _load_open(ar, ctx, subpath)
                 except UnsupportedError as exc:
                     if "tdz_numba never imports" not in str(exc):
                         raise
