@@ -99,8 +99,10 @@ def main(argv=None) -> None:
         assert (a == b).all()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{args.leaves} float32 leaves in groups of 20, {args.size_mib} MiB, median of {args.repeat} (ms); "
-          f"torch {torch.__version__}")
+    print(
+        f"{args.leaves} float32 leaves in groups of 20, {args.size_mib} MiB, median of {args.repeat} (ms); "
+        f"torch {torch.__version__}"
+    )
     print(f"{'op':<12}{'plain':>10}{'enabled':>10}{'ratio':>8}")
     for op in ("save", "load", "load+read"):
         pl, en = res["plain", op], res["enabled", op]

@@ -203,6 +203,7 @@ def assert_same(got, exp, where="<root>"):
     assert isinstance(exp, TensorDictBase), where
     assert got.batch_size == exp.batch_size, where
     assert got.device == exp.device, where
+    assert got.is_locked == exp.is_locked and got.is_memmap() == exp.is_memmap(), where
     assert got._has_names() == exp._has_names() and (not exp._has_names() or got.names == exp.names), where
     assert list(got.keys()) == list(exp.keys()), where
     for key in exp.keys():

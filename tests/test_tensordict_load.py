@@ -1,0 +1,172 @@
+"""``enable()``'s ``TensorDict.load_memmap``: the bulk path (one open, every leaf in one
+call, levels built with ``TensorDict._new_unsafe``) returns what tensordict 0.15.3
+returns: classes, leaf types, batch sizes, devices, names, lock and memmap flags, key
+order, values, non-tensor data; files that are not archives still reach tensordict.
+"""
+
+from __future__ import annotations
+
+import warnings
+import zipfile
+
+import pytest
+import torch
+
+pytest.importorskip("tensordict")
+
+from tensordict import NonTensorData, TensorDict, TensorDictBase  # noqa: E402
+from tensordict.tensorclass import is_tensorclass  # noqa: E402
+
+import tdz_numba.tensordict as tdt  # noqa: E402
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
+
+
+def _grouped(n_groups=5, per_group=20, values=7):
+    """The benchmark's shape: groups of leaves (float32, int64 and bool mixed in)."""
+    g = torch.Generator().manual_seed(0)
+    groups = {}
+    for i in range(n_groups):
+        leaves = {f"l{j:02d}": torch.randn(values, generator=g) for j in range(per_group)}
+        leaves["idx"] = torch.arange(values) * i
+        leaves["mask"] = torch.arange(values) % (i + 2) == 0
+        groups[f"g{i:03d}"] = leaves
+    groups["top"] = torch.ones(3, 2)
+    return TensorDict(groups, batch_size=[])
+
+
+def _batched():
+    return TensorDict(
+        obs=TensorDict(x=torch.randn(4, 3), y=torch.zeros(4, 2, dtype=torch.float64), batch_size=[4]),
+        r=torch.arange(4.0),
+        note=NonTensorData("hello", batch_size=[4]),
+        batch_size=[4],
+        names=["t"],
+    )
+
+
+def _flags(td) -> list:
+    """Per level: class, batch size, device, names, locked, memmap and shared flags, keys."""
+    out = []
+    stack = [("", td)]
+    while stack:
+        where, node = stack.pop()
+        if is_tensorclass(node) and not isinstance(node, TensorDictBase):
+            out.append((where, type(node), node._non_tensordict))
+            node = node._tensordict
+        if isinstance(node, NonTensorData):
+            out.append((where, type(node), node.data, node.batch_size))
+            continue
+        out.append(
+            (
+                where,
+                type(node),
+                node.batch_size,
+                node.device,
+                node.names if node._has_names() else None,
+                node.is_locked,
+                node.is_memmap(),
+                node._is_shared,
+                list(node.keys()),
+            )
+        )
+        for key in node.keys():
+            value = node.get(key)
+            if isinstance(value, torch.Tensor):
+                out.append((f"{where}/{key}", type(value), value.dtype, value.shape, value.device))
+            else:
+                stack.append((f"{where}/{key}", value))
+    return out
+
+
+def _same_values(a, b) -> None:
+    for (ka, va), (kb, vb) in zip(a.items(True, True), b.items(True, True)):
+        assert ka == kb
+        if isinstance(va, torch.Tensor):
+            assert torch.equal(va, vb), ka
+
+
+@pytest.mark.parametrize("make", [_grouped, _batched], ids=["grouped", "batched"])
+@pytest.mark.parametrize("written_by", ["tensordict", "enabled"])
+def test_enabled_load_memmap_matches_tensordict(make, written_by, tmp_path):
+    td = make()
+    p = tmp_path / "x.tdz"
+    if written_by == "enabled":
+        with tdt.enabled():
+            td.save(p)
+    else:
+        td.save(p)
+    theirs = TensorDict.load_memmap(p)
+    with tdt.enabled():
+        ours = TensorDict.load_memmap(p)
+    assert _flags(ours) == _flags(theirs)
+    _same_values(ours, theirs)
+
+
+def test_enabled_leaves_are_views_of_one_mapping(tmp_path):
+    p = tmp_path / "x.tdz"
+    _grouped().save(p)
+    with tdt.enabled():
+        td = TensorDict.load_memmap(p)
+    storages = {t.untyped_storage().data_ptr() for t in td.values(True, True)}
+    assert len(storages) == 1  # zero-copy: one mapping of the file
+    # mode="r" is copy-on-write: a write is private to the process
+    before = p.read_bytes()
+    td["g000", "l00"][0] = 123.0
+    assert p.read_bytes() == before
+
+
+def test_enabled_subpath_and_device(tmp_path):
+    p = tmp_path / "x.tdz"
+    _batched().save(p)
+    for kwargs in ({"subpath": "obs"}, {"device": "cpu"}, {"device": "meta"}):
+        theirs = TensorDict.load_memmap(p, **kwargs)
+        with tdt.enabled():
+            ours = TensorDict.load_memmap(p, **kwargs)
+        assert _flags(ours) == _flags(theirs), kwargs
+        if kwargs.get("device") != "meta":
+            _same_values(ours, theirs)
+
+
+def test_not_an_archive_reaches_tensordict(tmp_path):
+    # a zip without a top-level meta.json, a memmap directory, a missing path: the
+    # same result or the same error class as tensordict's own load_memmap
+    z = tmp_path / "other.tdz"
+    with zipfile.ZipFile(z, "w") as f:
+        f.writestr("x.txt", "not a tensordict")
+    d = tmp_path / "dir"
+    _batched().memmap(d)
+    for target in (z, d, tmp_path / "missing.tdz"):
+        try:
+            theirs = TensorDict.load_memmap(target)
+        except Exception as exc:  # noqa: BLE001
+            theirs = exc
+        with tdt.enabled():
+            try:
+                ours = TensorDict.load_memmap(target)
+            except Exception as exc:  # noqa: BLE001
+                ours = exc
+        if isinstance(theirs, Exception):
+            assert isinstance(ours, type(theirs)), (target, ours, theirs)
+        else:
+            assert _flags(ours) == _flags(theirs)
+
+
+def test_truncated_archive_is_an_error_not_a_fallback(tmp_path):
+    # an archive whose central directory is fine but whose leaf payload is cut: our
+    # reader reports it (the open succeeded, so tensordict's path is not tried)
+    p = tmp_path / "x.tdz"
+    _grouped(1, 2, 1000).save(p)
+    data = bytearray(p.read_bytes())
+    info = zipfile.ZipFile(p).getinfo("g000/l00.memmap")
+    # break the local header of one leaf: the central directory still reads
+    data[info.header_offset : info.header_offset + 4] = b"XXXX"
+    p.write_bytes(bytes(data))
+    with tdt.enabled(), warnings.catch_warnings(), pytest.raises(Exception) as err:  # noqa: PT011
+        TensorDict.load_memmap(p)
+    from tdz_numba import TdzError
+
+    assert isinstance(err.value, TdzError)
