@@ -85,13 +85,13 @@ class TdTdzEnabled(TdTdz):
     name = "td_tdz_enabled"
 
     def save(self, w, path):
-        from .tensordict import enabled
+        from ..tensordict import enabled
 
         with enabled():
             return super().save(w, path)
 
     def open(self, path):
-        from .tensordict import enabled
+        from ..tensordict import enabled
 
         with enabled():
             return super().open(path)
