@@ -170,3 +170,19 @@ def test_truncated_archive_is_an_error_not_a_fallback(tmp_path):
     from tdz_numba import TdzError
 
     assert isinstance(err.value, TdzError)
+
+
+def test_bench_cell_td_tdz_enabled(tmp_path):
+    # tdz bench's td_tdz_enabled cell: save, open (load_memmap) and read through enable()
+    from tdz_numba.bench.peers import FORMAT_CLASSES
+    from tdz_numba.bench.workloads import make_workload
+
+    w = make_workload("small", 0.05)
+    fmt, plain = FORMAT_CLASSES["td_tdz_enabled"](), FORMAT_CLASSES["td_tdz"]()
+    p = tmp_path / "x.tdz"
+    fmt.save(w, p)
+    assert not tdt.is_enabled()
+    total, td = fmt.read(w, p)
+    expected, _ = plain.read(w, p)
+    assert total == pytest.approx(expected)
+    assert _flags(fmt.open(p)) == _flags(plain.open(p))
