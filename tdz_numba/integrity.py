@@ -48,15 +48,12 @@ class VerifyReport:
 
 def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
     """CRC-32 of the STORED entries ``rows`` of ``index``, computed in parallel."""
-    from ._jit import run_parallel
-    from .kernels import CRC_CHUNK, crc32_spans
+    from .kernel_dispatch import CRC_CHUNK, crc32_spans  # the kernel or its twin
 
     base = index.buffer.ctypes.data
     addrs = base + index.table["payload_offset"][rows]
-    from .codecs import dynamic_schedule
-
-    with dynamic_schedule(8):  # pieces of <= CRC_CHUNK, handed out 8 at a time
-        return run_parallel(crc32_spans, addrs.astype(np.int64), index.table["csize"][rows].copy(), CRC_CHUNK)
+    # kernel: pieces of <= CRC_CHUNK, handed out 8 at a time
+    return crc32_spans(addrs.astype(np.int64), index.table["csize"][rows].copy(), CRC_CHUNK, schedule=8)
 
 
 def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit, prange
 
+from . import kernel_dispatch as _dispatch
 from . import records
 from ._jit import HAVE_ZNG_CRC, KERNEL, PARALLEL, u8_pointer, zng_crc32_z
 
@@ -44,7 +45,7 @@ __all__ = [
 
 #: Bytes hashed per parallel work item: large enough to amortize the call,
 #: small enough to split one large entry across all cores.
-CRC_CHUNK = 1 << 20
+CRC_CHUNK = _dispatch.CRC_CHUNK
 
 _POLY = np.uint32(0xEDB88320)
 

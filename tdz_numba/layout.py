@@ -100,7 +100,7 @@ def plan(
     local_more : sequence of int, optional
         Bytes of other local extra blocks per entry (segment tables).
     """
-    from .kernels import plan_layout
+    from .kernel_dispatch import plan_layout  # the kernel or its twin
 
     n = len(names)
     methods_arr = np.asarray(methods, dtype=np.int64).reshape(n)

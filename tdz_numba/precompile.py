@@ -7,6 +7,12 @@ module runs each of those paths once on a few bytes in a temporary directory,
 with the argument types the library really uses, so the cache holds exactly
 the signatures later calls look up. Run it in a Docker build, a conda
 post-link script or a CI setup step; a second run only loads from the cache.
+When every family ran, it writes a marker next to the cache
+(:func:`tdz_numba.kernel_dispatch.write_marker`): from then on saves and
+loads use the kernels (before, small ones use their pure-Python twins, see
+:mod:`tdz_numba.kernel_dispatch`). ``python -m tdz_numba.precompile
+--background`` is the quiet, low-priority run that a first cold save or load
+starts by itself.
 
 Examples
 --------
@@ -18,7 +24,9 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import mmap
+import os
 import sys
 import tempfile
 import time
@@ -29,7 +37,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-__all__ = ["WarmupReport", "warmup", "kernel_dispatchers", "cache_dirs"]
+__all__ = ["WarmupReport", "warmup", "kernel_dispatchers", "cache_dirs", "background_main"]
 
 _KERNEL_MODULES = (
     "tdz_numba.kernels",
@@ -179,11 +187,15 @@ def warmup(*, verbose: bool = True, file: TextIO | None = None) -> WarmupReport:
     >>> report.cache_dirs  # doctest: +SKIP
     ['/home/me/.cache/numba/...']
     """
-    from . import _firstuse
+    from . import _firstuse, kernel_dispatch
 
     out = file if file is not None else sys.stdout
     report = WarmupReport()
-    with _firstuse.quiet(), tempfile.TemporaryDirectory(prefix="tdz-warmup-") as tmpdir:
+    with (
+        kernel_dispatch.forced("always"),  # the save/load paths below run the kernels, not their twins
+        _firstuse.quiet(),
+        tempfile.TemporaryDirectory(prefix="tdz-warmup-") as tmpdir,
+    ):
         for family, run in _FAMILIES.items():
             before = len(_firstuse.compiled)
             t0 = time.perf_counter()
@@ -196,7 +208,67 @@ def warmup(*, verbose: bool = True, file: TextIO | None = None) -> WarmupReport:
                 shown = ", ".join(n.rsplit(".", 1)[-1] for n in dict.fromkeys(names))
                 print(f"{family:<20} {seconds:6.2f} s  {what}{': ' + shown if shown else ''}", file=out)
     report.cache_dirs = cache_dirs()
+    _mark_warm()
     if verbose:
         for d in report.cache_dirs:
             print(f"cache: {d}", file=out)
     return report
+
+
+def _mark_warm() -> str | None:
+    """Writes the warm marker into the cache directory of :mod:`tdz_numba.kernels`."""
+    from . import kernel_dispatch
+
+    index_files: list[str] = []
+    where = None
+    for name, disp in kernel_dispatchers().items():
+        cache = getattr(disp, "_cache", None)
+        index = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
+        if index and name.startswith("tdz_numba.kernels.") and os.path.exists(index):
+            index_files.append(str(index))
+            where = where or str(getattr(cache, "cache_path", "") or "") or None
+    if where is None:
+        return None
+    return kernel_dispatch.write_marker(where, index_files)
+
+
+def background_main() -> int:
+    """``python -m tdz_numba.precompile --background``: a quiet :func:`warmup` at low priority.
+
+    Started by the first save or load that finds the cache cold
+    (:func:`tdz_numba.kernel_dispatch.start_background_warmup`). One runs at a time
+    (a lock file in the cache directory, removed at the end); nothing is printed;
+    an unwritable cache directory ends it quietly. Returns the exit status (0).
+    """
+    import fcntl
+
+    from . import kernel_dispatch
+
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    cache = kernel_dispatch.kernel_cache_dirs()[0]
+    lock_path = os.path.join(cache, kernel_dispatch._LOCK_NAME)
+    try:
+        os.makedirs(cache, exist_ok=True)
+        fd = os.open(lock_path, os.O_CREAT | os.O_WRONLY, 0o644)
+    except OSError:
+        return 0
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0  # another warm-up holds the lock
+        if not kernel_dispatch.kernels_warm():
+            with contextlib.suppress(Exception):
+                warmup(verbose=False)
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
+        return 0
+    finally:
+        os.close(fd)
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a subprocess
+    if sys.argv[1:] == ["--background"]:
+        sys.exit(background_main())
+    warmup()

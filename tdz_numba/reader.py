@@ -142,7 +142,7 @@ class ArchiveIndex:
         self._dirs: dict[str, set[str]] | None = None
 
     def _parse(self, check_local: bool) -> None:
-        from .kernels import parse_central_directory
+        from .kernel_dispatch import parse_central_directory  # the kernel or its twin
 
         end = self.end
         cols, status = parse_central_directory(
@@ -201,7 +201,7 @@ class ArchiveIndex:
         row = self.rows[i]
         if row.payload_offset >= 0:
             return row.payload_offset
-        from .kernels import resolve_local
+        from .kernel_dispatch import resolve_local  # the kernel or its twin
 
         self._raise_status(resolve_local(self.buffer, self._cols, i, self.end.cd_offset))
         self._rows[i] = row = IndexRow(*self._cols[i].tolist())  # type: ignore[index]

@@ -68,8 +68,7 @@ def stream_entries(
 
     Returns the number of bytes written. The stream is neither flushed nor closed.
     """
-    from ._jit import run_parallel
-    from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
+    from .kernel_dispatch import CRC_CHUNK, crc32_spans, crc32_zeros  # kernels or their twins
 
     method = codecs.method_of(compression)
     codecs.check_level(method, compresslevel)
@@ -108,7 +107,6 @@ def stream_entries(
                 (
                     rows_,
                     pool.submit(
-                        run_parallel,
                         crc32_spans,
                         addrs,
                         stored_size[rows_].copy(),

@@ -51,7 +51,6 @@ from typing import Any
 import numpy as np
 
 from . import _tempfiles, codecs, records
-from ._jit import run_parallel
 from ._paths import as_local_path
 from .errors import (
     AccessDeniedError,
@@ -216,7 +215,7 @@ def write_entries(
     ``segment_size``: uncompressed bytes per deflate segment (default
     :data:`tdz_numba.codecs.SEGMENT_SIZE`). ``align`` and ``align_threshold``: see
     :func:`payload_alignments`."""
-    from .kernels import CRC_CHUNK, crc32_spans, crc32_zeros
+    from .kernel_dispatch import CRC_CHUNK, crc32_spans, crc32_zeros  # kernels or their twins
 
     check_write_args(compression, compresslevel, num_threads)
     prep = prepare(
@@ -273,7 +272,6 @@ def write_entries(
             for batch in _batches(pending, stored_size):
                 addrs = np.fromiter((sources[i].ctypes.data for i in batch), np.int64, len(batch))
                 job = pool.submit(
-                    run_parallel,
                     crc32_spans,
                     addrs,
                     stored_size[batch].copy(),
@@ -415,9 +413,9 @@ def _crc_threads(num_threads: int | None) -> int:
     cores), leaving a core to the writing thread. On 2 cores one CRC thread (~9 GB/s)
     stays ahead of the writes (~3 GB/s), and two made the writes slower (measured:
     flat 256 MiB save median 120 -> 99 ms, with fewer outliers)."""
-    import numba
+    from .kernel_dispatch import default_threads
 
-    total = numba.config.NUMBA_NUM_THREADS if num_threads is None else num_threads  # type: ignore[attr-defined]
+    total = default_threads() if num_threads is None else num_threads
     return max(1, total - 1)
 
 

@@ -3,6 +3,9 @@ import warnings
 
 import pytest
 
+# the suite runs the Numba kernels; tests/test_firstuse.py runs their pure-Python twins too
+os.environ.setdefault("TDZ_NUMBA_KERNELS", "always")
+
 # tensordict warns about pickle defaults and robust keys on every load
 warnings.filterwarnings("ignore", category=FutureWarning)
 

@@ -1,0 +1,439 @@
+"""First use without compiling: the kernels' pure-Python twins (tdz_numba.pykernels) against the
+kernels, both paths end to end, and the choice between them (tdz_numba.kernel_dispatch).
+
+tests/conftest.py sets ``TDZ_NUMBA_KERNELS=always`` for the suite; the tests here pick the path
+themselves with ``kernel_dispatch.forced``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import naive
+import numpy as np
+import pytest
+import torch
+
+import tdz_numba
+from tdz_numba import kernel_dispatch, kernels, pykernels, records
+from tdz_numba.errors import InvalidArgumentError, TdzError
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = ROOT / "tests" / "fixtures" / "hostile"
+EDGE = [0, 1, 7, 8, 63, 64, 65, 4095, 4096, 4097, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 << 20]
+
+
+# ---------------------------------------------------------------------------
+# CRC twins
+# ---------------------------------------------------------------------------
+def _spans(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    addrs = np.array([a.ctypes.data for a in arrays], np.int64)
+    return arrays, addrs, np.array(sizes, np.int64)
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 4096])
+def test_crc32_spans_twin_equals_kernel_and_zlib(chunk, monkeypatch):
+    arrays, addrs, lengths = _spans(EDGE)
+    want = kernels.crc32_spans(addrs, lengths, chunk)
+    got = pykernels.crc32_spans(addrs, lengths, chunk)
+    assert got.dtype == np.uint32 and np.array_equal(got, want)
+    assert got.tolist() == [zlib.crc32(a.tobytes()) for a in arrays]
+    monkeypatch.setattr(pykernels, "POOL_BYTES", 1)  # the thread pool and its combines
+    for threads in (2, 3, None):
+        assert np.array_equal(pykernels.crc32_spans(addrs, lengths, chunk, threads), want)
+    assert pykernels.crc32_spans(np.zeros(0, np.int64), np.zeros(0, np.int64), chunk).size == 0
+
+
+def test_crc32_zeros_and_combine_twins():
+    for n in [0, 1, 2, 3, 100, 4096, 1 << 20, (1 << 33) + 5, (1 << 62) + 1]:
+        assert pykernels.crc32_zeros(n) == int(kernels.crc32_zeros(n)), n
+        if n < 1 << 21:
+            assert pykernels.crc32_zeros(n) == naive.crc32_zeros(n) == zlib.crc32(bytes(n))
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        a, b = rng.integers(0, 2**32, 2).tolist()
+        n = int(rng.integers(0, 1 << 40))
+        assert pykernels.crc32_combine(a, b, n) == int(kernels.crc32_combine(a, b, n))
+    assert pykernels.crc32_combine(5, 7, 0) == int(kernels.crc32_combine(5, 7, 0)) == 5
+
+
+# ---------------------------------------------------------------------------
+# Layout twin
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(6))
+def test_plan_layout_twin_equals_kernel(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    header_len = rng.integers(30, 400, n).astype(np.int64)
+    data_size = rng.choice(np.array(EDGE + [10**10], np.int64), n)
+    choices = [0, 1] if seed == 0 else [0, 1, 64, 4096, 65536, 1 << 20]
+    align = rng.choice(np.array(choices, np.int64), n)
+    room = rng.choice(np.array([0, 10, 4000, 65535 - 100], np.int64), n)
+    want = kernels.plan_layout(header_len, data_size, align, room)
+    got = pykernels.plan_layout(header_len, data_size, align, room)
+    for w, g in zip(want[:3], got[:3]):
+        assert g.dtype == np.int64 and np.array_equal(w, g)
+    assert int(want[3]) == got[3]
+
+
+def test_plan_twin_matches_naive_oracle():
+    from tdz_numba import layout
+
+    names = [f"k{i}.memmap" for i in range(40)]
+    sizes = [EDGE[i % len(EDGE)] for i in range(40)]
+    align = [64 if i % 3 else 4096 for i in range(40)]
+    with kernel_dispatch.forced("never"):
+        plan = layout.plan(names, sizes, align, [records.STORED] * 40)
+    with kernel_dispatch.forced("always"):
+        ref = layout.plan(names, sizes, align, [records.STORED] * 40)
+    assert np.array_equal(plan.payload_offset, ref.payload_offset)
+    assert np.array_equal(plan.pad, ref.pad) and plan.file_size == ref.file_size
+    rows, end = naive.naive_plan([len(n) for n in names], sizes, align)
+    assert rows == list(zip(plan.header_offset.tolist(), plan.pad.tolist(), plan.payload_offset.tolist()))
+    assert end == plan.cd_offset
+
+
+# ---------------------------------------------------------------------------
+# Index twins: byte for byte the same decision on every input
+# ---------------------------------------------------------------------------
+def _both_parse(buf, cd_offset, cd_size, count):
+    for check_local in (False, True):
+        kc, ks = kernels.parse_central_directory(buf, cd_offset, cd_size, count, check_local)
+        pc, ps = pykernels.parse_central_directory(buf, cd_offset, cd_size, count, check_local)
+        assert ps.tolist() == ks.tolist(), (check_local, cd_offset, cd_size, count)
+        assert pc.shape == kc.shape and np.array_equal(pc, kc), (check_local, ks.tolist())
+    kc, ks = kernels.parse_central_directory(buf, cd_offset, cd_size, count, False)
+    if ks[0] == 0:
+        pc = kc.copy()
+        for i in range(len(kc)):
+            want = kernels.resolve_local(buf, kc, i, cd_offset)
+            got = pykernels.resolve_local(buf, pc, i, cd_offset)
+            assert got.tolist() == want.tolist() and np.array_equal(pc, kc), i
+    return ks
+
+
+def _end(buf):
+    try:
+        end = records.find_end_record(buf, "x")
+    except TdzError:
+        return None
+    return end.cd_offset, end.cd_size, end.count
+
+
+def _saved(tmp_path, tree, **kw) -> np.ndarray:
+    path = tdz_numba.save(tree, tmp_path / "x.tdz", durable=False, **kw)
+    return np.frombuffer(path.read_bytes(), np.uint8)
+
+
+def test_index_twin_on_valid_archives(tmp_path):
+    tree = {
+        "a": torch.arange(10.0),
+        "b": {"c": torch.ones(3, 4, dtype=torch.float64), "é": torch.zeros(0)},
+        "tag": "txt",
+    }
+    for kw in ({}, {"compression": "deflate"}, {"align": 4096}):
+        buf = _saved(tmp_path, tree, **kw)
+        assert _both_parse(buf, *_end(buf))[0] == 0
+    buf = np.frombuffer(naive.naive_archive(["x", "y"], [b"12345", b""], [64, 0]), np.uint8)
+    assert _both_parse(buf, *_end(buf))[0] == 0
+
+
+def test_index_twin_on_wrong_end_values(tmp_path):
+    buf = _saved(tmp_path, {"a": torch.arange(4), "b": torch.ones(2)})
+    cd, size, count = _end(buf)
+    for args in [
+        (cd, size, count + 1),
+        (cd, size, max(count - 1, 0)),
+        (cd, size, 0),
+        (cd + 1, size - 1, count),
+        (cd - 1, size, count),
+        (-1, size, count),
+        (cd, -5, count),
+        (cd, size, -1),
+        (cd, 1 << 62, count),
+        (buf.size, 0, 0),
+        (0, cd + size, count),
+    ]:
+        _both_parse(buf, *args)
+
+
+def test_index_twin_on_mutated_archives(tmp_path):
+    tree = {f"k{i}": torch.arange(i + 1, dtype=torch.int32) for i in range(6)}
+    base = _saved(tmp_path, tree, align=64)
+    cd, size, count = _end(base)
+    rng = np.random.default_rng(7)
+    codes = set()
+    for trial in range(600):
+        buf = base.copy()
+        for _ in range(int(rng.integers(1, 4))):
+            pos = int(rng.integers(0, buf.size)) if trial % 2 else int(rng.integers(cd, cd + size))
+            buf[pos] = rng.integers(0, 256) if trial % 3 else rng.choice([0, 0xFF])
+        if trial % 5 == 0:  # 0xFFFFFFFF size / offset fields: the zip64 extra search
+            buf[cd + int(rng.choice([20, 24, 42])) :][:4] = 0xFF
+        codes.add(int(_both_parse(buf, cd, size, count)[0]))
+    assert len(codes) >= 4, codes  # the mutations reach several refusal sites
+
+
+def test_index_twin_on_zip64_extras():
+    # a central record whose sizes and offset sit in a zip64 extra (what large archives have)
+    name = b"big"
+    local = records.LOCAL_SIG.to_bytes(4, "little") + bytes(22) + len(name).to_bytes(2, "little") + bytes(2)
+    local += name + b"data"
+    for fields, extra in [
+        ((4, 4, 0), b""),
+        (
+            (0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF),
+            (1).to_bytes(2, "little")
+            + (24).to_bytes(2, "little")
+            + (4).to_bytes(8, "little") * 2
+            + (0).to_bytes(8, "little"),
+        ),
+        (
+            (0xFFFFFFFF, 4, 0),
+            (1).to_bytes(2, "little") + (8).to_bytes(2, "little") + (1 << 63).to_bytes(8, "little"),
+        ),
+        ((0xFFFFFFFF, 4, 0), (9).to_bytes(2, "little") + (0).to_bytes(2, "little")),
+        ((0xFFFFFFFF, 4, 0), (1).to_bytes(2, "little") + (4).to_bytes(2, "little") + bytes(4)),
+        (
+            (4, 0xFFFFFFFF, 0),
+            (7).to_bytes(2, "little")
+            + (2).to_bytes(2, "little")
+            + bytes(2)
+            + (1).to_bytes(2, "little")
+            + (8).to_bytes(2, "little")
+            + (4).to_bytes(8, "little"),
+        ),
+    ]:
+        usize, csize, hoff = fields
+        central = bytearray(46)
+        central[0:4] = records.CENTRAL_SIG.to_bytes(4, "little")
+        central[20:24] = csize.to_bytes(4, "little")
+        central[24:28] = usize.to_bytes(4, "little")
+        central[28:30] = len(name).to_bytes(2, "little")
+        central[30:32] = len(extra).to_bytes(2, "little")
+        central[42:46] = hoff.to_bytes(4, "little")
+        cdir = bytes(central) + name + extra
+        buf = np.frombuffer(local + cdir, np.uint8)
+        _both_parse(buf, len(local), len(cdir), 1)
+
+
+def _hostile():
+    if not (HOSTILE / "index.json").exists():
+        return []
+    return sorted(f["file"] for f in json.loads((HOSTILE / "index.json").read_text()))
+
+
+def test_index_twin_on_hostile_fixtures():
+    files = _hostile()
+    assert files
+    seen = 0
+    for name in files:
+        buf = np.frombuffer(gzip.decompress((HOSTILE / name).read_bytes()), np.uint8)
+        end = _end(buf)
+        if end is not None:
+            _both_parse(buf, *end)
+            seen += 1
+    assert seen > 20
+
+
+def _outcome(fn):
+    try:
+        out = fn()
+    except TdzError as exc:
+        return type(exc).__name__, str(exc)
+    except Exception as exc:  # noqa: BLE001 - compared between the paths, whatever it is
+        return "other " + type(exc).__name__, str(exc)
+    return "ok", repr(out)
+
+
+def test_hostile_fixtures_same_decision_on_both_paths(tmp_path):
+    for name in _hostile()[:80]:
+        path = tmp_path / name.replace(".bin.gz", ".tdz")
+        path.write_bytes(gzip.decompress((HOSTILE / name).read_bytes()))
+        results = []
+        for m in ("always", "never"):
+            with kernel_dispatch.forced(m):
+                results.append(
+                    (
+                        _outcome(lambda p=path: tdz_numba.verify(p)),
+                        _outcome(lambda p=path: sorted(tdz_numba.load(p))),
+                    )
+                )
+        assert results[0] == results[1], name
+
+
+# ---------------------------------------------------------------------------
+# End to end on each path
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kw", [{}, {"align": 4096}, {"compression": "deflate"}])
+def test_save_load_verify_identical_on_both_paths(tmp_path, monkeypatch, small_tree, kw):
+    monkeypatch.setattr(records, "dos_datetime", lambda *a: (0, 33))
+    tree = {**small_tree, "zeros": torch.zeros(1000), "big": torch.arange(300_000, dtype=torch.float32)}
+    files = {}
+    for m in ("always", "never"):
+        with kernel_dispatch.forced(m):
+            p = tdz_numba.save(tree, tmp_path / f"{m}.tdz", durable=False, **kw)
+            files[m] = p.read_bytes()
+            back = tdz_numba.load(p)
+            assert torch.equal(back["big"], tree["big"]) and back["tag"] == "hello"
+            with tdz_numba.open(p) as ar:
+                assert torch.equal(ar["nested/deep/c"], tree["nested"]["deep"]["c"])
+            assert tdz_numba.verify(p).leaves == 6
+    assert files["always"] == files["never"]
+
+
+def test_allocate_zero_crcs_on_both_paths(tmp_path):
+    for m in ("always", "never"):
+        with kernel_dispatch.forced(m):
+            p = tmp_path / f"{m}.tdz"
+            with tdz_numba.allocate({"z": torch.zeros(5000, 3)}, p):
+                pass
+            assert tdz_numba.verify(p).entries >= 2
+
+
+def test_crc_mismatch_reported_on_both_paths(tmp_path):
+    p = tdz_numba.save({"a": torch.arange(100)}, tmp_path / "x.tdz", durable=False)
+    raw = bytearray(p.read_bytes())
+    raw[raw.index(torch.arange(100).numpy().tobytes()) + 9] ^= 1
+    p.write_bytes(bytes(raw))
+    msgs = []
+    for m in ("always", "never"):
+        with kernel_dispatch.forced(m), pytest.raises(tdz_numba.ChecksumError) as info:
+            tdz_numba.verify(p)
+        msgs.append(str(info.value))
+    assert msgs[0] == msgs[1]
+
+
+# ---------------------------------------------------------------------------
+# The choice
+# ---------------------------------------------------------------------------
+def test_mode_from_environment(monkeypatch):
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "never")
+    assert kernel_dispatch.mode() == "never" and not kernel_dispatch.use_kernels(10**9)
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "ALWAYS")
+    assert kernel_dispatch.use_kernels(0)
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "sometimes")
+    with pytest.raises(InvalidArgumentError, match="TDZ_NUMBA_KERNELS"):
+        kernel_dispatch.mode()
+    with pytest.raises(ValueError):
+        kernel_dispatch.forced("x").__enter__()
+
+
+def test_auto_follows_marker_and_sizes(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "auto")
+    monkeypatch.setitem(kernel_dispatch._state, "warm", False)
+    monkeypatch.setitem(kernel_dispatch._state, "spawned", True)  # no background run from a test
+    assert not kernel_dispatch.kernels_warm()
+    assert not kernel_dispatch.use_kernels(10)
+    assert kernel_dispatch.use_kernels(kernel_dispatch.COLD_ENTRIES)
+    cache = kernel_dispatch.kernel_cache_dirs()[0]
+    os.makedirs(cache)
+    index = os.path.join(cache, "kernels.x.nbi")
+    Path(index).write_bytes(b"")
+    marker = kernel_dispatch.write_marker(cache, [index])
+    assert marker and Path(marker).exists()
+    monkeypatch.setitem(kernel_dispatch._state, "warm", False)
+    assert kernel_dispatch.kernels_warm()
+    monkeypatch.setitem(sys.modules, "numba", sys.modules.get("numba") or object())
+    assert kernel_dispatch.use_kernels(1)
+    os.unlink(index)  # a cache emptied behind the marker's back: not warm
+    monkeypatch.setitem(kernel_dispatch._state, "warm", False)
+    assert not kernel_dispatch.kernels_warm()
+    Path(cache, "tdz_numba-warm-old.json").write_text("{}")
+    Path(index).write_bytes(b"")
+    kernel_dispatch.write_marker(cache, [index])  # removes markers of other keys
+    assert sorted(os.listdir(cache)) == sorted(["kernels.x.nbi", os.path.basename(marker)])
+    assert kernel_dispatch.write_marker(str(tmp_path / "missing" / "dir"), []) is None
+
+
+def test_background_warmup_switches(monkeypatch, tmp_path):
+    assert not kernel_dispatch.background_enabled()  # under pytest
+    monkeypatch.setenv("TDZ_NUMBA_BACKGROUND_WARMUP", "1")
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "auto")
+    assert kernel_dispatch.background_enabled()
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "never")
+    assert not kernel_dispatch.background_enabled()
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "auto")
+    monkeypatch.setenv("TDZ_NUMBA_BACKGROUND_WARMUP", "0")
+    assert not kernel_dispatch.background_enabled()
+    # started once per process, with the lock of a running warm-up respected
+    monkeypatch.setenv("TDZ_NUMBA_BACKGROUND_WARMUP", "1")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    started = []
+
+    class FakePopen:
+        def __init__(self, args, **kw):
+            started.append((args, kw))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(kernel_dispatch.subprocess, "Popen", FakePopen)
+    monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
+    assert kernel_dispatch.start_background_warmup()
+    assert not kernel_dispatch.start_background_warmup()
+    assert started[0][0][1:] == ["-m", "tdz_numba.precompile", "--background"]
+    assert started[0][1]["start_new_session"] and started[0][1]["stdout"] == subprocess.DEVNULL
+    lock = Path(kernel_dispatch.kernel_cache_dirs()[0], kernel_dispatch._LOCK_NAME)
+    lock.parent.mkdir(parents=True)
+    lock.write_bytes(b"")
+    monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
+    assert not kernel_dispatch.start_background_warmup()
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(blocker / "cache"))  # under a file: not writable
+    monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
+    assert not kernel_dispatch.start_background_warmup()
+    assert len(started) == 1
+
+
+def _fresh(code: str, cache: Path, **env: str) -> subprocess.CompletedProcess:
+    full = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), TDZ_NUMBA_KERNELS="auto")
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
+
+
+FIRST = r"""
+import sys, torch, tdz_numba
+from tdz_numba import kernel_dispatch
+assert "numba" not in sys.modules
+p = tdz_numba.save({"a": torch.arange(10.0), "b": {"c": torch.ones(3)}}, sys.argv[1] if len(sys.argv) > 1 else "{path}")
+assert float(tdz_numba.load(p)["a"].sum()) == 45.0
+with tdz_numba.open(p) as ar:
+    ar["b/c"]
+tdz_numba.verify(p)
+print("numba" in sys.modules, kernel_dispatch.kernels_warm())
+"""
+
+
+def test_first_save_and_load_import_no_numba(tmp_path):
+    code = FIRST.replace("{path}", str(tmp_path / "x.tdz"))
+    out = _fresh(code, tmp_path / "cache", TDZ_NUMBA_BACKGROUND_WARMUP="0")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+    assert "compiling Numba kernels" not in out.stderr
+    assert not (tmp_path / "cache").exists()  # nothing compiled, nothing started
+    bare = _fresh("import sys, tdz_numba, tdz_numba._jit; print('numba' in sys.modules)", tmp_path / "c")
+    assert bare.stdout.split() == ["False"], bare.stderr
+
+
+def test_background_main_quiet_on_unwritable_cache(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    out = subprocess.run(
+        [sys.executable, "-m", "tdz_numba.precompile", "--background"],
+        env=dict(os.environ, NUMBA_CACHE_DIR=str(blocker / "cache"), PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and out.stdout == out.stderr == ""
