@@ -9,9 +9,10 @@ values (byte-identical archives, the same index, the same errors):
 
 * the kernels, when :func:`kernels_warm` (``tdz warmup`` or a finished
   background warm-up wrote its marker next to Numba's cache) and either Numba
-  is already imported or the work is large (:data:`WARM_ENTRIES` entries:
-  importing Numba alone costs ~0.4 s, more than the twins take below that);
-  with a cold cache only from :data:`COLD_ENTRIES` entries, where compiling pays;
+  is already imported or the process has given the twins :data:`WARM_ENTRIES`
+  entries in all (importing Numba alone costs ~0.4 s, more than the twins take
+  below that); with a cold cache from :data:`COLD_ENTRIES` entries, where
+  compiling (~3-5 s) pays;
 * the twins otherwise, without importing Numba. On the first cold fallback of a
   process a background warm-up starts (``python -m tdz_numba.precompile
   --background``: quiet, ``nice``, one at a time), so later processes find the
@@ -79,10 +80,11 @@ __all__ = [
 
 #: Bytes hashed per parallel work item (the kernels' chunk; see :mod:`tdz_numba.kernels`).
 CRC_CHUNK = 1 << 20
-#: With a warm cache but Numba not imported yet, the kernels run from this many entries on.
+#: With a warm cache but Numba not imported yet, the kernels run once a process has given
+#: the twins this many entries in all (~0.1-0.25 s of twin work, less than importing Numba).
 WARM_ENTRIES = 20_000
-#: With a cold cache, the kernels are compiled from this many entries on.
-COLD_ENTRIES = 1_000_000
+#: With a cold cache, the kernels are compiled once the twins have had this many entries.
+COLD_ENTRIES = 500_000
 
 _MODES = ("auto", "always", "never")
 _MARKER_PREFIX = "tdz_numba-warm-"
@@ -97,7 +99,14 @@ _SOURCES = (
     os.path.join("formats", "gguf_kernels.py"),
 )
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_state: dict[str, Any] = {"forced": None, "warm": False, "spawned": False, "key": None}
+_state: dict[str, Any] = {
+    "forced": None,
+    "warm": False,
+    "checked": -1e9,
+    "spawned": False,
+    "key": None,
+    "twin": 0,
+}
 _LOCK = threading.Lock()
 
 
@@ -209,8 +218,12 @@ def kernels_warm() -> bool:
     (and the cache index files it lists still exist). Does not import Numba."""
     if _state["warm"]:
         return True
+    now = time.monotonic()
+    if now - _state["checked"] < 2.0:  # a cold answer is looked up again at most every 2 s
+        return False
     name = _MARKER_PREFIX + cache_key() + ".json"
     _state["warm"] = any(_marker_ok(os.path.join(d, name)) for d in kernel_cache_dirs())
+    _state["checked"] = now
     return bool(_state["warm"])
 
 
@@ -331,11 +344,19 @@ def use_kernels(entries: int = 0) -> bool:
     m = mode()
     if m != "auto":
         return m == "always"
-    if kernels_warm():
-        return "numba" in sys.modules or entries >= WARM_ENTRIES
-    if entries >= COLD_ENTRIES:
+    if "numba" in sys.modules and _state["warm"]:
         return True
-    start_background_warmup()
+    # the twins cost ~1-12 us per entry: once this process has spent about what importing
+    # Numba (warm) or compiling (cold) costs, the kernels pay
+    done = _state["twin"] + entries
+    if kernels_warm():
+        if "numba" in sys.modules or done >= WARM_ENTRIES:
+            return True
+    elif done >= COLD_ENTRIES:
+        return True
+    else:
+        start_background_warmup()
+    _state["twin"] = done
     return False
 
 

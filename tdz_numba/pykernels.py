@@ -241,7 +241,7 @@ def _check_local(buf, mv: memoryview, cols: np.ndarray, i: int, cd_offset: int, 
 
 
 def _bytes_view(buf) -> memoryview:
-    return memoryview(np.ascontiguousarray(buf).reshape(-1)).cast("B")
+    return np.ascontiguousarray(buf).reshape(-1).data.cast("B")
 
 
 def resolve_local(buf, cols: np.ndarray, i: int, cd_offset: int) -> np.ndarray:

@@ -327,11 +327,16 @@ def test_mode_from_environment(monkeypatch):
         kernel_dispatch.forced("x").__enter__()
 
 
+def _cold(monkeypatch) -> None:
+    for key, value in (("warm", False), ("checked", -1e9), ("twin", 0)):
+        monkeypatch.setitem(kernel_dispatch._state, key, value)
+
+
 def test_auto_follows_marker_and_sizes(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TDZ_NUMBA_KERNELS", "auto")
-    monkeypatch.setitem(kernel_dispatch._state, "warm", False)
     monkeypatch.setitem(kernel_dispatch._state, "spawned", True)  # no background run from a test
+    _cold(monkeypatch)
     assert not kernel_dispatch.kernels_warm()
     assert not kernel_dispatch.use_kernels(10)
     assert kernel_dispatch.use_kernels(kernel_dispatch.COLD_ENTRIES)
@@ -339,14 +344,21 @@ def test_auto_follows_marker_and_sizes(tmp_path, monkeypatch):
     os.makedirs(cache)
     index = os.path.join(cache, "kernels.x.nbi")
     Path(index).write_bytes(b"")
+    assert not kernel_dispatch.kernels_warm()  # a cold answer is kept for 2 s
     marker = kernel_dispatch.write_marker(cache, [index])
     assert marker and Path(marker).exists()
-    monkeypatch.setitem(kernel_dispatch._state, "warm", False)
+    _cold(monkeypatch)
     assert kernel_dispatch.kernels_warm()
-    monkeypatch.setitem(sys.modules, "numba", sys.modules.get("numba") or object())
+    # warm, Numba not imported: the twins until the process gave them WARM_ENTRIES entries
+    monkeypatch.delitem(sys.modules, "numba", raising=False)
+    assert not kernel_dispatch.use_kernels(kernel_dispatch.WARM_ENTRIES // 2)
+    assert not kernel_dispatch.use_kernels(kernel_dispatch.WARM_ENTRIES // 2 - 1)
     assert kernel_dispatch.use_kernels(1)
+    monkeypatch.setitem(sys.modules, "numba", object())
+    _cold(monkeypatch)
+    assert kernel_dispatch.use_kernels(0)  # warm and Numba imported: the kernels
     os.unlink(index)  # a cache emptied behind the marker's back: not warm
-    monkeypatch.setitem(kernel_dispatch._state, "warm", False)
+    _cold(monkeypatch)
     assert not kernel_dispatch.kernels_warm()
     Path(cache, "tdz_numba-warm-old.json").write_text("{}")
     Path(index).write_bytes(b"")
