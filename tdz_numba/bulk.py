@@ -214,34 +214,54 @@ def materialize(ar: Any, leaves: list[Any]) -> list[torch.Tensor]:
 
 
 def build_tree(ar: Any) -> Level:
-    """Every value below ``ar`` as nested :class:`~tdz_numba.tree.Level` dicts, leaves resolved in bulk."""
+    """Every value below ``ar`` as nested :class:`~tdz_numba.tree.Level` dicts, leaves resolved in bulk.
 
-    def new_level(node: Any) -> Level:
-        keyed = node._level()[0]
-        return Level(meta=node.meta, keyed=keyed)
-
-    root = new_level(ar)
+    Levels in the common case (a ``.tdz`` TensorDict level of stored leaves,
+    read without ``copy``/``dtype``/``device``) are built in one pass each by
+    the source's ``quick_level``; the others go through the general path,
+    whose leaves are materialized together at the end (compressed ones
+    inflated in one parallel batch).
+    """
+    ar._check_open()
+    state = ar._state
+    quick = getattr(state.source, "quick_level", None)
+    if state.copy or state.dtype is not None or state.device is not None:
+        quick = None
     slots: list[tuple[Level, str]] = []
     leaves: list[Any] = []
-    stack = [(ar, root)]
+    root = Level()
+    stack: list[tuple[str, Level | None, str]] = [(ar._prefix, None, "")]  # (level, parent, key in parent)
     while stack:
-        node, out = stack.pop()
-        for key, spec in node._level()[1].items():
-            kind = spec.kind
-            if kind == "leaf":
-                out[key] = None  # keeps the key order; filled below
-                slots.append((out, key))
-                leaves.append(spec.leaf)
-            elif kind == "level":
-                sub = node._sub(spec.path)
-                plain, value = sub._plain_value()
+        prefix, parent, name = stack.pop()
+        got = quick(prefix) if quick is not None else None
+        if got is not None:
+            out, subs = got
+            for key, sub in subs:  # sub-levels: filled when popped
+                stack.append((sub, out, key))
+        else:
+            node = ar._sub(prefix) if prefix != ar._prefix else ar
+            if parent is not None:
+                plain, value = node._plain_value()
                 if plain:
-                    out[key] = value
+                    parent[name] = value
+                    continue
+            keyed, children, _ = node._level()
+            out = Level(meta=node.meta, keyed=keyed)
+            for key, spec in children.items():
+                kind = spec.kind
+                if kind == "leaf":
+                    out[key] = None  # keeps the key order; filled below
+                    slots.append((out, key))
+                    leaves.append(spec.leaf)
+                elif kind == "level":
+                    out[key] = None
+                    stack.append((spec.path, out, key))
                 else:
-                    lvl = out[key] = new_level(sub)
-                    stack.append((sub, lvl))
-            else:
-                out[key] = node._value(spec)
+                    out[key] = node._value(spec)
+        if parent is None:
+            root = out
+        else:
+            parent[name] = out
     for (lvl, key), t in zip(slots, materialize(ar, leaves)):
         lvl[key] = t
     return root

@@ -250,7 +250,7 @@ def refresh_checksums(path: str | os.PathLike) -> Path:
         buf = index.buffer
         sig = len(records.DESCRIPTOR_SIG)
         for row, crc in zip(stored.tolist(), crcs.tolist()):
-            r = index.rows[row]
+            r = index.row_at(row)
             packed = np.frombuffer(struct.pack("<I", crc), np.uint8)
             if r.flags & records.FLAG_DESCRIPTOR:
                 pos = r.payload_offset + r.csize

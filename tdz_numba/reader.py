@@ -198,14 +198,24 @@ class ArchiveIndex:
 
     def payload_offset(self, i: int) -> int:
         """Payload offset of row ``i``, reading and checking its local header on first use."""
-        row = self.rows[i]
-        if row.payload_offset >= 0:
-            return row.payload_offset
+        cols = self._cols
+        offset = int(cols[i, Col.PAYLOAD_OFFSET])
+        if offset >= 0:
+            return offset
         from .kernel_dispatch import resolve_local  # the kernel or its twin
 
-        self._raise_status(resolve_local(self.buffer, self._cols, i, self.end.cd_offset))
-        self._rows[i] = row = IndexRow(*self._cols[i].tolist())  # type: ignore[index]
-        return row.payload_offset
+        self._raise_status(resolve_local(self.buffer, cols, i, self.end.cd_offset))
+        if self._rows is not None:  # the cached rows see the filled-in local header
+            self._rows[i] = tuple.__new__(IndexRow, cols[i].tolist())  # type: ignore[arg-type]
+        return int(cols[i, Col.PAYLOAD_OFFSET])
+
+    def row_at(self, i: int) -> IndexRow:
+        """Row ``i`` of :attr:`table` as an :class:`~tdz_numba.records.IndexRow`
+        (without building :attr:`rows` for every entry)."""
+        rows = self._rows
+        if rows is not None:
+            return rows[i]
+        return tuple.__new__(IndexRow, self._cols[i].tolist())  # type: ignore[arg-type]
 
     # -- names and directories -------------------------------------------------
     def _name_at(self, i: int) -> str:
@@ -304,7 +314,7 @@ class ArchiveIndex:
         """Location and storage of entry ``name`` (``KeyError`` if absent)."""
         i = self._by_name[name]
         payload = self.payload_offset(i)
-        r = self.rows[i]
+        r = self.row_at(i)
         return EntryInfo(
             name, i, r.header_offset, payload, r.csize, r.size, r.method, r.crc, r.flags, r.central_offset
         )
@@ -345,7 +355,7 @@ class ArchiveIndex:
     def local_extra(self, e: EntryInfo) -> bytes:
         """The extra field of an entry's local header."""
         self.payload_offset(e.index)
-        r = self.rows[e.index]
+        r = self.row_at(e.index)
         start = r.header_offset + records.Local.SIZEOF + r.name_len
         return self.buffer[start : start + r.local_extra_len].tobytes()
 

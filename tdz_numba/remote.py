@@ -427,7 +427,7 @@ class RemoteIndex(ArchiveIndex):
     def payload_offset(self, i: int) -> int:
         if not self._ready[i]:
             self.fetch([i])
-        return self.rows[i].payload_offset
+        return int(self._cols[i, records.Col.PAYLOAD_OFFSET])
 
     def check_all(self) -> None:
         self.fetch(np.arange(len(self.names)))

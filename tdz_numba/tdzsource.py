@@ -35,12 +35,26 @@ import numpy as np
 import torch
 
 from . import records
-from .bounds import check_nested_sizes, parse_meta
+from .bounds import check_nested_sizes, parse_meta, shape_nbytes
 from .dtypes import dtype_table, torch_dtype
 from .errors import BadArchiveError, InvalidArgumentError, UnsupportedError
 from .reader import ArchiveIndex
+from .records import Col
 from .sources import LevelInfo, Location, Source
-from .tree import ChildSpec, LeafSpec, PickledData, RawFile, describe_level
+from .tree import (
+    _ENCODED,
+    FORMAT_VERSION,
+    NON_TENSOR_DATA_TYPE,
+    RESERVED_FIELDS,
+    ChildSpec,
+    LeafSpec,
+    Level,
+    PickledData,
+    RawFile,
+    describe_level,
+    encode_key,
+    is_keyed,
+)
 
 __all__ = ["TdzSource", "LeafInfo", "METADATA_ENTRY"]
 
@@ -100,6 +114,9 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(strides)
 
 
+_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}  # contiguous strides of the shapes seen
+
+
 def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """A tensor over a new uint8 buffer (inflated data)."""
     if data.size == 0:
@@ -148,6 +165,8 @@ class TdzSource(Source):
         self._levels: dict[str, LevelInfo] = {}
         self._tensors: dict[str, torch.Tensor] = {}
         self._typed: dict[torch.dtype, torch.Tensor] = {}
+        self._kinds: dict[str, tuple[int, torch.Tensor]] = {}
+        self._columns: tuple[np.ndarray, list[int], list[int], list[int]] | None = None
         self._metadata: dict[str, Any] | None = None
         if "meta.json" not in self.index:
             self.index.close()
@@ -193,6 +212,109 @@ class TdzSource(Source):
         result = LevelInfo(keyed, {c.key: c for c in children}, meta)  # type: ignore[misc]  # tree.ChildSpec has sources.Child's fields
         self._levels[prefix] = result
         return result
+
+    def quick_level(self, prefix: str) -> tuple[Level, list[tuple[str, str]]] | None:
+        """The level at ``prefix`` in one pass, for :func:`~tdz_numba.bulk.build_tree`, when
+        it is the common case: ``(level, subs)``, the :class:`~tdz_numba.tree.Level` of its
+        leaves (sub-levels hold None) and ``(key, "a/b/")`` of each sub-level.
+
+        The common case is a keyed (TensorDict) level whose leaves are STORED,
+        aligned, of a known dtype, not nested and of the size their shape
+        says. Anything else gives None, and the caller takes the general path
+        (:meth:`level`, :meth:`tensors`), which also names what is wrong. Leaf
+        views are cached as :meth:`tensors` caches them; the level is not.
+        """
+        index = self.index
+        if self.mode != "r" or getattr(index, "fetch", None) is not None:
+            return None  # a remote index fetches bytes per batch: the general path does that
+        parsed = self._levels.get(prefix)
+        if parsed is not None:
+            meta = parsed.meta
+        elif prefix + "meta.json" in index:
+            meta = parse_meta(index.read_bytes(prefix + "meta.json"), self.where(prefix + "meta.json"))
+        else:
+            return None
+        if type(meta) is not dict or meta.get("_type") == NON_TENSOR_DATA_TYPE or not is_keyed(meta):
+            return None
+        version = meta.get("_format_version", 0)
+        if type(version) is not int or version > FORMAT_VERSION:
+            return None
+        if not prefix and not index.local_checked:
+            index.check_all()  # the whole archive: every local header in one kernel pass
+        by_name, cache = index._by_name, self._tensors
+        columns = self._columns
+        if columns is None or columns[0] is not index._cols:  # index rows as lists, once per parse
+            cols = index._cols
+            columns = self._columns = (
+                cols,
+                cols[:, Col.METHOD].tolist(),
+                cols[:, Col.SIZE].tolist(),
+                cols[:, Col.PAYLOAD_OFFSET].tolist(),
+            )
+        _, methods, sizes, offsets = columns
+        kinds = self._kinds  # dtype name -> (itemsize, typed view of the mapping)
+        encoded = _ENCODED
+        out = Level()
+        fields = out.meta
+        subs: list[tuple[str, str]] = []
+        for key, value in meta.items():
+            if type(value) is not dict:
+                if key in RESERVED_FIELDS:
+                    fields[key] = value
+                    continue
+                return None
+            fname = prefix + (encoded.get(key) or encode_key(key))
+            if "dtype" not in value:
+                if "type" not in value or fname + "/meta.json" not in by_name:
+                    return None
+                out[key] = None
+                subs.append((key, fname + "/"))
+                continue
+            shape, dname = value.get("shape"), value["dtype"]
+            kind = kinds.get(dname) if type(dname) is str else None
+            if kind is None:
+                kind = self._kind(dname)
+                if kind is None:
+                    return None
+            itemsize, view = kind
+            if type(shape) is not list or value.get("is_nested"):
+                return None
+            nbytes = shape_nbytes(shape, itemsize)
+            entry = fname + ".memmap"
+            t = cache.get(entry) if cache else None
+            if t is None:
+                row = by_name.get(entry)
+                if row is None:
+                    if nbytes:
+                        return None
+                    out[key] = cache[entry] = torch.empty(shape, dtype=view.dtype)  # tensordict writes no file
+                    continue
+                if methods[row] or sizes[row] != nbytes:  # (nbytes -1: a bad shape)
+                    return None
+                offset = offsets[row]
+                if offset < 0:  # a part of the archive: its local header read now
+                    offset = index.payload_offset(row)
+                if offset % itemsize:
+                    return None
+                shape = tuple(shape)
+                st = _STRIDES.get(shape)
+                if st is None:
+                    st = contiguous_strides(shape)
+                    if len(_STRIDES) < 4096:
+                        _STRIDES[shape] = st
+                t = cache[entry] = view.as_strided(shape, st, offset // itemsize)
+            elif nbytes < 0:
+                return None
+            out[key] = t
+        return out, subs
+
+    def _kind(self, name: Any) -> tuple[int, torch.Tensor] | None:
+        """``(itemsize, typed view)`` of a meta.json dtype name (None: not a plain dtype)."""
+        dtype = DTYPES.get(name) if type(name) is str else None
+        if dtype is None:
+            return None
+        kind = self._kinds[name] = (dtype.itemsize, self._typed_view(dtype))
+        return kind
 
     def parsed_levels(self) -> set[str]:
         """Prefixes of the levels parsed so far (open is lazy: only what was reached)."""
@@ -245,7 +367,7 @@ class TdzSource(Source):
         i = index.row(leaf.entry)
         if dtype is not None and i is not None and not leaf.nested:
             # the common case, kept lean: one view into the file's single mapping
-            r = index.rows[i]
+            r = index.row_at(i)
             method, size, offset = r.method, r.size, r.payload_offset
             if offset < 0:
                 offset = index.payload_offset(i)
@@ -401,7 +523,7 @@ class TdzSource(Source):
             if leaf.nested or leaf.entry in self._tensors:
                 continue
             row = index.row(leaf.entry)
-            if row is not None and index.rows[row].method == records.DEFLATED:
+            if row is not None and index.row_at(row).method == records.DEFLATED:
                 e = index.entry(leaf.entry)
                 dtype = torch_dtype(leaf.dtype, entry=self.where(leaf.entry))
                 if e.size != math.prod(leaf.shape) * dtype.itemsize:
@@ -487,6 +609,8 @@ class TdzSource(Source):
     def close(self) -> None:
         self.index.close()
         self._typed = {}
+        self._kinds = {}
+        self._columns = None
         self._tensors = {}
 
 
