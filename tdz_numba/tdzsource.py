@@ -287,7 +287,9 @@ class TdzSource(Source):
                 if row is None:
                     if nbytes:
                         return None
-                    out[key] = cache[entry] = torch.empty(shape, dtype=view.dtype)  # tensordict writes no file
+                    out[key] = cache[entry] = torch.empty(
+                        shape, dtype=view.dtype
+                    )  # tensordict writes no file
                     continue
                 if methods[row] or sizes[row] != nbytes:  # (nbytes -1: a bad shape)
                     return None
