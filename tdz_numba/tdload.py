@@ -335,7 +335,14 @@ def load_open(ar: Any, ctx: LoadContext, subpath: Any) -> Any:
         node = _subpath_node(ar, subpath)
         if not ctx.no_data:
             ctx.tensors = _bulk_tensors(node)
-        return _build(node, ctx)
+        try:
+            return _build(node, ctx)
+        except RecursionError:
+            # the reader allows 4,096 levels; tensordict builds (and uses) its levels recursively
+            raise UnsupportedError(
+                f"{ar.path}: levels nested too deep to build as tensordict objects "
+                f"(Python's recursion limit is {sys.getrecursionlimit()}); tdz_numba.open/load read it"
+            ) from None
     finally:
         ar.close()
 

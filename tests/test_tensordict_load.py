@@ -186,3 +186,26 @@ def test_bench_cell_td_tdz_enabled(tmp_path):
     expected, _ = plain.read(w, p)
     assert total == pytest.approx(expected)
     assert _flags(fmt.open(p)) == _flags(plain.open(p))
+
+
+def test_too_deep_for_tensordict_is_a_tdz_error(tmp_path):
+    # the reader allows 4,096 levels; building tensordict objects recurses: a TdzError,
+    # not a bare RecursionError (tensordict's own load_memmap raises RecursionError)
+    import json
+    import sys
+
+    from tdz_numba import UnsupportedError
+
+    depth = sys.getrecursionlimit() + 200
+    p = tmp_path / "deep.tdz"
+    meta = {"shape": [], "device": "cpu", "_type": "<class 'tensordict._td.TensorDict'>"}
+    with zipfile.ZipFile(p, "w") as z:
+        for i in range(depth + 1):
+            z.writestr(
+                "a/" * i + "meta.json",
+                json.dumps({**meta, "a": {"type": "TensorDict"}} if i < depth else meta),
+            )
+    with pytest.raises(UnsupportedError, match="nested too deep"):
+        tdt.load(p)
+    with tdt.enabled(), pytest.raises(UnsupportedError, match="nested too deep"):
+        TensorDict.load_memmap(p)
