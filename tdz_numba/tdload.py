@@ -87,6 +87,9 @@ class LoadContext:
         self.path = path
         self.cache: dict[tuple[Any, Any], type] = {}
         self.tensors: dict[str, Any] = {}  # entry -> tensor, from one bulk pass
+        # the source's one-pass reader of a common TensorDict level (TdzSource.quick_level), or None
+        self.quick: Any = None
+        self.quick_done: dict[str, Any] = {}  # prefix -> its quick_level result, read ahead
 
     def resolve(self, meta: dict) -> type:
         class_id = meta.get("_class")
@@ -188,7 +191,22 @@ def _keyed_children(node: Any, meta: dict) -> tuple[bool, dict]:
     return True, {c.key: c for c in children}
 
 
+def _build_at(owner: Any, prefix: str, ctx: LoadContext) -> Any:
+    """The collection of the level at ``prefix`` of ``owner``'s archive: a common
+    TensorDict level from the source's one-pass reader (no per-leaf specs, no
+    :class:`~tdz_numba.Archive` view), any other through :func:`_build`."""
+    if ctx.quick is not None:
+        got = ctx.quick_done.pop(prefix, None) or ctx.quick(prefix)
+        if got is not None:
+            from tensordict import TensorDict
+
+            if ctx.resolve(got[0].meta) is TensorDict:
+                return _quick_tensordict(owner, got, ctx)
+    return _build(owner._sub(prefix) if prefix != owner._prefix else owner, ctx)
+
+
 def _build(node: Any, ctx: LoadContext) -> Any:
+    """The collection of the level ``node`` (an :class:`~tdz_numba.Archive` view), general path."""
     import torch
     from tensordict import LazyStackedTensorDict, NonTensorStack, TensorDict
     from tensordict.tensorclass import NonTensorDataBase, is_tensorclass  # type: ignore[attr-defined]  # not re-exported
@@ -212,7 +230,7 @@ def _build(node: Any, ctx: LoadContext) -> Any:
     if issubclass(cls, LazyStackedTensorDict):
         members: list[Any] = []
         while (spec := children.get(str(len(members)))) is not None and spec.kind == "level":
-            members.append(_build(node.sublevel(spec), ctx))
+            members.append(_build_at(node, spec.path, ctx))
         result = cls(*members, stack_dim=meta["stack_dim"])
         if meta.get("stack_dim_name") is not None:
             result._td_dim_name = meta["stack_dim_name"]
@@ -226,7 +244,7 @@ def _build(node: Any, ctx: LoadContext) -> Any:
             non_td.update(ctx.unpickle(node, children["other.pickle"].path))
         spec = children.get("_tensordict")
         if spec is not None and spec.kind == "level":
-            td = _build(node.sublevel(spec), ctx)
+            td = _build_at(node, spec.path, ctx)
         else:
             if not issubclass(cls, NonTensorDataBase):
                 raise InvalidArgumentError("The _tensordict directory seems to be missing.")
@@ -274,7 +292,39 @@ def _build(node: Any, ctx: LoadContext) -> Any:
         result._set_names(names)
     for key, spec in subs:
         # validated as tensordict sets them (non-tensor data is expanded to the batch size)
-        result._set_str(key, _build(node.sublevel(spec), ctx), inplace=False, validated=False)
+        result._set_str(key, _build_at(node, spec.path, ctx), inplace=False, validated=False)
+    return result
+
+
+def _quick_tensordict(owner: Any, got: tuple[Any, list[tuple[str, str]]], ctx: LoadContext) -> Any:
+    """A TensorDict level from the source's one-pass reader: ``got`` is ``(level, subs)``,
+    the level's leaves in meta.json order (sub-levels hold None) and ``(key, prefix)`` of
+    each sub-level. The same object :func:`_build`'s general path makes, in one
+    ``TensorDict._new_unsafe`` call."""
+    import torch
+    from tensordict import TensorDict
+
+    level, subs = got
+    meta = level.meta
+    target = ctx.device
+    if target is None:
+        leaves = {k: t for k, t in level.items() if t is not None}
+    else:
+        leaves = {k: t.to(target, non_blocking=True) for k, t in level.items() if t is not None}
+    saved = meta.get("device", "None")
+    device = target if target is not None else None if saved in ("None", None) else torch.device(saved)
+    result = TensorDict._new_unsafe(
+        leaves,
+        batch_size=torch.Size(meta.get("shape", ())),
+        device=device,
+        nested=False,
+    )
+    names = meta.get("_names")
+    if isinstance(names, list):
+        result._set_names(names)
+    for key, prefix in subs:
+        # validated as tensordict sets them (non-tensor data is expanded to the batch size)
+        result._set_str(key, _build_at(owner, prefix, ctx), inplace=False, validated=False)
     return result
 
 
@@ -327,16 +377,25 @@ def load_open(ar: Any, ctx: LoadContext, subpath: Any) -> Any:
     """What ``TensorDict.load_memmap`` returns, read from the opened archive ``ar``
     (closed on return; the leaves keep the mapping alive).
 
-    ``subpath``: a ``"a/b"`` string or a (nested) tuple of keys, or None. Every
-    leaf below the level is resolved in one bulk call first (none with
-    ``device="meta"``); then each level is built (see the module docstring).
+    ``subpath``: a ``"a/b"`` string or a (nested) tuple of keys, or None. A source
+    with a one-pass reader of common TensorDict levels (``quick_level``: stored,
+    aligned leaves of plain dtypes) gives each such level in one pass; otherwise
+    every leaf below the level is resolved in one general bulk call first (none
+    with ``device="meta"``); then each level is built (see the module docstring).
     """
     try:
         node = _subpath_node(ar, subpath)
         if not ctx.no_data:
-            ctx.tensors = _bulk_tensors(node)
+            state = ar._state
+            if not (state.copy or state.dtype is not None or state.device is not None):
+                ctx.quick = getattr(state.source, "quick_level", None)
+            got = ctx.quick(node._prefix) if ctx.quick is not None else None
+            if got is None:  # not the common case: every leaf resolved in one general bulk call
+                ctx.tensors = _bulk_tensors(node)
+            else:  # a level at a time, each in one pass
+                ctx.quick_done[node._prefix] = got
         try:
-            return _build(node, ctx)
+            return _build_at(node, node._prefix, ctx)
         except RecursionError:
             # the reader allows 4,096 levels; tensordict builds (and uses) its levels recursively
             raise UnsupportedError(
