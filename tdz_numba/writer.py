@@ -43,7 +43,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,7 +214,7 @@ def write_entries(
     ``segment_size``: uncompressed bytes per deflate segment (default
     :data:`tdz_numba.codecs.SEGMENT_SIZE`). ``align`` and ``align_threshold``: see
     :func:`payload_alignments`."""
-    from .kernel_dispatch import CRC_CHUNK, crc32_spans, crc32_zeros  # kernels or their twins
+    from .kernel_dispatch import crc32_zeros  # the kernel or its twin
 
     check_write_args(compression, compresslevel, num_threads)
     prep = prepare(
@@ -227,83 +226,31 @@ def write_entries(
         align=align,
         align_threshold=align_threshold,
     )
-    n, methods, stored_size, size, crc, hashed, sources, more, p = (
-        prep.n,
-        prep.methods,
-        prep.stored_size,
-        prep.size,
-        prep.crc,
-        prep.hashed,
-        prep.sources,
-        prep.more,
-        prep.plan,
-    )
+    n, size, crc, sources, p = prep.n, prep.size, prep.crc, prep.sources, prep.plan
+    has_data = np.fromiter((s is not None for s in sources), np.bool_, n)
+    zero_rows = np.flatnonzero(~has_data & (size > 0)).tolist()
 
     target.parent.mkdir(parents=True, exist_ok=True)
     _tempfiles.clean(target.parent)  # leftovers of killed saves (dead processes only)
     fd, tmp = _tempfiles.create_temp_file(target.parent, target.name)
     try:
-        if reserve and any(sources[i] is None and size[i] for i in range(n)):
+        if reserve and zero_rows:
             _tempfiles.reserve(fd, p.file_size)  # allocate: room for the zeros, or ENOSPC now
         else:
             os.ftruncate(fd, p.file_size)
-        for i in range(n):  # zero payloads (allocate): never written, CRC by arithmetic
-            if sources[i] is None and size[i]:
-                crc[i] = crc32_zeros(int(size[i]))
+        for i in zero_rows:  # zero payloads (allocate): never written, CRC by arithmetic
+            crc[i] = crc32_zeros(int(size[i]))
         fields: dict[str, Any] = dict(
             crc=crc,
             size=size,
-            csize=stored_size,
-            method=methods,
+            csize=prep.stored_size,
+            method=prep.methods,
             dos=records.dos_datetime(),
             pad=p.pad,
             flags=p.flags,
         )
-        pending = [i for i in range(n) if not hashed[i] and sources[i] is not None and sources[i].size]
-        crc_threads = _crc_threads(num_threads)
-        with (
-            ThreadPoolExecutor(1) as pool,
-            _progress(int(stored_size.sum()), f"save {target.name}", enabled=progress) as bar,
-        ):
-            # CRC-32 batches run in order on all cores (nogil kernel) in a
-            # background thread, ahead of this thread's sequential writes: a
-            # local header is written as soon as its entry's CRC is known.
-            jobs: list[tuple[Any, Any]] = []
-            for batch in _batches(pending, stored_size):
-                addrs = np.fromiter((sources[i].ctypes.data for i in batch), np.int64, len(batch))
-                job = pool.submit(
-                    crc32_spans,
-                    addrs,
-                    stored_size[batch].copy(),
-                    CRC_CHUNK,
-                    num_threads=crc_threads,
-                )
-                jobs.append((batch, job))
-            start = 0
-            for batch, job in [*jobs, (None, None)]:
-                stop = n if batch is None else batch[-1] + 1
-                if job is not None:
-                    crc[batch] = job.result()
-                heads = records.local_headers(
-                    p.names[start:stop], more=more[start:stop], **_rows(fields, start, stop)
-                )
-                segments: list[tuple[int, object]] = []
-                for i, head in zip(range(start, stop), heads):
-                    h = int(p.header_offset[i])
-                    if h + len(head) != int(p.payload_offset[i]):
-                        raise InternalError(
-                            f"{p.names[i]!r}: local header of {len(head)} bytes differs from "
-                            f"the layout plan ({int(p.payload_offset[i]) - h})"
-                        )
-                    segments.append((h, head))
-                    pos = h + len(head)
-                    for part in sources[i] if isinstance(sources[i], list) else [sources[i]]:
-                        if part is not None and part.size:
-                            segments.append((pos, part))
-                            pos += part.size
-                write_segments(fd, segments)
-                bar.update(int(stored_size[start:stop].sum()))
-                start = stop
+        with _progress(int(prep.stored_size.sum()), f"save {target.name}", enabled=progress) as bar:
+            _write_payloads(fd, prep, fields, has_data, _write_threads(num_threads), bar)
         tail = records.central_directory(
             p.names, header_offset=p.header_offset, zip64=p.central_zip64, **{**fields, "pad": p.central_pad}
         )
@@ -329,6 +276,198 @@ def write_entries(
         tmp.unlink(missing_ok=True)
         raise
     return target
+
+
+#: Payload bytes per unit of work of the writing threads: a large entry is cut into
+#: pieces of this size; small entries are grouped up to it. Each unit is hashed and then
+#: written by the same thread, while its bytes are still in that core's cache.
+_UNIT = 1 << 20
+#: Entries per group: a group's (header, payload) pairs go in one ``pwritev``.
+_UNIT_ROWS = 500
+
+
+def _crc_functions() -> tuple[Any, Any]:
+    """``(crc32, crc32_combine)``: zlib-ng's (SIMD; the GIL released on large buffers),
+    the stdlib's CRC-32 with the Numba combine where zlib-ng lacks them."""
+    try:
+        from zlib_ng import zlib_ng
+
+        crc32 = zlib_ng.crc32
+        combine = getattr(zlib_ng, "crc32_combine", None)
+    except ImportError:  # pragma: no cover - zlib-ng is a dependency
+        import zlib
+
+        crc32, combine = zlib.crc32, None
+    if combine is None:  # pragma: no cover - zlib-ng < 0.5
+
+        def combine(a: int, b: int, length: int) -> int:
+            from .kernels import crc32_combine
+
+            return int(crc32_combine(a, b, length))
+
+    return crc32, combine
+
+
+def _plan_units(split: list[bool], stored: list[int]) -> list[tuple[int, int, int]]:
+    """Work units in file order: ``(start, stop, -1)``, a group of whole entries
+    (at most :data:`_UNIT` bytes or :data:`_UNIT_ROWS` entries), or ``(i, offset,
+    length)``, a piece of entry ``i``, that is ``split``."""
+    units: list[tuple[int, int, int]] = []
+    start = acc = 0
+    for i, (big, nbytes) in enumerate(zip(split, stored)):
+        if big:
+            if start < i:
+                units.append((start, i, -1))
+            units.extend((i, off, min(_UNIT, nbytes - off)) for off in range(0, nbytes, _UNIT))
+            start, acc = i + 1, 0
+            continue
+        acc += nbytes
+        if acc >= _UNIT or i + 1 - start >= _UNIT_ROWS:
+            units.append((start, i + 1, -1))
+            start, acc = i + 1, 0
+    if start < len(stored):
+        units.append((start, len(stored), -1))
+    return units
+
+
+def _write_payloads(
+    fd: int, prep: Prepared, fields: dict[str, Any], has_data: np.ndarray, threads: int, bar: Any
+) -> None:
+    """Writes every local header and payload: units of work (:func:`_plan_units`) taken
+    in file order by ``threads`` threads (this one included); each thread computes
+    the CRC-32 of its unit's payloads (zlib-ng, GIL released), puts them in their
+    local headers (all built at once beforehand, CRC fields patched) and writes the
+    unit with one ``pwritev``. The pieces of large entries are hashed and written the
+    same way; their headers are written last, once the pieces' CRCs are combined.
+    The bytes on disk are those of one sequential pass."""
+    import threading
+
+    crc32, combine = _crc_functions()
+    p, n, sources, crc = prep.plan, prep.n, prep.sources, prep.crc
+    stored = prep.stored_size
+    pending = ~prep.hashed & has_data & (stored > 0)
+    pend, split = pending.tolist(), (pending & (stored > _UNIT)).tolist()
+    hoff, poff = p.header_offset, p.payload_offset
+    heads = records.local_headers(p.names, more=prep.more, **fields)  # CRCs patched below
+    head_len = np.fromiter(map(len, heads), np.int64, n)
+    bad = np.flatnonzero(hoff + head_len != poff)
+    if bad.size:
+        i = int(bad[0])
+        raise InternalError(
+            f"{p.names[i]!r}: local header of {len(heads[i])} bytes differs from "
+            f"the layout plan ({int(poff[i]) - int(hoff[i])})"
+        )
+    hpos = np.zeros(n + 1, np.int64)
+    np.cumsum(head_len, out=hpos[1:])
+    at = hpos.tolist()
+    hbuf = bytearray().join(heads)
+    del heads
+    hview = memoryview(hbuf)
+    crc_at = records.LOCAL_DT.fields["crc"][1]  # type: ignore[index]
+    end = poff + np.where(has_data, stored, 0)
+    contiguous = np.ones(n, np.bool_)  # entry i's bytes end where entry i + 1's header starts
+    contiguous[:-1] = hoff[1:] == end[:-1]
+    units = _plan_units(split, stored.tolist())
+    piece_crc: list[int] = [0] * len(units)
+    lock = threading.Lock()
+    order = iter(range(len(units)))
+    errors: list[BaseException] = []
+
+    def set_crc(i: int, value: int) -> None:
+        crc[i] = value
+        hbuf[at[i] + crc_at : at[i] + crc_at + 4] = value.to_bytes(4, "little")
+
+    def group(a: int, b: int) -> int:
+        for i in range(a, b):
+            if pend[i]:
+                set_crc(i, crc32(sources[i]))
+        if not contiguous[a : b - 1].all():  # gaps (unwritten zeros, room for an alignment)
+            segments: list[tuple[int, object]] = []
+            for i in range(a, b):
+                segments.append((int(hoff[i]), hview[at[i] : at[i + 1]]))
+                pos = int(poff[i])
+                for part in sources[i] if isinstance(sources[i], list) else [sources[i]]:
+                    if part is not None and part.size:
+                        segments.append((pos, part))
+                        pos += part.size
+            write_segments(fd, segments)
+            return int(stored[a:b].sum())
+        bufs: list[Any] = []
+        for i in range(a, b):
+            bufs.append(hview[at[i] : at[i + 1]])
+            src = sources[i]
+            if isinstance(src, list):
+                bufs.extend(part for part in src if part.size)
+            elif src is not None and src.size:
+                bufs.append(src)
+        _pwritev_all(fd, bufs, int(hoff[a]), int(end[b - 1] - hoff[a]))
+        return int(stored[a:b].sum())
+
+    def piece(k: int, i: int, off: int, length: int) -> int:
+        view = sources[i][off : off + length]
+        piece_crc[k] = crc32(view)
+        _pwritev_all(fd, [view], int(poff[i]) + off, length)
+        return length
+
+    def work() -> None:
+        try:
+            while not errors:
+                with lock:
+                    k = next(order, None)
+                if k is None:
+                    return
+                a, b, length = units[k]
+                done = group(a, b) if length < 0 else piece(k, a, b, length)
+                with lock:
+                    bar.update(done)
+        except BaseException as exc:  # re-raised by the calling thread
+            errors.append(exc)
+
+    helpers: list[threading.Thread] = []
+    try:
+        for _ in range(min(threads, len(units)) - 1):
+            helpers.append(threading.Thread(target=work, daemon=True))
+            helpers[-1].start()
+        work()
+    finally:  # on an error the helpers stop after their current unit
+        for t in helpers:
+            t.join()
+    if errors:
+        raise errors[0]
+    big = [i for i, s in enumerate(split) if s]
+    if big:  # the headers of split entries, once their pieces' CRCs are combined
+        c: dict[int, int] = {}
+        for k, (i, off, length) in enumerate(units):
+            if length >= 0:
+                c[i] = piece_crc[k] if off == 0 else combine(c[i], piece_crc[k], length)
+        for i in big:
+            set_crc(i, c[i])
+        write_segments(fd, [(int(hoff[i]), hview[at[i] : at[i + 1]]) for i in big])
+
+
+def _pwritev_all(fd: int, bufs: list[Any], offset: int, total: int) -> None:
+    """Writes the contiguous buffers ``bufs`` (``total`` bytes) at ``offset``:
+    ``pwritev`` of up to :data:`_IOV_MAX` buffers at a time; a short write is
+    finished by :func:`write_segments`."""
+    if len(bufs) <= _IOV_MAX and os.pwritev(fd, bufs, offset) == total:
+        return
+    segments: list[tuple[int, Any]] = []
+    pos = offset
+    for b in bufs:
+        view = memoryview(b).cast("B")
+        segments.append((pos, view))
+        pos += view.nbytes
+    write_segments(fd, segments)
+
+
+def _write_threads(num_threads: int | None) -> int:
+    """Threads that hash and write a save's payloads: ``num_threads`` (default: the
+    cores), at most 4 (buffered writes to one file serialize on its inode lock;
+    the CRCs of the other threads overlap them)."""
+    from .kernel_dispatch import default_threads
+
+    total = default_threads() if num_threads is None else num_threads
+    return max(1, min(total, 4))
 
 
 #: Default ``align_threshold`` of ``align="auto"``: leaves of at least this many bytes
@@ -406,17 +545,6 @@ def _batches(rows: list[int], sizes: np.ndarray) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
-
-
-def _crc_threads(num_threads: int | None) -> int:
-    """Threads of the background CRC: all but one of ``num_threads`` (default: the
-    cores), leaving a core to the writing thread. On 2 cores one CRC thread (~9 GB/s)
-    stays ahead of the writes (~3 GB/s), and two made the writes slower (measured:
-    flat 256 MiB save median 120 -> 99 ms, with fewer outliers)."""
-    from .kernel_dispatch import default_threads
-
-    total = default_threads() if num_threads is None else num_threads
-    return max(1, total - 1)
 
 
 def _rows(fields: dict, start: int, stop: int) -> dict:

@@ -398,14 +398,15 @@ def test_import_is_cheap_and_second_process_uses_kernel_cache(tmp_path):
         "from tdz_numba import kernels as k\n"
         f"p = tdz_numba.save({{'a': torch.ones(100), 'b': {{'c': torch.zeros(3)}}}}, {str(tmp_path / 'x.tdz')!r})\n"
         "assert tdz_numba.load(p)['a'].sum() == 100\n"
-        "fns = [k.plan_layout, k.crc32_spans, k.parse_central_directory]\n"
+        # save hashes with zlib-ng from its writing threads (no CRC kernel to compile)
+        "fns = [k.plan_layout, k.parse_central_directory]\n"
         "print(sum(sum(f.stats.cache_misses.values()) for f in fns), sum(sum(f.stats.cache_hits.values()) for f in fns))\n"
     )
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     misses, hits = map(int, second.stdout.split())
-    assert misses == 0 and hits == 3
+    assert misses == 0 and hits == 2
 
 
 @given(st.text())
