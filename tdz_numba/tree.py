@@ -346,8 +346,17 @@ def non_tensor_level(value: Any) -> Level:
     )
 
 
+#: dtypes whose ``Tensor.numpy()`` works: their byte view goes through numpy (~2x faster).
+_NUMPY_VIEWABLE = frozenset(
+    [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16]
+    + [torch.float32, torch.float64, torch.complex64, torch.complex128]
+)
+
+
 def byte_view(t: torch.Tensor) -> np.ndarray:
     """A flat uint8 numpy view of a contiguous CPU tensor's bytes (no copy)."""
+    if t.dtype in _NUMPY_VIEWABLE:  # save's per-leaf cost (issue 11): numpy views are cheaper
+        return t.numpy().reshape(-1).view(np.uint8)
     flat = t.view(-1)
     if flat.dtype != torch.uint8:
         flat = flat.view(torch.uint8)

@@ -31,12 +31,13 @@ def _tree():
 
 
 def test_plan_units_cover_every_entry_in_file_order():
-    stored = [10, 3 << 20, 0, 5, (1 << 20) + 1, 7]
+    piece = writer._PIECE
+    stored = [10, 3 * piece, 0, 5, piece + 1, 7]
     split = [False, True, False, False, True, False]
     units = writer._plan_units(split, stored)
     assert units[0] == (0, 1, -1)
-    assert [u for u in units if u[0] == 1] == [(1, 0, 1 << 20), (1, 1 << 20, 1 << 20), (1, 2 << 20, 1 << 20)]
-    assert (4, 1 << 20, 1) in units and units[-1] == (5, 6, -1)
+    assert [u for u in units if u[0] == 1] == [(1, 0, piece), (1, piece, piece), (1, 2 * piece, piece)]
+    assert (4, piece, 1) in units and units[-1] == (5, 6, -1)
     groups = [u for u in units if u[2] < 0]
     assert [(a, b) for a, b, _ in groups] == [(0, 1), (2, 4), (5, 6)]
     many = writer._plan_units([False] * 1234, [1] * 1234)
