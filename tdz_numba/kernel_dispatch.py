@@ -285,7 +285,7 @@ def start_background_warmup() -> bool:
         if _state["spawned"]:
             return False
         _state["spawned"] = True
-    if not background_enabled() or not sys.executable:
+    if not background_enabled() or not sys.executable or getattr(sys, "frozen", False):
         return False
     cache = kernel_cache_dirs()[0]
     if not _writable_dir(cache):

@@ -240,9 +240,12 @@ def background_main() -> int:
     (a lock file in the cache directory, removed at the end); nothing is printed;
     an unwritable cache directory ends it quietly. Returns the exit status (0).
     """
-    import fcntl
-
     from . import kernel_dispatch
+
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no background warm-up
+        return 0
 
     with contextlib.suppress(OSError):
         os.nice(10)
