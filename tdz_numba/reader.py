@@ -72,6 +72,10 @@ class EntryInfo:
     central_offset: int
 
 
+_KNOWN_METHOD = np.zeros(1 << 16, np.bool_)
+_KNOWN_METHOD[list(records.METHOD_NAMES)] = True
+
+
 class ArchiveIndex:
     """Index over an archive and the single memory map of its bytes.
 
@@ -115,16 +119,15 @@ class ArchiveIndex:
         self.local_checked = False
         self._parse(check_local)
         self.names: list[str] = self._decode_names()
-        table = self.table
-        encrypted = np.nonzero(table["flags"] & records.FLAG_ENCRYPTED)[0]
-        if encrypted.size:
-            name = self.names[encrypted[0]]
+        cols = self._cols
+        flags = cols[:, Col.FLAGS] & records.FLAG_ENCRYPTED
+        if flags.any():
+            name = self.names[int(np.argmax(flags != 0))]
             raise UnsupportedError(f"{label}: entry {name!r} is encrypted", path=label, entry=name)
-        methods = table["method"]
-        known = np.isin(methods, list(records.METHOD_NAMES))
-        unknown = np.nonzero(~known)[0]
-        if unknown.size:
-            i = int(unknown[0])
+        methods = cols[:, Col.METHOD]
+        known = _KNOWN_METHOD[methods & 0xFFFF]  # methods are 16-bit fields: a table lookup
+        if not known.all():
+            i = int(np.argmin(known))
             raise UnsupportedError(
                 f"{label}: entry {self.names[i]!r} uses compression method {int(methods[i])}, "
                 f"expected one of {sorted(records.METHOD_NAMES)} (stored, deflate, bzip2, lzma)",
@@ -133,7 +136,7 @@ class ArchiveIndex:
                 expected=sorted(records.METHOD_NAMES),
                 found=int(methods[i]),
             )
-        self._by_name: dict[str, int] = {name: i for i, name in enumerate(self.names)}
+        self._by_name: dict[str, int] = dict(zip(self.names, range(len(self.names))))
         if len(self._by_name) != len(self.names):
             seen: set[str] = set()
             dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
@@ -244,13 +247,13 @@ class ArchiveIndex:
         text = (
             self.buffer[cd0 : cd0 + self.end.cd_size].tobytes().decode("latin-1")
         )  # one char per byte: offsets carry over
-        starts = self.table["name_offset"] - cd0
-        stops = starts + self.table["name_len"]
-        names = [text[a:b] for a, b in zip(starts.tolist(), stops.tolist())]
-        # names with bytes >= 0x80 are UTF-8 (or legacy cp437): decode them properly
-        for i, name in enumerate(names):
-            if not name.isascii():
-                names[i] = self._name_at(i)
+        starts = self._cols[:, Col.NAME_OFFSET] - cd0
+        stops = starts + self._cols[:, Col.NAME_LEN]
+        names = list(map(text.__getitem__, map(slice, starts.tolist(), stops.tolist())))
+        if not "".join(names).isascii():  # names with bytes >= 0x80 are UTF-8 (or legacy cp437)
+            for i, name in enumerate(names):
+                if not name.isascii():
+                    names[i] = self._name_at(i)
         return names
 
     def _build_listing(self) -> None:
