@@ -90,6 +90,25 @@ class LoadContext:
         # the source's one-pass reader of a common TensorDict level (TdzSource.quick_level), or None
         self.quick: Any = None
         self.quick_done: dict[str, Any] = {}  # prefix -> its quick_level result, read ahead
+        from tensordict import TensorDict
+
+        self.td_cls = TensorDict
+        self.devices: dict[str, Any] = {}  # meta.json "device" -> torch.device
+
+    def saved_device(self, saved: Any) -> Any:
+        """The torch.device of a level's meta.json ``"device"`` (None for ``"None"``/null)."""
+        if saved is None or saved == "None":
+            return None
+        if type(saved) is not str:
+            import torch
+
+            return torch.device(saved)
+        device = self.devices.get(saved)
+        if device is None:
+            import torch
+
+            device = self.devices[saved] = torch.device(saved)
+        return device
 
     def resolve(self, meta: dict) -> type:
         class_id = meta.get("_class")
@@ -197,11 +216,8 @@ def _build_at(owner: Any, prefix: str, ctx: LoadContext) -> Any:
     :class:`~tdz_numba.Archive` view), any other through :func:`_build`."""
     if ctx.quick is not None:
         got = ctx.quick_done.pop(prefix, None) or ctx.quick(prefix)
-        if got is not None:
-            from tensordict import TensorDict
-
-            if ctx.resolve(got[0].meta) is TensorDict:
-                return _quick_tensordict(owner, got, ctx)
+        if got is not None and ctx.resolve(got[0].meta) is ctx.td_cls:
+            return _quick_tensordict(owner, got, ctx)
     return _build(owner._sub(prefix) if prefix != owner._prefix else owner, ctx)
 
 
@@ -253,8 +269,7 @@ def _build(node: Any, ctx: LoadContext) -> Any:
     # a TensorDict level (other TensorDictBase classes load as TensorDict, as in tensordict)
     if not keyed:
         raise InvalidArgumentError(f"{node.where()}: a {cls.__name__} level must list its keys in meta.json")
-    saved_device = meta.get("device", "None")
-    saved_device = None if saved_device in ("None", None) else torch.device(saved_device)
+    saved_device = ctx.saved_device(meta.get("device", "None"))
     target = ctx.device
     leaves: dict[str, Any] = {}
     subs: list[tuple[str, Any]] = []
@@ -302,18 +317,17 @@ def _quick_tensordict(owner: Any, got: tuple[Any, list[tuple[str, str]]], ctx: L
     each sub-level. The same object :func:`_build`'s general path makes, in one
     ``TensorDict._new_unsafe`` call."""
     import torch
-    from tensordict import TensorDict
 
     level, subs = got
     meta = level.meta
     target = ctx.device
     if target is None:
         leaves = {k: t for k, t in level.items() if t is not None}
+        device = ctx.saved_device(meta.get("device", "None"))
     else:
         leaves = {k: t.to(target, non_blocking=True) for k, t in level.items() if t is not None}
-    saved = meta.get("device", "None")
-    device = target if target is not None else None if saved in ("None", None) else torch.device(saved)
-    result = TensorDict._new_unsafe(
+        device = target
+    result = ctx.td_cls._new_unsafe(
         leaves,
         batch_size=torch.Size(meta.get("shape", ())),
         device=device,
@@ -406,12 +420,14 @@ def load_open(ar: Any, ctx: LoadContext, subpath: Any) -> Any:
         ar.close()
 
 
-def open_tdz_archive(path: Path, mode: str, num_threads: int) -> Any:
+def open_tdz_archive(path: Path, mode: str, num_threads: int, *, check_local: bool = False) -> Any:
     """``path`` opened as a ``.tdz`` :class:`~tdz_numba.Archive`, or None when it is not one
     (then tensordict's own ``load_memmap`` reads it).
 
     The zip reader directly, without format detection: one parse of the central
-    directory (local headers are checked as entries are read). None exactly when
+    directory; ``check_local=True`` checks every local header in the same kernel
+    pass (for a load of the whole archive), else they are checked as entries are
+    read. None exactly when
     ``is_archive(path, thorough=False)`` is False; an archive that cannot be opened
     in ``mode`` raises.
 
@@ -424,12 +440,16 @@ def open_tdz_archive(path: Path, mode: str, num_threads: int) -> Any:
     """
     from .archive import Archive
     from .integrity import is_archive
-    from .tdzsource import open_tdz
+    from .reader import ArchiveIndex
+    from .tdzsource import TdzSource
 
+    if mode not in ("r", "r+"):
+        raise InvalidArgumentError(f"mode must be 'r' or 'r+', got {mode!r}")
     if not path.is_file():
         return None
     try:
-        return Archive(open_tdz(path, mode=mode, allow_pickle=False, num_threads=num_threads))
+        index = ArchiveIndex(path, writable=mode == "r+", check_local=check_local)
+        return Archive(TdzSource(path, mode=mode, allow_pickle=False, num_threads=num_threads, index=index))
     except (TdzError, OSError, ValueError, RecursionError):
         if is_archive(path, thorough=False):
             raise  # an archive that this mode cannot open (read-only file with mode="r+", ...)

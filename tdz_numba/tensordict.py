@@ -325,8 +325,12 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
             and not torch._guards.active_fake_mode()
         ):
             path = Path(prefix)
-            # the central directory only: load checks each local header it reads
-            ar = open_tdz_archive(path, mode or "r", num_threads if num_threads and num_threads > 1 else 1)
+            ar = open_tdz_archive(
+                path,
+                mode or "r",
+                num_threads if num_threads and num_threads > 1 else 1,
+                check_local=subpath is None,  # the whole archive is read: every local header at open
+            )
             if ar is not None:
                 ctx = LoadContext(device, allow_pickle, (cls,), path, "warn")
                 try:
