@@ -18,7 +18,6 @@ Examples
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,10 @@ import numpy as np
 
 from .errors import BadArchiveError
 
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# 19 digits in a row (an integer orjson may read as a float) found with a C-speed translate + find
+# (a regex is ~10x slower): digits become b"1", everything else b" "
+_DIGITS_AS_ONES = bytes(0x31 if 0x30 <= i <= 0x39 else 0x20 for i in range(256))
+_LONG_DIGITS = b"1" * 19
 
 _orjson_loads: Callable[[bytes], Any] | None
 try:  # an optional, faster JSON decoder (the ``fast`` extra)
@@ -137,7 +139,7 @@ def parse_meta(raw: bytes, where: str) -> Any:
     of 19 or more digits (it reads integers beyond 64 bits as floats) are
     decoded by :mod:`json`, so the result is the same either way.
     """
-    if _orjson_loads is not None and _LONG_DIGITS.search(raw) is None:
+    if _orjson_loads is not None and _LONG_DIGITS not in raw.translate(_DIGITS_AS_ONES):
         try:
             return _orjson_loads(raw)
         except (ValueError, TypeError):
