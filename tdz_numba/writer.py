@@ -9,23 +9,28 @@
    a temporary file beside the target (``.{name}.tdz-tmp.{host}.{pid}.{random}``)
    and ``ftruncate`` it to its final size (``posix_fallocate`` when payloads
    are zeros, for ``allocate``: a full disk fails now, not with SIGBUS later);
-4. hash the payloads on all cores but one (zlib-ng's SIMD CRC-32 called from
-   a ``prange`` kernel, in chunks within and across entries) in a background
-   thread, in batches of ~16 MiB, while this thread writes the file in one
-   sequential pass of ``pwritev`` calls straight from the source tensors:
-   header, payload, header, ...; each batch's local headers are built at
-   once (numpy record arrays) as soon as its CRCs are known. Zero-filled
-   payloads (``allocate``) are never written: the CRC of their zeros is
-   computed arithmetically;
+4. write the local headers and payloads in units of work taken in file order by
+   one thread per core (at most 4, this one included; :func:`tdz_numba.payload_writer.write_payloads`):
+   small entries in groups of ~1 MiB, hashed (zlib-ng's SIMD CRC-32, GIL
+   released) and then written with one ``pwritev`` of their headers and
+   payloads straight from the source tensors; large entries in 256 KiB pieces,
+   each written and then hashed while its bytes are still in that core's cache,
+   their headers (CRC of the combined pieces) written last. All local headers
+   are built at once beforehand; each CRC is patched into its header. Zero-filled
+   payloads (``allocate``) are never written: the CRC of their zeros is computed
+   arithmetically;
 5. write the central directory and the end records;
-6. ``fsync`` the file (``durable=True``, the default), ``os.replace`` the
-   target, keeping its permissions, and ``fsync`` the directory.
+6. ``fsync`` the file (``durable=True``, the default; the device writes were
+   started every 8 MiB during step 4, so this waits for the tail only),
+   ``os.replace`` the target, keeping its permissions, and ``fsync`` the directory.
 
 Why not copy into a shared mapping with the CRC fused to the copy? Measured
 on the 2,000-leaf / 256 MiB workload: page faults on a fresh mapping make
 that ~1.5x slower than ``pwritev`` (the kernel copies into the page cache
-without faulting), and parallel writers to one file serialize on the inode
-lock. The CRC pass reads the sources once more at ~11 GB/s on two cores.
+without faulting). Buffered writes to one file serialize on its inode lock,
+but each thread's CRC overlaps the other's write; a CRC of bytes just written
+costs ~5 ms CPU per 256 MiB above the write (one more read of the source from
+memory: ~20 ms).
 
 On any error the temporary file is removed and an existing target is intact.
 
@@ -59,6 +64,7 @@ from .errors import (
     InvalidArgumentError,
 )
 from .layout import plan
+from .payload_writer import write_payloads, write_segments, write_threads
 from .progress import progress as _progress
 from .tree import Entry
 
@@ -281,7 +287,7 @@ def write_entries(
             flags=p.flags,
         )
         with _progress(int(prep.stored_size.sum()), f"save {target.name}", enabled=progress) as bar:
-            _write_payloads(fd, prep, fields, has_data, _write_threads(num_threads), bar, durable)
+            write_payloads(fd, prep, fields, has_data, write_threads(num_threads), bar, durable)
         tail = records.central_directory(
             p.names, header_offset=p.header_offset, zip64=p.central_zip64, **{**fields, "pad": p.central_pad}
         )
@@ -307,219 +313,6 @@ def write_entries(
         tmp.unlink(missing_ok=True)
         raise
     return target
-
-
-#: Payload bytes per group of small entries (a unit of work of the writing threads),
-#: hashed and then written in one ``pwritev`` by the same thread.
-_UNIT = 1 << 20
-#: Entries larger than this are cut into pieces of this size, each written and then
-#: hashed by one thread while its bytes are still in that core's cache (measured on a
-#: 256 MiB save: write -> CRC of 256 KiB pieces costs ~5 ms CPU above the bare writes,
-#: CRC -> write of 1 MiB ~20 ms, the CRC's own read of the source).
-_PIECE = 1 << 18
-#: Entries per group: a group's (header, payload) pairs go in one ``pwritev``.
-_UNIT_ROWS = 500
-#: Bytes written between two starts of the device writes of a durable save.
-_WRITEBACK = 8 << 20
-
-
-def _crc_functions() -> tuple[Any, Any]:
-    """``(crc32, crc32_combine)``: zlib-ng's (SIMD; the GIL released on large buffers),
-    the stdlib's CRC-32 with the Numba combine where zlib-ng lacks them."""
-    try:
-        from zlib_ng import zlib_ng
-
-        crc32 = zlib_ng.crc32
-        combine = getattr(zlib_ng, "crc32_combine", None)
-    except ImportError:  # pragma: no cover - zlib-ng is a dependency
-        import zlib
-
-        crc32, combine = zlib.crc32, None
-    if combine is None:  # pragma: no cover - zlib-ng < 0.5
-
-        def combine(a: int, b: int, length: int) -> int:
-            from .kernels import crc32_combine
-
-            return int(crc32_combine(a, b, length))
-
-    return crc32, combine
-
-
-def _plan_units(split: list[bool], stored: list[int]) -> list[tuple[int, int, int]]:
-    """Work units in file order: ``(start, stop, -1)``, a group of whole entries
-    (at most :data:`_UNIT` bytes or :data:`_UNIT_ROWS` entries), or ``(i, offset,
-    length)``, a piece (:data:`_PIECE` bytes) of entry ``i``, that is ``split``."""
-    units: list[tuple[int, int, int]] = []
-    start = acc = 0
-    for i, (big, nbytes) in enumerate(zip(split, stored)):
-        if big:
-            if start < i:
-                units.append((start, i, -1))
-            units.extend((i, off, min(_PIECE, nbytes - off)) for off in range(0, nbytes, _PIECE))
-            start, acc = i + 1, 0
-            continue
-        acc += nbytes
-        if acc >= _UNIT or i + 1 - start >= _UNIT_ROWS:
-            units.append((start, i + 1, -1))
-            start, acc = i + 1, 0
-    if start < len(stored):
-        units.append((start, len(stored), -1))
-    return units
-
-
-def _write_payloads(
-    fd: int,
-    prep: Prepared,
-    fields: dict[str, Any],
-    has_data: np.ndarray,
-    threads: int,
-    bar: Any,
-    writeback: bool = False,
-) -> None:
-    """Writes every local header and payload: units of work (:func:`_plan_units`) taken
-    in file order by ``threads`` threads (this one included); each thread computes
-    the CRC-32 of its unit's payloads (zlib-ng, GIL released), puts them in their
-    local headers (all built at once beforehand, CRC fields patched) and writes the
-    unit with one ``pwritev``. The pieces of large entries are written and then hashed
-    (still in cache); their headers are written last, once the pieces' CRCs are combined.
-    The bytes on disk are those of one sequential pass. With ``writeback`` (durable
-    saves) the device writes start every :data:`_WRITEBACK` bytes, so that the final
-    ``fsync`` waits for the last ones only."""
-    import threading
-
-    crc32, combine = _crc_functions()
-    p, n, sources, crc = prep.plan, prep.n, prep.sources, prep.crc
-    stored = prep.stored_size
-    pending = ~prep.hashed & has_data & (stored > 0)
-    pend, split = pending.tolist(), (pending & (stored > _PIECE)).tolist()
-    hoff, poff = p.header_offset, p.payload_offset
-    heads = records.local_headers(p.names, more=prep.more, **fields)  # CRCs patched below
-    head_len = np.fromiter(map(len, heads), np.int64, n)
-    bad = np.flatnonzero(hoff + head_len != poff)
-    if bad.size:
-        i = int(bad[0])
-        raise InternalError(
-            f"{p.names[i]!r}: local header of {len(heads[i])} bytes differs from "
-            f"the layout plan ({int(poff[i]) - int(hoff[i])})"
-        )
-    hpos = np.zeros(n + 1, np.int64)
-    np.cumsum(head_len, out=hpos[1:])
-    at = hpos.tolist()
-    hbuf = bytearray().join(heads)
-    del heads
-    hview = memoryview(hbuf)
-    crc_at = records.LOCAL_DT.fields["crc"][1]  # type: ignore[index]
-    end = poff + np.where(has_data, stored, 0)
-    contiguous = np.ones(n, np.bool_)  # entry i's bytes end where entry i + 1's header starts
-    contiguous[:-1] = hoff[1:] == end[:-1]
-    units = _plan_units(split, stored.tolist())
-    piece_crc: list[int] = [0] * len(units)
-    lock = threading.Lock()
-    order = iter(range(len(units)))
-    errors: list[BaseException] = []
-    unflushed = [0]
-
-    def set_crc(i: int, value: int) -> None:
-        crc[i] = value
-        hbuf[at[i] + crc_at : at[i] + crc_at + 4] = value.to_bytes(4, "little")
-
-    def group(a: int, b: int) -> int:
-        for i in range(a, b):
-            if pend[i]:
-                set_crc(i, crc32(sources[i]))
-        if not contiguous[a : b - 1].all():  # gaps (unwritten zeros, room for an alignment)
-            segments: list[tuple[int, object]] = []
-            for i in range(a, b):
-                segments.append((int(hoff[i]), hview[at[i] : at[i + 1]]))
-                pos = int(poff[i])
-                for part in sources[i] if isinstance(sources[i], list) else [sources[i]]:
-                    if part is not None and part.size:
-                        segments.append((pos, part))
-                        pos += part.size
-            write_segments(fd, segments)
-            return int(stored[a:b].sum())
-        bufs: list[Any] = []
-        for i in range(a, b):
-            bufs.append(hview[at[i] : at[i + 1]])
-            src = sources[i]
-            if isinstance(src, list):
-                bufs.extend(part for part in src if part.size)
-            elif src is not None and src.size:
-                bufs.append(src)
-        _pwritev_all(fd, bufs, int(hoff[a]), int(end[b - 1] - hoff[a]))
-        return int(stored[a:b].sum())
-
-    def piece(k: int, i: int, off: int, length: int) -> int:
-        view = sources[i][off : off + length]
-        _pwritev_all(fd, [view], int(poff[i]) + off, length)
-        piece_crc[k] = crc32(view)  # the bytes just copied are still in this core's cache
-        return length
-
-    def work() -> None:
-        try:
-            while not errors:
-                with lock:
-                    k = next(order, None)
-                if k is None:
-                    return
-                a, b, length = units[k]
-                done = group(a, b) if length < 0 else piece(k, a, b, length)
-                with lock:
-                    bar.update(done)
-                    unflushed[0] += done
-                    flush = writeback and unflushed[0] >= _WRITEBACK
-                    if flush:
-                        unflushed[0] = 0
-                if flush:
-                    _tempfiles.start_writeback(fd)
-        except BaseException as exc:  # re-raised by the calling thread
-            errors.append(exc)
-
-    helpers: list[threading.Thread] = []
-    try:
-        for _ in range(min(threads, len(units)) - 1):
-            helpers.append(threading.Thread(target=work, daemon=True))
-            helpers[-1].start()
-        work()
-    finally:  # on an error the helpers stop after their current unit
-        for t in helpers:
-            t.join()
-    if errors:
-        raise errors[0]
-    big = [i for i, s in enumerate(split) if s]
-    if big:  # the headers of split entries, once their pieces' CRCs are combined
-        c: dict[int, int] = {}
-        for k, (i, off, length) in enumerate(units):
-            if length >= 0:
-                c[i] = piece_crc[k] if off == 0 else combine(c[i], piece_crc[k], length)
-        for i in big:
-            set_crc(i, c[i])
-        write_segments(fd, [(int(hoff[i]), hview[at[i] : at[i + 1]]) for i in big])
-
-
-def _pwritev_all(fd: int, bufs: list[Any], offset: int, total: int) -> None:
-    """Writes the contiguous buffers ``bufs`` (``total`` bytes) at ``offset``:
-    ``pwritev`` of up to :data:`_IOV_MAX` buffers at a time; a short write is
-    finished by :func:`write_segments`."""
-    if len(bufs) <= _IOV_MAX and os.pwritev(fd, bufs, offset) == total:
-        return
-    segments: list[tuple[int, Any]] = []
-    pos = offset
-    for b in bufs:
-        view = memoryview(b).cast("B")
-        segments.append((pos, view))
-        pos += view.nbytes
-    write_segments(fd, segments)
-
-
-def _write_threads(num_threads: int | None) -> int:
-    """Threads that hash and write a save's payloads: ``num_threads`` (default: the
-    cores), at most 4 (buffered writes to one file serialize on its inode lock;
-    the CRCs of the other threads overlap them)."""
-    from .kernel_dispatch import default_threads
-
-    total = default_threads() if num_threads is None else num_threads
-    return max(1, min(total, 4))
 
 
 #: Default ``align_threshold`` of ``align="auto"``: leaves of at least this many bytes
@@ -578,7 +371,6 @@ def payload_alignments(
     return np.where(stored_payload, align, 0).astype(np.int64)
 
 
-_IOV_MAX = 1024
 #: Bytes of payload hashed per CRC batch before the writer may use the CRCs.
 _CRC_BATCH = 16 << 20
 
@@ -597,39 +389,6 @@ def _batches(rows: list[int], sizes: np.ndarray) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
-
-
-def _rows(fields: dict, start: int, stop: int) -> dict:
-    return {k: (v if k == "dos" else v[start:stop]) for k, v in fields.items()}
-
-
-def write_segments(fd: int, segments: list[tuple[int, Any]]) -> None:
-    """Writes ``(offset, buffer)`` segments, batching contiguous runs into ``pwritev``."""
-    i = 0
-    while i < len(segments):
-        offset = segments[i][0]
-        bufs = [memoryview(segments[i][1]).cast("B")]
-        end = offset + bufs[0].nbytes
-        j = i + 1
-        while j < len(segments) and segments[j][0] == end and len(bufs) < _IOV_MAX:
-            bufs.append(memoryview(segments[j][1]).cast("B"))
-            end += bufs[-1].nbytes
-            j += 1
-        written = os.pwritev(fd, bufs, offset)
-        if written < end - offset:  # short write: finish one buffer at a time
-            pos = offset
-            for b in bufs:
-                if pos + b.nbytes <= offset + written:
-                    pos += b.nbytes
-                    continue
-                skip = max(0, offset + written - pos)
-                view = b[skip:]
-                at = pos + skip
-                while view.nbytes:
-                    k = os.pwrite(fd, view, at)
-                    view, at = view[k:], at + k
-                pos += b.nbytes
-        i = j
 
 
 def _default_mode() -> int:

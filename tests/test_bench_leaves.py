@@ -57,3 +57,19 @@ def test_leaves_bad_arguments(capsys):
     assert main(["bench", "--leaves", "0"]) == 2
     assert main(["bench", "--leaves", "10", "--format", "nope"]) == 2
     assert "unknown format" in capsys.readouterr().err
+
+
+def test_durable_sweep_adds_the_save_without_fsync(tmp_path, capsys):
+    pytest.importorskip("safetensors")
+    argv = ["bench", "--leaves", "20", "--size-mib", "0.05", "--repeat", "1", "--dir", str(tmp_path)]
+    assert main([*argv, "--format", "tdz_numba,safetensors", "--json"]) == 0
+    out = capsys.readouterr()
+    rows = json.loads(out.out)
+    assert {(r["format"], r["op"]) for r in rows} == {
+        ("tdz_numba", leafsweep.NOFSYNC),
+        *((f, op) for f in ("tdz_numba", "safetensors") for op in leafsweep.OPS),
+    }
+    assert "durable=True (fsync)" in out.err and f"{leafsweep.NOFSYNC:<9}" in out.err
+    assert [line for line in out.err.splitlines() if line.split()[1:2] == [leafsweep.NOFSYNC]][0].endswith(
+        "x"
+    )

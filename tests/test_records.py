@@ -28,6 +28,7 @@ def test_offsets_are_spelled_only_in_records():
             "integrity.py",
             "layout.py",
             "writer.py",
+            "payload_writer.py",
             "archive.py",
             "remote.py",
             "remote_write.py",

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import records, writer
+from tdz_numba import payload_writer, records
 
 
 @pytest.fixture
@@ -31,17 +31,17 @@ def _tree():
 
 
 def test_plan_units_cover_every_entry_in_file_order():
-    piece = writer._PIECE
+    piece = payload_writer.PIECE
     stored = [10, 3 * piece, 0, 5, piece + 1, 7]
     split = [False, True, False, False, True, False]
-    units = writer._plan_units(split, stored)
+    units = payload_writer.plan_units(split, stored)
     assert units[0] == (0, 1, -1)
     assert [u for u in units if u[0] == 1] == [(1, 0, piece), (1, piece, piece), (1, 2 * piece, piece)]
     assert (4, piece, 1) in units and units[-1] == (5, 6, -1)
     groups = [u for u in units if u[2] < 0]
     assert [(a, b) for a, b, _ in groups] == [(0, 1), (2, 4), (5, 6)]
-    many = writer._plan_units([False] * 1234, [1] * 1234)
-    assert [b - a for a, b, _ in many] == [writer._UNIT_ROWS, writer._UNIT_ROWS, 234]
+    many = payload_writer.plan_units([False] * 1234, [1] * 1234)
+    assert [b - a for a, b, _ in many] == [payload_writer.UNIT_ROWS, payload_writer.UNIT_ROWS, 234]
 
 
 @pytest.mark.parametrize("kw", [{}, {"align": "auto", "align_threshold": 1000}, {"align": 65536}])

@@ -5,7 +5,9 @@ nested in groups of 20 (``{"g00000": {"l00": t, ...}, ...}``; safetensors and
 torch get the same tensors under flat ``"g00000/l00"`` keys). For every N
 (default 200, 2,000, 20,000, 100,000) and format:
 
-* ``tdz_numba``: ``save`` (library defaults, ``durable`` as ``--durable``),
+* ``tdz_numba``: ``save`` (library defaults, ``durable`` as ``--durable``; with
+  ``--durable``, the default, also ``save-nofsync``: ``durable=False``, the
+  like-for-like peer of ``save_file`` and ``torch.save``, which do not ``fsync``),
   lazy ``open`` (``tdz_numba.open(p).keys()``), ``load+sum`` (``load`` and
   ``float(t.sum())`` of every leaf);
 * ``safetensors``: ``save_file``, ``safe_open(p, "pt").keys()``, ``load_file`` + sums;
@@ -38,6 +40,7 @@ __all__ = [
     "DEFAULT_LEAVES",
     "FORMATS",
     "OPS",
+    "NOFSYNC",
     "make_leaves",
     "run_sweep",
     "sweep_table",
@@ -48,6 +51,8 @@ __all__ = [
 DEFAULT_LEAVES = (200, 2_000, 20_000, 100_000)
 FORMATS = ("tdz_numba", "safetensors", "torch")
 OPS = ("save", "open", "load+sum")
+#: The extra op of ``tdz_numba`` when ``durable``: its save without ``fsync``.
+NOFSYNC = "save-nofsync"
 GROUP = 20
 
 
@@ -170,6 +175,9 @@ def run_sweep(
                 seconds = {
                     op: _median(partial(ops[op], path), repeat, fresh if op == "save" else None) for op in OPS
                 }
+                if fmt == "tdz_numba" and durable:  # and like-for-like with peers that do not fsync
+                    nofsync = _ops(fmt, nested, flat, False)["save"]
+                    seconds[NOFSYNC] = _median(partial(nofsync, path), repeat, fresh)
                 path.unlink(missing_ok=True)
                 for op, s in seconds.items():
                     rows.append(
@@ -186,24 +194,35 @@ def run_sweep(
 
 
 def sweep_table(rows: list[dict[str, Any]]) -> str:
-    """The sweep as text: per N and op, ms and us/leaf of each format, and tdz_numba / safetensors."""
+    """The sweep as text: per N and op, ms and us/leaf of each format, and tdz_numba / safetensors
+    (a ``save-nofsync`` row, when measured, is tdz_numba's save without ``fsync`` / safetensors' save)."""
     cell = {(r["leaves"], r["format"], r["op"]): r["seconds"] for r in rows}
     leaves = sorted({r["leaves"] for r in rows})
     formats = list(dict.fromkeys(r["format"] for r in rows))
-    head = f"{'N leaves':>9} {'op':<9}" + "".join(f" {f + ' ms':>16} {'us/leaf':>8}" for f in formats)
+    head = f"{'N leaves':>9} {'op':<12}" + "".join(f" {f + ' ms':>16} {'us/leaf':>8}" for f in formats)
     ratio = "tdz_numba" in formats and "safetensors" in formats
     lines = [head + (f" {'tdz/st':>7}" if ratio else "")]
     for n in leaves:
         for op in OPS:
             if (n, formats[0], op) not in cell:
                 continue
-            line = f"{n:>9,} {op:<9}"
+            line = f"{n:>9,} {op:<12}"
             for f in formats:
                 s = cell.get((n, f, op))
                 line += f" {s * 1e3:16.2f} {s * 1e6 / n:8.2f}" if s is not None else f" {'-':>16} {'-':>8}"
             if ratio:
                 line += f" {cell[(n, 'tdz_numba', op)] / cell[(n, 'safetensors', op)]:6.2f}x"
             lines.append(line)
+            if op == "save" and (n, "tdz_numba", NOFSYNC) in cell:
+                s = cell[(n, "tdz_numba", NOFSYNC)]
+                line = f"{n:>9,} {NOFSYNC:<12}"
+                for f in formats:
+                    line += (
+                        f" {s * 1e3:16.2f} {s * 1e6 / n:8.2f}" if f == "tdz_numba" else f" {'-':>16} {'-':>8}"
+                    )
+                if ratio:
+                    line += f" {s / cell[(n, 'safetensors', 'save')]:6.2f}x"
+                lines.append(line)
     if len(leaves) > 1:
         lo, hi = leaves[0], leaves[-1]
         for f in formats:
@@ -300,9 +319,15 @@ def main(argv: list[str], prog: str = "tdz bench --leaves") -> int:
         directory=args.dir,
         progress=(lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None,
     )
+    fsync = (
+        f"tdz_numba save durable=True (fsync); {NOFSYNC}: durable=False, like safetensors' save_file "
+        "(no fsync): the like-for-like ratio"
+        if args.durable
+        else "tdz_numba save durable=False (no fsync, as safetensors' save_file)"
+    )
     text = (
         f"tdz_numba leaf-count sweep: {args.size_mib:g} MiB float32 in N leaves (groups of {GROUP}), "
-        f"median of {args.repeat}, durable={args.durable}\n{sweep_table(rows)}"
+        f"median of {args.repeat}; {fsync}\n{sweep_table(rows)}"
     )
     if args.plot is not None:
         text += f"\nplot: {plot_sweep(rows, args.plot)}"
