@@ -173,16 +173,16 @@ def _walk_structure(ar) -> tuple[int, int]:
     """Every level's meta.json parses, every leaf matches its entry: ``(levels, leaves)``."""
     source = ar.source
     levels = leaves = 0
-    stack = [ar]
+    stack = [""]  # level prefixes: the source's levels, no Archive view per level
     while stack:
-        node = stack.pop()
+        prefix = stack.pop()
         levels += 1
-        for spec in node.level_info().children.values():
+        for spec in source.level(prefix).children.values():
             if spec.kind == "leaf":
                 leaves += 1
                 source.check_leaf(spec.leaf)
             elif spec.kind == "level":
-                stack.append(node.sublevel(spec))
+                stack.append(spec.path)
     return levels, leaves
 
 

@@ -464,7 +464,7 @@ class TdzSource(Source):
         nbytes = math.prod(leaf.shape) * dtype.itemsize
         index = self.index
         row = index.row(leaf.entry)
-        found = int(index.table["size"][row]) if row is not None else 0
+        found = int(index._cols[row, Col.SIZE]) if row is not None else 0
         if found != nbytes:
             raise BadArchiveError(
                 f"{self.where(leaf.entry)}: leaf {leaf.key!r} ({leaf.dtype}, shape "
