@@ -8,8 +8,9 @@ run, ``--help`` for the filters). Two workloads of random float32 data
 * ``small``: 100 groups x 20 leaves of 33,554 values (values scale with the size),
   nested as ``{"group_000": {"leaf_00": t, ...}, ...}``.
 
-Ops: ``save``, ``open`` (lazy open), ``read`` (open + ``float(t.sum())`` over
-every leaf), ``copy`` (``shutil.copyfile`` / ``copytree`` of the artifact) and
+Ops: ``save``, ``open`` (lazy open), ``read`` (the format's whole-file read:
+``tdz_numba.load``, safetensors' ``load_file``, ``torch.load(mmap=True)``,
+``TensorDict.load_memmap``; then ``float(t.sum())`` over every leaf), ``copy`` (``shutil.copyfile`` / ``copytree`` of the artifact) and
 ``verify`` (``tdz_numba.verify``, with zlib-ng's single-thread ``crc32`` over
 the same payload bytes for comparison).
 
