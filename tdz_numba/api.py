@@ -92,10 +92,12 @@ def save(
     existsok : bool
         When False, an existing file raises :class:`~tdz_numba.ArchiveExistsError`.
     num_threads : int, optional
-        Threads for CRC-32 and deflate (None: all cores, 1: serial). Deflate
-        runs in parallel across entries and within large ones: each entry is
-        cut into independent 4 MiB segments, full-flushed, so that the entry
-        is still one standard raw-deflate stream.
+        Threads for deflate (None: all cores, 1: serial) and for hashing and
+        writing the payloads (None: the calling thread, which hashes each piece
+        right after writing it, while it is in cache; 2 to 4: that many share
+        the pieces). Deflate runs in parallel across entries and within large
+        ones: each entry is cut into independent 4 MiB segments, full-flushed,
+        so that the entry is still one standard raw-deflate stream.
     progress : bool, optional
         A tqdm progress bar on stderr (None: only when stderr is a terminal).
     storage_options : dict, optional

@@ -9,8 +9,9 @@
    a temporary file beside the target (``.{name}.tdz-tmp.{host}.{pid}.{random}``)
    and ``ftruncate`` it to its final size (``posix_fallocate`` when payloads
    are zeros, for ``allocate``: a full disk fails now, not with SIGBUS later);
-4. write the local headers and payloads in units of work taken in file order by
-   one thread per core (at most 4, this one included; :func:`tdz_numba.payload_writer.write_payloads`):
+4. write the local headers and payloads in units of work taken in file order
+   (by this thread; with ``num_threads`` >= 2 by that many, at most 4:
+   :func:`tdz_numba.payload_writer.write_payloads`):
    small entries in groups of ~1 MiB, hashed (zlib-ng's SIMD CRC-32, GIL
    released) and then written with one ``pwritev`` of their headers and
    payloads straight from the source tensors; large entries in 256 KiB pieces,
@@ -28,9 +29,10 @@ Why not copy into a shared mapping with the CRC fused to the copy? Measured
 on the 2,000-leaf / 256 MiB workload: page faults on a fresh mapping make
 that ~1.5x slower than ``pwritev`` (the kernel copies into the page cache
 without faulting). Buffered writes to one file serialize on its inode lock,
-but each thread's CRC overlaps the other's write; a CRC of bytes just written
-costs ~5 ms CPU per 256 MiB above the write (one more read of the source from
-memory: ~20 ms).
+and a CRC of bytes just written costs ~5-8 ms CPU per 256 MiB above the write
+(one more read of the source from memory, as a CRC ahead of the writes does:
+~20 ms), so one writing thread is the default (see
+:func:`tdz_numba.payload_writer.write_threads`).
 
 On any error the temporary file is removed and an existing target is intact.
 
