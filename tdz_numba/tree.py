@@ -419,13 +419,18 @@ def flatten(tree: Any, *, zeros: bool = False, convert: Converter | None = None)
             f"save expects a mapping (dict, Level or TensorDict), got {type(tree).__name__}"
         )
     out: list[Entry] = []
-    _flatten_level(root, "", out, zeros, convert)
+    stack: list[tuple[Any, str]] = [(root, "")]  # a loop, not recursion: any nesting depth
+    while stack:
+        level, prefix = stack.pop()
+        subs = _flatten_level(level, prefix, out, zeros, convert)
+        stack.extend(reversed(subs))  # sub-directories by name, depth first
     return out
 
 
 def _flatten_level(
     level: Mapping, prefix: str, out: list[Entry], zeros: bool, convert: Converter | None
-) -> None:
+) -> list[tuple[Any, str]]:
+    """Appends the entries of one level to ``out``; returns its sub-levels ``(level, prefix)`` by name."""
     where = prefix.rstrip("/") or "<root>"
     files: dict[str, Entry] = {}
     dirs: dict[str, Any] = {}
@@ -519,8 +524,7 @@ def _flatten_level(
         if e.name != prefix + fname:
             e.name = prefix + fname
         out.append(e)
-    for dname in sorted(dirs):
-        _flatten_level(dirs[dname], prefix + dname + "/", out, zeros, convert)
+    return [(dirs[dname], prefix + dname + "/") for dname in sorted(dirs)]
 
 
 # ---------------------------------------------------------------------------

@@ -254,3 +254,18 @@ def test_shape_nbytes_bounds(shape, itemsize, expected):
     want = -1 if expected >= 2**63 else expected
     assert bounds.shape_nbytes(shape, itemsize) == want
     assert bounds.shape_ok(shape, itemsize) == (want >= 0)
+
+
+def test_nesting_deeper_than_python_recursion_saves_and_loads(tmp_path):
+    tree: dict = {"x": torch.arange(3)}
+    for _ in range(1500):
+        tree = {"a": tree}
+    p = tdz_numba.save(tree, tmp_path / "deep.tdz")
+    node = tdz_numba.load(p)
+    depth = 0
+    while "a" in node:
+        node, depth = node["a"], depth + 1
+    assert depth == 1500 and node["x"].tolist() == [0, 1, 2]
+    with zipfile.ZipFile(p) as z:  # depth first, meta.json before the level's files
+        names = z.namelist()
+    assert names[0] == "meta.json" and names[1] == "a/meta.json" and names[-1].endswith("a/x.memmap")
