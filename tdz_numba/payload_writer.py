@@ -2,22 +2,22 @@
 
 :func:`write_payloads` is step 4 of :func:`tdz_numba.writer.write_entries`: the
 entries, in file order, are cut into units of work (:func:`plan_units`): groups of
-small entries (~1 MiB, at most 500) and 256 KiB pieces of large ones. The calling
-thread (and, with an explicit ``num_threads``, up to 3 more: :func:`write_threads`)
-takes the next unit, computes the CRC-32 of
-its payloads with zlib-ng (SIMD, GIL released) and writes it with one ``pwritev``
-straight from the source buffers: a group's CRCs before its write (they go in the
-local headers written with it), a piece's after (its bytes are still in that core's
-cache). The local headers are all built at once beforehand (one
+small entries (~1 MiB, at most 500) and 8 MiB spans of large ones. The calling thread
+(and, with an explicit ``num_threads``, up to 3 more: :func:`write_threads`) takes the
+next unit and writes it straight from the source buffers, with the CRC-32 of its
+payloads by zlib-ng (SIMD, GIL released): a group's CRCs before its one ``pwritev``
+(they go in the local headers written with it); a span's 256 KiB pieces one by one,
+each hashed right after its write, while its bytes are still in that core's cache.
+The local headers are all built at once beforehand (one
 :func:`tdz_numba.records.local_headers` call) and each CRC is patched in; the headers
-of split entries are written last, with the CRC combined from their pieces. The bytes
+of split entries are written last, with the CRC combined from their spans. The bytes
 on disk are those of one sequential pass.
 
 Examples
 --------
->>> from tdz_numba.payload_writer import PIECE, plan_units
->>> plan_units([False, True, False], [10, PIECE + 1, 5])
-[(0, 1, -1), (1, 0, 262144), (1, 262144, 1), (2, 3, -1)]
+>>> from tdz_numba.payload_writer import SPAN, plan_units
+>>> plan_units([False, True, False], [10, SPAN + 1, 5])
+[(0, 1, -1), (1, 0, 8388608), (1, 8388608, 1), (2, 3, -1)]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "UNIT",
     "PIECE",
+    "SPAN",
     "UNIT_ROWS",
     "WRITEBACK",
     "plan_units",
@@ -48,11 +49,17 @@ __all__ = [
 #: Payload bytes per group of small entries (a unit of work of the writing threads),
 #: hashed and then written in one ``pwritev`` by the same thread.
 UNIT = 1 << 20
-#: Entries larger than this are cut into pieces of this size, each written and then
-#: hashed by one thread while its bytes are still in that core's cache (measured on a
-#: 256 MiB save: write -> CRC of 256 KiB pieces costs ~5 ms CPU above the bare writes,
-#: CRC -> write of 1 MiB ~20 ms, the CRC's own read of the source).
+#: Entries larger than this are written in pieces cut at file offsets that are
+#: multiples of it, each hashed right after its write while its bytes are still in
+#: that core's cache (measured on a 256 MiB save: write -> CRC of 256 KiB pieces costs
+#: ~5 ms CPU above the bare writes, CRC -> write of 1 MiB ~20 ms, the CRC's own read
+#: of the source; pieces not aligned in the file cost ~10 ms more: the page cache
+#: cannot use large folios for their edges).
 PIECE = 1 << 18
+#: A large entry is shared out in spans of this many bytes (units of work), each
+#: written piece by piece in one loop with a running CRC (per-piece Python cost
+#: ~9 us with one unit per piece: ~9 ms per 256 MiB).
+SPAN = 8 << 20
 #: Entries per group: a group's (header, payload) pairs go in one ``pwritev``.
 UNIT_ROWS = 500
 #: Bytes written between two starts of the device writes of a durable save.
@@ -84,14 +91,14 @@ def _crc_functions() -> tuple[Any, Any]:
 def plan_units(split: list[bool], stored: list[int]) -> list[tuple[int, int, int]]:
     """Work units in file order: ``(start, stop, -1)``, a group of whole entries
     (at most :data:`UNIT` bytes or :data:`UNIT_ROWS` entries), or ``(i, offset,
-    length)``, a piece (:data:`PIECE` bytes) of entry ``i``, that is ``split``."""
+    length)``, a span (:data:`SPAN` bytes) of entry ``i``, that is ``split``."""
     units: list[tuple[int, int, int]] = []
     start = acc = 0
     for i, (big, nbytes) in enumerate(zip(split, stored)):
         if big:
             if start < i:
                 units.append((start, i, -1))
-            units.extend((i, off, min(PIECE, nbytes - off)) for off in range(0, nbytes, PIECE))
+            units.extend((i, off, min(SPAN, nbytes - off)) for off in range(0, nbytes, SPAN))
             start, acc = i + 1, 0
             continue
         acc += nbytes
@@ -186,9 +193,16 @@ def write_payloads(
         return int(stored[a:b].sum())
 
     def piece(k: int, i: int, off: int, length: int) -> int:
-        view = sources[i][off : off + length]
-        _pwritev_all(fd, [view], int(poff[i]) + off, length)
-        piece_crc[k] = crc32(view)  # the bytes just copied are still in this core's cache
+        src, base = sources[i], int(poff[i])
+        pos, stop, c = base + off, base + off + length, 0
+        while pos < stop:  # pieces cut at file offsets that are multiples of PIECE
+            cut = min(stop, (pos // PIECE + 1) * PIECE)  # (whole large page-cache folios)
+            view = src[pos - base : cut - base]
+            if os.pwrite(fd, view, pos) != view.size:
+                write_segments(fd, [(pos, view)])  # a short write: finish it
+            c = crc32(view, c)  # the bytes just copied are still in this core's cache
+            pos = cut
+        piece_crc[k] = c
         return length
 
     def work() -> None:

@@ -31,7 +31,7 @@ def _tree():
 
 
 def test_plan_units_cover_every_entry_in_file_order():
-    piece = payload_writer.PIECE
+    piece = payload_writer.SPAN
     stored = [10, 3 * piece, 0, 5, piece + 1, 7]
     split = [False, True, False, False, True, False]
     units = payload_writer.plan_units(split, stored)
