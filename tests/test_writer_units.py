@@ -5,7 +5,10 @@ writing thread reach the caller and leave no temp file (issue 11, save)."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -59,22 +62,47 @@ def test_threads_write_the_bytes_of_a_serial_save(fixed_time, tmp_path, kw):
     )
 
 
+def test_entries_of_several_spans_have_the_crc_of_their_bytes(fixed_time, tmp_path):
+    # large entries are written in SPAN units whose CRCs are combined: 1, 2 and 3 spans,
+    # at payload offsets that are not multiples of PIECE (pieces cut at file offsets)
+    span, piece = payload_writer.SPAN, payload_writer.PIECE
+    rng = np.random.default_rng(5)
+    tree = {
+        "a": np.full(7, 120, np.uint8),
+        "b": rng.integers(0, 256, span + 1, dtype=np.uint8),
+        "c": rng.integers(0, 256, 2 * span + piece + 3, dtype=np.uint8),
+        "d": rng.integers(0, 256, span, dtype=np.uint8),
+    }
+    serial = tdz_numba.save(tree, tmp_path / "s.tdz", num_threads=1, durable=False).read_bytes()
+    p = tdz_numba.save(tree, tmp_path / "t.tdz", num_threads=3, durable=False)
+    assert p.read_bytes() == serial
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None
+        for k in "bcd":
+            info = z.getinfo(f"{k}.memmap")
+            assert info.CRC == zlib.crc32(tree[k]) and z.read(info) == tree[k].tobytes()
+    assert tdz_numba.verify(p).entries == 5  # raises on a CRC mismatch
+
+
 def test_an_error_in_a_writing_thread_reaches_the_caller(tmp_path, monkeypatch):
     target = tmp_path / "x.tdz"
     tdz_numba.save({"old": torch.ones(3)}, target)
     before = target.read_bytes()
-    real = os.pwritev
-    calls = []
+    real = os.pwrite
+    failed = []
 
-    def failing(fd, bufs, offset):
-        calls.append(offset)
-        if len(calls) == 3:
+    def failing(fd, data, offset):  # the pieces of large entries: os.pwrite in the writing threads
+        if threading.current_thread() is threading.main_thread():
+            time.sleep(0.05)  # the helper thread takes units meanwhile
+        elif not failed:
+            failed.append(offset)
             raise OSError(28, "No space left on device")
-        return real(fd, bufs, offset)
+        return real(fd, data, offset)
 
-    monkeypatch.setattr(os, "pwritev", failing)
+    monkeypatch.setattr(os, "pwrite", failing)
     with pytest.raises(tdz_numba.DiskFullError):
-        tdz_numba.save({"w": torch.randn(4 << 20)}, target, num_threads=2)
+        tdz_numba.save({"w": torch.randn(8 << 20)}, target, num_threads=2)
     monkeypatch.undo()
+    assert failed  # the error was raised in a helper thread, not in the caller's own writes
     assert target.read_bytes() == before
     assert not [n for n in os.listdir(tmp_path) if ".tdz-tmp." in n]
