@@ -298,14 +298,16 @@ def as_tensor(value: Any, where: str, *, shape_only: bool = False) -> torch.Tens
             f"{where}: a {str(t.layout).replace('torch.', '')} tensor cannot be stored: "
             f"load reads dense tensors; store t.to_dense() (or its indices and values)"
         )
-    if t.device.type == "meta":
+    if t.is_cpu:  # (is_cpu is ~6x cheaper than device.type: save's per-leaf cost, issue 11)
+        pass
+    elif t.device.type == "meta":
         if shape_only:
             return t
         raise InvalidTreeError(
             f"{where}: a meta-device tensor has no data to store (allocate() takes meta "
             f"templates; save needs real tensors)"
         )
-    if t.device.type != "cpu":
+    else:
         t = t.cpu()
     if t.is_nested:
         return t
