@@ -115,8 +115,11 @@ def save(
     durable : bool
         ``fsync`` the file before renaming it into place and the directory
         after, so that a power loss leaves the old archive or the new one
-        (default). ``False`` skips both: faster on some file systems, but
-        after a crash the file may be renamed yet empty. The temporary file
+        (default; the device writes start while the file is written, so the
+        ``fsync`` waits for the last few MiB and the device's own speed:
+        measured on a virtual disk, 64 MiB +15-35 ms, 256 MiB +50-90 ms).
+        ``False`` skips both, as ``torch.save`` and safetensors' ``save_file``
+        do: after a crash the file may be renamed yet empty. The temporary file
         is named ``.{name}.tdz-tmp.{host}.{pid}.{random}``; those of killed
         saves are removed by the next save in the directory (or
         :func:`clean`).
