@@ -230,6 +230,8 @@ def _build(node: Any, ctx: LoadContext) -> Any:
     from .dtypes import torch_dtype
 
     keyed, children, meta = node.level_info()
+    if keyed:  # the level's own fields: a reserved name holding an object is a key (as in Archive.meta)
+        meta = {k: v for k, v in meta.items() if k not in children}
     cls = ctx.resolve(meta)
     if not keyed and issubclass(cls, TensorDict):
         keyed, children = _keyed_children(node, meta)  # a user subclass of TensorDict lists its keys

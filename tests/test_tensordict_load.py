@@ -209,3 +209,39 @@ def test_too_deep_for_tensordict_is_a_tdz_error(tmp_path):
         tdt.load(p)
     with tdt.enabled(), pytest.raises(UnsupportedError, match="nested too deep"):
         TensorDict.load_memmap(p)
+
+
+@pytest.mark.parametrize("field", ["_class", "_type", "device", "shape"])
+def test_a_field_name_holding_a_leaf_record_loads_alike_both_ways(field, tmp_path, monkeypatch):
+    # an edited or foreign meta.json where a reserved name holds a leaf record: a key (as
+    # tdz_numba.load and Archive.meta read it), not the level's field; the one-pass level
+    # (TdzSource.quick_level) and the general path build the same TensorDict, without a bare
+    # TypeError (unhashable class id, torch.device of a dict) on the general one
+    import json
+
+    from tdz_numba.tdzsource import TdzSource
+
+    td = TensorDict(a=torch.arange(3.0), s=TensorDict(b=torch.ones(3, 2), batch_size=[3]), batch_size=[3])
+    src = tdt.save(td, tmp_path / "x.tdz")
+    bad = tmp_path / "bad.tdz"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename == "s/meta.json":
+                meta = json.loads(data)
+                meta[field] = {"device": "cpu", "shape": [3, 0], "dtype": "torch.float32", "is_nested": False}
+                data = json.dumps(meta).encode()
+            zout.writestr(info, data)
+    loaded = [tdt.load(bad)]
+    with tdt.enabled():
+        loaded.append(TensorDict.load_memmap(bad))
+    monkeypatch.setattr(TdzSource, "quick_level", lambda self, prefix: None)
+    loaded.append(tdt.load(bad))
+    with tdt.enabled():
+        loaded.append(TensorDict.load_memmap(bad))
+    for out in loaded:
+        s = out["s"]
+        assert type(s) is TensorDict and list(s.keys()) == ["b", field]
+        assert s[field].shape == (3, 0) and torch.equal(s["b"], torch.ones(3, 2))
+        assert s.batch_size == (3,)  # (without its shape field, set as the root's sub-level: the root's)
+        assert (s.batch_size, s.device, out.device) == (loaded[0]["s"].batch_size, loaded[0]["s"].device, loaded[0].device)
