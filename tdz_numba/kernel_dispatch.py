@@ -67,6 +67,7 @@ __all__ = [
     "kernels_warm",
     "cache_key",
     "kernel_cache_dirs",
+    "warmup_cache_dir",
     "write_marker",
     "background_enabled",
     "default_threads",
@@ -277,9 +278,15 @@ def _writable_dir(path: str) -> bool:
     return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
 
 
+def warmup_cache_dir() -> str | None:
+    """The first writable directory of :func:`kernel_cache_dirs` (where Numba's locators put the
+    cache: a read-only package directory falls back to the user-wide one), or None."""
+    return next((d for d in kernel_cache_dirs() if _writable_dir(d)), None)
+
+
 def start_background_warmup() -> bool:
     """Starts ``python -m tdz_numba.precompile --background`` once per process, detached
-    (when :func:`background_enabled`, the cache directory is writable and no warm-up holds
+    (when :func:`background_enabled`, :func:`warmup_cache_dir` finds a writable cache and no warm-up holds
     its lock). Returns whether one was started."""
     with _LOCK:
         if _state["spawned"]:
@@ -287,8 +294,8 @@ def start_background_warmup() -> bool:
         _state["spawned"] = True
     if not background_enabled() or not sys.executable or getattr(sys, "frozen", False):
         return False
-    cache = kernel_cache_dirs()[0]
-    if not _writable_dir(cache):
+    cache = warmup_cache_dir()
+    if cache is None:
         return False
     with contextlib.suppress(OSError):  # a warm-up runs (a killed one's lock goes stale after 10 min)
         if time.time() - os.stat(os.path.join(cache, _LOCK_NAME)).st_mtime < 600:

@@ -408,6 +408,46 @@ def test_background_warmup_switches(monkeypatch, tmp_path):
     assert len(started) == 1
 
 
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the user-wide cache path is Linux's")
+def test_background_warmup_goes_where_numba_caches(monkeypatch, tmp_path):
+    # a read-only package directory (a system-wide install): Numba caches in the user-wide
+    # directory instead, so the background warm-up and its lock go there too
+    import fcntl
+    import types
+
+    from tdz_numba import precompile
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("TDZ_NUMBA_BACKGROUND_WARMUP", "1")
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "auto")
+    in_tree, user_wide = kernel_dispatch.kernel_cache_dirs()
+    assert user_wide.startswith(str(tmp_path))
+    real = kernel_dispatch._writable_dir
+    monkeypatch.setattr(kernel_dispatch, "_writable_dir", lambda p: p != in_tree and real(p))
+    started = []
+    fake = types.SimpleNamespace(wait=lambda: 0)
+    monkeypatch.setattr(kernel_dispatch.subprocess, "Popen", lambda args, **kw: started.append(args) or fake)
+    monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
+    assert kernel_dispatch.start_background_warmup() and len(started) == 1
+    lock = Path(user_wide, kernel_dispatch._LOCK_NAME)
+    lock.parent.mkdir(parents=True)
+    lock.write_bytes(b"")  # a warm-up runs there: no second one
+    monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
+    assert not kernel_dispatch.start_background_warmup() and len(started) == 1
+    # the background run itself takes the lock in that directory
+    ran = []
+    monkeypatch.setattr(kernel_dispatch, "kernels_warm", lambda: False)
+    monkeypatch.setattr(precompile, "warmup", lambda **kw: ran.append(kw))
+    monkeypatch.setattr(os, "nice", lambda n: 0)
+    with open(lock, "wb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert precompile.background_main() == 0 and ran == []  # held: nothing run
+    assert precompile.background_main() == 0 and ran == [{"verbose": False}]
+    assert not lock.exists() and not Path(in_tree, kernel_dispatch._LOCK_NAME).exists()
+
+
 def _fresh(code: str, cache: Path, **env: str) -> subprocess.CompletedProcess:
     full = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), TDZ_NUMBA_KERNELS="auto")
     full.update(env)
