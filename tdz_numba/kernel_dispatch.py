@@ -109,6 +109,7 @@ _state: dict[str, Any] = {
     "twin": 0,
 }
 _LOCK = threading.Lock()
+_FORCED: list[tuple[object, str]] = []  # the open forced() blocks, innermost last
 
 
 def mode() -> str:
@@ -151,12 +152,16 @@ def forced(value: str) -> Iterator[None]:
     """
     if value not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {value!r}")
-    previous = _state["forced"]
-    _state["forced"] = value
+    token = object()  # blocks of several threads may end in any order: each removes its own
+    with _LOCK:
+        _FORCED.append((token, value))
+        _state["forced"] = value
     try:
         yield
     finally:
-        _state["forced"] = previous
+        with _LOCK:
+            _FORCED[:] = [f for f in _FORCED if f[0] is not token]
+            _state["forced"] = _FORCED[-1][1] if _FORCED else None
 
 
 def cache_key() -> str:

@@ -327,6 +327,36 @@ def test_mode_from_environment(monkeypatch):
         kernel_dispatch.forced("x").__enter__()
 
 
+
+def test_forced_blocks_that_overlap_in_threads_restore_the_mode(monkeypatch):
+    # two warm-ups in two threads: their forced() blocks overlap and end in either order;
+    # once both ended the environment decides again (it was stuck on the first block's mode)
+    import threading
+
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "never")
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first():
+        with kernel_dispatch.forced("always"):
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def second():
+        a_in.wait(5)
+        with kernel_dispatch.forced("auto"):
+            b_in.set()
+            a_out.wait(5)
+            assert kernel_dispatch.mode() == "auto"  # the innermost block still open
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert kernel_dispatch.mode() == "never" and not kernel_dispatch.use_kernels(10**9)
+
+
 def _cold(monkeypatch) -> None:
     for key, value in (("warm", False), ("checked", -1e9), ("twin", 0)):
         monkeypatch.setitem(kernel_dispatch._state, key, value)
