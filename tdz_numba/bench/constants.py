@@ -6,6 +6,7 @@ WORKLOADS = ("flat", "small")
 OPS = ("save", "open", "read", "copy", "verify")
 FORMATS = (
     "tdz_numba",
+    "tdz_numba_nofsync",  # save only: durable=False, as safetensors and torch.save (no fsync)
     "td_tdz",
     "td_tdz_enabled",
     "td_dir",
@@ -37,6 +38,7 @@ QUICK_REPEAT = 3
 
 COLORS = {
     "tdz_numba": "#d62728",
+    "tdz_numba_nofsync": "#ff9896",
     "td_tdz": "#1f77b4",
     "td_tdz_enabled": "#e377c2",
     "td_dir": "#aec7e8",

@@ -71,6 +71,18 @@ class TdzNumba(Format):
         return _sum_leaves(_tree_leaves(tree)), tree  # the tree keeps the mapping until released
 
 
+class TdzNumbaNoFsync(TdzNumba):
+    """``save(..., durable=False)``: no fsync, as safetensors and torch.save write (the like-for-like save)."""
+
+    name = "tdz_numba_nofsync"
+    ops = ("save",)
+
+    def save(self, w, path):
+        import tdz_numba
+
+        return tdz_numba.save(w.tree, path, durable=False)
+
+
 class TdTdz(Format):
     name, suffix = "td_tdz", ".tdz"
 
@@ -186,7 +198,17 @@ class Floor(Format):
 
 FORMAT_CLASSES = {
     c.name: c
-    for c in (TdzNumba, TdTdz, TdTdzEnabled, TdDir, TdConsolidated, TorchFormat, SafetensorsFormat, Floor)
+    for c in (
+        TdzNumba,
+        TdzNumbaNoFsync,
+        TdTdz,
+        TdTdzEnabled,
+        TdDir,
+        TdConsolidated,
+        TorchFormat,
+        SafetensorsFormat,
+        Floor,
+    )
 }
 
 
