@@ -327,7 +327,6 @@ def test_mode_from_environment(monkeypatch):
         kernel_dispatch.forced("x").__enter__()
 
 
-
 def test_forced_blocks_that_overlap_in_threads_restore_the_mode(monkeypatch):
     # two warm-ups in two threads: their forced() blocks overlap and end in either order;
     # once both ended the environment decides again (it was stuck on the first block's mode)
@@ -436,7 +435,6 @@ def test_background_warmup_switches(monkeypatch, tmp_path):
     monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
     assert not kernel_dispatch.start_background_warmup()
     assert len(started) == 1
-
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the user-wide cache path is Linux's")

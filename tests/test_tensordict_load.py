@@ -244,4 +244,8 @@ def test_a_field_name_holding_a_leaf_record_loads_alike_both_ways(field, tmp_pat
         assert type(s) is TensorDict and list(s.keys()) == ["b", field]
         assert s[field].shape == (3, 0) and torch.equal(s["b"], torch.ones(3, 2))
         assert s.batch_size == (3,)  # (without its shape field, set as the root's sub-level: the root's)
-        assert (s.batch_size, s.device, out.device) == (loaded[0]["s"].batch_size, loaded[0]["s"].device, loaded[0].device)
+        assert (s.batch_size, s.device, out.device) == (
+            loaded[0]["s"].batch_size,
+            loaded[0]["s"].device,
+            loaded[0].device,
+        )
