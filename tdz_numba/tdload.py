@@ -31,7 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidArgumentError, TdzError, UnsafeContentError, UnsupportedError
+from .errors import BadArchiveError, InvalidArgumentError, TdzError, UnsafeContentError, UnsupportedError
 
 __all__ = ["LoadContext", "load_open", "open_tdz_archive"]
 
@@ -99,20 +99,38 @@ class LoadContext:
         """The torch.device of a level's meta.json ``"device"`` (None for ``"None"``/null)."""
         if saved is None or saved == "None":
             return None
-        if type(saved) is not str:
-            import torch
-
-            return torch.device(saved)
-        device = self.devices.get(saved)
+        device = self.devices.get(saved) if type(saved) is str else None
         if device is None:
             import torch
 
-            device = self.devices[saved] = torch.device(saved)
+            try:
+                device = torch.device(saved)
+            except (RuntimeError, TypeError, ValueError) as exc:
+                raise BadArchiveError(f"{self.path}: meta.json device {saved!r:.100}: {exc}") from None
+            if type(saved) is str:
+                self.devices[saved] = device
         return device
+
+    def batch_size(self, meta: dict) -> Any:
+        """The torch.Size of a level's meta.json ``"shape"`` (a list of ints >= 0; absent: ``[]``)."""
+        import torch
+
+        shape = meta.get("shape", ())
+        if type(shape) not in (list, tuple) or not all(type(s) is int and s >= 0 for s in shape):
+            raise BadArchiveError(
+                f"{self.path}: meta.json batch size {shape!r:.100} is not a list of ints >= 0"
+            )
+        return torch.Size(shape)
 
     def resolve(self, meta: dict) -> type:
         class_id = meta.get("_class")
         type_name = meta.get("_type")
+        if not (class_id is None or type(class_id) is str) or not (
+            type_name is None or type(type_name) is str
+        ):
+            raise BadArchiveError(
+                f"{self.path}: meta.json _class {class_id!r:.100} / _type {type_name!r:.100}: expected strings"
+            )
         key = (class_id, type_name)
         cls = self.cache.get(key)
         if cls is None:
@@ -297,7 +315,7 @@ def _build(node: Any, ctx: LoadContext) -> Any:
     if missing:  # all of them in one call
         for spec, t in zip(missing, node.leaf_tensors(missing)):
             leaves[spec.key] = t if target is None else t.to(target, non_blocking=True)
-    batch_size = torch.Size(meta.get("shape", ()))
+    batch_size = ctx.batch_size(meta)
     device = saved_device if target is None else target
     if cls is TensorDict or not issubclass(cls, TensorDict):
         # tensordict sets loaded leaves with validated=True: no per-leaf check either
@@ -318,8 +336,6 @@ def _quick_tensordict(owner: Any, got: tuple[Any, list[tuple[str, str]]], ctx: L
     the level's leaves in meta.json order (sub-levels hold None) and ``(key, prefix)`` of
     each sub-level. The same object :func:`_build`'s general path makes, in one
     ``TensorDict._new_unsafe`` call."""
-    import torch
-
     level, subs = got
     meta = level.meta
     target = ctx.device
@@ -331,7 +347,7 @@ def _quick_tensordict(owner: Any, got: tuple[Any, list[tuple[str, str]]], ctx: L
         device = target
     result = ctx.td_cls._new_unsafe(
         leaves,
-        batch_size=torch.Size(meta.get("shape", ())),
+        batch_size=ctx.batch_size(meta),
         device=device,
         nested=False,
     )

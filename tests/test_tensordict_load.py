@@ -249,3 +249,43 @@ def test_a_field_name_holding_a_leaf_record_loads_alike_both_ways(field, tmp_pat
             loaded[0]["s"].device,
             loaded[0].device,
         )
+
+
+@pytest.mark.parametrize(
+    "level, change",
+    [
+        ("s/meta.json", {"shape": None}),
+        ("s/meta.json", {"shape": "3"}),
+        ("s/meta.json", {"shape": [3.0]}),
+        ("meta.json", {"shape": [-3]}),
+        ("s/meta.json", {"device": "nodevice"}),
+        ("s/meta.json", {"device": [1]}),
+        ("s/meta.json", {"_type": {"type": 5}, "_class": None}),  # not keyed: a class lookup
+        ("s/meta.json", {"_class": ["x"], "shape": None}),
+    ],
+)
+def test_malformed_level_fields_raise_tdz_errors_both_ways(level, change, tmp_path, monkeypatch):
+    # batch size, device and class fields of a level come from the file: a TdzError (here
+    # BadArchiveError) on the one-pass and the general path, never a bare TypeError/RuntimeError
+    import json
+
+    from tdz_numba import TdzError
+    from tdz_numba.tdzsource import TdzSource
+
+    td = TensorDict(a=torch.arange(3.0), s=TensorDict(b=torch.ones(3, 2), batch_size=[3]), batch_size=[3])
+    src = tdt.save(td, tmp_path / "x.tdz")
+    bad = tmp_path / "bad.tdz"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename == level:
+                meta = {**json.loads(data), **change}
+                data = json.dumps({k: v for k, v in meta.items() if v is not None or k == "shape"}).encode()
+            zout.writestr(info, data)
+    for general in (False, True):
+        if general:
+            monkeypatch.setattr(TdzSource, "quick_level", lambda self, prefix: None)
+        with pytest.raises(TdzError):
+            tdt.load(bad)
+        with tdt.enabled(), pytest.raises(TdzError):
+            TensorDict.load_memmap(bad)
