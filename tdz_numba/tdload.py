@@ -2,8 +2,9 @@
 :mod:`tdz_numba.tensordict`).
 
 :func:`load_open` builds what ``TensorDict.load_memmap`` returns from an
-:class:`~tdz_numba.Archive`: every leaf of the archive is resolved in one bulk
-call (zero-copy views of the one mapping), then each TensorDict level is made
+:class:`~tdz_numba.Archive`: leaves are zero-copy views of the one mapping, made
+in bulk (a common TensorDict level in one pass by the source's ``quick_level``,
+any other archive's leaves in one bulk call first); each TensorDict level is made
 with one ``TensorDict._new_unsafe`` call over its pre-built leaf dict (tensordict
 sets loaded leaves unvalidated too); sub-levels are set as tensordict sets them.
 No class named in an archive is ever imported.
@@ -12,7 +13,7 @@ Examples
 --------
 >>> import tempfile, pathlib, torch
 >>> from tensordict import TensorDict
->>> import tdz_numba
+>>> import tdz_numba, tdz_numba.tensordict
 >>> from tdz_numba.tdload import LoadContext, load_open
 >>> with tempfile.TemporaryDirectory() as d:
 ...     p = tdz_numba.tensordict.save(TensorDict(a=torch.arange(3), batch_size=[3]), pathlib.Path(d) / "x.tdz")
