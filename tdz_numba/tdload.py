@@ -240,6 +240,15 @@ def _build_at(owner: Any, prefix: str, ctx: LoadContext) -> Any:
     return _build(owner._sub(prefix) if prefix != owner._prefix else owner, ctx)
 
 
+def _set_names(result: Any, names: Any, ctx: LoadContext) -> None:
+    """Sets a level's meta.json ``"_names"`` (a list) on ``result``: BadArchiveError when they do not fit."""
+    if isinstance(names, list):
+        try:
+            result._set_names(names)
+        except (ValueError, TypeError) as exc:
+            raise BadArchiveError(f"{ctx.path}: meta.json _names {names!r:.100}: {exc}") from None
+
+
 def _build(node: Any, ctx: LoadContext) -> Any:
     """The collection of the level ``node`` (an :class:`~tdz_numba.Archive` view), general path."""
     import torch
@@ -323,9 +332,7 @@ def _build(node: Any, ctx: LoadContext) -> Any:
         result = TensorDict._new_unsafe(leaves, batch_size=batch_size, device=device, nested=False)  # type: ignore[arg-type]
     else:
         result = cls(leaves, batch_size=batch_size, device=device)
-    names = meta.get("_names")
-    if isinstance(names, list):
-        result._set_names(names)
+    _set_names(result, meta.get("_names"), ctx)
     for key, spec in subs:
         # validated as tensordict sets them (non-tensor data is expanded to the batch size)
         result._set_str(key, _build_at(node, spec.path, ctx), inplace=False, validated=False)
@@ -352,9 +359,7 @@ def _quick_tensordict(owner: Any, got: tuple[Any, list[tuple[str, str]]], ctx: L
         device=device,
         nested=False,
     )
-    names = meta.get("_names")
-    if isinstance(names, list):
-        result._set_names(names)
+    _set_names(result, meta.get("_names"), ctx)
     for key, prefix in subs:
         # validated as tensordict sets them (non-tensor data is expanded to the batch size)
         result._set_str(key, _build_at(owner, prefix, ctx), inplace=False, validated=False)

@@ -262,6 +262,7 @@ def test_a_field_name_holding_a_leaf_record_loads_alike_both_ways(field, tmp_pat
         ("s/meta.json", {"device": [1]}),
         ("s/meta.json", {"_type": {"type": 5}, "_class": None}),  # not keyed: a class lookup
         ("s/meta.json", {"_class": ["x"], "shape": None}),
+        ("s/meta.json", {"_names": ["t", "u"]}),  # two names, one batch dim
     ],
 )
 def test_malformed_level_fields_raise_tdz_errors_both_ways(level, change, tmp_path, monkeypatch):
