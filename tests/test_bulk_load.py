@@ -269,3 +269,18 @@ def test_nesting_deeper_than_python_recursion_saves_and_loads(tmp_path):
     with zipfile.ZipFile(p) as z:  # depth first, meta.json before the level's files
         names = z.namelist()
     assert names[0] == "meta.json" and names[1] == "a/meta.json" and names[-1].endswith("a/x.memmap")
+
+
+def test_a_bad_local_header_outside_the_leaves_loads_as_the_general_path_does(tmp_path, monkeypatch):
+    p = tdz_numba.save({"w": torch.arange(6.0), "g": {"x": torch.ones(2)}}, tmp_path / "x.tdz")
+    with zipfile.ZipFile(p, "a") as z:
+        z.writestr("junk.bin", b"not a leaf")
+    data = bytearray(p.read_bytes())
+    with zipfile.ZipFile(p) as z:
+        data[z.getinfo("junk.bin").header_offset] ^= 0xFF  # its local header signature
+    p.write_bytes(bytes(data))
+    quick = tdz_numba.load(p)
+    _same(quick, _tree_as_level(p, monkeypatch))
+    assert quick["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and quick["g"]["x"].tolist() == [1.0, 1.0]
+    with pytest.raises(BadArchiveError, match="junk.bin"):
+        tdz_numba.verify(p)
