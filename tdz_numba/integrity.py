@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,15 +75,15 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
         methods = table["method"]
         stored = np.nonzero(methods == records.STORED)[0]
         with _progress(int(table["csize"].sum()), "verify", enabled=progress) as bar:
-            # the STORED CRCs (a GIL-free parallel kernel) run while this thread walks the structure
-            with ThreadPoolExecutor(1, thread_name_prefix="tdz-verify") as pool:
-                pending = pool.submit(stored_crcs, index, stored)
-                walk_error: Exception | None = None
-                try:
-                    levels, leaves = _walk_structure(ar)
-                except Exception as exc:  # reported after the CRCs, which take precedence
-                    walk_error = exc
-                crcs = pending.result()
+            # the structure first (one pass per level), then the STORED CRCs on every core: run
+            # side by side, the walk took a core from the parallel kernel, which then waited for
+            # its slowest thread (2,000 leaves, 2 cores: 43 ms together, 25 ms one after the other)
+            walk_error: Exception | None = None
+            try:
+                levels, leaves = _walk_structure(ar)
+            except Exception as exc:  # reported after the CRCs, which take precedence
+                walk_error = exc
+            crcs = stored_crcs(index, stored)
             bar.update(int(table["csize"][stored].sum()))
             bad = np.nonzero(crcs != table["crc"][stored])[0]
             first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
@@ -172,11 +171,18 @@ def _verify_other(ar, path: str | os.PathLike, progress: bool | None) -> VerifyR
 def _walk_structure(ar) -> tuple[int, int]:
     """Every level's meta.json parses, every leaf matches its entry: ``(levels, leaves)``."""
     source = ar.source
+    quick = getattr(source, "quick_level", None)  # a TensorDict level of plain stored leaves, checked
     levels = leaves = 0
     stack = [""]  # level prefixes: the source's levels, no Archive view per level
     while stack:
         prefix = stack.pop()
         levels += 1
+        got = quick(prefix, tensors=False) if quick is not None else None
+        if got is not None:  # every leaf found, stored, aligned and of its shape's size
+            level, subs = got
+            leaves += len(level) - len(subs)
+            stack.extend(sub for _, sub in subs)
+            continue
         for spec in source.level(prefix).children.values():
             if spec.kind == "leaf":
                 leaves += 1

@@ -213,7 +213,7 @@ class TdzSource(Source):
         self._levels[prefix] = result
         return result
 
-    def quick_level(self, prefix: str) -> tuple[Level, list[tuple[str, str]]] | None:
+    def quick_level(self, prefix: str, tensors: bool = True) -> tuple[Level, list[tuple[str, str]]] | None:
         """The level at ``prefix`` in one pass, for :func:`~tdz_numba.bulk.build_tree`, when
         it is the common case: ``(level, subs)``, the :class:`~tdz_numba.tree.Level` of its
         leaves (sub-levels hold None) and ``(key, "a/b/")`` of each sub-level.
@@ -223,6 +223,7 @@ class TdzSource(Source):
         says. Anything else gives None, and the caller takes the general path
         (:meth:`level`, :meth:`tensors`), which also names what is wrong. Leaf
         views are cached as :meth:`tensors` caches them; the level is not.
+        ``tensors=False`` only checks (:func:`~tdz_numba.verify`): the leaves are None.
         """
         index = self.index
         if self.mode != "r" or getattr(index, "fetch", None) is not None:
@@ -293,9 +294,9 @@ class TdzSource(Source):
                 if row is None:
                     if nbytes:
                         return None
-                    out[key] = cache[entry] = torch.empty(
-                        shape, dtype=view.dtype
-                    )  # tensordict writes no file
+                    if tensors:  # tensordict writes no file for an empty leaf
+                        cache[entry] = torch.empty(shape, dtype=view.dtype)
+                    out[key] = cache.get(entry)
                     continue
                 if methods[row] or sizes[row] != nbytes:  # (nbytes -1: a bad shape)
                     return None
@@ -304,6 +305,9 @@ class TdzSource(Source):
                     offset = index.payload_offset(row)
                 if offset % itemsize:
                     return None
+                if not tensors:
+                    out[key] = None
+                    continue
                 shape = tuple(shape)
                 st = _STRIDES.get(shape)
                 if st is None:

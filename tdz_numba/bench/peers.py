@@ -50,7 +50,7 @@ class Format:
 
 class TdzNumba(Format):
     name, suffix = "tdz_numba", ".tdz"
-    ops = ("save", "open", "read", "copy", "verify")
+    ops: tuple[str, ...] = ("save", "open", "read", "copy", "verify")
 
     def save(self, w, path):
         import tdz_numba
