@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -179,16 +180,18 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
     else None. Registered formats report their registered name (``"torch_legacy"``,
     ``"safetensors_index"`` included)."""
     p = Path(path)
-    if p.is_dir():
+    try:  # one descriptor for the kind, the size and the first bytes (no stat, no file object)
+        fd = os.open(p, os.O_RDONLY)
+    except IsADirectoryError:  # pragma: no cover - platforms that refuse to open directories
         return _dir_kind(p), None
     try:
-        with open(p, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(HEAD_BYTES)
-    except FileNotFoundError:
-        raise
-    except IsADirectoryError:  # pragma: no cover - raced
-        raise BadArchiveError(f"{p}: is a directory") from None
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            return _dir_kind(p), None
+        size = st.st_size
+        head = os.pread(fd, HEAD_BYTES, 0)
+    finally:
+        os.close(fd)
     if not head:
         raise BadArchiveError(f"{p}: empty file, not a tensor file")
     if head[:4] in _ZIP_MAGICS:
