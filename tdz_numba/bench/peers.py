@@ -18,17 +18,6 @@ def _sum_leaves(tensors: Iterable) -> float:
     return sum(float(t.sum()) for t in tensors)
 
 
-def _tree_leaves(tree: dict) -> Iterable:
-    """The tensors of nested dicts, depth first."""
-    stack = [tree]
-    while stack:
-        for v in stack.pop().values():
-            if isinstance(v, dict):
-                stack.append(v)
-            else:
-                yield v
-
-
 class Format:
     """How one format saves, opens and reads a workload. Every timed function returns
     what it created so that releasing it happens outside the timed region."""
@@ -68,7 +57,7 @@ class TdzNumba(Format):
         import tdz_numba
 
         tree = tdz_numba.load(path)  # every leaf in one bulk pass, as load_file / torch.load read
-        return _sum_leaves(_tree_leaves(tree)), tree  # the tree keeps the mapping until released
+        return sum_tree(tree), tree  # the tree keeps the mapping until released
 
 
 class TdzNumbaNoFsync(TdzNumba):
