@@ -106,15 +106,21 @@ class LeafInfo:
         return leaf_caps(self, self.crc is not None)
 
 
+_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}  # contiguous strides of the shapes seen
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Element strides of a C-contiguous tensor of ``shape``."""
+    """Element strides of a C-contiguous tensor of ``shape`` (cached: leaves repeat shapes)."""
+    found = _STRIDES.get(shape)
+    if found is not None:
+        return found
     strides = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
         strides[i] = strides[i + 1] * max(shape[i + 1], 1)
-    return tuple(strides)
-
-
-_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}  # contiguous strides of the shapes seen
+    found = tuple(strides)
+    if len(_STRIDES) < 4096:
+        _STRIDES[shape] = found
+    return found
 
 
 def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -309,12 +315,7 @@ class TdzSource(Source):
                     out[key] = None
                     continue
                 shape = tuple(shape)
-                st = _STRIDES.get(shape)
-                if st is None:
-                    st = contiguous_strides(shape)
-                    if len(_STRIDES) < 4096:
-                        _STRIDES[shape] = st
-                t = cache[entry] = view.as_strided(shape, st, offset // itemsize)
+                t = cache[entry] = view.as_strided(shape, contiguous_strides(shape), offset // itemsize)
             elif nbytes < 0:
                 return None
             out[key] = t
@@ -594,7 +595,6 @@ class TdzSource(Source):
             offs = szs = mets = [-1] * n
         dtypes = DTYPES
         typed_cache = self._typed
-        strides_cache: dict[tuple[int, ...], tuple[int, ...]] = {}
         for j, leaf in enumerate(leaves):
             t = cache.get(leaf.entry)
             if t is not None:
@@ -609,10 +609,9 @@ class TdzSource(Source):
                     typed = typed_cache.get(dtype)
                     if typed is None:
                         typed = self._typed_view(dtype)
-                    strides = strides_cache.get(shape)
-                    if strides is None:
-                        strides = strides_cache[shape] = contiguous_strides(shape)
-                    t = cache[leaf.entry] = typed.as_strided(shape, strides, off // itemsize)
+                    t = cache[leaf.entry] = typed.as_strided(
+                        shape, contiguous_strides(shape), off // itemsize
+                    )
                     out[j] = t
                     continue
             out[j] = self.tensor(leaf)
