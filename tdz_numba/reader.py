@@ -195,9 +195,15 @@ class ArchiveIndex:
         )
 
     def check_all(self) -> None:
-        """Reads and checks every local header now (an open reads them lazily)."""
+        """Reads and checks every local header now (an open reads them lazily). On a bad
+        header it raises and leaves the index as it was (headers still read per entry)."""
         if not self.local_checked:
-            self._parse(True)
+            kept = self._cols, self.table, self._rows
+            try:
+                self._parse(True)
+            except BadArchiveError:
+                self._cols, self.table, self._rows = kept
+                raise
 
     def payload_offset(self, i: int) -> int:
         """Payload offset of row ``i``, reading and checking its local header on first use."""

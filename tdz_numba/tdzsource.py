@@ -249,11 +249,8 @@ class TdzSource(Source):
         if not prefix and not index.local_checked:
             try:
                 index.check_all()  # the whole archive: every local header in one kernel pass
-            except BadArchiveError:
-                # a bad local header somewhere: the index as the open left it, and the general
-                # path, which reads the headers of the leaves it needs and names what is wrong
-                index._parse(False)
-                return None
+            except BadArchiveError:  # somewhere: the general path reads the headers of the
+                return None  # leaves it needs, and names what is wrong with them
         by_name, cache = index._by_name, self._tensors
         columns = self._columns
         if columns is None or columns[0] is not index._cols:  # index rows as lists, once per parse
