@@ -32,7 +32,6 @@ import numpy as np
 
 from . import codecs, records
 from .errors import BadArchiveError, ChecksumError, UnsupportedError
-from .memory import no_huge_pages
 from .records import Col, IndexRow, Status
 
 __all__ = ["ArchiveIndex", "EntryInfo"]
@@ -101,7 +100,6 @@ class ArchiveIndex:
                 raise BadArchiveError(f"{label}: empty file, not a zip archive", path=label)
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
             self._mmap = mmap.mmap(fd, size, access=access)
-            no_huge_pages(self._mmap)  # before any access: leaves evict page by page
         finally:
             os.close(fd)
         self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)

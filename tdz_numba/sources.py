@@ -96,9 +96,6 @@ class MappedFile:
             mm = None
             if size:
                 mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY)
-                from .memory import no_huge_pages
-
-                no_huge_pages(mm)  # before any access: leaves evict page by page
         finally:
             os.close(fd)
         return cls(p, mm, size, writable)
