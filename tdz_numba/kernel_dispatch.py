@@ -77,6 +77,7 @@ __all__ = [
     "plan_layout",
     "parse_central_directory",
     "resolve_local",
+    "check_local_headers",
 ]
 
 #: Bytes hashed per parallel work item (the kernels' chunk; see :mod:`tdz_numba.kernels`).
@@ -430,3 +431,14 @@ def resolve_local(buf, cols: np.ndarray, i: int, cd_offset: int) -> np.ndarray:
     from .kernels import resolve_local as kernel
 
     return kernel(buf, cols, i, cd_offset)
+
+
+def check_local_headers(
+    buf, cols: np.ndarray, cd_offset: int, hdr: np.ndarray, hpos: np.ndarray
+) -> np.ndarray:
+    """See :func:`tdz_numba.kernels.check_local_headers`."""
+    if not use_kernels(len(cols)):
+        return pykernels.check_local_headers(buf, cols, cd_offset, hdr, hpos)
+    from .kernels import check_local_headers as kernel
+
+    return kernel(buf, cols, cd_offset, hdr, hpos)

@@ -41,6 +41,7 @@ __all__ = [
     "plan_layout",
     "parse_central_directory",
     "resolve_local",
+    "check_local_headers",
 ]
 
 #: Bytes hashed per parallel work item: large enough to amortize the call,
@@ -351,13 +352,21 @@ def _fail(status, code, i, expected, found):
 
 @njit(**KERNEL)
 def _check_local(buf, cols, i, cd_offset, status):
-    """Reads and checks entry ``i``'s local header: the only copy of this check.
+    """Reads and checks entry ``i``'s local header in ``buf`` (see :func:`_check_local_in`)."""
+    return _check_local_in(buf, cols[i, _HOFF], buf, cols, i, cd_offset, status)
 
+
+@njit(**KERNEL)
+def _check_local_in(hdr, h, buf, cols, i, cd_offset, status):
+    """Checks entry ``i``'s local header, whose bytes are at ``hdr[h:]``: the only copy of this check.
+
+    ``hdr`` is ``buf`` itself (``h`` = the header offset) or a copy of the
+    header's fixed part and name read from the file (:func:`check_local_headers`).
     Signature, name equal to the central name, payload and stored bytes
     within ``[header, next record)``. Fills the payload offset and the local
     extra length; returns False with ``status`` set on failure. Every bound is
     checked without overflow (offsets are < ``buf.size``, sizes may be up to
-    ``2**63 - 1``).
+    ``2**63 - 1``), and no byte outside ``hdr`` or ``buf`` is read.
     """
     hoff = cols[i, _HOFF]
     limit = cols[i, _NEXT]
@@ -366,18 +375,22 @@ def _check_local(buf, cols, i, cd_offset, status):
     csize = cols[i, _CSIZE]
     if limit < 0 or limit > cd_offset or cd_offset > buf.size or hoff < 0 or hoff > limit - _LH_SIZEOF:
         return _fail(status, _HEADER_PAST_END, i, limit, hoff)
-    sig = _u32(buf, hoff)
+    if h < 0 or h > hdr.size - _LH_SIZEOF:  # a copy too short (never, for buf itself)
+        return _fail(status, _HEADER_PAST_END, i, limit, hoff)
+    sig = _u32(hdr, h)
     if sig != _LOCAL_SIG:
         return _fail(status, _LOCAL_SIGNATURE, i, _LOCAL_SIG, sig)
-    lnlen = _u16(buf, hoff + _LH_NAME_LEN)
-    lelen = _u16(buf, hoff + _LH_EXTRA_LEN)
+    lnlen = _u16(hdr, h + _LH_NAME_LEN)
+    lelen = _u16(hdr, h + _LH_EXTRA_LEN)
     if lnlen != nlen:
         return _fail(status, _NAME_MISMATCH, i, nlen, lnlen)
     start = hoff + _LH_SIZEOF
     if nlen > limit - start:
         return _fail(status, _OVERLAP, i, start + nlen, limit)
+    if nlen > hdr.size - (h + _LH_SIZEOF) or noff < 0 or nlen > buf.size - noff:
+        return _fail(status, _HEADER_PAST_END, i, limit, hoff)  # never for a whole archive
     for k in range(nlen):
-        if buf[start + k] != buf[noff + k]:
+        if hdr[h + _LH_SIZEOF + k] != buf[noff + k]:
             return _fail(status, _NAME_MISMATCH, i, nlen, nlen)
     payload = start + lnlen + lelen
     if payload > limit or csize < 0 or csize > limit - payload:
@@ -388,6 +401,41 @@ def _check_local(buf, cols, i, cd_offset, status):
     cols[i, _PAYLOAD] = payload
     cols[i, _LEXTRA] = lelen
     return True
+
+
+@njit(**KERNEL)
+def check_local_headers(buf, cols, cd_offset, hdr, hpos):
+    """Checks every entry's local header from copies of their bytes and fills the
+    payload offsets, as :func:`parse_central_directory` with ``check_local`` does.
+
+    Parameters
+    ----------
+    buf : uint8 array
+        The whole archive (for the central names and its size).
+    cols : int64 array
+        From :func:`parse_central_directory` (``check_local=False``), filled in place.
+    cd_offset : int
+        Start of the central directory.
+    hdr : uint8 array
+        Entry ``i``'s local header (30 bytes) and name, read from the file, at
+        ``hdr[hpos[i]:]`` (reading them with ``pread`` costs no page fault per entry).
+    hpos : int64 array
+        One position in ``hdr`` per row of ``cols``.
+
+    Returns
+    -------
+    status : int64 array of 4
+        As :func:`parse_central_directory`'s; the first failing entry stops the pass.
+    """
+    status = np.zeros(4, np.int64)
+    count = cols.shape[0]
+    if hpos.shape[0] != count:
+        _fail(status, _COUNT, -1, count, hpos.shape[0])
+        return status
+    for i in range(count):
+        if not _check_local_in(hdr, hpos[i], buf, cols, i, cd_offset, status):
+            return status
+    return status
 
 
 @njit(**KERNEL)

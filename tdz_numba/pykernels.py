@@ -44,6 +44,7 @@ __all__ = [
     "plan_layout",
     "parse_central_directory",
     "resolve_local",
+    "check_local_headers",
 ]
 
 _POLY = 0xEDB88320
@@ -212,13 +213,22 @@ def _fail(status: np.ndarray, code: int, i: int, expected: int, found: int) -> b
 
 
 def _check_local(buf, mv: memoryview, cols: np.ndarray, i: int, cd_offset: int, status: np.ndarray) -> bool:
-    """The twin of ``kernels._check_local``: fills the payload offset and local extra length of row ``i``."""
+    """The twin of ``kernels._check_local``: the header read from ``buf`` itself."""
+    return _check_local_in(mv, int(cols[i, _C.HEADER_OFFSET]), buf, mv, cols, i, cd_offset, status)
+
+
+def _check_local_in(
+    hmv, h: int, buf, mv: memoryview, cols: np.ndarray, i: int, cd_offset: int, status
+) -> bool:
+    """The twin of ``kernels._check_local_in``: fills the payload offset and local extra length of row ``i``."""
     row = cols[i].tolist()
     hoff, limit, nlen = row[_C.HEADER_OFFSET], row[_C.NEXT_OFFSET], row[_C.NAME_LEN]
     noff, csize = row[_C.NAME_OFFSET], row[_C.CSIZE]
     if limit < 0 or limit > cd_offset or cd_offset > buf.size or hoff < 0 or hoff > limit - _LH_SIZEOF:
         return _fail(status, _S.HEADER_PAST_END, i, limit, hoff)
-    head = _LH.unpack_from(mv, hoff)
+    if h < 0 or h > len(hmv) - _LH_SIZEOF:
+        return _fail(status, _S.HEADER_PAST_END, i, limit, hoff)
+    head = _LH.unpack_from(hmv, h)
     sig, lnlen, lelen = head[0], head[9], head[10]
     if sig != records.LOCAL_SIG:
         return _fail(status, _S.LOCAL_SIGNATURE, i, records.LOCAL_SIG, sig)
@@ -227,7 +237,9 @@ def _check_local(buf, mv: memoryview, cols: np.ndarray, i: int, cd_offset: int, 
     start = hoff + _LH_SIZEOF
     if nlen > limit - start:
         return _fail(status, _S.OVERLAP, i, start + nlen, limit)
-    if mv[start : start + nlen] != mv[noff : noff + nlen]:
+    if nlen > len(hmv) - (h + _LH_SIZEOF) or noff < 0 or nlen > len(mv) - noff:
+        return _fail(status, _S.HEADER_PAST_END, i, limit, hoff)
+    if hmv[h + _LH_SIZEOF : h + _LH_SIZEOF + nlen] != mv[noff : noff + nlen]:
         return _fail(status, _S.NAME_MISMATCH, i, nlen, nlen)
     payload = start + lnlen + lelen
     if payload > limit or csize < 0 or csize > limit - payload:
@@ -238,6 +250,22 @@ def _check_local(buf, mv: memoryview, cols: np.ndarray, i: int, cd_offset: int, 
     cols[i, _C.PAYLOAD_OFFSET] = payload
     cols[i, _C.LOCAL_EXTRA_LEN] = lelen
     return True
+
+
+def check_local_headers(
+    buf, cols: np.ndarray, cd_offset: int, hdr: np.ndarray, hpos: np.ndarray
+) -> np.ndarray:
+    """The twin of :func:`tdz_numba.kernels.check_local_headers`."""
+    status = np.zeros(4, np.int64)
+    count = len(cols)
+    if len(hpos) != count:
+        _fail(status, _S.COUNT, -1, count, len(hpos))
+        return status
+    mv, hmv = _bytes_view(buf), _bytes_view(hdr)
+    for i, h in enumerate(hpos.tolist()):
+        if not _check_local_in(hmv, h, buf, mv, cols, i, int(cd_offset), status):
+            break
+    return status
 
 
 def _bytes_view(buf) -> memoryview:

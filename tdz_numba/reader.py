@@ -71,6 +71,11 @@ class EntryInfo:
     central_offset: int
 
 
+#: Bytes of file per entry from which a whole-archive header check reads the local headers
+#: with ``pread`` rather than through the mapping (measured, 2,000 headers 128 KiB apart:
+#: 1.1 ms of ``pread`` against 3.4 ms of page faults; packed headers share their pages).
+_PREAD_SPACING = 64 * 1024
+
 _KNOWN_METHOD = np.zeros(1 << 16, np.bool_)
 _KNOWN_METHOD[list(records.METHOD_NAMES)] = True
 
@@ -102,6 +107,7 @@ class ArchiveIndex:
             self._mmap = mmap.mmap(fd, size, access=access)
         finally:
             os.close(fd)
+        self._ident = (st.st_dev, st.st_ino, size)  # to read local headers from the same file
         self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)
         self.size = size
         self._torch = None
@@ -146,15 +152,53 @@ class ArchiveIndex:
         from .kernel_dispatch import parse_central_directory  # the kernel or its twin
 
         end = self.end
+        spaced = check_local and getattr(self, "_ident", None) is not None
+        spaced = spaced and self.size // max(1, end.count) >= _PREAD_SPACING
         cols, status = parse_central_directory(
-            self.buffer, end.cd_offset, end.cd_size, end.count, check_local
+            self.buffer, end.cd_offset, end.cd_size, end.count, check_local and not spaced
         )
+        if spaced and (status[0] == Status.OK or (status[0] == Status.COUNT and status[1] == len(cols))):
+            # the local headers are checked before the trailing count, as the kernel does
+            local = self._check_local_by_pread(cols)
+            if local is None:  # the file was replaced: the mapping is what counts
+                cols, status = parse_central_directory(
+                    self.buffer, end.cd_offset, end.cd_size, end.count, True
+                )
+            elif local[0] != Status.OK:
+                status = local
         self._cols = cols
         #: One row per entry, fields named as :class:`tdz_numba.records.Col` (lower case).
         self.table = cols.view(records.INDEX_DTYPE)[:, 0]
         self._rows = None
         self._raise_status(status)
         self.local_checked = check_local
+
+    def _check_local_by_pread(self, cols: np.ndarray) -> np.ndarray | None:
+        """Checks every local header from copies read with ``pread``: one system call per
+        entry instead of a page fault per entry when the headers are far apart. None when
+        the path no longer names the mapped file."""
+        from .kernel_dispatch import check_local_headers  # the kernel or its twin
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_size) != self._ident:
+                return None
+            # entry i's fixed header and name at hdr[hpos[i]:]; the names are in the central
+            # directory, so the copies total at most its size plus 30 bytes per entry
+            lengths = cols[:, Col.NAME_LEN] + int(records.Local.SIZEOF)
+            hpos = np.zeros(len(cols), np.int64)
+            np.cumsum(lengths[:-1], out=hpos[1:])
+            hdr = np.zeros(int(lengths.sum()), np.uint8)
+            view, preadv = hdr.data, os.preadv
+            for h, p, n in zip(cols[:, Col.HEADER_OFFSET].tolist(), hpos.tolist(), lengths.tolist()):
+                preadv(fd, [view[p : p + n]], h)  # a short read (past the end) leaves zeros
+        finally:
+            os.close(fd)
+        return check_local_headers(self.buffer, cols, self.end.cd_offset, hdr, hpos)
 
     def _raise_status(self, status) -> None:
         code = int(status[0])

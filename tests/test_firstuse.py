@@ -23,6 +23,7 @@ import torch
 import tdz_numba
 from tdz_numba import kernel_dispatch, kernels, pykernels, records
 from tdz_numba.errors import InvalidArgumentError, TdzError
+from tdz_numba.records import Col, Status
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = ROOT / "tests" / "fixtures" / "hostile"
@@ -111,6 +112,8 @@ def _both_parse(buf, cd_offset, cd_size, count):
         assert ps.tolist() == ks.tolist(), (check_local, cd_offset, cd_size, count)
         assert pc.shape == kc.shape and np.array_equal(pc, kc), (check_local, ks.tolist())
     kc, ks = kernels.parse_central_directory(buf, cd_offset, cd_size, count, False)
+    if ks[0] == 0 or (ks[0] == Status.COUNT and ks[1] == len(kc)):
+        _gathered_equals_eager(buf, kc, ks, cd_offset, cd_size, count)
     if ks[0] == 0:
         pc = kc.copy()
         for i in range(len(kc)):
@@ -118,6 +121,26 @@ def _both_parse(buf, cd_offset, cd_size, count):
             got = pykernels.resolve_local(buf, pc, i, cd_offset)
             assert got.tolist() == want.tolist() and np.array_equal(pc, kc), i
     return ks
+
+
+def _gathered_equals_eager(buf, cols, lazy_status, cd_offset, cd_size, count):
+    """The local headers checked from copies (as the reader's pread path reads them) decide
+    exactly as the eager parse does: same status, same columns; kernel and twin alike."""
+    eager_cols, eager_status = kernels.parse_central_directory(buf, cd_offset, cd_size, count, True)
+    lengths = cols[:, Col.NAME_LEN] + 30
+    hpos = np.zeros(len(cols), np.int64)
+    hpos[1:] = np.cumsum(lengths)[:-1]
+    hdr = np.zeros(int(lengths.sum()), np.uint8)
+    for h, p, n in zip(cols[:, Col.HEADER_OFFSET].tolist(), hpos.tolist(), lengths.tolist()):
+        piece = buf[h : h + n]  # short past the end: the rest stays zero, as after a short pread
+        hdr[p : p + len(piece)] = piece
+    for impl in (kernels, pykernels):
+        c = cols.copy()
+        status = impl.check_local_headers(buf, c, cd_offset, hdr, hpos)
+        if status[0] == 0:
+            status = lazy_status
+        assert status.tolist() == eager_status.tolist(), impl.__name__
+        assert np.array_equal(c, eager_cols), impl.__name__
 
 
 def _end(buf):

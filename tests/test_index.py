@@ -271,3 +271,101 @@ def test_index_of_golden_archives_matches_naive_parse(name, check_local):
     ]
     assert got == naive_index(buf, check_local)
     assert int(index.table["next_offset"].max()) == index.end.cd_offset
+
+
+# -- local headers read with pread when entries are far apart -----------------------------
+def _spaced(tmp_path, name="s.tdz"):
+    """An archive whose entries are >= 64 KiB apart: a whole-archive header check preads them."""
+    tree = {f"g{i}": {f"l{j}": torch.full((40_000,), float(i * 10 + j)) for j in range(4)} for i in range(3)}
+    return tdz_numba.save(tree, tmp_path / name, durable=False)
+
+
+def test_spaced_headers_are_read_with_pread_and_fill_the_same_columns(tmp_path, monkeypatch):
+    import os
+
+    from tdz_numba import reader
+
+    p = _spaced(tmp_path)
+    calls = []
+    real = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: calls.append(off) or real(fd, bufs, off))
+    eager = ArchiveIndex(p, check_local=True)
+    assert len(calls) == len(eager.names)  # one pread per entry, no page fault per header
+    monkeypatch.setattr(reader, "_PREAD_SPACING", 1 << 62)  # the mapped path
+    mapped = ArchiveIndex(p, check_local=True)
+    lazy = ArchiveIndex(p)
+    for i in range(len(lazy.names)):
+        lazy.payload_offset(i)
+    assert len(calls) == len(eager.names)
+    assert np.array_equal(eager.table, mapped.table) and np.array_equal(eager.table, lazy.table)
+    leaves = [i for i, n in enumerate(eager.names) if n.endswith(".memmap")]
+    assert len(leaves) == 12 and (eager.table["payload_offset"][leaves] % 64 == 0).all()
+
+
+@pytest.mark.parametrize(
+    "where, value",
+    [(0, b"PK\x05\x06"), (26, b"\x07\x00"), (30, b"X"), (28, b"\xff\xff")],
+    ids=["signature", "name length", "name byte", "extra length past the next record"],
+)
+def test_spaced_bad_local_header_gives_the_mapped_paths_error(tmp_path, monkeypatch, where, value):
+    from tdz_numba import reader
+
+    p = _spaced(tmp_path)
+    idx = ArchiveIndex(p)
+    victim = int(np.argmax(idx.table["csize"]))  # a payload entry in the middle of the file
+    hoff = int(idx.table["header_offset"][victim])
+    idx.close()
+    raw = bytearray(p.read_bytes())
+    raw[hoff + where : hoff + where + len(value)] = value
+    p.write_bytes(bytes(raw))
+    with pytest.raises(BadArchiveError) as by_pread:
+        ArchiveIndex(p, check_local=True)
+    monkeypatch.setattr(reader, "_PREAD_SPACING", 1 << 62)
+    with pytest.raises(BadArchiveError) as by_map:
+        ArchiveIndex(p, check_local=True)
+    assert str(by_pread.value) == str(by_map.value)
+    assert by_pread.value.entry == by_map.value.entry is not None
+
+
+def test_spaced_check_reads_the_mapped_file_even_after_a_replace(tmp_path):
+    p = _spaced(tmp_path)
+    idx = ArchiveIndex(p)
+    want = ArchiveIndex(p, check_local=True).table.copy()
+    other = _spaced(tmp_path, "other.tdz")
+    raw = bytearray(other.read_bytes())
+    raw[int(idx.table["header_offset"][3])] ^= 0xFF  # the new file at the path is corrupt
+    other.write_bytes(bytes(raw))
+    other.replace(p)
+    idx.check_all()  # the path names another file now: the mapping is checked, not the path
+    assert np.array_equal(idx.table, want)
+
+
+@pytest.mark.parametrize("impl", ["kernels", "pykernels"])
+def test_check_local_headers_never_reads_outside_its_copies(tmp_path, impl):
+    from tdz_numba import pykernels
+
+    mod = {"kernels": kernels, "pykernels": pykernels}[impl]
+    p = _spaced(tmp_path)
+    buf = np.frombuffer(p.read_bytes(), np.uint8)
+    end = records.find_end_record(buf)
+    cols, status = kernels.parse_central_directory(buf, end.cd_offset, end.cd_size, end.count, False)
+    assert status[0] == Status.OK
+    lengths = cols[:, records.Col.NAME_LEN] + 30
+    hpos = np.zeros(len(cols), np.int64)
+    hpos[1:] = np.cumsum(lengths)[:-1]
+    hdr = np.concatenate([buf[h : h + n] for h, n in zip(cols[:, records.Col.HEADER_OFFSET], lengths)])
+    good = cols.copy()
+    assert mod.check_local_headers(buf, good, end.cd_offset, hdr, hpos)[0] == Status.OK
+    for short in (hdr[:10], hdr[: int(hpos[-1]) + 31], np.zeros(0, np.uint8)):  # copies cut short
+        st = mod.check_local_headers(buf, cols.copy(), end.cd_offset, short, hpos)
+        assert st[0] == Status.HEADER_PAST_END
+    bad = hpos.copy()
+    bad[2] = -1
+    assert mod.check_local_headers(buf, cols.copy(), end.cd_offset, hdr, bad)[:2].tolist() == [
+        Status.HEADER_PAST_END,
+        2,
+    ]
+    assert mod.check_local_headers(buf, cols.copy(), end.cd_offset, hdr, hpos[:-1])[0] == Status.COUNT
+    ro = hdr.copy()
+    ro.setflags(write=False)
+    assert mod.check_local_headers(buf, cols.copy(), end.cd_offset, ro, hpos)[0] == Status.OK
