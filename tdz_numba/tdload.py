@@ -203,12 +203,22 @@ def _json_types(node: Any, children: dict) -> dict | None:
     spec = children.get(_JSON_TYPES_FILE)
     if spec is None or "other.pickle" not in children:
         return None
-    saved = json.loads(node.file_bytes(spec))
+    where, entry = node._where(_JSON_TYPES_FILE), spec.path
+    try:
+        saved = json.loads(node.file_bytes(spec))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise BadArchiveError(f"{where}: not a JSON document: {exc}", entry=entry) from None
+    if type(saved) is not dict:
+        raise BadArchiveError(f"{where}: expected a JSON object, found {type(saved).__name__}", entry=entry)
     if hashlib.sha256(node.file_bytes(children["other.pickle"])).hexdigest() != saved.get("pickle_sha256"):
         return None
+    if type(saved.get("types")) is not dict:
+        raise BadArchiveError(
+            f"{where}: 'types' must be an object, found {saved.get('types')!r:.100}", entry=entry
+        )
     types = {}
     for key, name in saved["types"].items():
-        if name not in _JSON_TYPES:
+        if type(name) is not str or name not in _JSON_TYPES:
             raise InvalidArgumentError(f"Unknown type name {name!r} for the field {key!r} in {spec.path}.")
         types[key] = _JSON_TYPES[name]
     return types
@@ -277,7 +287,18 @@ def _build(node: Any, ctx: LoadContext) -> Any:
         members: list[Any] = []
         while (spec := children.get(str(len(members)))) is not None and spec.kind == "level":
             members.append(_build_at(node, spec.path, ctx))
-        result = cls(*members, stack_dim=meta["stack_dim"])
+        stack_dim = meta.get("stack_dim")
+        where, entry = node._where("meta.json"), node._prefix + "meta.json"
+        if type(stack_dim) is not int:
+            raise BadArchiveError(
+                f"{where}: stack_dim must be an integer, found {stack_dim!r:.100}", entry=entry
+            )
+        try:
+            result = cls(*members, stack_dim=stack_dim)
+        except (ValueError, TypeError, IndexError, RuntimeError) as exc:
+            raise BadArchiveError(
+                f"{where}: {len(members)} stacked levels do not stack on dim {stack_dim}: {exc}", entry=entry
+            ) from None
         if meta.get("stack_dim_name") is not None:
             result._td_dim_name = meta["stack_dim_name"]
         return result

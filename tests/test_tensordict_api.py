@@ -443,3 +443,69 @@ def test_direct_load_refuses_pickles_unless_allowed(tmp_path):
     assert tdt.load(tmp_path / "p.tdz", allow_pickle=True)["d"] == {1, 2}
     with tdt.enabled(), pytest.warns(FutureWarning):
         assert TensorDict.load_memmap(tmp_path / "p.tdz")["d"] == {1, 2}
+
+
+def _with_entries(src: Path, dst: Path, entries: dict[str, bytes]) -> Path:
+    """``src`` with ``entries`` added or replaced (the rest copied as they are)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            if info.filename not in entries:
+                zout.writestr(info, zin.read(info))
+        for name, data in entries.items():
+            zout.writestr(name, data)
+    return dst
+
+
+@pytest.mark.parametrize(
+    "types",
+    [
+        b"{not json",
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'{"pickle_sha256": "SHA", "types": [1]}',
+        b'{"pickle_sha256": "SHA", "types": {"s": ["dict"]}}',
+    ],
+    ids=["not json", "not utf-8", "a list", "types a list", "type name a list"],
+)
+def test_malformed_json_types_is_a_bad_archive_error(tmp_path, types):
+    import hashlib
+    import pickle
+
+    p = tmp_path / "tc.tdz"
+    make_tc().save(p)
+    other = pickle.dumps({})
+    data = types.replace(b"SHA", hashlib.sha256(other).hexdigest().encode())
+    bad = _with_entries(p, tmp_path / "bad.tdz", {"json_types.json": data, "other.pickle": other})
+    # an unknown type name is tensordict's ValueError (here InvalidArgumentError); the rest is a bad file
+    want = (
+        tdz_numba.InvalidArgumentError
+        if b"types" in types and b"[1]" not in types
+        else tdz_numba.BadArchiveError
+    )
+    with pytest.raises(want, match="json_types.json") as info:
+        tdt.load(bad)
+    assert want is tdz_numba.InvalidArgumentError or info.value.entry == "json_types.json"
+    with tdt.enabled(), pytest.raises(want, match="json_types.json"):
+        TensorDict.load_memmap(bad)
+
+
+@pytest.mark.parametrize(
+    "stack_dim", [None, "0", 1.0, [0], 7], ids=["missing", "a string", "a float", "a list", "out of range"]
+)
+def test_malformed_stack_dim_is_a_bad_archive_error(tmp_path, stack_dim):
+    import json
+
+    td = LazyStackedTensorDict(TensorDict(a=torch.ones(2)), TensorDict(a=torch.zeros(2)), stack_dim=0)
+    p = tdt.save(td, tmp_path / "ls.tdz")
+    with zipfile.ZipFile(p) as z:
+        meta = json.loads(z.read("meta.json"))
+    if stack_dim is None:
+        del meta["stack_dim"]
+    else:
+        meta["stack_dim"] = stack_dim
+    bad = _with_entries(p, tmp_path / "bad.tdz", {"meta.json": json.dumps(meta).encode()})
+    with pytest.raises(tdz_numba.BadArchiveError, match="stack") as info:
+        tdt.load(bad)
+    assert info.value.entry == "meta.json"
+    with tdt.enabled(), pytest.raises(tdz_numba.BadArchiveError, match="stack"):
+        TensorDict.load_memmap(bad)
