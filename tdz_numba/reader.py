@@ -27,12 +27,14 @@ import stat
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
+from zlib import crc32
 
 import numpy as np
 
 from . import codecs, records
 from .errors import BadArchiveError, ChecksumError, UnsupportedError
 from .records import Col, IndexRow, Status
+from .smallindex import SMALL_ENTRIES, parse_small, resolve_small
 
 __all__ = ["ArchiveIndex", "EntryInfo"]
 
@@ -88,39 +90,99 @@ class ArchiveIndex:
     ``payload_offset``, ...); :attr:`rows` the same as :class:`~tdz_numba.records.IndexRow` tuples.
     """
 
-    def __init__(self, path: str | os.PathLike, *, writable: bool = False, check_local: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        writable: bool = False,
+        check_local: bool = False,
+        fd: int | None = None,
+        st: os.stat_result | None = None,
+    ) -> None:
         self.path = Path(path)
         self.writable = writable
         label = str(self.path)
+        own = fd is None  # else the caller's descriptor (and its fstat): the caller closes it
+        if own:
+            try:
+                fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+            except IsADirectoryError:
+                raise BadArchiveError(f"{label}: is a directory, not an archive", path=label) from None
         try:
-            fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
-        except IsADirectoryError:
-            raise BadArchiveError(f"{label}: is a directory, not an archive", path=label) from None
-        try:
-            st = os.fstat(fd)
+            if st is None:
+                st = os.fstat(fd)  # type: ignore[arg-type]
             if not stat.S_ISREG(st.st_mode):
                 raise BadArchiveError(f"{label}: not a regular file (a directory or a device)", path=label)
             size = st.st_size
             if size == 0:
                 raise BadArchiveError(f"{label}: empty file, not a zip archive", path=label)
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
-            self._mmap = mmap.mmap(fd, size, access=access)
+            self._mmap = mmap.mmap(fd, size, access=access)  # type: ignore[arg-type]
         finally:
-            os.close(fd)
+            if own:
+                os.close(fd)  # type: ignore[arg-type]
         self._ident = (st.st_dev, st.st_ino, size)  # to read local headers from the same file
-        self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)
+        self._buffer: np.ndarray | None = None  # the numpy view of the mapping: built on first use
         self.size = size
         self._torch = None
         self._untyped = None
         self._rows: list[IndexRow] | None = None
-        self._index_entries(records.find_end_record(self.buffer, label), check_local)
+        end = records.find_end_record(self._mmap, label)
+        self._index_entries(end, check_local, small=not check_local and end.count <= SMALL_ENTRIES)
 
-    def _index_entries(self, end: records.EndRecord, check_local: bool) -> None:
+    @property
+    def buffer(self) -> np.ndarray:
+        """The whole mapping as a uint8 array (views of it share the mapping)."""
+        buf = self._buffer
+        if buf is None and getattr(self, "_mmap", None) is not None:
+            buf = self._buffer = np.frombuffer(self._mmap, dtype=np.uint8)
+        return buf  # type: ignore[return-value]
+
+    @buffer.setter
+    def buffer(self, value: np.ndarray | None) -> None:
+        self._buffer = value
+
+    @property
+    def _cols(self) -> np.ndarray:
+        """The index as an int64 array ``(count, len(Col))`` (from the small-archive rows
+        when the open took that path: built on first use)."""
+        cols = self._cols_np
+        if cols is None:
+            cols = np.array(self._small, np.int64).reshape(-1, len(Col))
+            self._cols_np, self._small = cols, None
+        return cols
+
+    @_cols.setter
+    def _cols(self, value: np.ndarray) -> None:
+        self._cols_np, self._table, self._small = value, None, None
+
+    @property
+    def table(self) -> np.ndarray:
+        """One row per entry, fields named as :class:`tdz_numba.records.Col` (lower case)."""
+        table = self._table
+        if table is None:
+            table = self._table = self._cols.view(records.INDEX_DTYPE)[:, 0]
+        return table
+
+    def _index_entries(self, end: records.EndRecord, check_local: bool, small: bool = False) -> None:
         """The part of the open that follows the mapping (shared with :class:`tdz_numba.remote.RemoteIndex`):
-        parse the central directory, decode the names, refuse what cannot be read."""
-        label = str(self.path)
+        parse the central directory, decode the names, refuse what cannot be read.
+
+        ``small``: try :func:`tdz_numba.smallindex.parse_small` first (plain Python lists,
+        no numpy); anything it does not accept takes the kernel path."""
         self.end = end
         self.local_checked = False
+        self._files: dict[str, set[str]] | None = None  # directory listings, built on first use
+        self._dirs: dict[str, set[str]] | None = None
+        self._cols_np: np.ndarray | None = None
+        self._table: np.ndarray | None = None
+        self._small: list[list[int]] | None = None
+        if small:
+            found = parse_small(self._mmap, end.cd_offset, end.cd_size, end.count)
+            if found is not None:
+                self._small, self.names, self._by_name = found
+                return
+        label = str(self.path)
         self._parse(check_local)
         self.names: list[str] = self._decode_names()
         cols = self._cols
@@ -145,8 +207,6 @@ class ArchiveIndex:
             seen: set[str] = set()
             dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
             raise BadArchiveError(f"{label}: entry {dup!r} appears twice", path=label, entry=dup)
-        self._files: dict[str, set[str]] | None = None  # directory listings, built on first use
-        self._dirs: dict[str, set[str]] | None = None
 
     def _parse(self, check_local: bool) -> None:
         from .kernel_dispatch import parse_central_directory  # the kernel or its twin
@@ -167,8 +227,6 @@ class ArchiveIndex:
             elif local[0] != Status.OK:
                 status = local
         self._cols = cols
-        #: One row per entry, fields named as :class:`tdz_numba.records.Col` (lower case).
-        self.table = cols.view(records.INDEX_DTYPE)[:, 0]
         self._rows = None
         self._raise_status(status)
         self.local_checked = check_local
@@ -240,15 +298,28 @@ class ArchiveIndex:
         """Reads and checks every local header now (an open reads them lazily). On a bad
         header it raises and leaves the index as it was (headers still read per entry)."""
         if not self.local_checked:
-            kept = self._cols, self.table, self._rows
+            kept = self._cols_np, self._table, self._small, self._rows
             try:
-                self._parse(True)
+                self._parse(True)  # the kernel (or its twin): every header in one pass
             except BadArchiveError:
-                self._cols, self.table, self._rows = kept
+                self._cols_np, self._table, self._small, self._rows = kept
                 raise
 
     def payload_offset(self, i: int) -> int:
         """Payload offset of row ``i``, reading and checking its local header on first use."""
+        small = self._small
+        if small is not None:
+            row = small[i]
+            offset = row[Col.PAYLOAD_OFFSET]
+            if offset >= 0:
+                return offset
+            found = resolve_small(self._mmap, row, self.end.cd_offset)
+            if found is not None:
+                row[Col.PAYLOAD_OFFSET], row[Col.LOCAL_EXTRA_LEN] = found
+                if self._rows is not None:
+                    self._rows[i] = tuple.__new__(IndexRow, row)  # type: ignore[arg-type]
+                return found[0]
+            # a bad header: the kernel path below names the problem
         cols = self._cols
         offset = int(cols[i, Col.PAYLOAD_OFFSET])
         if offset >= 0:
@@ -266,6 +337,9 @@ class ArchiveIndex:
         rows = self._rows
         if rows is not None:
             return rows[i]
+        small = self._small
+        if small is not None:
+            return tuple.__new__(IndexRow, small[i])  # type: ignore[arg-type]
         return tuple.__new__(IndexRow, self._cols[i].tolist())  # type: ignore[arg-type]
 
     # -- names and directories -------------------------------------------------
@@ -382,6 +456,8 @@ class ArchiveIndex:
     @property
     def rows(self) -> list[IndexRow]:
         """:attr:`table` as named tuples of Python ints (built on first use, for per-leaf lookups)."""
+        if self._rows is None and self._small is not None:
+            self._rows = list(map(tuple.__new__, repeat(IndexRow), self._small))  # type: ignore[arg-type]
         if self._rows is None:
             # tuple.__new__ over the row lists: ~0.1 us a row more than plain lists (IndexRow._make: ~0.4 us)
             self._rows = list(map(tuple.__new__, repeat(IndexRow), self._cols.tolist()))  # type: ignore[arg-type]
@@ -460,7 +536,16 @@ class ArchiveIndex:
 
     def read_bytes(self, name: str) -> bytes:
         """An entry's uncompressed bytes as ``bytes`` (for small files: meta.json)."""
-        return self.read(name).tobytes()
+        small = self._small
+        if small is not None:  # a STORED entry of a small archive: a slice of the mapping, no numpy
+            i = self._by_name[name]
+            row = small[i]
+            if row[Col.METHOD] == records.STORED:
+                start = self.payload_offset(i)
+                data = self._mmap[start : start + row[Col.CSIZE]]
+                if crc32(data) == row[Col.CRC]:
+                    return data
+        return self.read(name).tobytes()  # (a CRC mismatch is raised there)
 
     def close(self) -> None:
         """Drops this index's references to the mapping; views stay valid."""

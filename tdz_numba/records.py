@@ -709,6 +709,12 @@ def end_record_position(tail: bytes) -> int:
     return -1
 
 
+# the end records as struct layouts (one call each; the dtypes above describe the same bytes)
+_END = struct.Struct("<4sHHHHIIH")
+_ZIP64_END = struct.Struct("<4sQHHIIQQQQ")
+_ZIP64_LOCATOR = struct.Struct("<4sIQI")
+
+
 def find_end_record(buf, name: str = "archive") -> EndRecord:
     """Finds and validates the end records in ``buf`` (bytes-like, the whole file).
 
@@ -741,24 +747,25 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
             expected=int(End.SIZEOF),
             found=size,
         )
-    lo = max(0, size - (End.SIZEOF + 0xFFFF))
-    tail = bytes(buf[lo:size])
-    pos = end_record_position(tail)
-    if pos < 0:
-        raise BadArchiveError(
-            f"{name}: no end-of-central-directory record (signature PK\\5\\6) in "
-            f"the last {len(tail)} bytes: not a zip archive, or truncated",
-            path=name,
-        )
-    end_offset = lo + pos
-    rec = read_record(tail, pos, END_DT)
-    disk, cd_disk, n_disk = int(rec["disk"]), int(rec["cd_disk"]), int(rec["disk_count"])
-    count, cd_size, cd_offset = int(rec["count"]), int(rec["cd_size"]), int(rec["cd_offset"])
+    end_offset = size - _END.size
+    rec = _END.unpack_from(buf, end_offset)
+    if rec[0] != END_SIG or rec[7]:  # a comment, or no record at the very end: search for it
+        lo = max(0, size - (End.SIZEOF + 0xFFFF))
+        tail = bytes(buf[lo:size])
+        pos = end_record_position(tail)
+        if pos < 0:
+            raise BadArchiveError(
+                f"{name}: no end-of-central-directory record (signature PK\\5\\6) in "
+                f"the last {len(tail)} bytes: not a zip archive, or truncated",
+                path=name,
+            )
+        end_offset = lo + pos
+        rec = _END.unpack_from(tail, pos)
+    _, disk, cd_disk, n_disk, count, cd_size, cd_offset, _ = rec
     zip64 = False
     loc = end_offset - Zip64Locator.SIZEOF
     if loc >= 0 and bytes(buf[loc : loc + 4]) == ZIP64_LOCATOR_SIG:
-        locator = read_record(buf, loc, ZIP64_LOCATOR_DT)
-        z_end, n_disks = int(locator["end_offset"]), int(locator["disks"])
+        _, _, z_end, n_disks = _ZIP64_LOCATOR.unpack_from(buf, loc)
         if z_end > loc - Zip64End.SIZEOF:  # also: the locator left no room for the record
             raise BadArchiveError(
                 f"{name}: the zip64 end locator at offset {loc} points to offset "
@@ -768,17 +775,17 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
                 expected=loc - Zip64End.SIZEOF,
                 found=z_end,
             )
-        z = read_record(buf, z_end, ZIP64_END_DT)
-        if bytes(z["sig"]) != ZIP64_END_SIG:
+        z = _ZIP64_END.unpack_from(buf, z_end)
+        sig = z[0].rstrip(b"\0")  # as the "S4" field of ZIP64_END_DT reads it
+        if sig != ZIP64_END_SIG:
             raise BadArchiveError(
-                f"{name}: no zip64 end record at offset {z_end} "
-                f"(expected signature PK\\6\\6, found {bytes(z['sig'])!r})",
+                f"{name}: no zip64 end record at offset {z_end} (expected signature PK\\6\\6, found {sig!r})",
                 path=name,
                 offset=z_end,
                 expected=ZIP64_END_SIG,
-                found=bytes(z["sig"]),
+                found=sig,
             )
-        record_size = int(z["record_size"])
+        record_size = z[1]
         least = Zip64End.SIZEOF - Zip64End.MADE_BY
         if record_size < least or record_size > loc - z_end - Zip64End.MADE_BY:
             raise BadArchiveError(
@@ -789,8 +796,7 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
                 expected=least,
                 found=record_size,
             )
-        disk, cd_disk, n_disk = int(z["disk"]), int(z["cd_disk"]), int(z["disk_count"])
-        count, cd_size, cd_offset = int(z["count"]), int(z["cd_size"]), int(z["cd_offset"])
+        _, _, _, _, disk, cd_disk, n_disk, count, cd_size, cd_offset = z
         zip64 = True
         if n_disks > 1:
             disk = 1

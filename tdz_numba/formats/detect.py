@@ -180,7 +180,7 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
     else None. Registered formats report their registered name (``"torch_legacy"``,
     ``"safetensors_index"`` included)."""
     p = Path(path)
-    try:  # one descriptor for the kind, the size and the first bytes (no stat, no file object)
+    try:  # one descriptor for the kind, the size, the first bytes and a zip's mapping
         fd = os.open(p, os.O_RDONLY)
     except IsADirectoryError:  # pragma: no cover - platforms that refuse to open directories
         return _dir_kind(p), None
@@ -190,19 +190,19 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
             return _dir_kind(p), None
         size = st.st_size
         head = os.pread(fd, HEAD_BYTES, 0)
+        if not head:
+            raise BadArchiveError(f"{p}: empty file, not a tensor file")
+        if head[:4] in _ZIP_MAGICS:
+            from ..reader import ArchiveIndex
+
+            index = ArchiveIndex(p, fd=fd, st=st)
+            try:
+                return zip_kind(index.names, str(p)), index
+            except BaseException:
+                index.close()
+                raise
     finally:
         os.close(fd)
-    if not head:
-        raise BadArchiveError(f"{p}: empty file, not a tensor file")
-    if head[:4] in _ZIP_MAGICS:
-        from ..reader import ArchiveIndex
-
-        index = ArchiveIndex(p)
-        try:
-            return zip_kind(index.names, str(p)), index
-        except BaseException:
-            index.close()
-            raise
     for fmt in sorted(FORMATS.values(), key=lambda f: f.order):
         try:
             hit = fmt.sniff(p, head, size)

@@ -1,0 +1,210 @@
+"""The index of a small archive in plain Python: the central directory read with :mod:`struct`.
+
+Opening a small archive is dominated by the number of distinct calls it makes,
+not by the bytes it reads: with the CPU caches cold (a ``gc.collect()`` before
+the open, as a benchmark does), each numpy or Numba call costs tens of
+microseconds. For archives of up to :data:`SMALL_ENTRIES` entries,
+:class:`~tdz_numba.reader.ArchiveIndex` therefore reads the central directory
+here into lists (the rows of :data:`tdz_numba.records.Col`, as Python ints)
+and builds its numpy columns only when something asks for them.
+
+This path only *accepts*: :func:`parse_small` and :func:`resolve_small` return
+None for anything that is not a plain, well-formed archive (a bad signature,
+bounds, overlapping records, zip64 values it cannot read, encrypted entries,
+unknown methods, duplicate or non-UTF-8 names, ...), and the caller then takes
+the general path (the :func:`~tdz_numba.kernels.parse_central_directory`
+kernel or its twin), which decides and names what is wrong. So a hostile file
+gets the same :class:`~tdz_numba.TdzError` either way, and what this module
+accepts gives the same rows the kernel gives (``tests/test_smallindex.py``
+compares them on many archives, corrupted ones included).
+
+Examples
+--------
+>>> import tempfile, pathlib, mmap, torch, tdz_numba
+>>> from tdz_numba import records, smallindex
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = tdz_numba.save({"a": torch.zeros(4)}, pathlib.Path(d) / "x.tdz")
+...     data = p.read_bytes()
+>>> end = records.find_end_record(data)
+>>> rows, names, by_name = smallindex.parse_small(data, end.cd_offset, end.cd_size, end.count)
+>>> names, smallindex.resolve_small(data, rows[1], end.cd_offset)[0] % 64
+(['meta.json', 'a.memmap'], 0)
+"""
+
+from __future__ import annotations
+
+import struct
+from operator import itemgetter
+
+from . import records
+
+__all__ = ["SMALL_ENTRIES", "parse_small", "resolve_small"]
+
+#: Archives with at most this many entries are indexed here (above it the kernel is faster).
+SMALL_ENTRIES = 4096
+
+_CD = struct.Struct("<IHHHHHHIIIHHHHHII")  # a central record's fixed 46 bytes
+_LH = struct.Struct("<IHHHHHIIIHH")  # a local header's fixed 30 bytes
+_EXTRA = struct.Struct("<HH")
+_U64 = struct.Struct("<Q")
+_CD_SIZEOF = 46
+_LH_SIZEOF = 30
+_U32_MAX = 0xFFFFFFFF
+_I64_MAX = (1 << 63) - 1
+_CENTRAL_SIG = records.CENTRAL_SIG
+_LOCAL_SIG = records.LOCAL_SIG
+_KNOWN_METHODS = frozenset(records.METHOD_NAMES)
+_ENCRYPTED = records.FLAG_ENCRYPTED
+_BY_HEADER = itemgetter(records.Col.HEADER_OFFSET)
+assert (_CD.size, _LH.size) == (records.Central.SIZEOF, records.Local.SIZEOF)
+assert tuple(records.Col) == tuple(range(14)) and records.Col.NEXT_OFFSET == 13
+
+
+def _zip64(cd: bytes, q: int, qend: int, usize: int, csize: int, hoff: int) -> tuple[int, int, int] | None:
+    """The zip64 extra values of one central record (None: missing, or too large for the index)."""
+    need = (usize == _U32_MAX) + (csize == _U32_MAX) + (hoff == _U32_MAX)
+    while q <= qend - 4:
+        tag, size = _EXTRA.unpack_from(cd, q)
+        if size > qend - q - 4:
+            return None
+        if tag == records.ZIP64_EXTRA_ID:
+            if size < 8 * need:
+                return None
+            r = q + 4
+            if usize == _U32_MAX:
+                usize = _U64.unpack_from(cd, r)[0]
+                r += 8
+            if csize == _U32_MAX:
+                csize = _U64.unpack_from(cd, r)[0]
+                r += 8
+            if hoff == _U32_MAX:
+                hoff = _U64.unpack_from(cd, r)[0]
+            if usize > _I64_MAX or csize > _I64_MAX or hoff > _I64_MAX:
+                return None  # the general path says which value is out of range
+            return usize, csize, hoff
+        q += 4 + size
+    return None
+
+
+def parse_small(
+    data, cd_offset: int, cd_size: int, count: int
+) -> tuple[list[list[int]], list[str], dict[str, int]] | None:
+    """The central directory of a plain, well-formed archive: ``(rows, names, by_name)``.
+
+    Parameters
+    ----------
+    data : mmap.mmap or bytes
+        The whole file (slicing it gives ``bytes``).
+    cd_offset, cd_size, count : int
+        From :func:`tdz_numba.records.find_end_record`.
+
+    Returns
+    -------
+    tuple or None
+        ``rows``: one list of ints per entry in :class:`~tdz_numba.records.Col`
+        order (the kernel's columns with ``check_local=False``: payload offset and
+        local extra length -1); ``names``: the decoded entry names; ``by_name``:
+        name -> row. None when anything is unusual or wrong: the general path
+        then decides (and raises).
+    """
+    size = len(data)
+    if (
+        cd_offset < 0
+        or cd_size < 0
+        or count < 0
+        or cd_offset > size
+        or cd_size > size - cd_offset
+        or count > cd_size // _CD_SIZEOF
+    ):
+        return None
+    cd = data[cd_offset : cd_offset + cd_size]
+    text = cd.decode("latin-1")  # one char per byte: offsets carry over
+    unpack = _CD.unpack_from
+    known = _KNOWN_METHODS
+    header_limit = cd_offset - _LH_SIZEOF
+    rows: list[list[int]] = []
+    names: list[str] = []
+    p = 0
+    for _ in range(count):
+        if p > cd_size - _CD_SIZEOF:
+            return None
+        sig, _v, _n, flags, method, dtime, ddate, crc, csize, usize, nlen, elen, clen, _d, _i, _x, hoff = (
+            unpack(cd, p)
+        )
+        q = p + _CD_SIZEOF
+        rec_end = q + nlen + elen + clen
+        if sig != _CENTRAL_SIG or rec_end > cd_size or flags & _ENCRYPTED or method not in known:
+            return None
+        if usize == _U32_MAX or csize == _U32_MAX or hoff == _U32_MAX:
+            found = _zip64(cd, q + nlen, q + nlen + elen, usize, csize, hoff)
+            if found is None:
+                return None
+            usize, csize, hoff = found
+        if hoff > header_limit or (method == 0 and usize != csize):
+            return None
+        # Col order: flags method crc csize size hoff noff nlen payload coff time date lextra next
+        rows.append(
+            [
+                flags,
+                method,
+                crc,
+                csize,
+                usize,
+                hoff,
+                cd_offset + q,
+                nlen,
+                -1,
+                cd_offset + p,
+                dtime,
+                ddate,
+                -1,
+                0,
+            ]
+        )
+        names.append(text[q : q + nlen])
+        p = rec_end
+    if p != cd_size:  # more records than the end record counts
+        return None
+    if not "".join(names).isascii():  # bytes >= 0x80: UTF-8 names (anything else: the general path)
+        try:
+            names = [n if n.isascii() else n.encode("latin-1").decode("utf-8") for n in names]
+        except UnicodeDecodeError:
+            return None
+    by_name = dict(zip(names, range(count)))
+    if len(by_name) != count:
+        return None
+    # records must not overlap: sorted by header offset (stably, as the kernel), each
+    # record's smallest extent (header, name, stored bytes) ends before the next starts
+    ordered = sorted(rows, key=_BY_HEADER)
+    ordered.append([0, 0, 0, 0, 0, cd_offset])  # the central directory bounds the last one
+    row = ordered[0] if count else None
+    for following in ordered[1:]:
+        limit = following[5]
+        least = row[5] + _LH_SIZEOF + row[7]  # type: ignore[index]
+        if least > limit or row[3] > limit - least:  # type: ignore[index]
+            return None
+        row[13] = limit  # type: ignore[index]
+        row = following
+    return rows, names, by_name
+
+
+def resolve_small(data, row: list[int], cd_offset: int) -> tuple[int, int] | None:
+    """``(payload offset, local extra length)`` of one entry from its local header
+    (``row`` from :func:`parse_small`); None when the header is not as it must be
+    (the general path then names the problem)."""
+    hoff, limit, nlen = row[5], row[13], row[7]
+    if limit > cd_offset or hoff < 0 or hoff > limit - _LH_SIZEOF:
+        return None
+    head = _LH.unpack_from(data, hoff)
+    lnlen, lelen = head[9], head[10]
+    start = hoff + _LH_SIZEOF
+    if head[0] != _LOCAL_SIG or lnlen != nlen or nlen > limit - start:
+        return None
+    noff = row[6]
+    if data[start : start + nlen] != data[noff : noff + nlen]:
+        return None
+    payload = start + lnlen + lelen
+    csize = row[3]
+    if payload > limit or csize > limit - payload:
+        return None
+    return payload, lelen
