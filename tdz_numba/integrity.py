@@ -69,35 +69,97 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
     try:
         if ar.format != "tdz":
             return _verify_other(ar, path, progress)
-        index = ar.source.index  # type: ignore[attr-defined]  # format "tdz": a TdzSource
-        index.check_all()  # every central record and local header
-        table = index.table
-        methods = table["method"]
-        stored = np.nonzero(methods == records.STORED)[0]
-        with _progress(int(table["csize"].sum()), "verify", enabled=progress) as bar:
-            # the structure first (one pass per level), then the STORED CRCs on every core: run
-            # side by side, the walk took a core from the parallel kernel, which then waited for
-            # its slowest thread (2,000 leaves, 2 cores: 43 ms together, 25 ms one after the other)
-            walk_error: Exception | None = None
-            try:
-                levels, leaves = _walk_structure(ar)
-            except Exception as exc:  # reported after the CRCs, which take precedence
-                walk_error = exc
-            crcs = stored_crcs(index, stored)
-            bar.update(int(table["csize"][stored].sum()))
-            bad = np.nonzero(crcs != table["crc"][stored])[0]
-            first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
-            if walk_error is not None and not bad.size:
-                raise walk_error  # before inflating anything (a leaf may claim another size)
-            compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
-            _verify_compressed(index, compressed, bar)
-        if bad.size:
-            raise _crc_error(index, first_bad, int(crcs[bad[0]])) from walk_error
-        if walk_error is not None:
-            raise walk_error
-        return VerifyReport(Path(path), len(index.names), levels, leaves, int(table["size"].sum()))
+        if _parallel_ok(ar.source):
+            return _verify_parallel(ar, path, progress)
+        return _verify_sequential(ar, path, progress)
     finally:
         ar.close()
+
+
+def _parallel_ok(source) -> bool:
+    """Whether the checks run as one parallel pass beside the structure walk: a local,
+    read-only archive, with the Numba kernels (their pure-Python twins take the
+    sequential path)."""
+    from .kernel_dispatch import use_kernels
+
+    index = source.index
+    return source.mode == "r" and getattr(index, "fetch", None) is None and use_kernels(len(index.names))
+
+
+def _verify_parallel(ar, path: str | os.PathLike, progress: bool | None) -> VerifyReport:
+    """verify of a local ``.tdz``: the local headers and STORED CRCs of every entry in one
+    pass on helper threads (:class:`~tdz_numba.verify_pass.CrcPass`) while this thread
+    walks the levels, then this thread joins the pass. The errors, and their order, are
+    those of :func:`_verify_sequential`: a bad local header first, then a CRC mismatch,
+    then a structure error, then the compressed entries."""
+    from .verify_pass import CrcPass, check_level, walk_levels
+
+    source = ar.source
+    index = source.index
+    table = index.table
+    methods = table["method"]
+    stored = np.nonzero(methods == records.STORED)[0]
+    with _progress(int(table["csize"].sum()), "verify", enabled=progress) as bar:
+        crc = CrcPass(index)
+        try:
+            walk = walk_levels(source)
+        except BaseException:
+            crc.cancel()
+            raise
+        crc.join()
+        if crc.failed_rows():
+            index.check_all()  # names the first bad local header, as the sequential path does
+            return _verify_sequential(ar, path, progress)  # (not reached: the same check failed)
+        walk_error = walk.error
+        for prefix in walk.failed_levels(index):  # levels before the error, in walk order
+            try:
+                check_level(source, prefix)
+            except Exception as exc:  # reported after the CRCs, which take precedence
+                walk_error = exc
+                break
+        crcs = crc.crcs(stored)
+        bar.update(int(table["csize"][stored].sum()))
+        bad = np.nonzero(crcs != table["crc"][stored])[0]
+        first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
+        if walk_error is not None and not bad.size:
+            raise walk_error  # before inflating anything (a leaf may claim another size)
+        compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
+        _verify_compressed(index, compressed, bar)
+    if bad.size:
+        raise _crc_error(index, first_bad, int(crcs[bad[0]])) from walk_error
+    if walk_error is not None:
+        raise walk_error
+    return VerifyReport(Path(path), len(index.names), walk.levels, walk.leaves, int(table["size"].sum()))
+
+
+def _verify_sequential(ar, path: str | os.PathLike, progress: bool | None) -> VerifyReport:
+    """verify of a ``.tdz`` one check after the other: every local header, the structure
+    walk, the STORED CRCs (a parallel kernel), the compressed entries."""
+    index = ar.source.index  # format "tdz": a TdzSource
+    index.check_all()  # every central record and local header
+    table = index.table
+    methods = table["method"]
+    stored = np.nonzero(methods == records.STORED)[0]
+    with _progress(int(table["csize"].sum()), "verify", enabled=progress) as bar:
+        # the structure first (one pass per level), then the STORED CRCs on every core
+        walk_error: Exception | None = None
+        try:
+            levels, leaves = _walk_structure(ar)
+        except Exception as exc:  # reported after the CRCs, which take precedence
+            walk_error = exc
+        crcs = stored_crcs(index, stored)
+        bar.update(int(table["csize"][stored].sum()))
+        bad = np.nonzero(crcs != table["crc"][stored])[0]
+        first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
+        if walk_error is not None and not bad.size:
+            raise walk_error  # before inflating anything (a leaf may claim another size)
+        compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
+        _verify_compressed(index, compressed, bar)
+    if bad.size:
+        raise _crc_error(index, first_bad, int(crcs[bad[0]])) from walk_error
+    if walk_error is not None:
+        raise walk_error
+    return VerifyReport(Path(path), len(index.names), levels, leaves, int(table["size"].sum()))
 
 
 def _crc_error(index: ArchiveIndex, row: int, found: int) -> ChecksumError:

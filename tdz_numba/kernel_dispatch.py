@@ -98,6 +98,7 @@ _SOURCES = (
     "records.py",
     "codec_kernels.py",
     "page_kernels.py",
+    "verify_kernels.py",
     os.path.join("formats", "gguf_kernels.py"),
 )
 _HERE = os.path.dirname(os.path.abspath(__file__))
