@@ -250,10 +250,12 @@ class ArchiveIndex:
             lengths = cols[:, Col.NAME_LEN] + int(records.Local.SIZEOF)
             hpos = np.zeros(len(cols), np.int64)
             np.cumsum(lengths[:-1], out=hpos[1:])
-            hdr = np.zeros(int(lengths.sum()), np.uint8)
-            view, preadv = hdr.data, os.preadv
-            for h, p, n in zip(cols[:, Col.HEADER_OFFSET].tolist(), hpos.tolist(), lengths.tolist()):
-                preadv(fd, [view[p : p + n]], h)  # a short read (past the end) leaves zeros
+            pread, sizes = os.pread, lengths.tolist()
+            chunks = [pread(fd, n, h) for h, n in zip(cols[:, Col.HEADER_OFFSET].tolist(), sizes)]
+            data = b"".join(chunks)
+            if len(data) != sum(sizes):  # a short read (past the end): zeros keep the positions
+                data = b"".join(c.ljust(n, b"\0") for c, n in zip(chunks, sizes))
+            hdr = np.frombuffer(data, np.uint8)
         finally:
             os.close(fd)
         return check_local_headers(self.buffer, cols, self.end.cd_offset, hdr, hpos)

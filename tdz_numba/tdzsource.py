@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from . import records
-from .bounds import check_nested_sizes, parse_meta, shape_nbytes
+from .bounds import MAX_NBYTES, check_nested_sizes, parse_meta, shape_nbytes
 from .dtypes import dtype_table, torch_dtype
 from .errors import BadArchiveError, InvalidArgumentError, UnsupportedError
 from .reader import ArchiveIndex
@@ -106,6 +106,7 @@ class LeafInfo:
         return leaf_caps(self, self.crc is not None)
 
 
+_UNIT_STRIDE = (1,)
 _STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}  # contiguous strides of the shapes seen
 
 
@@ -289,7 +290,11 @@ class TdzSource(Source):
             itemsize, view = kind
             if type(shape) is not list or value.get("is_nested"):
                 return None
-            nbytes = shape_nbytes(shape, itemsize)
+            n = shape[0] if len(shape) == 1 else None
+            if type(n) is int and 0 <= n <= MAX_NBYTES // itemsize:  # one dim, the common case
+                nbytes = n * itemsize
+            else:
+                n, nbytes = None, shape_nbytes(shape, itemsize)
             entry = fname + ".memmap"
             t = cache.get(entry) if cache else None
             if t is None:
@@ -311,8 +316,12 @@ class TdzSource(Source):
                 if not tensors:
                     out[key] = None
                     continue
-                shape = tuple(shape)
-                t = cache[entry] = view.as_strided(shape, contiguous_strides(shape), offset // itemsize)
+                if n is None:
+                    shape = tuple(shape)
+                    t = view.as_strided(shape, contiguous_strides(shape), offset // itemsize)
+                else:
+                    t = view.as_strided((n,), _UNIT_STRIDE, offset // itemsize)
+                cache[entry] = t
             elif nbytes < 0:
                 return None
             out[key] = t

@@ -287,8 +287,8 @@ def test_spaced_headers_are_read_with_pread_and_fill_the_same_columns(tmp_path, 
 
     p = _spaced(tmp_path)
     calls = []
-    real = os.preadv
-    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: calls.append(off) or real(fd, bufs, off))
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: calls.append(off) or real(fd, n, off))
     eager = ArchiveIndex(p, check_local=True)
     assert len(calls) == len(eager.names)  # one pread per entry, no page fault per header
     monkeypatch.setattr(reader, "_PREAD_SPACING", 1 << 62)  # the mapped path
@@ -369,3 +369,19 @@ def test_check_local_headers_never_reads_outside_its_copies(tmp_path, impl):
     ro = hdr.copy()
     ro.setflags(write=False)
     assert mod.check_local_headers(buf, cols.copy(), end.cd_offset, ro, hpos)[0] == Status.OK
+
+
+def test_spaced_short_read_keeps_the_other_headers_in_place(tmp_path, monkeypatch):
+    import os
+
+    p = _spaced(tmp_path)
+    idx = ArchiveIndex(p)
+    last = int(np.argmax(idx.table["header_offset"]))
+    cut = int(idx.table["header_offset"][last])
+    idx.close()
+    real = os.pread
+    # the file seen shorter from inside the last local header (as if cut while being read)
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: real(fd, n, off)[: max(0, cut + 10 - off)])
+    with pytest.raises(BadArchiveError, match="local header name differs") as info:
+        ArchiveIndex(p, check_local=True)
+    assert info.value.entry == idx.names[last]  # every earlier header was read in its place
