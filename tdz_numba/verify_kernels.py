@@ -90,12 +90,16 @@ def plan_pieces(crc_len, chunk, target):
 
 
 @njit(**KERNEL)
-def crc_worker(buf, cols, cd_offset, rows, crc_len, first, owner, items, chunk, counter, crcs, failed):
+def crc_worker(
+    buf, cols, cd_offset, rows, crc_len, first, owner, items, chunk, counter, entered, crcs, failed
+):
     """One thread's share of the pass: takes work items from ``counter`` until none is
     left; for each piece ``j`` of entry ``k = owner[j]`` (row ``rows[k]`` of ``cols``)
     checks the local header (filling its payload offset in ``cols``) and, when it
     holds, stores the CRC-32 of the piece's bytes in ``crcs[j]``; a failed check
     stores its status code in ``failed[k]``. Returns the number of items it did.
+    ``entered[0]`` counts the calls that have started (the caller waits for its helpers:
+    a thread that has not yet reached the kernel needs the GIL, which the caller holds).
 
     Bounds: ``rows`` index ``cols``; ``crc_len[k] <= cols[rows[k], CSIZE]`` (the
     caller's plan); the header check proves ``payload + csize`` within the file.
@@ -105,6 +109,7 @@ def crc_worker(buf, cols, cd_offset, rows, crc_len, first, owner, items, chunk, 
     status = np.zeros(4, np.int64)
     n_items = items.size - 1
     done = 0
+    fetch_add(entered, 1)
     while True:
         w = fetch_add(counter, 1)
         if w >= n_items:

@@ -26,6 +26,7 @@ Examples
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,11 +40,24 @@ from .errors import TdzError
 from .records import Col
 from .tree import _ENCODED, FORMAT_VERSION, NON_TENSOR_DATA_TYPE, RESERVED_FIELDS, encode_key, is_keyed
 
-__all__ = ["CrcPass", "Walk", "walk_levels", "helper_threads", "ITEM_BYTES", "MIN_HELPER_BYTES"]
+__all__ = [
+    "CrcPass",
+    "Walk",
+    "walk_levels",
+    "check_level",
+    "helper_threads",
+    "ITEM_BYTES",
+    "MIN_HELPER_BYTES",
+    "SMALL_FIRST",
+]
 
 #: Bytes hashed per work item of the pass (about 0.2 ms of one core): small enough that
 #: the threads finish together, large enough that taking items costs nothing.
 ITEM_BYTES = 2 << 20
+#: Seconds :class:`CrcPass` waits at most for its helper threads to enter the kernel.
+START_WAIT = 0.01
+#: Entries below this size are checked first (``meta.json`` documents among them).
+SMALL_FIRST = 64 << 10
 #: Below this many stored bytes the calling thread hashes alone (a thread start costs more).
 MIN_HELPER_BYTES = 8 << 20
 
@@ -79,23 +93,29 @@ class CrcPass:
         self.index = index
         self.chunk = CRC_CHUNK
         stored = table["method"] == records.STORED
-        self.crc_len = np.where(stored, table["csize"], 0).astype(np.int64)
+        crc_len = np.where(stored, table["csize"], 0).astype(np.int64)
+        # small entries first (in file order), then the others: the meta.json headers the
+        # walk reads are then checked (their payload offsets filled in) within the first item
+        self.order = np.argsort(crc_len >= SMALL_FIRST, kind="stable")
+        self.crc_len = crc_len[self.order]
         self.first, owner, items = plan_pieces(self.crc_len, CRC_CHUNK, ITEM_BYTES)
         self.crcs_raw = np.zeros(owner.size, np.uint32)
         self.failed = np.zeros(n, np.int64)
         self._counter = np.zeros(1, np.int64)
+        self._entered = np.zeros(1, np.int64)
         self._items = items
         self._args = (
             index.buffer,
             index._cols,  # the kernel fills in the payload offsets, as check_all would
             int(index.end.cd_offset),
-            np.arange(n, dtype=np.int64),
+            self.order,
             self.crc_len,
             self.first,
             owner,
             items,
             CRC_CHUNK,
             self._counter,
+            self._entered,
             self.crcs_raw,
             self.failed,
         )
@@ -109,6 +129,12 @@ class CrcPass:
         for t in self._threads:
             t.start()
         self._joined = False
+        # a started thread may still need the GIL to reach the kernel (which releases it): wait
+        # until the helpers are inside, else they would wait for this thread's Python work
+        # (up to the 5 ms switch interval). Bounded: the pass is correct either way.
+        deadline = time.perf_counter() + START_WAIT
+        while self._entered[0] < len(self._threads) and time.perf_counter() < deadline:
+            time.sleep(2e-5)
 
     def join(self) -> None:
         """The calling thread takes the items left, then waits for the helpers."""
@@ -132,13 +158,15 @@ class CrcPass:
 
     def failed_rows(self) -> list[int]:
         """Entries whose local header failed its check (after :meth:`join`)."""
-        return np.nonzero(self.failed)[0].tolist()
+        return sorted(self.order[np.nonzero(self.failed)[0]].tolist())
 
     def crcs(self, rows: np.ndarray) -> np.ndarray:
         """CRC-32 of the STORED entries ``rows`` (after :meth:`join`, with no failed row)."""
         from .verify_kernels import fold_pieces
 
-        return fold_pieces(self.crcs_raw, self.first, self.crc_len, self.chunk)[rows]
+        out = np.empty(self.order.size, np.uint32)
+        out[self.order] = fold_pieces(self.crcs_raw, self.first, self.crc_len, self.chunk)
+        return out[rows]
 
 
 @dataclass

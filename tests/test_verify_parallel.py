@@ -113,6 +113,7 @@ def test_crc_pass_matches_zlib_on_every_entry(big, helpers, monkeypatch):
     try:
         crc = verify_pass.CrcPass(index, helpers=helpers)
         crc.join()
+        assert int(crc._entered[0]) == 1 + len(crc._threads)  # every helper ran the kernel
         assert crc.failed_rows() == []
         table = index.table
         stored = np.nonzero(table["method"] == 0)[0]
@@ -273,3 +274,16 @@ def test_errors_keep_their_types(big, tmp_path):
         tdz_numba.verify(bad)
     with pytest.raises(BadArchiveError):
         tdz_numba.verify(_patch(big, tmp_path / "h.tdz", r.header_offset, b"XX"))
+
+
+@pytest.mark.parametrize("name", ["large.memmap", "g2/meta.json", "g0/x4.memmap"])
+def test_crc_pass_names_the_entries_whose_header_failed(big, tmp_path, name):
+    r = _entry(big, name)
+    bad = _patch(big, tmp_path / "f.tdz", r.header_offset, b"PK\x00\x00")
+    index = ArchiveIndex(bad)
+    try:
+        crc = verify_pass.CrcPass(index, helpers=1)
+        crc.join()
+        assert crc.failed_rows() == [index.row(name)]
+    finally:
+        index.close()
