@@ -55,7 +55,7 @@ __all__ = [
 #: the threads finish together, large enough that taking items costs nothing.
 ITEM_BYTES = 2 << 20
 #: Seconds :class:`CrcPass` waits at most for its helper threads to enter the kernel.
-START_WAIT = 0.01
+START_WAIT = 0.002
 #: Entries below this size are checked first (``meta.json`` documents among them).
 SMALL_FIRST = 64 << 10
 #: Below this many stored bytes the calling thread hashes alone (a thread start costs more).
