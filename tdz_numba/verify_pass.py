@@ -104,7 +104,7 @@ class CrcPass:
         self._counter = np.zeros(1, np.int64)
         self._entered = np.zeros(1, np.int64)
         self._items = items
-        self._args = (
+        self._args: tuple[Any, ...] = (
             index.buffer,
             index._cols,  # the kernel fills in the payload offsets, as check_all would
             int(index.end.cd_offset),
