@@ -46,6 +46,8 @@ PathLike = str | os.PathLike
 
 
 def _check_num_threads(num_threads: object) -> None:
+    if num_threads is None:  # (importing from _jit runs its module __getattr__: skipped when there is nothing to check)
+        return
     from ._jit import check_num_threads  # numba loads with the first kernel anyway
 
     check_num_threads(num_threads)

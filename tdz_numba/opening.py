@@ -50,9 +50,10 @@ def open_archive(
 
     if mode not in ("r", "r+"):
         raise InvalidArgumentError(f"mode must be 'r' or 'r+', got {mode!r}")
-    from ._jit import check_num_threads
+    if num_threads is not None:
+        from ._jit import check_num_threads
 
-    num_threads = check_num_threads(num_threads)
+        num_threads = check_num_threads(num_threads)
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise InvalidArgumentError(f"dtype must be a torch.dtype or None, got {dtype!r}")
     if device is not None:

@@ -98,8 +98,9 @@ class ArchiveIndex:
         check_local: bool = False,
         fd: int | None = None,
         st: os.stat_result | None = None,
+        mapping: mmap.mmap | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.path = path if isinstance(path, Path) else Path(path)
         self.writable = writable
         label = str(self.path)
         own = fd is None  # else the caller's descriptor (and its fstat): the caller closes it
@@ -116,8 +117,10 @@ class ArchiveIndex:
             size = st.st_size
             if size == 0:
                 raise BadArchiveError(f"{label}: empty file, not a zip archive", path=label)
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
-            self._mmap = mmap.mmap(fd, size, access=access)  # type: ignore[arg-type]
+            if mapping is None or writable:
+                access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
+                mapping = mmap.mmap(fd, size, access=access)  # type: ignore[arg-type]
+            self._mmap = mapping
         finally:
             if own:
                 os.close(fd)  # type: ignore[arg-type]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import struct
 import time
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -677,8 +676,7 @@ def end_records(count: int, cd_offset: int, cd_size: int, zip64: bool) -> bytes:
 # ---------------------------------------------------------------------------
 # Reading the end records
 # ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EndRecord:
+class EndRecord(NamedTuple):
     """Where the central directory is: from the (zip64) end records."""
 
     count: int

@@ -41,9 +41,11 @@ from . import records
 __all__ = ["SMALL_ENTRIES", "parse_small", "resolve_small"]
 
 #: Archives with at most this many entries are indexed here (above it the kernel is faster).
-SMALL_ENTRIES = 4096
+SMALL_ENTRIES = 256
 
-_CD = struct.Struct("<IHHHHHHIIIHHHHHII")  # a central record's fixed 46 bytes
+#: A central record's fixed 46 bytes, the fields the index keeps: signature, flags, method,
+#: time, date, CRC, compressed size, size, name/extra/comment lengths, header offset.
+_CD = struct.Struct("<I4xHHHHIIIHHH8xI")
 _LH = struct.Struct("<IHHHHHIIIHH")  # a local header's fixed 30 bytes
 _EXTRA = struct.Struct("<HH")
 _U64 = struct.Struct("<Q")
@@ -56,7 +58,7 @@ _LOCAL_SIG = records.LOCAL_SIG
 _KNOWN_METHODS = frozenset(records.METHOD_NAMES)
 _ENCRYPTED = records.FLAG_ENCRYPTED
 _BY_HEADER = itemgetter(records.Col.HEADER_OFFSET)
-assert (_CD.size, _LH.size) == (records.Central.SIZEOF, records.Local.SIZEOF)
+assert (_CD.size, _LH.size) == (records.Central.SIZEOF, records.Local.SIZEOF) == (_CD_SIZEOF, _LH_SIZEOF)
 assert tuple(records.Col) == tuple(range(14)) and records.Col.NEXT_OFFSET == 13
 
 
@@ -124,13 +126,15 @@ def parse_small(
     header_limit = cd_offset - _LH_SIZEOF
     rows: list[list[int]] = []
     names: list[str] = []
-    p = 0
+    add_row, add_name = rows.append, names.append
+    last = cd_size - _CD_SIZEOF
+    in_order = True
+    prev: list[int] | None = None
+    least = p = 0
     for _ in range(count):
-        if p > cd_size - _CD_SIZEOF:
+        if p > last:
             return None
-        sig, _v, _n, flags, method, dtime, ddate, crc, csize, usize, nlen, elen, clen, _d, _i, _x, hoff = (
-            unpack(cd, p)
-        )
+        sig, flags, method, dtime, ddate, crc, csize, usize, nlen, elen, clen, hoff = unpack(cd, p)
         q = p + _CD_SIZEOF
         rec_end = q + nlen + elen + clen
         if sig != _CENTRAL_SIG or rec_end > cd_size or flags & _ENCRYPTED or method not in known:
@@ -140,30 +144,39 @@ def parse_small(
             if found is None:
                 return None
             usize, csize, hoff = found
-        if hoff > header_limit or (method == 0 and usize != csize):
+        if hoff > header_limit or (usize != csize and not method):  # (method 0: STORED)
             return None
         # Col order: flags method crc csize size hoff noff nlen payload coff time date lextra next
-        rows.append(
-            [
-                flags,
-                method,
-                crc,
-                csize,
-                usize,
-                hoff,
-                cd_offset + q,
-                nlen,
-                -1,
-                cd_offset + p,
-                dtime,
-                ddate,
-                -1,
-                0,
-            ]
-        )
-        names.append(text[q : q + nlen])
+        row = [
+            flags,
+            method,
+            crc,
+            csize,
+            usize,
+            hoff,
+            cd_offset + q,
+            nlen,
+            -1,
+            cd_offset + p,
+            dtime,
+            ddate,
+            -1,
+            0,
+        ]
+        if prev is not None:  # records in file order (as writers write them): checked on the way
+            if hoff < prev[5]:
+                in_order = False
+            elif least > hoff or prev[3] > hoff - least:
+                return None
+            prev[13] = hoff
+        least = hoff + _LH_SIZEOF + nlen  # the record's smallest extent: header, name
+        prev = row
+        add_row(row)
+        add_name(text[q : q + nlen])
         p = rec_end
     if p != cd_size:  # more records than the end record counts
+        return None
+    if prev is not None and not _no_overlap(rows, cd_offset, in_order, least):
         return None
     if not "".join(names).isascii():  # bytes >= 0x80: UTF-8 names (anything else: the general path)
         try:
@@ -173,19 +186,34 @@ def parse_small(
     by_name = dict(zip(names, range(count)))
     if len(by_name) != count:
         return None
-    # records must not overlap: sorted by header offset (stably, as the kernel), each
-    # record's smallest extent (header, name, stored bytes) ends before the next starts
+    return rows, names, by_name
+
+
+def _no_overlap(rows: list[list[int]], cd_offset: int, in_order: bool, least: int) -> bool:
+    """Whether no record overlaps the next one; fills each row's ``NEXT_OFFSET``.
+
+    ``in_order``: the rows are sorted by header offset and all but the last were
+    checked while parsing (``least``: the last one's smallest extent). Otherwise
+    they are sorted (stably, as the kernel sorts) and checked here: each record's
+    smallest extent (header, name, stored bytes) ends before the next one starts.
+    """
+    if in_order:
+        row = rows[-1]
+        if least > cd_offset or row[3] > cd_offset - least:
+            return False
+        row[13] = cd_offset
+        return True
     ordered = sorted(rows, key=_BY_HEADER)
     ordered.append([0, 0, 0, 0, 0, cd_offset])  # the central directory bounds the last one
-    row = ordered[0] if count else None
+    row = ordered[0]
     for following in ordered[1:]:
         limit = following[5]
-        least = row[5] + _LH_SIZEOF + row[7]  # type: ignore[index]
-        if least > limit or row[3] > limit - least:  # type: ignore[index]
-            return None
-        row[13] = limit  # type: ignore[index]
+        least = row[5] + _LH_SIZEOF + row[7]
+        if least > limit or row[3] > limit - least:
+            return False
+        row[13] = limit
         row = following
-    return rows, names, by_name
+    return True
 
 
 def resolve_small(data, row: list[int], cd_offset: int) -> tuple[int, int] | None:

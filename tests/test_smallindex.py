@@ -245,3 +245,34 @@ def test_zip64_end_signature_message_as_before(tmp_path):
     data[z : z + 4] = b"PK\x00\x00"
     with pytest.raises(tdz_numba.BadArchiveError, match=r"found b'PK'\)"):
         records.find_end_record(bytes(data))
+
+
+def _reordered(data: bytes, order: list[int]) -> bytes:
+    """``data`` with its central records listed in ``order`` (local headers stay where they are)."""
+    end = records.find_end_record(data)
+    cd = data[end.cd_offset : end.cd_offset + end.cd_size]
+    recs, p = [], 0
+    while p < len(cd):
+        nlen, elen, clen = struct.unpack_from("<HHH", cd, p + 28)
+        recs.append(cd[p : p + 46 + nlen + elen + clen])
+        p += 46 + nlen + elen + clen
+    return data[: end.cd_offset] + b"".join(recs[i] for i in order) + data[end.cd_offset + end.cd_size :]
+
+
+def test_central_records_out_of_file_order(tmp_path):
+    """The overlap check sorts by header offset when the central directory is not in file order."""
+    data = _zip({"meta.json": b"{}", "a": b"1" * 10, "b": b"22", "c": b""})
+    p = tmp_path / "r.zip"
+    p.write_bytes(_reordered(data, [2, 0, 3, 1]))
+    assert _same(p)
+    ix = ArchiveIndex(p)
+    assert ix.names == ["b", "meta.json", "c", "a"] and ix.read_bytes("a") == b"1" * 10
+    # an entry whose stored bytes run into the next record: refused the same way on both paths
+    bad = bytearray(_reordered(data, [2, 0, 3, 1]))
+    end = records.find_end_record(bytes(bad))
+    pos = bad.index(b"PK\x01\x02", end.cd_offset + 1)  # the second central record: meta.json
+    bad[pos + 20 : pos + 28] = struct.pack("<II", 30, 30)
+    p.write_bytes(bytes(bad))
+    assert not _same(p)
+    with pytest.raises(tdz_numba.BadArchiveError, match="overlapping the next record"):
+        ArchiveIndex(p)

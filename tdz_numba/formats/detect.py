@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import mmap
 import os
 import stat
 import struct
@@ -175,11 +176,22 @@ def _dir_kind(path: Path) -> str:
     )
 
 
+def _map(fd: int, size: int) -> mmap.mmap | None:
+    """A private mapping of the whole file (what a zip's index keeps); None where there is
+    nothing to map or the file system cannot map it (the first bytes are then read)."""
+    if not size:
+        return None
+    try:
+        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):
+        return None
+
+
 def sniff(path: str | os.PathLike) -> tuple[str, Any]:
     """``(format name, context)``: context is the opened ``ArchiveIndex`` of a zip (to reuse),
     else None. Registered formats report their registered name (``"torch_legacy"``,
     ``"safetensors_index"`` included)."""
-    p = Path(path)
+    p = path if isinstance(path, Path) else Path(path)
     try:  # one descriptor for the kind, the size, the first bytes and a zip's mapping
         fd = os.open(p, os.O_RDONLY)
     except IsADirectoryError:  # pragma: no cover - platforms that refuse to open directories
@@ -189,18 +201,22 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
         if stat.S_ISDIR(st.st_mode):
             return _dir_kind(p), None
         size = st.st_size
-        head = os.pread(fd, HEAD_BYTES, 0)
+        mapping = _map(fd, size) if stat.S_ISREG(st.st_mode) else None
+        head = mapping[:4] if mapping is not None else os.pread(fd, HEAD_BYTES, 0)
         if not head:
             raise BadArchiveError(f"{p}: empty file, not a tensor file")
         if head[:4] in _ZIP_MAGICS:
             from ..reader import ArchiveIndex
 
-            index = ArchiveIndex(p, fd=fd, st=st)
+            index = ArchiveIndex(p, fd=fd, st=st, mapping=mapping)
             try:
                 return zip_kind(index.names, str(p)), index
             except BaseException:
                 index.close()
                 raise
+        if mapping is not None:
+            head = mapping[:HEAD_BYTES]
+            mapping.close()
     finally:
         os.close(fd)
     for fmt in sorted(FORMATS.values(), key=lambda f: f.order):
