@@ -102,6 +102,8 @@ def _verify_parallel(ar, path: str | os.PathLike, progress: bool | None) -> Veri
     with _progress(int(table["csize"].sum()), "verify", enabled=progress) as bar:
         crc = CrcPass(index)
         try:
+            if not crc.helpers:  # alone, the pass first: the walk then finds every header read
+                crc.join()
             walk = walk_levels(source)
         except BaseException:
             crc.cancel()

@@ -34,7 +34,7 @@ import numpy as np
 from zlib_ng import zlib_ng
 
 from . import records
-from .bounds import parse_meta, shape_nbytes
+from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
 from .dtypes import dtype_table
 from .errors import TdzError
 from .records import Col
@@ -126,6 +126,8 @@ class CrcPass:
             threading.Thread(target=crc_worker, args=self._args, name="tdz-verify-crc", daemon=True)
             for _ in range(min(helpers, max(0, items.size - 2)))
         ]
+        #: Threads started beside the calling one.
+        self.helpers = len(self._threads)
         for t in self._threads:
             t.start()
         self._joined = False
@@ -284,9 +286,12 @@ def _template(meta: Any) -> _Template | None:
         itemsize = itemsizes.get(dname) if type(dname) is str else None
         if itemsize is None or type(shape) is not list or value.get("is_nested"):
             return None
-        nbytes = shape_nbytes(shape, itemsize)
-        if nbytes < 0:
-            return None
+        if len(shape) == 1 and type(shape[0]) is int and 0 <= shape[0] <= MAX_NBYTES // itemsize:
+            nbytes = shape[0] * itemsize  # shape_nbytes of one dimension, without the call
+        else:
+            nbytes = shape_nbytes(shape, itemsize)
+            if nbytes < 0:
+                return None
         out.names.append(fname + ".memmap")
         out.nbytes.append(nbytes)
         out.itemsize.append(itemsize)
