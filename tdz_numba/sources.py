@@ -149,7 +149,8 @@ class TensorSpec(NamedTuple):
 
 class Child(NamedTuple):
     """A child of a level: ``kind`` is ``"leaf"`` (``leaf`` a spec), ``"level"`` (``path`` its
-    prefix, ending in ``/``) or ``"value"`` (``leaf`` holds the plain Python value)."""
+    prefix, ending in ``/``), ``"file"`` (``path`` the entry of a file that is not a leaf) or
+    ``"value"`` (``leaf`` holds the plain Python value)."""
 
     key: str
     kind: str

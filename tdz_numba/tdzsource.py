@@ -40,13 +40,12 @@ from .dtypes import dtype_table, torch_dtype
 from .errors import BadArchiveError, InvalidArgumentError, UnsupportedError
 from .reader import ArchiveIndex
 from .records import Col
-from .sources import LevelInfo, Location, Source
+from .sources import Child, LevelInfo, Location, Source
 from .tree import (
     _ENCODED,
     FORMAT_VERSION,
     NON_TENSOR_DATA_TYPE,
     RESERVED_FIELDS,
-    ChildSpec,
     LeafSpec,
     Level,
     PickledData,
@@ -216,7 +215,7 @@ class TdzSource(Source):
             lambda sub: sub + "meta.json" in index or index.is_dir(sub),
             self.where(meta_name),
         )
-        result = LevelInfo(keyed, {c.key: c for c in children}, meta)  # type: ignore[misc]  # tree.ChildSpec has sources.Child's fields
+        result = LevelInfo(keyed, {c.key: c for c in children}, meta)
         self._levels[prefix] = result
         return result
 
@@ -343,7 +342,7 @@ class TdzSource(Source):
         """The uncompressed bytes of entry ``name`` (CRC checked)."""
         return self.index.read_bytes(name)
 
-    def file_value(self, child: ChildSpec) -> Any:
+    def file_value(self, child: Child) -> Any:
         """A non-payload file of a level: :class:`RawFile`, or :class:`PickledData`
         (unpickled when the source allows pickle)."""
         data = self.index.read_bytes(child.path)

@@ -35,6 +35,7 @@ import torch
 from .bounds import check_shape, shape_ok
 from .dtypes import dtype_table, from_numpy_dtype
 from .errors import InvalidTreeError, UnsafeContentError
+from .sources import Child
 
 __all__ = [
     "Level",
@@ -42,7 +43,6 @@ __all__ = [
     "PickledData",
     "Entry",
     "LeafSpec",
-    "ChildSpec",
     "encode_key",
     "decode_key",
     "flatten",
@@ -546,15 +546,6 @@ class LeafSpec(NamedTuple):
     shape_entry: str | None = None
 
 
-class ChildSpec(NamedTuple):
-    """A child of a level: a ``leaf``, a sub-``level`` or a ``file``."""
-
-    key: str
-    kind: str
-    path: str  # archive name (file, payload) or directory prefix (level)
-    leaf: LeafSpec | None = None
-
-
 _is_shape = shape_ok  # the check lives in tdz_numba.bounds
 
 
@@ -564,7 +555,7 @@ def describe_level(
     listing: Callable[[], tuple[set[str], set[str]]],
     has_level: Callable[[str], bool],
     where: str,
-) -> tuple[bool, list[ChildSpec]]:
+) -> tuple[bool, list[Child]]:
     """Children of the level at ``prefix`` from its parsed meta.json.
 
     ``listing()`` gives the ``(files, dirs)`` directly under ``prefix`` (only
@@ -583,7 +574,7 @@ def describe_level(
             f"{where}: meta.json _format_version {version!r} is newer than this "
             f"reader supports (expected <= {FORMAT_VERSION})"
         )
-    children: list[ChildSpec] = []
+    children: list[Child] = []
     if is_keyed(meta):
         for key, value in meta.items():
             if key in RESERVED_FIELDS and not isinstance(value, dict):
@@ -599,7 +590,7 @@ def describe_level(
                         f"{where}: meta.json lists {key!r} ({value['type']}) but the "
                         f"archive has no directory {prefix + fname + '/'!r}"
                     )
-                children.append(ChildSpec(key, "level", prefix + fname + "/"))
+                children.append(Child(key, "level", prefix + fname + "/"))
                 continue
             if "dtype" not in value or "shape" not in value:
                 raise BadArchiveError(
@@ -619,12 +610,12 @@ def describe_level(
                 nested,
                 prefix + fname + ".shape.memmap" if nested else None,
             )
-            children.append(ChildSpec(key, "leaf", spec.entry, spec))
+            children.append(Child(key, "leaf", spec.entry, spec))
         return True, children
     files, dirs = listing()
     for d in sorted(dirs):
-        children.append(ChildSpec(d, "level", prefix + d + "/"))
+        children.append(Child(d, "level", prefix + d + "/"))
     for f in sorted(files):
         if f != "meta.json":
-            children.append(ChildSpec(f, "file", prefix + f))
+            children.append(Child(f, "file", prefix + f))
     return False, children
