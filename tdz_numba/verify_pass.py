@@ -135,8 +135,12 @@ class CrcPass:
         # until the helpers are inside, else they would wait for this thread's Python work
         # (up to the 5 ms switch interval). Bounded: the pass is correct either way.
         deadline = time.perf_counter() + START_WAIT
-        while self._entered[0] < len(self._threads) and time.perf_counter() < deadline:
-            time.sleep(2e-5)
+        try:
+            while self._entered[0] < len(self._threads) and time.perf_counter() < deadline:
+                time.sleep(2e-5)
+        except BaseException:  # an interrupt: stop the helpers before leaving
+            self.cancel()
+            raise
 
     def join(self) -> None:
         """The calling thread takes the items left, then waits for the helpers."""

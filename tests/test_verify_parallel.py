@@ -303,3 +303,34 @@ def test_template_sizes_as_shape_nbytes(shape):
         assert tpl is None
     else:
         assert tpl is not None and tpl.nbytes == [want] and tpl.names == ["a.memmap"]
+
+
+def test_cancel_stops_the_helpers(big, monkeypatch):
+    monkeypatch.setattr(verify_pass, "ITEM_BYTES", 4096)
+    index = ArchiveIndex(big)
+    try:
+        crc = verify_pass.CrcPass(index, helpers=2)
+        crc.cancel()
+        assert not any(t.is_alive() for t in crc._threads)
+        crc.join()  # a no-op after cancel
+    finally:
+        index.close()
+
+
+def test_interrupted_walk_cancels_the_pass(big, monkeypatch):
+    started = []
+    real = verify_pass.CrcPass
+
+    def spy(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    def interrupted(source):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verify_pass, "MIN_HELPER_BYTES", 0)
+    monkeypatch.setattr(verify_pass, "CrcPass", spy)
+    monkeypatch.setattr(verify_pass, "walk_levels", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tdz_numba.verify(big)
+    assert started and not any(t.is_alive() for t in started[0]._threads)
