@@ -46,8 +46,6 @@ def open_archive(
     direct: bool = False,
 ) -> Archive:
     """Opens a file lazily; see :func:`tdz_numba.open`."""
-    from .archive import Archive  # archive re-exports this module's names
-
     if mode not in ("r", "r+"):
         raise InvalidArgumentError(f"mode must be 'r' or 'r+', got {mode!r}")
     if num_threads is not None:

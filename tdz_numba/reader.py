@@ -82,6 +82,17 @@ _KNOWN_METHOD = np.zeros(1 << 16, np.bool_)
 _KNOWN_METHOD[list(records.METHOD_NAMES)] = True
 
 
+def _small_enough(count: int) -> bool:
+    """Whether an open indexes ``count`` entries with :mod:`tdz_numba.smallindex` (plain Python):
+    up to :data:`~tdz_numba.smallindex.SMALL_ENTRIES`, and whenever the dispatcher would not run
+    the kernel anyway (its pure-Python twin does the same work with numpy on top)."""
+    if count <= SMALL_ENTRIES:
+        return True
+    from .kernel_dispatch import use_kernels
+
+    return not use_kernels(count)
+
+
 class ArchiveIndex:
     """Index over an archive and the single memory map of its bytes.
 
@@ -131,7 +142,7 @@ class ArchiveIndex:
         self._untyped = None
         self._rows: list[IndexRow] | None = None
         end = records.find_end_record(self._mmap, label)
-        self._index_entries(end, check_local, small=not check_local and end.count <= SMALL_ENTRIES)
+        self._index_entries(end, check_local, small=not check_local and _small_enough(end.count))
 
     @property
     def buffer(self) -> np.ndarray:
@@ -188,7 +199,15 @@ class ArchiveIndex:
         label = str(self.path)
         self._parse(check_local)
         self.names: list[str] = self._decode_names()
-        cols = self._cols
+        self._refuse_entries(self._cols, label)
+        self._by_name: dict[str, int] = dict(zip(self.names, range(len(self.names))))
+        if len(self._by_name) != len(self.names):
+            seen: set[str] = set()
+            dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
+            raise BadArchiveError(f"{label}: entry {dup!r} appears twice", path=label, entry=dup)
+
+    def _refuse_entries(self, cols: np.ndarray, label: str) -> None:
+        """Raises for the first encrypted entry, then for the first of an unknown method."""
         flags = cols[:, Col.FLAGS] & records.FLAG_ENCRYPTED
         if flags.any():
             name = self.names[int(np.argmax(flags != 0))]
@@ -205,11 +224,6 @@ class ArchiveIndex:
                 expected=sorted(records.METHOD_NAMES),
                 found=int(methods[i]),
             )
-        self._by_name: dict[str, int] = dict(zip(self.names, range(len(self.names))))
-        if len(self._by_name) != len(self.names):
-            seen: set[str] = set()
-            dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
-            raise BadArchiveError(f"{label}: entry {dup!r} appears twice", path=label, entry=dup)
 
     def _parse(self, check_local: bool) -> None:
         from .kernel_dispatch import parse_central_directory  # the kernel or its twin
@@ -368,12 +382,14 @@ class ArchiveIndex:
 
     def _decode_names(self) -> list[str]:
         """All entry names, sliced from one decoded copy of the central directory."""
-        if not len(self.table):
+        if not len(self._cols):
             return []
         cd0 = self.end.cd_offset
-        text = (
-            self.buffer[cd0 : cd0 + self.end.cd_size].tobytes().decode("latin-1")
-        )  # one char per byte: offsets carry over
+        data = getattr(self, "_mmap", None)  # (a local file: sliced without numpy)
+        raw = data[cd0 : cd0 + self.end.cd_size] if data is not None else None
+        if raw is None or len(raw) != self.end.cd_size:
+            raw = self.buffer[cd0 : cd0 + self.end.cd_size].tobytes()
+        text = raw.decode("latin-1")  # one char per byte: offsets carry over
         starts = self._cols[:, Col.NAME_OFFSET] - cd0
         stops = starts + self._cols[:, Col.NAME_LEN]
         names = list(map(text.__getitem__, map(slice, starts.tolist(), stops.tolist())))

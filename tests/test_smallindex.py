@@ -276,3 +276,17 @@ def test_central_records_out_of_file_order(tmp_path):
     assert not _same(p)
     with pytest.raises(tdz_numba.BadArchiveError, match="overlapping the next record"):
         ArchiveIndex(p)
+
+
+def test_twin_mode_takes_the_small_path_at_any_size(tmp_path, monkeypatch):
+    """When the dispatcher would run the pure-Python twin, the small path (leaner) indexes any size."""
+    from tdz_numba import kernel_dispatch
+
+    p = tdz_numba.save({f"k{i}": torch.zeros(1) for i in range(20)}, tmp_path / "x.tdz")
+    monkeypatch.setattr(reader, "SMALL_ENTRIES", 5)
+    with kernel_dispatch.forced("never"):
+        ix = ArchiveIndex(p)
+        assert ix._small is not None
+        assert ix.read_bytes("k3.memmap") == bytes(4)
+    with kernel_dispatch.forced("always"):
+        assert ArchiveIndex(p)._small is None

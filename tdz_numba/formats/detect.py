@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import BadArchiveError, UnsupportedError
+from ..reader import ArchiveIndex
 
 __all__ = [
     "FORMATS",
@@ -206,8 +207,6 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
         if not head:
             raise BadArchiveError(f"{p}: empty file, not a tensor file")
         if head[:4] in _ZIP_MAGICS:
-            from ..reader import ArchiveIndex
-
             index = ArchiveIndex(p, fd=fd, st=st, mapping=mapping)
             try:
                 return zip_kind(index.names, str(p)), index
