@@ -46,7 +46,7 @@ PathLike = str | os.PathLike
 
 
 def _check_num_threads(num_threads: object) -> None:
-    if num_threads is None:  # (importing from _jit runs its module __getattr__: skipped when there is nothing to check)
+    if num_threads is None:  # nothing to check (importing from _jit runs its module __getattr__)
         return
     from ._jit import check_num_threads  # numba loads with the first kernel anyway
 

@@ -101,6 +101,15 @@ class ArchiveIndex:
     ``payload_offset``, ...); :attr:`rows` the same as :class:`~tdz_numba.records.IndexRow` tuples.
     """
 
+    _buffer: np.ndarray | None
+    names: list[str]
+    _by_name: dict[str, int]
+    _files: dict[str, set[str]] | None
+    _dirs: dict[str, set[str]] | None
+    _cols_np: np.ndarray | None  # the index as numpy columns (None: still only in _small)
+    _table: np.ndarray | None
+    _small: list[list[int]] | None  # rows of a small archive as lists (None: in _cols_np)
+
     def __init__(
         self,
         path: str | os.PathLike,
@@ -136,7 +145,7 @@ class ArchiveIndex:
             if own:
                 os.close(fd)  # type: ignore[arg-type]
         self._ident = (st.st_dev, st.st_ino, size)  # to read local headers from the same file
-        self._buffer: np.ndarray | None = None  # the numpy view of the mapping: built on first use
+        self._buffer = None  # the numpy view of the mapping: built on first use
         self.size = size
         self._torch = None
         self._untyped = None
@@ -186,11 +195,11 @@ class ArchiveIndex:
         no numpy); anything it does not accept takes the kernel path."""
         self.end = end
         self.local_checked = False
-        self._files: dict[str, set[str]] | None = None  # directory listings, built on first use
-        self._dirs: dict[str, set[str]] | None = None
-        self._cols_np: np.ndarray | None = None
-        self._table: np.ndarray | None = None
-        self._small: list[list[int]] | None = None
+        self._files = None  # directory listings, built on first use
+        self._dirs = None
+        self._cols_np = None
+        self._table = None
+        self._small = None
         if small:
             found = parse_small(self._mmap, end.cd_offset, end.cd_size, end.count)
             if found is not None:
@@ -198,9 +207,9 @@ class ArchiveIndex:
                 return
         label = str(self.path)
         self._parse(check_local)
-        self.names: list[str] = self._decode_names()
+        self.names = self._decode_names()
         self._refuse_entries(self._cols, label)
-        self._by_name: dict[str, int] = dict(zip(self.names, range(len(self.names))))
+        self._by_name = dict(zip(self.names, range(len(self.names))))
         if len(self._by_name) != len(self.names):
             seen: set[str] = set()
             dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]

@@ -679,7 +679,7 @@ def end_records(count: int, cd_offset: int, cd_size: int, zip64: bool) -> bytes:
 class EndRecord(NamedTuple):
     """Where the central directory is: from the (zip64) end records."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # (a field, not tuple.count)
     cd_offset: int
     cd_size: int
     end_offset: int  # offset of the (zip64) end-of-central-directory record
