@@ -49,6 +49,7 @@ __all__ = [
     "ITEM_BYTES",
     "MIN_HELPER_BYTES",
     "SMALL_FIRST",
+    "START_WAIT",
 ]
 
 #: Bytes hashed per work item of the pass (about 0.2 ms of one core): small enough that
