@@ -208,6 +208,8 @@ def _json_types(node: Any, children: dict) -> dict | None:
         saved = json.loads(node.file_bytes(spec))
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise BadArchiveError(f"{where}: not a JSON document: {exc}", entry=entry) from None
+    except RecursionError:  # (else load's handler calls it a tree of levels too deep)
+        raise BadArchiveError(f"{where}: not a JSON document: nested too deeply", entry=entry) from None
     if type(saved) is not dict:
         raise BadArchiveError(f"{where}: expected a JSON object, found {type(saved).__name__}", entry=entry)
     if hashlib.sha256(node.file_bytes(children["other.pickle"])).hexdigest() != saved.get("pickle_sha256"):

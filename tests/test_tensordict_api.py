@@ -464,8 +464,9 @@ def _with_entries(src: Path, dst: Path, entries: dict[str, bytes]) -> Path:
         b"[1, 2]",
         b'{"pickle_sha256": "SHA", "types": [1]}',
         b'{"pickle_sha256": "SHA", "types": {"s": ["dict"]}}',
+        b"[" * 100_000 + b"]" * 100_000,
     ],
-    ids=["not json", "not utf-8", "a list", "types a list", "type name a list"],
+    ids=["not json", "not utf-8", "a list", "types a list", "type name a list", "nested too deeply"],
 )
 def test_malformed_json_types_is_a_bad_archive_error(tmp_path, types):
     import hashlib
