@@ -322,6 +322,7 @@ def test_interrupted_walk_cancels_the_pass(big, monkeypatch):
     real = verify_pass.CrcPass
 
     def spy(*args, **kwargs):
+        kwargs["helpers"] = 2  # helpers whatever the thread count (with none, nothing is to cancel)
         started.append(real(*args, **kwargs))
         return started[-1]
 
@@ -329,8 +330,10 @@ def test_interrupted_walk_cancels_the_pass(big, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(verify_pass, "MIN_HELPER_BYTES", 0)
+    monkeypatch.setattr(verify_pass, "ITEM_BYTES", 4096)  # items enough for two helpers
     monkeypatch.setattr(verify_pass, "CrcPass", spy)
     monkeypatch.setattr(verify_pass, "walk_levels", interrupted)
     with pytest.raises(KeyboardInterrupt):
         tdz_numba.verify(big)
-    assert started and not any(t.is_alive() for t in started[0]._threads)
+    assert started and started[0].helpers == 2 and started[0]._joined  # cancelled, helpers joined
+    assert not any(t.is_alive() for t in started[0]._threads)
