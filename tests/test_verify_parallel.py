@@ -313,6 +313,10 @@ def test_cancel_stops_the_helpers(big, monkeypatch):
         crc.cancel()
         assert not any(t.is_alive() for t in crc._threads)
         crc.join()  # a no-op after cancel
+        alone = verify_pass.CrcPass(index, helpers=0)
+        args = alone._args
+        alone.cancel()  # no item is left to take: a worker called now does nothing
+        assert vk.crc_worker(*args) == 0 and not alone.crcs_raw.any() and not alone.failed.any()
     finally:
         index.close()
 
