@@ -3,10 +3,12 @@
 Opening a small archive is dominated by the number of distinct calls it makes,
 not by the bytes it reads: with the CPU caches cold (a ``gc.collect()`` before
 the open, as a benchmark does), each numpy or Numba call costs tens of
-microseconds. For archives of up to :data:`SMALL_ENTRIES` entries,
-:class:`~tdz_numba.reader.ArchiveIndex` therefore reads the central directory
-here into lists (the rows of :data:`tdz_numba.records.Col`, as Python ints)
-and builds its numpy columns only when something asks for them.
+microseconds. For archives of up to :data:`SMALL_ENTRIES` entries, and of any
+size when the Numba kernel would not run anyway (its pure-Python twin does the
+same work with numpy on top), :class:`~tdz_numba.reader.ArchiveIndex` therefore
+reads the central directory here into lists (the rows of
+:data:`tdz_numba.records.Col`, as Python ints) and builds its numpy columns only
+when something asks for them.
 
 This path only *accepts*: :func:`parse_small` and :func:`resolve_small` return
 None for anything that is not a plain, well-formed archive (a bad signature,
@@ -40,7 +42,8 @@ from . import records
 
 __all__ = ["SMALL_ENTRIES", "parse_small", "resolve_small"]
 
-#: Archives with at most this many entries are indexed here (above it the kernel is faster).
+#: Archives with at most this many entries are indexed here (above it the kernel is faster,
+#: when it runs: see ``reader._small_enough``).
 SMALL_ENTRIES = 256
 
 #: A central record's fixed 46 bytes, the fields the index keeps: signature, flags, method,
