@@ -186,9 +186,9 @@ class Walk:
     leaves: int = 0
     prefixes: list[str] = field(default_factory=list)  # every level reached, in order
     rows: list[int] = field(default_factory=list)  # leaf entries checked in bulk
-    nbytes: list[int] = field(default_factory=list)  # the bytes their shape and dtype need
-    itemsize: list[int] = field(default_factory=list)
-    level_of: list[int] = field(default_factory=list)  # position in prefixes of each row
+    #: per level with rows: (bytes each row's shape and dtype need, item sizes, position in
+    #: prefixes), arrays shared by the levels of one meta.json document
+    parts: list[tuple[np.ndarray, np.ndarray, int]] = field(default_factory=list)
     error: BaseException | None = None
 
     def failed_levels(self, index: Any) -> list[str]:
@@ -199,12 +199,15 @@ class Walk:
         if not self.rows:
             return []
         cols = index._cols
-        rows = np.asarray(self.rows, np.int64)
-        ok = (cols[rows, Col.METHOD] == records.STORED) & (cols[rows, Col.SIZE] == np.asarray(self.nbytes))
-        ok &= cols[rows, Col.PAYLOAD_OFFSET] % np.asarray(self.itemsize, np.int64) == 0
+        rows = np.array(self.rows, np.int64)
+        need = np.concatenate([p[0] for p in self.parts])
+        itemsize = np.concatenate([p[1] for p in self.parts])
+        ok = (cols[rows, Col.METHOD] == records.STORED) & (cols[rows, Col.SIZE] == need)
+        ok &= cols[rows, Col.PAYLOAD_OFFSET] % itemsize == 0
         if ok.all():
             return []
-        bad = np.unique(np.asarray(self.level_of, np.int64)[~ok])
+        level_of = np.repeat([p[2] for p in self.parts], [p[0].size for p in self.parts])
+        bad = np.unique(level_of[~ok])
         return [self.prefixes[i] for i in bad.tolist()]
 
 
@@ -262,6 +265,7 @@ class _Template:
     nbytes: list[int]
     itemsize: list[int]
     subs: list[str]
+    arrays: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def _template(meta: Any) -> _Template | None:
@@ -300,6 +304,7 @@ def _template(meta: Any) -> _Template | None:
         out.names.append(fname + ".memmap")
         out.nbytes.append(nbytes)
         out.itemsize.append(itemsize)
+    out.arrays = (np.array(out.nbytes, np.int64), np.array(out.itemsize, np.int64))
     return out
 
 
@@ -348,17 +353,15 @@ def _fast_level(
         if sub + "meta.json" not in by_name:
             return None
     rows = [by_name.get(prefix + name) for name in tpl.names]
-    nbytes, itemsize = tpl.nbytes, tpl.itemsize
+    need, itemsize = tpl.arrays
     if None in rows:  # tensordict writes no file for an empty leaf
-        if any(r is None and n for r, n in zip(rows, nbytes)):
+        if any(r is None and n for r, n in zip(rows, tpl.nbytes)):
             return None
         keep = [k for k, r in enumerate(rows) if r is not None]
         rows = [rows[k] for k in keep]
-        nbytes = [nbytes[k] for k in keep]
-        itemsize = [itemsize[k] for k in keep]
+        need, itemsize = need[keep], itemsize[keep]
     walk.leaves += len(tpl.names)
-    walk.rows += rows
-    walk.nbytes += nbytes
-    walk.itemsize += itemsize
-    walk.level_of += [len(walk.prefixes) - 1] * len(rows)
+    if rows:
+        walk.rows += rows
+        walk.parts.append((need, itemsize, len(walk.prefixes) - 1))
     return subs
