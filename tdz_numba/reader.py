@@ -333,6 +333,11 @@ class ArchiveIndex:
                 self._cols_np, self._table, self._small, self._rows = kept
                 raise
 
+    def columns_filled(self) -> None:
+        """Tells the index that a kernel filled payload offsets into :attr:`table` in place
+        (:class:`tdz_numba.verify_pass.CrcPass`): the cached :attr:`rows` are rebuilt on use."""
+        self._rows = None
+
     def payload_offset(self, i: int) -> int:
         """Payload offset of row ``i``, reading and checking its local header on first use."""
         small = self._small

@@ -154,6 +154,7 @@ class CrcPass:
                 t.join()
             self._joined = True
             self._args = ()
+            self.index.columns_filled()
 
     def cancel(self) -> None:
         """Stops the pass early (no item is taken any more) and waits for the helpers."""
@@ -162,6 +163,7 @@ class CrcPass:
             t.join()
         self._joined = True
         self._args = ()
+        self.index.columns_filled()
 
     def failed_rows(self) -> list[int]:
         """Entries whose local header failed its check (after :meth:`join`)."""

@@ -129,6 +129,19 @@ def test_crc_pass_matches_zlib_on_every_entry(big, helpers, monkeypatch):
         index.close()
 
 
+def test_crc_pass_rows_see_the_filled_offsets(big):
+    index = ArchiveIndex(big)
+    try:
+        before = index.rows  # cached row tuples, built before the pass
+        assert any(r.payload_offset < 0 for r in before)
+        verify_pass.CrcPass(index, helpers=1).join()
+        assert [r.payload_offset for r in index.rows] == index.table["payload_offset"].tolist()
+        assert min(r.payload_offset for r in index.rows) >= 0
+        assert index.row_at(len(before) - 1).payload_offset >= 0
+    finally:
+        index.close()
+
+
 # -- the same outcome as the sequential checks -------------------------------------------------
 def _outcome(path, parallel: bool, monkeypatch):
     monkeypatch.setattr(verify_pass, "MIN_HELPER_BYTES", 0)  # helper threads even on tiny files
