@@ -15,6 +15,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -119,16 +120,9 @@ def _verify_parallel(ar, path: str | os.PathLike, progress: bool | None) -> Veri
             except Exception as exc:  # reported after the CRCs, which take precedence
                 walk_error = exc
                 break
-        crcs = crc.crcs(stored)
-        bar.update(int(table["csize"][stored].sum()))
-        bad = np.nonzero(crcs != table["crc"][stored])[0]
-        first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
-        if walk_error is not None and not bad.size:
-            raise walk_error  # before inflating anything (a leaf may claim another size)
-        compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
-        _verify_compressed(index, compressed, bar)
-    if bad.size:
-        raise _crc_error(index, first_bad, int(crcs[bad[0]])) from walk_error
+        crc_error = _after_stored_crcs(index, stored, crc.crcs(stored), walk_error, bar)
+    if crc_error is not None:
+        raise crc_error from walk_error
     if walk_error is not None:
         raise walk_error
     return VerifyReport(Path(path), len(index.names), walk.levels, walk.leaves, int(table["size"].sum()))
@@ -149,19 +143,31 @@ def _verify_sequential(ar, path: str | os.PathLike, progress: bool | None) -> Ve
             levels, leaves = _walk_structure(ar)
         except Exception as exc:  # reported after the CRCs, which take precedence
             walk_error = exc
-        crcs = stored_crcs(index, stored)
-        bar.update(int(table["csize"][stored].sum()))
-        bad = np.nonzero(crcs != table["crc"][stored])[0]
-        first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
-        if walk_error is not None and not bad.size:
-            raise walk_error  # before inflating anything (a leaf may claim another size)
-        compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
-        _verify_compressed(index, compressed, bar)
-    if bad.size:
-        raise _crc_error(index, first_bad, int(crcs[bad[0]])) from walk_error
+        crc_error = _after_stored_crcs(index, stored, stored_crcs(index, stored), walk_error, bar)
+    if crc_error is not None:
+        raise crc_error from walk_error
     if walk_error is not None:
         raise walk_error
     return VerifyReport(Path(path), len(index.names), levels, leaves, int(table["size"].sum()))
+
+
+def _after_stored_crcs(
+    index: ArchiveIndex, stored: np.ndarray, crcs: np.ndarray, walk_error: BaseException | None, bar: Any
+) -> ChecksumError | None:
+    """What verify decides once the STORED CRCs are known: a structure error is raised now
+    when every CRC holds (before inflating anything: a leaf may claim another size); the
+    compressed entries before the first bad CRC are inflated and checked; returns the
+    ChecksumError of the first bad STORED entry (raised by the caller), or None."""
+    table = index.table
+    bar.update(int(table["csize"][stored].sum()))
+    bad = np.nonzero(crcs != table["crc"][stored])[0]
+    first_bad = int(stored[bad[0]]) if bad.size else len(index.names)
+    if walk_error is not None and not bad.size:
+        raise walk_error
+    methods = table["method"]
+    compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
+    _verify_compressed(index, compressed, bar)
+    return _crc_error(index, first_bad, int(crcs[bad[0]])) if bad.size else None
 
 
 def _crc_error(index: ArchiveIndex, row: int, found: int) -> ChecksumError:
