@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .bounds import check_shape, shape_ok
+from .bounds import check_shape, shape_nbytes
 from .dtypes import dtype_table, from_numpy_dtype
 from .errors import InvalidTreeError, UnsafeContentError
 from .sources import Child
@@ -546,9 +546,6 @@ class LeafSpec(NamedTuple):
     shape_entry: str | None = None
 
 
-_is_shape = shape_ok  # the check lives in tdz_numba.bounds
-
-
 def describe_level(
     meta: Any,
     prefix: str,
@@ -600,17 +597,14 @@ def describe_level(
             nested = bool(value.get("is_nested", False))
             # nested leaves: the shape is that of their int64 sizes; a bad dtype fails on access
             itemsize = 8 if nested else _ITEMSIZE.get(dtype, 1) if type(dtype) is str else 1
-            if type(shape) is not list or not _is_shape(shape, itemsize):
+            if type(shape) is not list or shape_nbytes(shape, itemsize) < 0:
                 check_shape(shape, itemsize, f"{where}: leaf {key!r}")
+            base = prefix + fname
+            entry = base + ".memmap"
             spec = LeafSpec(
-                key,
-                prefix + fname + ".memmap",
-                value["dtype"],
-                tuple(shape),
-                nested,
-                prefix + fname + ".shape.memmap" if nested else None,
+                key, entry, dtype, tuple(shape), nested, base + ".shape.memmap" if nested else None
             )
-            children.append(Child(key, "leaf", spec.entry, spec))
+            children.append(Child(key, "leaf", entry, spec))
         return True, children
     files, dirs = listing()
     for d in sorted(dirs):
