@@ -257,9 +257,8 @@ def background_main() -> int:
 
     with contextlib.suppress(OSError):
         os.nice(10)
-    cache = (
-        kernel_dispatch.warmup_cache_dir()
-    )  # where Numba caches (the user-wide one for a read-only package)
+    # where Numba caches (the user-wide one for a read-only package)
+    cache = kernel_dispatch.warmup_cache_dir()
     if cache is None:
         return 0
     lock_path = os.path.join(cache, kernel_dispatch._LOCK_NAME)

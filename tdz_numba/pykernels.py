@@ -187,7 +187,7 @@ def plan_layout(header_len, data_size, align, room) -> tuple[np.ndarray, np.ndar
 # Central directory index (the same checks, in the same order, as the kernel)
 # --------------------------------------------------------------------------
 _CD = struct.Struct("<IHHHHHHIIIHHHHHII")  # a central record's fixed 46 bytes
-_LH = struct.Struct("<IHHHHHIIIHH")  # a local header's fixed 30 bytes
+_LH = records.LOCAL_STRUCT
 _CD_SIZEOF = int(records.Central.SIZEOF)
 _LH_SIZEOF = int(records.Local.SIZEOF)
 _X_SIZEOF = int(records.Extra.SIZEOF)
@@ -307,14 +307,7 @@ def parse_central_directory(buf, cd_offset: int, cd_size: int, count: int, check
     :func:`tdz_numba.kernels.parse_central_directory` returns, ``(cols, status)``."""
     status = np.zeros(4, np.int64)
     cd_offset, cd_size, count, size = int(cd_offset), int(cd_size), int(count), int(buf.size)
-    if (
-        cd_offset < 0
-        or cd_size < 0
-        or count < 0
-        or cd_offset > size
-        or cd_size > size - cd_offset
-        or count > cd_size // _CD_SIZEOF
-    ):
+    if not records.central_directory_fits(size, cd_offset, cd_size, count):
         _fail(status, _S.CENTRAL_OVERRUN, -1, size, cd_offset)
         return np.zeros((0, _NCOLS), np.int64), status
     mv = _bytes_view(buf)

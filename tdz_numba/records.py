@@ -96,6 +96,8 @@ __all__ = [
     "end_records",
     "EndRecord",
     "find_end_record",
+    "central_directory_fits",
+    "LOCAL_STRUCT",
     "read_record",
     "end_record_position",
 ]
@@ -705,6 +707,29 @@ def end_record_position(tail: bytes) -> int:
                 return pos
         pos = tail.rfind(END_SIG, 0, pos)
     return -1
+
+
+#: A local header's fixed 30 bytes as one ``struct`` layout (for the pure-Python readers).
+LOCAL_STRUCT = struct.Struct("<IHHHHHIIIHH")
+assert LOCAL_STRUCT.size == Local.SIZEOF
+
+
+def central_directory_fits(size: int, cd_offset: int, cd_size: int, count: int) -> bool:
+    """Whether end-record values can describe a central directory inside a file of ``size``
+    bytes: offset and size non-negative and within the file, and ``count`` records of at
+    least 46 bytes fitting in ``cd_size`` (the kernels make the same test).
+
+    >>> central_directory_fits(100, 50, 46, 1), central_directory_fits(100, 50, 46, 2)
+    (True, False)
+    """
+    return not (
+        cd_offset < 0
+        or cd_size < 0
+        or count < 0
+        or cd_offset > size
+        or cd_size > size - cd_offset
+        or count > cd_size // Central.SIZEOF
+    )
 
 
 # the end records as struct layouts (one call each; the dtypes above describe the same bytes)

@@ -49,7 +49,7 @@ SMALL_ENTRIES = 256
 #: A central record's fixed 46 bytes, the fields the index keeps: signature, flags, method,
 #: time, date, CRC, compressed size, size, name/extra/comment lengths, header offset.
 _CD = struct.Struct("<I4xHHHHIIIHHH8xI")
-_LH = struct.Struct("<IHHHHHIIIHH")  # a local header's fixed 30 bytes
+_LH = records.LOCAL_STRUCT
 _EXTRA = struct.Struct("<HH")
 _U64 = struct.Struct("<Q")
 _CD_SIZEOF = 46
@@ -112,15 +112,7 @@ def parse_small(
         name -> row. None when anything is unusual or wrong: the general path
         then decides (and raises).
     """
-    size = len(data)
-    if (
-        cd_offset < 0
-        or cd_size < 0
-        or count < 0
-        or cd_offset > size
-        or cd_size > size - cd_offset
-        or count > cd_size // _CD_SIZEOF
-    ):
+    if not records.central_directory_fits(len(data), cd_offset, cd_size, count):
         return None
     cd = data[cd_offset : cd_offset + cd_size]
     text = cd.decode("latin-1")  # one char per byte: offsets carry over
