@@ -31,7 +31,7 @@ from tensordict import (  # noqa: E402
     unpack_memmap,
 )
 from tensordict.tensorclass import is_tensorclass  # noqa: E402
-from ziputil import zero_timestamps  # noqa: E402
+from ziputil import rewrite, zero_timestamps  # noqa: E402
 
 import tdz_numba  # noqa: E402
 import tdz_numba.tensordict as tdt  # noqa: E402
@@ -447,13 +447,7 @@ def test_direct_load_refuses_pickles_unless_allowed(tmp_path):
 
 def _with_entries(src: Path, dst: Path, entries: dict[str, bytes]) -> Path:
     """``src`` with ``entries`` added or replaced (the rest copied as they are)."""
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
-        for info in zin.infolist():
-            if info.filename not in entries:
-                zout.writestr(info, zin.read(info))
-        for name, data in entries.items():
-            zout.writestr(name, data)
-    return dst
+    return rewrite(src, dst, lambda name, data: None if name in entries else data, entries.items())
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ pytest.importorskip("tensordict")
 
 from tensordict import NonTensorData, TensorDict, TensorDictBase  # noqa: E402
 from tensordict.tensorclass import is_tensorclass  # noqa: E402
+from ziputil import rewrite  # noqa: E402
 
 import tdz_numba.tensordict as tdt  # noqa: E402
 
@@ -211,27 +213,30 @@ def test_too_deep_for_tensordict_is_a_tdz_error(tmp_path):
         TensorDict.load_memmap(p)
 
 
+def _with_level_meta(tmp_path, level: str, edit) -> Path:
+    """A TensorDict with a sub-level ``s`` saved by tensordict's API, with ``edit(meta) -> meta``
+    applied to the meta.json at ``level`` (``"meta.json"`` or ``"s/meta.json"``)."""
+    import json
+
+    td = TensorDict(a=torch.arange(3.0), s=TensorDict(b=torch.ones(3, 2), batch_size=[3]), batch_size=[3])
+    src = tdt.save(td, tmp_path / "x.tdz")
+    return rewrite(
+        src,
+        tmp_path / "bad.tdz",
+        lambda name, data: json.dumps(edit(json.loads(data))).encode() if name == level else data,
+    )
+
+
 @pytest.mark.parametrize("field", ["_class", "_type", "device", "shape"])
 def test_a_field_name_holding_a_leaf_record_loads_alike_both_ways(field, tmp_path, monkeypatch):
     # an edited or foreign meta.json where a reserved name holds a leaf record: a key (as
     # tdz_numba.load and Archive.meta read it), not the level's field; the one-pass level
     # (TdzSource.quick_level) and the general path build the same TensorDict, without a bare
     # TypeError (unhashable class id, torch.device of a dict) on the general one
-    import json
-
     from tdz_numba.tdzsource import TdzSource
 
-    td = TensorDict(a=torch.arange(3.0), s=TensorDict(b=torch.ones(3, 2), batch_size=[3]), batch_size=[3])
-    src = tdt.save(td, tmp_path / "x.tdz")
-    bad = tmp_path / "bad.tdz"
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
-        for info in zin.infolist():
-            data = zin.read(info)
-            if info.filename == "s/meta.json":
-                meta = json.loads(data)
-                meta[field] = {"device": "cpu", "shape": [3, 0], "dtype": "torch.float32", "is_nested": False}
-                data = json.dumps(meta).encode()
-            zout.writestr(info, data)
+    leaf = {"device": "cpu", "shape": [3, 0], "dtype": "torch.float32", "is_nested": False}
+    bad = _with_level_meta(tmp_path, "s/meta.json", lambda meta: {**meta, field: leaf})
     loaded = [tdt.load(bad)]
     with tdt.enabled():
         loaded.append(TensorDict.load_memmap(bad))
@@ -268,21 +273,13 @@ def test_a_field_name_holding_a_leaf_record_loads_alike_both_ways(field, tmp_pat
 def test_malformed_level_fields_raise_tdz_errors_both_ways(level, change, tmp_path, monkeypatch):
     # batch size, device and class fields of a level come from the file: a TdzError (here
     # BadArchiveError) on the one-pass and the general path, never a bare TypeError/RuntimeError
-    import json
-
     from tdz_numba import TdzError
     from tdz_numba.tdzsource import TdzSource
 
-    td = TensorDict(a=torch.arange(3.0), s=TensorDict(b=torch.ones(3, 2), batch_size=[3]), batch_size=[3])
-    src = tdt.save(td, tmp_path / "x.tdz")
-    bad = tmp_path / "bad.tdz"
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
-        for info in zin.infolist():
-            data = zin.read(info)
-            if info.filename == level:
-                meta = {**json.loads(data), **change}
-                data = json.dumps({k: v for k, v in meta.items() if v is not None or k == "shape"}).encode()
-            zout.writestr(info, data)
+    def edit(meta: dict) -> dict:
+        return {k: v for k, v in {**meta, **change}.items() if v is not None or k == "shape"}
+
+    bad = _with_level_meta(tmp_path, level, edit)
     for general in (False, True):
         if general:
             monkeypatch.setattr(TdzSource, "quick_level", lambda self, prefix: None)

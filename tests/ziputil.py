@@ -3,15 +3,19 @@
 ``parse_zip`` walks the end record (and the zip64 end record when the plain one is saturated), every central
 record and the local header it points to; ``payload_offset`` reads one local header; ``zero_timestamps``
 compares archives apart from their DOS timestamps. Tests that corrupt archives, look for extra blocks or check
-payload alignment use these instead of parsing records themselves.
+payload alignment use these instead of parsing records themselves. ``rewrite`` (through zipfile) makes an
+edited copy of an archive: entries replaced, dropped or added.
 """
 
 from __future__ import annotations
 
 import struct
+import zipfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["Record", "ParsedZip", "parse_zip", "payload_offset", "zero_timestamps"]
+__all__ = ["Record", "ParsedZip", "parse_zip", "payload_offset", "zero_timestamps", "rewrite"]
 
 LOCAL_SIG, CENTRAL_SIG, EOCD_SIG, ZIP64_EOCD_SIG = b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06", b"PK\x06\x06"
 
@@ -108,3 +112,21 @@ def zero_timestamps(data: bytes) -> bytes:
         b[r.cpos + 12 : r.cpos + 16] = bytes(4)
         b[r.hoff + 10 : r.hoff + 14] = bytes(4)
     return bytes(b)
+
+
+def rewrite(
+    src: Path,
+    dst: Path,
+    edit: Callable[[str, bytes], bytes | None] = lambda name, data: data,
+    add: Iterable[tuple[str, bytes]] = (),
+) -> Path:
+    """A zipfile-written copy of ``src`` at ``dst``: ``edit(name, data)`` gives each entry's
+    new bytes (None drops the entry), then the ``add`` entries ``(name, data)`` are appended."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            data = edit(info.filename, zin.read(info))
+            if data is not None:
+                zout.writestr(info, data)
+        for name, data in add:
+            zout.writestr(name, data)
+    return Path(dst)
