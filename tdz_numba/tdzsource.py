@@ -35,24 +35,19 @@ import numpy as np
 import torch
 
 from . import records
-from .bounds import MAX_NBYTES, check_nested_sizes, parse_meta, shape_nbytes
+from .bounds import check_nested_sizes, parse_meta
 from .dtypes import dtype_table, torch_dtype
 from .errors import BadArchiveError, InvalidArgumentError, UnsupportedError
+from .plainlevel import MAX_TEXTS, PlainLevel, contiguous_strides, plain_level
 from .reader import ArchiveIndex
 from .records import Col
 from .sources import Child, LevelInfo, Location, Source
 from .tree import (
-    _ENCODED,
-    FORMAT_VERSION,
-    NON_TENSOR_DATA_TYPE,
-    RESERVED_FIELDS,
     LeafSpec,
     Level,
     PickledData,
     RawFile,
     describe_level,
-    encode_key,
-    is_keyed,
 )
 
 __all__ = ["TdzSource", "LeafInfo", "METADATA_ENTRY"]
@@ -62,6 +57,7 @@ DTYPES = dtype_table()
 #: (which reads only the keys its meta.json lists) ignores.
 METADATA_ENTRY = "__metadata__.json"
 _PICKLE_SUFFIXES = (".pickle", ".pkl")
+_UNSEEN: Any = object()
 
 
 @dataclass(frozen=True)
@@ -103,24 +99,6 @@ class LeafInfo:
         from .leafmemory import leaf_caps
 
         return leaf_caps(self, self.crc is not None)
-
-
-_UNIT_STRIDE = (1,)
-_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}  # contiguous strides of the shapes seen
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Element strides of a C-contiguous tensor of ``shape`` (cached: leaves repeat shapes)."""
-    found = _STRIDES.get(shape)
-    if found is not None:
-        return found
-    strides = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
-    found = tuple(strides)
-    if len(_STRIDES) < 4096:
-        _STRIDES[shape] = found
-    return found
 
 
 def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -172,6 +150,7 @@ class TdzSource(Source):
         self._tensors: dict[str, torch.Tensor] = {}
         self._typed: dict[torch.dtype, torch.Tensor] = {}
         self._kinds: dict[str, tuple[int, torch.Tensor]] = {}
+        self._plain: dict[bytes, PlainLevel | None] = {}  # meta.json text -> what it says
         self._columns: tuple[np.ndarray, list[int], list[int], list[int]] | None = None
         self._metadata: dict[str, Any] | None = None
         if "meta.json" not in self.index:
@@ -224,27 +203,31 @@ class TdzSource(Source):
         it is the common case: ``(level, subs)``, the :class:`~tdz_numba.tree.Level` of its
         leaves (sub-levels hold None) and ``(key, "a/b/")`` of each sub-level.
 
-        The common case is a keyed (TensorDict) level whose leaves are STORED,
-        aligned, of a known dtype, not nested and of the size their shape
-        says. Anything else gives None, and the caller takes the general path
-        (:meth:`level`, :meth:`tensors`), which also names what is wrong. Leaf
-        views are cached as :meth:`tensors` caches them; the level is not.
+        The common case is a plain TensorDict level
+        (:func:`~tdz_numba.plainlevel.plain_level`) whose leaves are STORED, aligned
+        and of the size their shape says. Anything else gives None, and the caller
+        takes the general path (:meth:`level`, :meth:`tensors`), which also names what
+        is wrong. Each distinct ``meta.json`` text is parsed once per source; leaf views
+        are cached as :meth:`tensors` caches them; the level is not.
         ``tensors=False`` only checks (:func:`~tdz_numba.verify`): the leaves are None.
         """
         index = self.index
         if self.mode != "r" or getattr(index, "fetch", None) is not None:
             return None  # a remote index fetches bytes per batch: the general path does that
         parsed = self._levels.get(prefix)
+        meta_name = prefix + "meta.json"
         if parsed is not None:
-            meta = parsed.meta
-        elif prefix + "meta.json" in index:
-            meta = parse_meta(index.read_bytes(prefix + "meta.json"), self.where(prefix + "meta.json"))
+            plain = plain_level(parsed.meta)
+        elif meta_name in index:
+            data = index.read_bytes(meta_name)
+            plain = self._plain.get(data, _UNSEEN)
+            if plain is _UNSEEN:
+                plain = plain_level(parse_meta(data, self.where(meta_name)))
+                if len(self._plain) < MAX_TEXTS:
+                    self._plain[data] = plain
         else:
             return None
-        if type(meta) is not dict or meta.get("_type") == NON_TENSOR_DATA_TYPE or not is_keyed(meta):
-            return None
-        version = meta.get("_format_version", 0)
-        if type(version) is not int or version > FORMAT_VERSION:
+        if plain is None:
             return None
         if not prefix and not index.local_checked:
             try:
@@ -263,40 +246,19 @@ class TdzSource(Source):
             )
         _, methods, sizes, offsets = columns
         kinds = self._kinds  # dtype name -> (itemsize, typed view of the mapping)
-        encoded = _ENCODED
-        out = Level()
-        fields = out.meta
+        out = Level(meta=plain.fields)
         subs: list[tuple[str, str]] = []
-        for key, value in meta.items():
-            if type(value) is not dict:
-                if key in RESERVED_FIELDS:
-                    fields[key] = value
-                    continue
-                return None
-            fname = prefix + (encoded.get(key) or encode_key(key))
-            if "dtype" not in value:
-                if "type" not in value or fname + "/meta.json" not in by_name:
+        for key, name, nbytes, dname, shape, strides in plain.items:
+            entry = prefix + name
+            if dname is None:  # a sub-level
+                if entry + "meta.json" not in by_name:
                     return None
                 out[key] = None
-                subs.append((key, fname + "/"))
+                subs.append((key, entry))
                 continue
-            shape, dname = value.get("shape"), value["dtype"]
-            kind = kinds.get(dname) if type(dname) is str else None
-            if kind is None:
-                kind = self._kind(dname)
-                if kind is None:
-                    return None
-            itemsize, view = kind
-            if type(shape) is not list or value.get("is_nested"):
-                return None
-            n = shape[0] if len(shape) == 1 else None
-            if type(n) is int and 0 <= n <= MAX_NBYTES // itemsize:  # one dim, the common case
-                nbytes = n * itemsize
-            else:
-                n, nbytes = None, shape_nbytes(shape, itemsize)
-            entry = fname + ".memmap"
             t = cache.get(entry) if cache else None
             if t is None:
+                itemsize, view = kinds.get(dname) or self._kind(dname)
                 row = by_name.get(entry)
                 if row is None:
                     if nbytes:
@@ -305,7 +267,7 @@ class TdzSource(Source):
                         cache[entry] = torch.empty(shape, dtype=view.dtype)
                     out[key] = cache.get(entry)
                     continue
-                if methods[row] or sizes[row] != nbytes:  # (nbytes -1: a bad shape)
+                if methods[row] or sizes[row] != nbytes:
                     return None
                 offset = offsets[row]
                 if offset < 0:  # a part of the archive: its local header read now
@@ -315,22 +277,14 @@ class TdzSource(Source):
                 if not tensors:
                     out[key] = None
                     continue
-                if n is None:
-                    shape = tuple(shape)
-                    t = view.as_strided(shape, contiguous_strides(shape), offset // itemsize)
-                else:
-                    t = view.as_strided((n,), _UNIT_STRIDE, offset // itemsize)
+                t = view.as_strided(shape, strides, offset // itemsize)
                 cache[entry] = t
-            elif nbytes < 0:
-                return None
             out[key] = t
         return out, subs
 
-    def _kind(self, name: Any) -> tuple[int, torch.Tensor] | None:
-        """``(itemsize, typed view)`` of a meta.json dtype name (None: not a plain dtype)."""
-        dtype = DTYPES.get(name) if type(name) is str else None
-        if dtype is None:
-            return None
+    def _kind(self, name: str) -> tuple[int, torch.Tensor]:
+        """``(itemsize, typed view)`` of a plain dtype name (one of :data:`DTYPES`)."""
+        dtype = DTYPES[name]
         kind = self._kinds[name] = (dtype.itemsize, self._typed_view(dtype))
         return kind
 

@@ -34,11 +34,10 @@ import numpy as np
 from zlib_ng import zlib_ng
 
 from . import records
-from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
-from .dtypes import dtype_table
+from .bounds import parse_meta
 from .errors import TdzError
+from .plainlevel import MAX_TEXTS, PlainLevel, plain_level
 from .records import Col
-from .tree import _ENCODED, FORMAT_VERSION, NON_TENSOR_DATA_TYPE, RESERVED_FIELDS, encode_key, is_keyed
 
 __all__ = [
     "CrcPass",
@@ -61,8 +60,6 @@ START_WAIT = 0.002
 SMALL_FIRST = 64 << 10
 #: Below this many stored bytes the calling thread hashes alone (a thread start costs more).
 MIN_HELPER_BYTES = 8 << 20
-
-_ITEMSIZE = {name: dtype.itemsize for name, dtype in dtype_table().items()}
 
 
 def helper_threads(stored_bytes: int) -> int:
@@ -216,14 +213,14 @@ class Walk:
 def walk_levels(source: Any) -> Walk:
     """Every level reached from the root, depth first as the sequential walk goes: a plain
     TensorDict level is read here (its ``meta.json`` CRC-checked, each distinct document
-    parsed once (:func:`_template`), each leaf's entry looked up, sizes and alignment
+    parsed once (:func:`~tdz_numba.plainlevel.plain_level`), each leaf's entry looked up, sizes and alignment
     checked later in bulk); any other level, and any level whose fast read raises, is
     checked the sequential way (:func:`check_level`). Stops at the first error (kept in
     :attr:`Walk.error`)."""
     walk = Walk()
     index = source.index
     parsed = source.parsed_levels()
-    templates: dict[bytes, _Template | None] = {}  # levels often repeat one meta.json (layers, groups)
+    templates: dict[bytes, PlainLevel | None] = {}  # levels often repeat one meta.json (layers, groups)
     stack = [""]
     while stack:
         prefix = stack.pop()
@@ -258,71 +255,19 @@ def check_level(source: Any, prefix: str, walk: Walk | None = None) -> list[str]
     return subs
 
 
-@dataclass
-class _Template:
-    """What a plain TensorDict ``meta.json`` says, whatever its level: each leaf's entry
-    name (below the level), its byte size and item size; each sub-level's name."""
-
-    names: list[str]
-    nbytes: list[int]
-    itemsize: list[int]
-    subs: list[str]
-    arrays: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-
-
-def _template(meta: Any) -> _Template | None:
-    """The :class:`_Template` of a parsed ``meta.json``, or None unless it is a plain
-    TensorDict level (the conditions of :meth:`TdzSource.quick_level
-    <tdz_numba.tdzsource.TdzSource.quick_level>`: known dtypes, list shapes of a valid
-    size, not nested, sub-levels with a ``type``)."""
-    if type(meta) is not dict or meta.get("_type") == NON_TENSOR_DATA_TYPE or not is_keyed(meta):
-        return None
-    version = meta.get("_format_version", 0)
-    if type(version) is not int or version > FORMAT_VERSION:
-        return None
-    encoded, itemsizes = _ENCODED, _ITEMSIZE
-    out = _Template([], [], [], [])
-    for key, value in meta.items():
-        if type(value) is not dict:
-            if key in RESERVED_FIELDS:
-                continue
-            return None
-        fname = encoded.get(key) or encode_key(key)
-        if "dtype" not in value:
-            if "type" not in value:
-                return None
-            out.subs.append(fname + "/")
-            continue
-        shape, dname = value.get("shape"), value["dtype"]
-        itemsize = itemsizes.get(dname) if type(dname) is str else None
-        if itemsize is None or type(shape) is not list or value.get("is_nested"):
-            return None
-        if len(shape) == 1 and type(shape[0]) is int and 0 <= shape[0] <= MAX_NBYTES // itemsize:
-            nbytes = shape[0] * itemsize  # shape_nbytes of one dimension, without the call
-        else:
-            nbytes = shape_nbytes(shape, itemsize)
-            if nbytes < 0:
-                return None
-        out.names.append(fname + ".memmap")
-        out.nbytes.append(nbytes)
-        out.itemsize.append(itemsize)
-    out.arrays = (np.array(out.nbytes, np.int64), np.array(out.itemsize, np.int64))
-    return out
-
-
 def _fast_level(
     source: Any,
     index: Any,
     prefix: str,
     parsed: set[str],
-    templates: dict[bytes, _Template | None],
+    templates: dict[bytes, PlainLevel | None],
     walk: Walk,
 ) -> list[str] | None:
     """The level at ``prefix`` when it is a plain TensorDict level: its sub-level
     prefixes (its leaves' rows added to ``walk``), or None."""
     by_name = index._by_name
     if prefix in parsed:
-        tpl = _template(source.level(prefix).meta)
+        tpl = plain_level(source.level(prefix).meta)
     else:
         row = by_name.get(prefix + "meta.json")
         if row is None:
@@ -344,10 +289,11 @@ def _fast_level(
             tpl = templates[data]
         else:
             try:
-                tpl = _template(parse_meta(data, ""))
+                tpl = plain_level(parse_meta(data, ""))
             except TdzError:
                 tpl = None
-            templates[data] = tpl
+            if len(templates) < MAX_TEXTS:
+                templates[data] = tpl
     if tpl is None:
         return None
     subs = [prefix + sub for sub in tpl.subs]

@@ -1,0 +1,141 @@
+"""What a plain TensorDict ``meta.json`` says about its level, whatever the level's path.
+
+Most levels of a real archive are plain TensorDict levels (known dtypes, list shapes,
+nothing nested), and many share one ``meta.json`` text: the groups of a replay
+buffer, the layers of a checkpoint. :func:`plain_level` reads such a text once into
+a :class:`PlainLevel` (entry names below the level, byte sizes, shapes, strides), and
+a reader keeps it per distinct text: every other level with the same bytes is then
+resolved without parsing or walking its JSON again. Used by
+:meth:`TdzSource.quick_level <tdz_numba.tdzsource.TdzSource.quick_level>` (load) and
+:mod:`tdz_numba.verify_pass` (verify).
+
+Examples
+--------
+>>> from tdz_numba.plainlevel import plain_level
+>>> lvl = plain_level({"x": {"dtype": "torch.float32", "shape": [2, 3]}, "sub": {"type": "TensorDict"},
+...                    "shape": [], "device": None, "_type": "<class 'tensordict._td.TensorDict'>"})
+>>> lvl.names, lvl.nbytes, lvl.subs, lvl.items[0][4:]
+(['x.memmap'], [24], ['sub/'], ((2, 3), (3, 1)))
+>>> plain_level({"x": {"dtype": "torch.float32", "shape": [2], "is_nested": True}}) is None
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .bounds import MAX_NBYTES, shape_nbytes
+from .dtypes import dtype_table
+from .tree import _ENCODED, FORMAT_VERSION, NON_TENSOR_DATA_TYPE, RESERVED_FIELDS, encode_key, is_keyed
+
+__all__ = ["PlainLevel", "plain_level", "MAX_TEXTS"]
+
+#: Distinct ``meta.json`` texts a reader keeps a :class:`PlainLevel` of (beyond: parsed per level).
+MAX_TEXTS = 4096
+
+_ITEMSIZE = {name: dtype.itemsize for name, dtype in dtype_table().items()}
+_UNIT_STRIDE: tuple[int, ...] = (1,)
+_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}  # contiguous strides of the shapes seen
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a C-contiguous tensor of ``shape`` (cached: leaves repeat shapes).
+
+    >>> contiguous_strides((2, 3, 4))
+    (12, 4, 1)
+    """
+    found = _STRIDES.get(shape)
+    if found is not None:
+        return found
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
+    found = tuple(strides)
+    if len(_STRIDES) < 4096:
+        _STRIDES[shape] = found
+    return found
+
+
+class PlainLevel:
+    """A plain TensorDict level's ``meta.json``, below any prefix.
+
+    Attributes
+    ----------
+    fields : dict
+        The level's own fields (batch ``shape``, ``device``, ``_type``, ...), in file order.
+    items : list of tuple
+        Every child in ``meta.json`` order: ``(key, name, nbytes, dtype, shape, strides)``
+        of a leaf (``name``: its entry below the level, ``"<key>.memmap"``), or
+        ``(key, "<key>/", -1, None, (), ())`` of a sub-level.
+    names, nbytes, itemsize : list
+        Per leaf, in order: the entry name below the level, bytes, bytes per element.
+    subs : list of str
+        Each sub-level's directory below the level (``"<key>/"``).
+    """
+
+    __slots__ = ("fields", "items", "names", "nbytes", "itemsize", "subs", "_arrays")
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.items: list[tuple[str, str, int, str | None, tuple[int, ...], tuple[int, ...]]] = []
+        self.names: list[str] = []
+        self.nbytes: list[int] = []
+        self.itemsize: list[int] = []
+        self.subs: list[str] = []
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(nbytes, itemsize)`` of the leaves as int64 arrays."""
+        if self._arrays is None:
+            self._arrays = (np.array(self.nbytes, np.int64), np.array(self.itemsize, np.int64))
+        return self._arrays
+
+
+def plain_level(meta: Any) -> PlainLevel | None:
+    """The :class:`PlainLevel` of a parsed ``meta.json``, or None unless it is a plain
+    TensorDict level: a keyed level of a known format version whose leaves have known
+    dtypes, list shapes of a valid size and are not nested, and whose sub-levels
+    name a ``type``. Anything else is for the general path, which also names what is
+    wrong."""
+    if type(meta) is not dict or meta.get("_type") == NON_TENSOR_DATA_TYPE or not is_keyed(meta):
+        return None
+    version = meta.get("_format_version", 0)
+    if type(version) is not int or version > FORMAT_VERSION:
+        return None
+    encoded, itemsizes = _ENCODED, _ITEMSIZE
+    out = PlainLevel()
+    for key, value in meta.items():
+        if type(value) is not dict:
+            if key in RESERVED_FIELDS:
+                out.fields[key] = value
+                continue
+            return None
+        fname = encoded.get(key) or encode_key(key)
+        if "dtype" not in value:
+            if "type" not in value:
+                return None
+            out.subs.append(fname + "/")
+            out.items.append((key, fname + "/", -1, None, (), ()))
+            continue
+        shape, dname = value.get("shape"), value["dtype"]
+        itemsize = itemsizes.get(dname) if type(dname) is str else None
+        if itemsize is None or type(shape) is not list or value.get("is_nested"):
+            return None
+        if len(shape) == 1 and type(shape[0]) is int and 0 <= shape[0] <= MAX_NBYTES // itemsize:
+            nbytes = shape[0] * itemsize  # shape_nbytes of one dimension, without the call
+            dims: tuple[int, ...] = (shape[0],)
+            strides = _UNIT_STRIDE
+        else:
+            nbytes = shape_nbytes(shape, itemsize)
+            if nbytes < 0:
+                return None
+            dims = tuple(shape)
+            strides = contiguous_strides(dims)
+        out.names.append(fname + ".memmap")
+        out.nbytes.append(nbytes)
+        out.itemsize.append(itemsize)
+        out.items.append((key, fname + ".memmap", nbytes, dname, dims, strides))
+    return out
