@@ -208,6 +208,34 @@ def test_bench_goals():
     assert table[0].split() == ["workload", "op", "tdz_numba", "tdz_numba_1t", "td_tdz", "zlib_ng"]
 
 
+def test_measure_rounds_alternates_and_isolates_failures():
+    from tdz_numba.bench.harness import Cell, measure, measure_rounds
+
+    log = []
+
+    def cell(name, fail_at=None):
+        def run(i):
+            log.append((name, i))
+            if i == fail_at:
+                raise OSError(f"{name} broke")
+            return i
+
+        return Cell(
+            run, before=lambda i: log.append((name, "before", i)), cleanup=lambda: log.append((name, "done"))
+        )
+
+    out = measure_rounds({"a": cell("a"), "b": cell("b", fail_at=1), "c": cell("c")}, 2)
+    runs = [entry for entry in log if len(entry) == 2 and entry[1] != "done"]
+    # round 0 (warm-up) of every cell, then the timed rounds, one run of each cell in turn
+    assert runs == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1), ("a", 2), ("c", 2)]
+    assert len(out["a"]) == 2 and len(out["c"]) == 2 and all(ms >= 0 for ms in out["a"])
+    assert isinstance(out["b"], OSError) and "b broke" in str(out["b"])
+    assert [e for e in log if e[-1] == "done"] == [("a", "done"), ("b", "done"), ("c", "done")]
+    with pytest.raises(OSError, match="b broke"):
+        measure(cell("b", fail_at=0).run, 3)
+    assert len(measure(lambda i: i, 3)) == 3
+
+
 def test_bench_rejects_unknown_names(capsys):
     assert cli.main(["bench", "--format", "tdz_numba,nope"]) == 2
     assert "nope" in capsys.readouterr().err

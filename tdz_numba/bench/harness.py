@@ -32,7 +32,16 @@ from .constants import (
 from .peers import COMPRESSED_CLASSES, FORMAT_CLASSES, Format, sum_tree
 from .workloads import Workload, make_workload
 
-__all__ = ["BenchResult", "run", "measure", "drop_cache", "filesystem_of", "available_formats"]
+__all__ = [
+    "BenchResult",
+    "Cell",
+    "run",
+    "measure",
+    "measure_rounds",
+    "drop_cache",
+    "filesystem_of",
+    "available_formats",
+]
 
 # -- file helpers ------------------------------------------------------------------------------
 
@@ -107,6 +116,52 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return dt * 1e3, out
 
 
+@dataclass
+class Cell:
+    """One cell's timed call ``run(i)`` (``i`` = 0 for the warm-up), its untimed
+    ``before(i)`` and ``after(i, result)``, and a ``cleanup()`` once its runs are done."""
+
+    run: Callable[[int], Any]
+    before: Callable[[int], None] | None = None
+    after: Callable[[int, Any], None] | None = None
+    cleanup: Callable[[], None] | None = None
+
+
+def measure_rounds(cells: dict[str, Cell], repeat: int) -> dict[str, list[float] | BaseException]:
+    """Runs the cells in rounds: round 0 warms every cell up, then ``repeat`` timed rounds
+    run each cell once, in turn, so that a machine that slows down or speeds up during
+    the measurement (a shared machine, a disk's own caches) moves all cells alike.
+
+    Returns each cell's timed runs in ms, or the exception that stopped it (its later
+    rounds are skipped; the other cells go on).
+    """
+    out: dict[str, list[float] | BaseException] = {name: [] for name in cells}
+    try:
+        for i in range(repeat + 1):
+            for name, cell in cells.items():
+                runs = out[name]
+                if not isinstance(runs, list):
+                    continue
+                try:
+                    if cell.before is not None:
+                        cell.before(i)
+                    ms, result = _timed(functools.partial(cell.run, i))
+                    if cell.after is not None:
+                        cell.after(i, result)
+                    del result
+                    gc.collect()
+                except Exception as exc:
+                    out[name] = exc
+                    continue
+                if i:
+                    runs.append(ms)
+    finally:
+        for cell in cells.values():
+            if cell.cleanup is not None:
+                cell.cleanup()
+    return out
+
+
 def measure(
     fn: Callable[[int], Any],
     repeat: int,
@@ -117,19 +172,11 @@ def measure(
     """One warm-up run (index 0) then ``repeat`` timed runs; returns the timed runs in ms.
 
     ``before(i)`` and ``after(i, result)`` run outside the timed region; the
-    result is released after ``after``.
+    result is released after ``after``. An exception is raised as it happens.
     """
-    runs: list[float] = []
-    for i in range(repeat + 1):
-        if before is not None:
-            before(i)
-        ms, out = _timed(functools.partial(fn, i))
-        if after is not None:
-            after(i, out)
-        del out
-        gc.collect()
-        if i:
-            runs.append(ms)
+    runs = measure_rounds({"": Cell(fn, before, after)}, repeat)[""]
+    if isinstance(runs, BaseException):
+        raise runs
     return runs
 
 
@@ -441,40 +488,35 @@ def _run_workload(
             + ")"
         )
 
-    for op in ops:
+    for op in ops:  # the formats of one op measured in alternating rounds (measure_rounds)
+        cells: dict[str, Cell] = {}
         for name, fmt in fmts.items():
             if name in broken or op not in fmt.ops:
                 continue
-            try:
-                runs = _measure_cell(op, w, fmt, artifacts[name], wdir, repeat, cold, ref_total, tol, res)
-            except Exception as exc:
-                res.notes.append(f"{w.name}/{op}/{name}: failed: {_one_line(exc)}")
-                continue
-            record(op, name, runs)
+            cells[name] = _cell(op, w, fmt, artifacts[name], wdir, cold, ref_total, tol, res)
             if op == "verify" and name == "tdz_numba":
-                try:
-                    runs = _measure_crc(artifacts[name], repeat, cold)
-                except Exception as exc:
-                    res.notes.append(f"{w.name}/verify/{CRC_FORMAT}: failed: {_one_line(exc)}")
-                else:
-                    record(op, CRC_FORMAT, runs)
+                cells[CRC_FORMAT] = _crc_cell(artifacts[name], cold)
+        for name, runs in measure_rounds(cells, repeat).items():
+            if isinstance(runs, BaseException):
+                res.notes.append(f"{w.name}/{op}/{name}: failed: {_one_line(runs)}")
+            else:
+                record(op, name, runs)
     for path in artifacts.values():
         _remove(path)
     shutil.rmtree(wdir, ignore_errors=True)
 
 
-def _measure_cell(
+def _cell(
     op: str,
     w: Workload,
     fmt: Format,
     artifact: Path,
     wdir: Path,
-    repeat: int,
     cold: bool,
     ref_total: float,
     tol: float,
     res: BenchResult,
-) -> list[float]:
+) -> Cell:
     if op in ("save", "copy"):
         written: list[Path] = []
         stem = f"{fmt.name}.{op}"
@@ -482,14 +524,17 @@ def _measure_cell(
         def target(i: int) -> Path:
             return wdir / f"{stem}{i}{fmt.suffix}"
 
-        def before(i: int) -> None:
-            while written:  # the previous artifact goes outside the timed region
+        def clear() -> None:
+            while written:
                 _remove(written.pop())
+
+        def before(i: int) -> None:
+            clear()  # the previous artifact goes outside the timed region
             _remove(target(i))
             if op == "copy" and cold:
                 drop_cache(artifact)
 
-        def after(i: int, out: Any) -> None:
+        def wrote(i: int, out: Any) -> None:
             written.append(target(i))
             _fsync(target(i))  # writeback does not spill into the next run
 
@@ -499,18 +544,14 @@ def _measure_cell(
             fn = lambda i: shutil.copytree(artifact, target(i))  # noqa: E731
         else:
             fn = lambda i: shutil.copyfile(artifact, target(i))  # noqa: E731
-        try:
-            return measure(fn, repeat, before=before, after=after)
-        finally:
-            for p in written:
-                _remove(p)
+        return Cell(fn, before, wrote, clear)
 
     dropping: Callable[[int], None] | None = (lambda i: drop_cache(artifact)) if cold else None
     if op == "open":
-        return measure(lambda i: fmt.open(artifact), repeat, before=dropping)
+        return Cell(lambda i: fmt.open(artifact), dropping)
     if op in ("read", "load"):  # load: the compressed section's open + sum of every leaf
 
-        def after(i: int, out: Any) -> None:
+        def checked(i: int, out: Any) -> None:
             if i == 0:
                 total = out[0]
                 if not math.isfinite(total) or abs(total - ref_total) > tol:
@@ -519,18 +560,18 @@ def _measure_cell(
                         f"differs from the in-memory sum {ref_total!r}"
                     )
 
-        return measure(lambda i: fmt.read(w, artifact), repeat, before=dropping, after=after)
+        return Cell(lambda i: fmt.read(w, artifact), dropping, checked)
     if op == "verify":
         import tdz_numba
 
-        return measure(lambda i: tdz_numba.verify(artifact), repeat, before=dropping)
+        return Cell(lambda i: tdz_numba.verify(artifact), dropping)
     raise ValueError(f"unknown op {op!r}")  # pragma: no cover
 
 
-def _measure_crc(artifact: Path, repeat: int, cold: bool) -> list[float]:
+def _crc_cell(artifact: Path, cold: bool) -> Cell:
     spans = _payload_spans(artifact)
     before = (lambda i: drop_cache(artifact)) if cold else None
-    return measure(lambda i: _crc_file(artifact, spans), repeat, before=before)
+    return Cell(lambda i: _crc_file(artifact, spans), before)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -13,7 +13,8 @@ torch get the same tensors under flat ``"g00000/l00"`` keys). For every N
 * ``safetensors``: ``save_file``, ``safe_open(p, "pt").keys()``, ``load_file`` + sums;
 * ``torch``: ``torch.save``, ``torch.load(p, mmap=True)`` (its lazy open) and the same + sums.
 
-Median of ``--repeat`` (default 3) timed runs after one warm-up; every save
+Median of ``--repeat`` (default 3) timed runs after one warm-up, the formats of
+an op measured in alternating rounds (one run of each in turn); every save
 writes a fresh path (the previous one is removed outside the timed region);
 the garbage collector runs before and is off during each timed run. The table
 gives milliseconds, microseconds per leaf and tdz_numba / safetensors ratios;
@@ -24,13 +25,11 @@ per format, one panel per operation.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -124,30 +123,6 @@ def _ops(fmt: str, nested: dict, flat: dict, durable: bool) -> dict[str, Callabl
     }
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        result = fn()
-        seconds = time.perf_counter() - t0
-    finally:
-        gc.enable()
-    del result
-    return seconds
-
-
-def _median(fn: Callable[[], Any], repeat: int, before: Callable[[], None] | None = None) -> float:
-    times = []
-    for i in range(repeat + 1):  # the first run is a warm-up
-        if before is not None:
-            before()
-        seconds = _timed(fn)
-        if i:
-            times.append(seconds)
-    return statistics.median(times)
-
-
 def run_sweep(
     *,
     leaves: Iterable[int] = DEFAULT_LEAVES,
@@ -158,28 +133,46 @@ def run_sweep(
     directory: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Runs the sweep; one row per (N, format, op): ``{"leaves", "format", "op", "seconds", "us_per_leaf"}``."""
+    """Runs the sweep; one row per (N, format, op): ``{"leaves", "format", "op", "seconds", "us_per_leaf"}``.
+
+    Per N and op, the formats are measured in alternating rounds
+    (:func:`~tdz_numba.bench.harness.measure_rounds`); the saves come first and leave
+    each format's artifact for its open and load."""
+    from .harness import Cell, measure_rounds
+
     formats = list(formats)
     rows: list[dict[str, Any]] = []
     root = Path(tempfile.mkdtemp(prefix="tdz-leaves-", dir=directory))
     try:
         for n in leaves:
             nested, flat = make_leaves(n, size_mib)
+            seconds: dict[str, float] = {}
+            for op in OPS:
+                cells: dict[str, Cell] = {}
+                for fmt in formats:
+                    path = root / f"{fmt}-{n}.bin"
+                    call = _ops(fmt, nested, flat, durable)[op]
+                    cells[f"{fmt}|{op}"] = Cell(
+                        partial(_call, call, path), partial(_fresh, path) if op == "save" else None
+                    )
+                    if op == "save" and fmt == "tdz_numba" and durable:  # and like-for-like with peers
+                        spare = root / f"{fmt}-{n}-nofsync.bin"  # that do not fsync
+                        call = _ops(fmt, nested, flat, False)["save"]
+                        cells[f"{fmt}|{NOFSYNC}"] = Cell(
+                            partial(_call, call, spare),
+                            partial(_fresh, spare),
+                            cleanup=partial(_fresh, spare, 0),
+                        )
+                for key, runs in measure_rounds(cells, repeat).items():
+                    if isinstance(runs, BaseException):
+                        raise runs
+                    seconds[key] = statistics.median(runs) / 1e3
             for fmt in formats:
-                ops = _ops(fmt, nested, flat, durable)
-                path = root / f"{fmt}-{n}.bin"
-
-                def fresh(path: Path = path) -> None:
-                    path.unlink(missing_ok=True)
-
-                seconds = {
-                    op: _median(partial(ops[op], path), repeat, fresh if op == "save" else None) for op in OPS
-                }
-                if fmt == "tdz_numba" and durable:  # and like-for-like with peers that do not fsync
-                    nofsync = _ops(fmt, nested, flat, False)["save"]
-                    seconds[NOFSYNC] = _median(partial(nofsync, path), repeat, fresh)
-                path.unlink(missing_ok=True)
-                for op, s in seconds.items():
+                (root / f"{fmt}-{n}.bin").unlink(missing_ok=True)
+                for op in (*OPS, NOFSYNC):
+                    s = seconds.get(f"{fmt}|{op}")
+                    if s is None:
+                        continue
                     rows.append(
                         {"leaves": n, "format": fmt, "op": op, "seconds": s, "us_per_leaf": s * 1e6 / n}
                     )
@@ -191,6 +184,14 @@ def run_sweep(
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
+
+
+def _call(fn: Callable[[Path], Any], path: Path, i: int) -> Any:
+    return fn(path)
+
+
+def _fresh(path: Path, i: int) -> None:
+    path.unlink(missing_ok=True)
 
 
 def sweep_table(rows: list[dict[str, Any]]) -> str:
