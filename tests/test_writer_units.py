@@ -106,3 +106,48 @@ def test_an_error_in_a_writing_thread_reaches_the_caller(tmp_path, monkeypatch):
     assert failed  # the error was raised in a helper thread, not in the caller's own writes
     assert target.read_bytes() == before
     assert not [n for n in os.listdir(tmp_path) if ".tdz-tmp." in n]
+
+
+def test_short_writes_of_the_serial_path_are_finished(fixed_time, tmp_path, monkeypatch):
+    # the calling thread alone (the default): pieces written with os.pwrite; a short write
+    # (the OS may write fewer bytes than asked) is finished, the bytes and CRCs unchanged
+    span, piece = payload_writer.SPAN, payload_writer.PIECE
+    rng = np.random.default_rng(9)
+    tree = {"a": np.arange(5, dtype=np.uint8), "b": rng.integers(0, 256, span + piece + 17, dtype=np.uint8)}
+    expected = tdz_numba.save(tree, tmp_path / "ok.tdz", durable=False).read_bytes()
+    real = os.pwrite
+    short = []
+
+    def halves(fd, data, offset):
+        view = memoryview(data).cast("B")
+        if view.nbytes > 1:
+            short.append(offset)
+            view = view[: view.nbytes // 2]
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(os, "pwrite", halves)
+    p = tdz_numba.save(tree, tmp_path / "short.tdz", durable=False)
+    monkeypatch.undo()
+    assert short and p.read_bytes() == expected
+    with zipfile.ZipFile(p) as z:
+        assert z.getinfo("b.memmap").CRC == zlib.crc32(tree["b"]) and z.testzip() is None
+
+
+def test_an_error_in_the_serial_path_leaves_the_old_file_and_no_temp(tmp_path, monkeypatch):
+    target = tmp_path / "x.tdz"
+    tdz_numba.save({"old": torch.ones(3)}, target)
+    before = target.read_bytes()
+    calls = []
+
+    def failing(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == 3:  # mid-entry: after two pieces of the large leaf
+            raise OSError(28, "No space left on device")
+        return os.pwritev(fd, [data], offset)
+
+    monkeypatch.setattr(os, "pwrite", failing)
+    with pytest.raises(tdz_numba.DiskFullError):
+        tdz_numba.save({"w": torch.randn(1 << 20)}, target)  # num_threads=None: the caller writes
+    monkeypatch.undo()
+    assert len(calls) == 3 and target.read_bytes() == before
+    assert not [n for n in os.listdir(tmp_path) if ".tdz-tmp." in n]
