@@ -315,8 +315,8 @@ def report(res: BenchResult, argv: list[str]) -> str:
     lines = [
         "tdz_numba benchmark" + (f": compressed section ({res.compression})" if res.compression else ""),
         machine_info(),
-        f"size: {res.size_mib:g} MiB per workload, repeat: {res.repeat} (+1 warm-up, median reported), "
-        f"cache: {mode}",
+        f"size: {res.size_mib:g} MiB per workload, repeat: {res.repeat} (+1 warm-up, median reported; "
+        f"the formats of an op alternate, one run of each per round), cache: {mode}",
     ]
     if res.compression is not None:
         lines.append(
