@@ -62,7 +62,9 @@ PIECE = 1 << 18
 SPAN = 8 << 20
 #: Entries per group: a group's (header, payload) pairs go in one ``pwritev``.
 UNIT_ROWS = 500
-#: Bytes written between two starts of the device writes of a durable save.
+#: Bytes written between two starts of the device writes of a durable save (2 and
+#: 32 MiB measured within noise of 8 MiB, and a helper thread starting them gained
+#: nothing: the device, ~1.4 GB/s here, sets the pace).
 WRITEBACK = 8 << 20
 
 
