@@ -290,19 +290,22 @@ def open(
     ...         print(list(ar), ar["b"].tolist())
     ['b'] [0, 1, 2]
     """
-    _check_num_threads(num_threads)
-    if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: ranged reads
-        return _remote.open_remote(
-            path,
-            mode=mode,
-            subpath=subpath,
-            allow_pickle=allow_pickle,
-            num_threads=num_threads,
-            storage_options=storage_options,
-        )
-    with user_errors(path):
+    if num_threads is not None:
+        _check_num_threads(num_threads)
+    local = _plain_local_path(path) if storage_options is None else None
+    if local is None:
+        if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: ranged reads
+            return _remote.open_remote(
+                path,
+                mode=mode,
+                subpath=subpath,
+                allow_pickle=allow_pickle,
+                num_threads=num_threads,
+                storage_options=storage_options,
+            )
+    try:  # (not `with user_errors(path)`: its cost, ~25 us of a cold open, is paid on errors only)
         return _archive.open_archive(
-            as_local_path(path),
+            local if local is not None else as_local_path(path),
             mode=mode,
             subpath=subpath,
             allow_pickle=allow_pickle,
@@ -312,6 +315,22 @@ def open(
             dtype=dtype,
             direct=direct,
         )
+    except OSError:
+        with user_errors(path):  # the built-in OS error re-raised as the TdzError naming the path
+            raise
+        raise  # pragma: no cover - user_errors re-raises what it does not translate
+
+
+def _plain_local_path(path: Any) -> Path | None:
+    """``path`` as a :class:`~pathlib.Path` when it can only name a local file: a ``Path``
+    (never a URL: it collapses ``//``) or a ``str`` without ``:`` (no URL scheme, no fsspec
+    chain); None otherwise (:func:`~tdz_numba.remote.is_remote` and
+    :func:`~tdz_numba._paths.as_local_path` decide)."""
+    if isinstance(path, Path):
+        return path
+    if type(path) is str and ":" not in path:
+        return Path(path)
+    return None
 
 
 def load(

@@ -34,7 +34,7 @@ import numpy as np
 from . import codecs, records
 from .errors import BadArchiveError, ChecksumError, UnsupportedError
 from .records import Col, IndexRow, Status
-from .smallindex import SMALL_ENTRIES, parse_small, resolve_small
+from .smallindex import SMALL_ENTRIES, SmallRows, parse_small, resolve_small
 
 __all__ = ["ArchiveIndex", "EntryInfo"]
 
@@ -113,7 +113,7 @@ class ArchiveIndex:
     _dirs: dict[str, set[str]] | None
     _cols_np: np.ndarray | None  # the index as numpy columns (None: still only in _small)
     _table: np.ndarray | None
-    _small: list[list[int]] | None  # rows of a small archive as lists (None: in _cols_np)
+    _small: SmallRows | None  # rows of a small archive as lists (None: in _cols_np)
 
     def __init__(
         self,
@@ -176,7 +176,7 @@ class ArchiveIndex:
         when the open took that path: built on first use)."""
         cols = self._cols_np
         if cols is None:
-            cols = np.array(self._small, np.int64).reshape(-1, len(Col))
+            cols = np.array(list(self._small), np.int64).reshape(-1, len(Col))  # type: ignore[arg-type]
             self._cols_np, self._small = cols, None
         return cols
 

@@ -734,6 +734,7 @@ def central_directory_fits(size: int, cd_offset: int, cd_size: int, count: int) 
 
 # the end records as struct layouts (one call each; the dtypes above describe the same bytes)
 _END = struct.Struct("<4sHHHHIIH")
+_CENTRAL_SIZE = int(Central.SIZEOF)
 _ZIP64_END = struct.Struct("<4sQHHIIQQQQ")
 _ZIP64_LOCATOR = struct.Struct("<4sIQI")
 
@@ -762,7 +763,7 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
     1
     """
     size = len(buf)
-    if size < End.SIZEOF:
+    if size < _END.size:  # (the struct sizes, not the IntEnum members: ~7 us of a cold open)
         raise BadArchiveError(
             f"{name}: not a zip archive: {size} bytes, shorter than the "
             f"{int(End.SIZEOF)}-byte end-of-central-directory record",
@@ -786,7 +787,7 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
         rec = _END.unpack_from(tail, pos)
     _, disk, cd_disk, n_disk, count, cd_size, cd_offset, _ = rec
     zip64 = False
-    loc = end_offset - Zip64Locator.SIZEOF
+    loc = end_offset - _ZIP64_LOCATOR.size
     if loc >= 0 and bytes(buf[loc : loc + 4]) == ZIP64_LOCATOR_SIG:
         _, _, z_end, n_disks = _ZIP64_LOCATOR.unpack_from(buf, loc)
         if z_end > loc - Zip64End.SIZEOF:  # also: the locator left no room for the record
@@ -840,7 +841,7 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
             expected=end_offset,
             found=cd_offset + cd_size,
         )
-    if count > cd_size // Central.SIZEOF:
+    if count > cd_size // _CENTRAL_SIZE:
         raise BadArchiveError(
             f"{name}: the end record lists {count} entries but the central "
             f"directory has only {cd_size} bytes (expected >= {count * Central.SIZEOF})",

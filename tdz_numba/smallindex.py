@@ -36,11 +36,12 @@ Examples
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from operator import itemgetter
 
 from . import records
 
-__all__ = ["SMALL_ENTRIES", "parse_small", "resolve_small"]
+__all__ = ["SMALL_ENTRIES", "SmallRows", "parse_small", "resolve_small"]
 
 #: Archives with at most this many entries are indexed here (above it the kernel is faster,
 #: when it runs: see ``reader._small_enough``).
@@ -91,9 +92,77 @@ def _zip64(cd: bytes, q: int, qend: int, usize: int, csize: int, hoff: int) -> t
     return None
 
 
+class SmallRows:
+    """The rows :func:`parse_small` returns: a sequence of ``list[int]`` (one per entry, in
+    :class:`~tdz_numba.records.Col` order), each built from its central record on first use.
+
+    The open checks every record but keeps only where each one starts: a lazy open that
+    reads a few entries (the root ``meta.json``) builds a few rows, not one list of 14
+    ints per entry. Rows are built from the copy of the central directory that was
+    checked (not from the mapping, which another process may change), and the same row
+    list is returned on every access (callers fill in payload offsets in place).
+    """
+
+    __slots__ = ("_cd", "_starts", "_rows", "_cd_offset", "_zip64")
+
+    def __init__(
+        self,
+        cd: bytes,
+        starts: list[int],
+        cd_offset: int,
+        zip64: dict[int, tuple[int, int, int]] | None,
+        rows: list[list[int] | None] | None = None,
+    ) -> None:
+        self._cd = cd
+        self._starts = starts
+        self._cd_offset = cd_offset
+        self._zip64 = zip64  # entry -> (size, compressed size, header offset) from zip64 extras
+        self._rows = rows if rows is not None else [None] * len(starts)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> list[int]:
+        row = self._rows[i]  # (IndexError as a list raises it)
+        if row is None:
+            if i < 0:
+                i += len(self._rows)
+            row = self._rows[i] = self._build(i)
+        return row
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.all())
+
+    def all(self) -> list[list[int]]:
+        """Every row (those not built yet are built now)."""
+        rows = self._rows
+        if None in rows:
+            for i, row in enumerate(rows):
+                if row is None:
+                    rows[i] = self._build(i)
+        return rows  # type: ignore[return-value]
+
+    def _fields(self, i: int) -> tuple[int, ...]:
+        """Record ``i``'s fixed fields, with its zip64 values."""
+        f = _CD.unpack_from(self._cd, self._starts[i])
+        z = self._zip64.get(i) if self._zip64 else None
+        if z is not None:
+            f = f[:6] + (z[1], z[0]) + f[8:11] + (z[2],)
+        return f
+
+    def _build(self, i: int) -> list[int]:
+        _, flags, method, dtime, ddate, crc, csize, usize, nlen, _, _, hoff = self._fields(i)
+        p = self._starts[i]
+        cd_offset = self._cd_offset
+        nxt = self._fields(i + 1)[11] if i + 1 < len(self._starts) else cd_offset  # (records in file order)
+        noff, coff = cd_offset + p + _CD_SIZEOF, cd_offset + p
+        # Col order: flags method crc csize size hoff noff nlen payload coff time date lextra next
+        return [flags, method, crc, csize, usize, hoff, noff, nlen, -1, coff, dtime, ddate, -1, nxt]
+
+
 def parse_small(
     data, cd_offset: int, cd_size: int, count: int
-) -> tuple[list[list[int]], list[str], dict[str, int]] | None:
+) -> tuple[SmallRows, list[str], dict[str, int]] | None:
     """The central directory of a plain, well-formed archive: ``(rows, names, by_name)``.
 
     Parameters
@@ -106,9 +175,10 @@ def parse_small(
     Returns
     -------
     tuple or None
-        ``rows``: one list of ints per entry in :class:`~tdz_numba.records.Col`
-        order (the kernel's columns with ``check_local=False``: payload offset and
-        local extra length -1); ``names``: the decoded entry names; ``by_name``:
+        ``rows``: a :class:`SmallRows`, one list of ints per entry in
+        :class:`~tdz_numba.records.Col` order (the kernel's columns with
+        ``check_local=False``: payload offset and local extra length -1), built
+        on first access; ``names``: the decoded entry names; ``by_name``:
         name -> row. None when anything is unusual or wrong: the general path
         then decides (and raises).
     """
@@ -119,17 +189,18 @@ def parse_small(
     unpack = _CD.unpack_from
     known = _KNOWN_METHODS
     header_limit = cd_offset - _LH_SIZEOF
-    rows: list[list[int]] = []
     names: list[str] = []
-    add_row, add_name = rows.append, names.append
+    starts: list[int] = []
+    add_name, add_start = names.append, starts.append
+    zip64: dict[int, tuple[int, int, int]] | None = None
     last = cd_size - _CD_SIZEOF
     in_order = True
-    prev: list[int] | None = None
-    least = p = 0
-    for _ in range(count):
+    prev_hoff = -1
+    prev_csize = least = p = 0
+    for i in range(count):
         if p > last:
             return None
-        sig, flags, method, dtime, ddate, crc, csize, usize, nlen, elen, clen, hoff = unpack(cd, p)
+        sig, flags, method, _, _, _, csize, usize, nlen, elen, clen, hoff = unpack(cd, p)
         q = p + _CD_SIZEOF
         rec_end = q + nlen + elen + clen
         if sig != _CENTRAL_SIG or rec_end > cd_size or flags & _ENCRYPTED or method not in known:
@@ -139,40 +210,32 @@ def parse_small(
             if found is None:
                 return None
             usize, csize, hoff = found
+            if zip64 is None:
+                zip64 = {}
+            zip64[i] = found
         if hoff > header_limit or (usize != csize and not method):  # (method 0: STORED)
             return None
-        # Col order: flags method crc csize size hoff noff nlen payload coff time date lextra next
-        row = [
-            flags,
-            method,
-            crc,
-            csize,
-            usize,
-            hoff,
-            cd_offset + q,
-            nlen,
-            -1,
-            cd_offset + p,
-            dtime,
-            ddate,
-            -1,
-            0,
-        ]
-        if prev is not None:  # records in file order (as writers write them): checked on the way
-            if hoff < prev[5]:
-                in_order = False
-            elif least > hoff or prev[3] > hoff - least:
-                return None
-            prev[13] = hoff
+        # records in file order (as writers write them): checked on the way
+        if hoff < prev_hoff:
+            in_order = False
+        elif least > hoff or prev_csize > hoff - least:
+            return None
         least = hoff + _LH_SIZEOF + nlen  # the record's smallest extent: header, name
-        prev = row
-        add_row(row)
+        prev_hoff, prev_csize = hoff, csize
+        add_start(p)
         add_name(text[q : q + nlen])
         p = rec_end
     if p != cd_size:  # more records than the end record counts
         return None
-    if prev is not None and not _no_overlap(rows, cd_offset, in_order, least):
-        return None
+    rows = SmallRows(cd, starts, cd_offset, zip64)
+    if count:
+        if in_order:  # the last record ends before the central directory
+            if least > cd_offset or prev_csize > cd_offset - least:
+                return None
+        else:
+            rows = SmallRows(cd, starts, cd_offset, zip64, [rows._build(i) for i in range(count)])
+            if not _no_overlap(rows._rows, cd_offset):  # type: ignore[arg-type]
+                return None
     if not "".join(names).isascii():  # bytes >= 0x80: UTF-8 names (anything else: the general path)
         try:
             names = [n if n.isascii() else n.encode("latin-1").decode("utf-8") for n in names]
@@ -184,20 +247,13 @@ def parse_small(
     return rows, names, by_name
 
 
-def _no_overlap(rows: list[list[int]], cd_offset: int, in_order: bool, least: int) -> bool:
-    """Whether no record overlaps the next one; fills each row's ``NEXT_OFFSET``.
+def _no_overlap(rows: list[list[int]], cd_offset: int) -> bool:
+    """Whether no record overlaps the next one in file order (the central directory lists
+    them in another order); fills each row's ``NEXT_OFFSET``.
 
-    ``in_order``: the rows are sorted by header offset and all but the last were
-    checked while parsing (``least``: the last one's smallest extent). Otherwise
-    they are sorted (stably, as the kernel sorts) and checked here: each record's
-    smallest extent (header, name, stored bytes) ends before the next one starts.
+    The rows are sorted by header offset (stably, as the kernel sorts) and each record's
+    smallest extent (header, name, stored bytes) must end before the next one starts.
     """
-    if in_order:
-        row = rows[-1]
-        if least > cd_offset or row[3] > cd_offset - least:
-            return False
-        row[13] = cd_offset
-        return True
     ordered = sorted(rows, key=_BY_HEADER)
     ordered.append([0, 0, 0, 0, 0, cd_offset])  # the central directory bounds the last one
     row = ordered[0]
