@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+import threading
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -34,7 +35,7 @@ import numpy as np
 from . import codecs, records
 from .errors import BadArchiveError, ChecksumError, UnsupportedError
 from .records import Col, IndexRow, Status
-from .smallindex import SMALL_ENTRIES, SmallRows, parse_small, resolve_small
+from .smallindex import SMALL_ENTRIES, SmallRows, parse_small, parse_tail, read_small_entry, resolve_small
 
 __all__ = ["ArchiveIndex", "EntryInfo"]
 
@@ -82,6 +83,10 @@ _PREAD_SPACING = 16 * 1024
 #: Entries up to this size are read by :meth:`ArchiveIndex.read_bytes` as a slice of the
 #: mapping with the stdlib CRC-32 (meta.json files); larger ones through zlib-ng.
 _SMALL_READ = 1 << 20
+#: Bytes at the end of the file an open reads with ``pread`` (end record and central directory
+#: of a small archive: the file is mapped when a payload is first read).
+_TAIL_BYTES = 64 * 1024
+_MAP_LOCK = threading.Lock()
 
 _KNOWN_METHOD = np.zeros(1 << 16, np.bool_)
 _KNOWN_METHOD[list(records.METHOD_NAMES)] = True
@@ -114,6 +119,8 @@ class ArchiveIndex:
     _cols_np: np.ndarray | None  # the index as numpy columns (None: still only in _small)
     _table: np.ndarray | None
     _small: SmallRows | None  # rows of a small archive as lists (None: in _cols_np)
+    _map: mmap.mmap | None = None  # the mapping (None: not made yet, or closed)
+    _fd: int | None = None  # a descriptor kept until the file is mapped (an open that read with pread)
 
     def __init__(
         self,
@@ -142,10 +149,17 @@ class ArchiveIndex:
             size = st.st_size
             if size == 0:
                 raise BadArchiveError(f"{label}: empty file, not a zip archive", path=label)
-            if mapping is None or writable:
+            tail = None
+            if mapping is None and not writable and not check_local:  # the index from a pread of the tail
+                raw = os.pread(fd, min(size, _TAIL_BYTES), max(0, size - _TAIL_BYTES))  # type: ignore[arg-type]
+                tail = parse_tail(raw, size, SMALL_ENTRIES)  # type: ignore[arg-type]
+            if tail is not None:  # mapped on first use (a payload, a numpy view): keep a descriptor
+                self._fd = fd if own else os.dup(fd)  # type: ignore[arg-type]
+                own = False
+            elif mapping is None or writable:
                 access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
                 mapping = mmap.mmap(fd, size, access=access)  # type: ignore[arg-type]
-            self._mmap = mapping
+            self._map = mapping
         finally:
             if own:
                 os.close(fd)  # type: ignore[arg-type]
@@ -155,8 +169,60 @@ class ArchiveIndex:
         self._torch = None
         self._untyped = None
         self._rows: list[IndexRow] | None = None
+        if tail is not None:
+            end, rows, self.names, self._by_name = tail
+            self._index_entries(end, False, small=False, rows=rows)
+            return
         end = records.find_end_record(self._mmap, label)
         self._index_entries(end, check_local, small=not check_local and _small_enough(end.count))
+
+    @property
+    def _mmap(self) -> mmap.mmap:
+        """The private (or shared) mapping of the whole file: made on first use when the open
+        read the index with ``pread`` (:func:`tdz_numba.smallindex.parse_tail`); None once closed."""
+        mapping = self._map
+        if mapping is None and self._fd is not None:
+            mapping = self._map_now()
+        return mapping  # type: ignore[return-value]
+
+    @_mmap.setter
+    def _mmap(self, value: mmap.mmap | None) -> None:
+        self._map = value
+        if value is None and self._fd is not None:
+            with _MAP_LOCK:
+                self._drop_fd()
+
+    def _map_now(self) -> mmap.mmap | None:
+        with _MAP_LOCK:  # (two threads reading the first payloads map the file once)
+            if self._map is not None or self._fd is None:
+                return self._map
+            return self._map_fd(self._fd)
+
+    def _map_fd(self, fd: int) -> mmap.mmap:
+        label = str(self.path)
+        try:
+            st = os.fstat(fd)  # type: ignore[arg-type]
+            if st.st_size != self.size:
+                raise BadArchiveError(
+                    f"{label}: the file changed size since it was opened ({self.size} -> {st.st_size} bytes)",
+                    path=label,
+                    expected=self.size,
+                    found=st.st_size,
+                )
+            self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)  # type: ignore[arg-type]
+        finally:
+            self._drop_fd()
+        return self._map
+
+    def _drop_fd(self) -> None:
+        fd = self._fd
+        if fd is not None:
+            self._fd = None
+            os.close(fd)
+
+    def __del__(self) -> None:
+        if self._fd is not None:  # an index dropped unclosed before its file was mapped
+            self._drop_fd()
 
     @property
     def buffer(self) -> np.ndarray:
@@ -192,7 +258,9 @@ class ArchiveIndex:
             table = self._table = self._cols.view(records.INDEX_DTYPE)[:, 0]
         return table
 
-    def _index_entries(self, end: records.EndRecord, check_local: bool, small: bool = False) -> None:
+    def _index_entries(
+        self, end: records.EndRecord, check_local: bool, small: bool = False, rows: SmallRows | None = None
+    ) -> None:
         """The part of the open that follows the mapping (shared with :class:`tdz_numba.remote.RemoteIndex`):
         parse the central directory, decode the names, refuse what cannot be read.
 
@@ -204,7 +272,9 @@ class ArchiveIndex:
         self._dirs = None
         self._cols_np = None
         self._table = None
-        self._small = None
+        self._small = rows  # (parsed already: names and by_name set by the caller)
+        if rows is not None:
+            return
         if small:
             found = parse_small(self._mmap, end.cd_offset, end.cd_size, end.count)
             if found is not None:
@@ -576,6 +646,16 @@ class ArchiveIndex:
 
     def read_bytes(self, name: str) -> bytes:
         """An entry's uncompressed bytes as ``bytes`` (for small files: meta.json)."""
+        small = self._small
+        if self._fd is not None and small is not None:  # not mapped yet: read with pread
+            i = self._by_name[name]
+            with _MAP_LOCK:  # (the descriptor stays open while it is read)
+                fd = self._fd
+                data = None if fd is None else read_small_entry(fd, small, i, self.end.cd_offset, _SMALL_READ)
+            if data is not None:
+                if self._rows is not None:  # the cached rows see the filled-in local header
+                    self._rows[i] = tuple.__new__(IndexRow, small[i])  # type: ignore[arg-type]
+                return data
         mapped = getattr(self, "_mmap", None)  # (a remote index has no mapping)
         if mapped is not None:  # a STORED entry: a slice of the mapping, no numpy, no EntryInfo
             i = self._by_name[name]

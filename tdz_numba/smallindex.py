@@ -35,13 +35,16 @@ Examples
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from operator import itemgetter
+from typing import Any
+from zlib import crc32
 
 from . import records
 
-__all__ = ["SMALL_ENTRIES", "SmallRows", "parse_small", "resolve_small"]
+__all__ = ["SMALL_ENTRIES", "SmallRows", "parse_small", "parse_tail", "read_small_entry", "resolve_small"]
 
 #: Archives with at most this many entries are indexed here (above it the kernel is faster,
 #: when it runs: see ``reader._small_enough``).
@@ -53,6 +56,10 @@ _CD = struct.Struct("<I4xHHHHIIIHHH8xI")
 _LH = records.LOCAL_STRUCT
 _EXTRA = struct.Struct("<HH")
 _U64 = struct.Struct("<Q")
+_END = struct.Struct("<4sHHHHIIH")
+_END_SIZEOF = 22
+_LOCATOR_SIZEOF = 20
+_U16_MAX = 0xFFFF
 _CD_SIZEOF = 46
 _LH_SIZEOF = 30
 _U32_MAX = 0xFFFFFFFF
@@ -62,6 +69,7 @@ _LOCAL_SIG = records.LOCAL_SIG
 _KNOWN_METHODS = frozenset(records.METHOD_NAMES)
 _ENCRYPTED = records.FLAG_ENCRYPTED
 _BY_HEADER = itemgetter(records.Col.HEADER_OFFSET)
+assert _END.size == records.End.SIZEOF == _END_SIZEOF and records.Zip64Locator.SIZEOF == _LOCATOR_SIZEOF
 assert (_CD.size, _LH.size) == (records.Central.SIZEOF, records.Local.SIZEOF) == (_CD_SIZEOF, _LH_SIZEOF)
 assert tuple(records.Col) == tuple(range(14)) and records.Col.NEXT_OFFSET == 13
 
@@ -117,7 +125,7 @@ class SmallRows:
         self._starts = starts
         self._cd_offset = cd_offset
         self._zip64 = zip64  # entry -> (size, compressed size, header offset) from zip64 extras
-        self._rows = rows if rows is not None else [None] * len(starts)
+        self._rows: list[Any] = rows if rows is not None else [None] * len(starts)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -184,7 +192,14 @@ def parse_small(
     """
     if not records.central_directory_fits(len(data), cd_offset, cd_size, count):
         return None
-    cd = data[cd_offset : cd_offset + cd_size]
+    return _parse_central(data[cd_offset : cd_offset + cd_size], cd_offset, count)
+
+
+def _parse_central(
+    cd: bytes, cd_offset: int, count: int
+) -> tuple[SmallRows, list[str], dict[str, int]] | None:
+    """:func:`parse_small` on the central directory's bytes ``cd`` (at ``cd_offset``, inside the file)."""
+    cd_size = len(cd)
     text = cd.decode("latin-1")  # one char per byte: offsets carry over
     unpack = _CD.unpack_from
     known = _KNOWN_METHODS
@@ -267,23 +282,94 @@ def _no_overlap(rows: list[list[int]], cd_offset: int) -> bool:
     return True
 
 
-def resolve_small(data, row: list[int], cd_offset: int) -> tuple[int, int] | None:
+def resolve_small(
+    data, row: list[int], cd_offset: int, base: int = 0, central: bytes | None = None
+) -> tuple[int, int] | None:
     """``(payload offset, local extra length)`` of one entry from its local header
     (``row`` from :func:`parse_small`); None when the header is not as it must be
-    (the general path then names the problem)."""
+    (the general path then names the problem).
+
+    ``data`` holds the file's bytes from offset ``base`` on (the whole file, or a chunk
+    read at the header: :func:`read_small_entry`); ``central``: the central directory's
+    bytes (the central name is compared from there; default: from ``data``).
+    """
     hoff, limit, nlen = row[5], row[13], row[7]
-    if limit > cd_offset or hoff < 0 or hoff > limit - _LH_SIZEOF:
+    if limit > cd_offset or hoff < base or hoff > limit - _LH_SIZEOF or hoff - base > len(data) - _LH_SIZEOF:
         return None
-    head = _LH.unpack_from(data, hoff)
+    head = _LH.unpack_from(data, hoff - base)
     lnlen, lelen = head[9], head[10]
     start = hoff + _LH_SIZEOF
     if head[0] != _LOCAL_SIG or lnlen != nlen or nlen > limit - start:
         return None
     noff = row[6]
-    if data[start : start + nlen] != data[noff : noff + nlen]:
+    if central is None:
+        name = data[noff - base : noff - base + nlen]
+    else:
+        name = central[noff - cd_offset : noff - cd_offset + nlen]
+    if data[start - base : start - base + nlen] != name or len(name) != nlen:
         return None
     payload = start + lnlen + lelen
     csize = row[3]
     if payload > limit or csize > limit - payload:
         return None
     return payload, lelen
+
+
+def parse_tail(
+    tail: bytes, size: int, max_count: int = SMALL_ENTRIES
+) -> tuple[records.EndRecord, SmallRows, list[str], dict[str, int]] | None:
+    """The end record and the central directory of a plain archive of ``size`` bytes from
+    its last bytes ``tail`` (read with ``pread``: nothing mapped): ``(end, rows, names,
+    by_name)``, as :func:`~tdz_numba.records.find_end_record` and :func:`parse_small` give
+    them. None unless the end record is the file's last 22 bytes (no comment, no zip64
+    records), the central directory lies inside ``tail`` and lists at most ``max_count``
+    entries; also when :func:`parse_small` refuses it: the caller maps the file and takes the general path, which names what is
+    wrong.
+    """
+    n = len(tail)
+    base = size - n
+    if n < _END_SIZEOF or n > size:
+        return None
+    sig, disk, cd_disk, n_disk, count, cd_size, cd_offset, comment = _END.unpack_from(tail, n - _END_SIZEOF)
+    end_offset = size - _END_SIZEOF
+    if sig != records.END_SIG or comment or disk or cd_disk or n_disk != count:
+        return None
+    loc = n - _END_SIZEOF - _LOCATOR_SIZEOF  # a zip64 locator there: the general path reads it
+    if (loc < 0 and base) or (loc >= 0 and tail[loc : loc + 4] == records.ZIP64_LOCATOR_SIG):
+        return None
+    if cd_offset < base or cd_offset > end_offset or cd_size > end_offset - cd_offset:
+        return None
+    if count > cd_size // _CD_SIZEOF or count > max_count:
+        return None
+    found = _parse_central(tail[cd_offset - base : cd_offset - base + cd_size], cd_offset, count)
+    if found is None:
+        return None
+    return records.EndRecord(count, cd_offset, cd_size, end_offset, False), *found
+
+
+def read_small_entry(fd: int, rows: SmallRows, i: int, cd_offset: int, limit: int) -> bytes | None:
+    """The bytes of STORED entry ``i`` of at most ``limit`` bytes read with ``pread`` (no
+    mapping), its local header checked as :func:`resolve_small` checks it (the payload
+    offset is filled into the row) and its CRC-32; None for anything else (the caller
+    reads it through the mapping, where errors are named)."""
+    row = rows[i]
+    csize = row[3]
+    if row[1] or csize > limit:
+        return None
+    hoff = row[5]
+    if row[8] >= 0:  # the header was read already
+        start, stop = row[8], row[8] + csize
+    else:
+        start, stop = hoff, min(row[13], hoff + _LH_SIZEOF + row[7] + _U16_MAX + csize)
+    if stop <= start or start < 0:
+        return None
+    chunk = os.pread(fd, stop - start, start)
+    if row[8] < 0:
+        found = resolve_small(chunk, row, cd_offset, hoff, rows._cd)
+        if found is None or found[0] + csize > hoff + len(chunk):
+            return None
+        row[8], row[12] = found
+        chunk = chunk[found[0] - hoff : found[0] - hoff + csize]
+    if len(chunk) != csize or crc32(chunk) != row[2]:
+        return None
+    return chunk

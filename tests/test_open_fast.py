@@ -169,3 +169,158 @@ def test_end_record_fast_path_values(tmp_path):
     bad[-10:-6] = struct.pack("<I", end.cd_size + 10**6)  # a central directory size past the file
     with pytest.raises(tdz_numba.BadArchiveError, match="runs past its end record"):
         records.find_end_record(bytes(bad))
+
+
+# -- the open reads the tail with pread; the file is mapped on first use --------------------------
+def _fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_keys_without_mapping_then_mapped_on_first_leaf(tmp_path):
+    p = _archive(tmp_path)
+    with tdz_numba.open(p) as ar:
+        ix = ar.source.index
+        assert list(ar) == [f"k{i}" for i in range(5)]
+        assert ix._map is None and ix._fd is not None  # keys: nothing mapped
+        fd = ix._fd
+        assert ar["k3"].tolist() == [0, 1, 2, 3]
+        assert ix._map is not None and ix._fd is None and not _fd_open(fd)
+    with tdz_numba.open(p) as ar:  # closed before anything was mapped: the descriptor too
+        fd = ar.source.index._fd
+    assert not _fd_open(fd)
+    ix = ArchiveIndex(p)
+    fd = ix._fd
+    del ix  # dropped unclosed
+    assert not _fd_open(fd)
+
+
+def test_deferred_index_reads_as_the_mapped_one(tmp_path):
+    p = tdz_numba.save({"a": torch.arange(3), "b": {"c": torch.ones(2)}, "s": "text"}, tmp_path / "x.tdz")
+    lazy = ArchiveIndex(p)
+    assert lazy._fd is not None
+    meta = lazy.read_bytes("meta.json")  # by pread, the local header checked
+    assert lazy._map is None and lazy._small[0][records.Col.PAYLOAD_OFFSET] >= 0
+    with open(p, "rb") as f:
+        mapped = ArchiveIndex(p, fd=f.fileno(), st=os.fstat(f.fileno()), mapping=None)
+    mapped.buffer  # noqa: B018 - maps it
+    assert meta == mapped.read_bytes("meta.json") and lazy.names == mapped.names
+    assert [lazy.payload_offset(i) for i in range(len(lazy.names))] == [
+        mapped.payload_offset(i) for i in range(len(mapped.names))
+    ]
+    assert lazy._cols.tolist() == mapped._cols.tolist()
+
+
+def test_size_change_before_mapping(tmp_path):
+    p = _archive(tmp_path)
+    with tdz_numba.open(p) as ar:
+        list(ar)
+        with open(p, "ab") as f:
+            f.write(b"x")
+        with pytest.raises(tdz_numba.BadArchiveError, match="changed size since it was opened"):
+            ar["k1"]
+
+
+@pytest.mark.parametrize("damage", ["crc", "header", "name"])
+def test_bad_meta_json_entry_errors_unchanged(tmp_path, damage):
+    """A meta.json read by pread that is not as recorded: the mapped path names the problem."""
+    p = _archive(tmp_path)
+    data = bytearray(p.read_bytes())
+    assert data[30:39] == b"meta.json"
+    if damage == "crc":
+        start = data.index(b"{")
+        data[start + 1] ^= 1
+        want = (tdz_numba.ChecksumError, "CRC-32 mismatch")
+    elif damage == "header":
+        data[0:4] = b"PK\x00\x00"
+        want = (tdz_numba.BadArchiveError, "local header signature")
+    else:
+        data[30:34] = b"xeta"
+        want = (tdz_numba.BadArchiveError, "local header name differs")
+    p.write_bytes(bytes(data))
+    with pytest.raises(want[0], match=want[1]):
+        tdz_numba.open(p)
+
+
+def test_unusual_tails_take_the_mapped_path(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fuzz.zipmodel import to_zip64
+
+    seed = _archive(tmp_path, 3)
+    comment = seed.read_bytes()[:-2] + struct.pack("<H", 4) + b"note"
+    for name, blob in {"comment": comment, "zip64": to_zip64(seed.read_bytes())}.items():
+        q = tmp_path / f"{name}.tdz"
+        q.write_bytes(blob)
+        assert smallindex.parse_tail(blob[-65536:], len(blob)) is None
+        ix = ArchiveIndex(q)
+        assert ix._fd is None and ix._map is not None and ix._small is not None
+        with tdz_numba.open(q) as ar:
+            assert ar["k2"].tolist() == [0, 1, 2]
+
+
+def test_big_central_directory_takes_the_mapped_path(tmp_path, monkeypatch):
+    from tdz_numba import reader
+
+    p = _archive(tmp_path, 8)
+    monkeypatch.setattr(reader, "_TAIL_BYTES", 64)  # the central directory is not in the tail read
+    ix = ArchiveIndex(p)
+    assert ix._fd is None and ix._small is not None
+    monkeypatch.setattr(reader, "_TAIL_BYTES", 1 << 16)
+    monkeypatch.setattr(reader, "SMALL_ENTRIES", 3)  # more entries than the small index takes
+    assert ArchiveIndex(p)._fd is None
+
+
+def test_parse_tail_matches_find_end_record(tmp_path):
+    data = _archive(tmp_path, 12).read_bytes()
+    end, (rows, names, by_name) = _parsed(data)
+    for n in (len(data), 4096, end.cd_size + 22, 23):
+        found = smallindex.parse_tail(data[-n:], len(data))
+        if n < end.cd_size + 22:
+            assert found is None
+            continue
+        assert found[0] == end and found[2] == names and found[3] == by_name and list(found[1]) == list(rows)
+    assert smallindex.parse_tail(data, len(data), max_count=len(names) - 1) is None
+    assert smallindex.parse_tail(b"", 0) is None and smallindex.parse_tail(data[:-1], len(data) - 1) is None
+
+
+def test_mutated_archives_read_first_as_the_kernel_path(tmp_path):
+    """The fuzz harness's mutated archives: read meta.json first (by pread on the small path)
+    gives what the kernel path gives, errors included."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fuzz.runner import make_cases
+    from fuzz.seeds import make_seeds
+
+    from tdz_numba import reader
+
+    def first_reads(path: Path, small: bool) -> list:
+        old = reader.SMALL_ENTRIES
+        reader.SMALL_ENTRIES = old if small else -1
+        try:
+            try:
+                ix = ArchiveIndex(path)
+            except tdz_numba.TdzError as exc:
+                return ["open", type(exc).__name__, str(exc)]
+            out: list = [ix.names]
+            for name in ix.names[:4]:
+                try:
+                    out.append(ix.read_bytes(name))
+                except tdz_numba.TdzError as exc:
+                    out.append((type(exc).__name__, str(exc)))
+            out.append([tuple(r) for r in ix.rows])
+            ix.close()
+            return out
+        finally:
+            reader.SMALL_ENTRIES = old
+
+    seeds = make_seeds(tmp_path / "seeds")
+    p = tmp_path / "case.tdz"
+    for case in make_cases(seeds, "open-fast-1", 0, 400):
+        p.write_bytes(case.data)
+        assert first_reads(p, True) == first_reads(p, False)

@@ -202,20 +202,16 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
         if stat.S_ISDIR(st.st_mode):
             return _dir_kind(p), None
         size = st.st_size
-        mapping = _map(fd, size) if stat.S_ISREG(st.st_mode) else None
-        head = mapping[:4] if mapping is not None else os.pread(fd, HEAD_BYTES, 0)
+        head = os.pread(fd, HEAD_BYTES, 0)  # (a zip's index maps the file when it needs to)
         if not head:
             raise BadArchiveError(f"{p}: empty file, not a tensor file")
         if head[:4] in _ZIP_MAGICS:
-            index = ArchiveIndex(p, fd=fd, st=st, mapping=mapping)
+            index = ArchiveIndex(p, fd=fd, st=st)
             try:
                 return zip_kind(index.names, str(p)), index
             except BaseException:
                 index.close()
                 raise
-        if mapping is not None:
-            head = mapping[:HEAD_BYTES]
-            mapping.close()
     finally:
         os.close(fd)
     for fmt in sorted(FORMATS.values(), key=lambda f: f.order):
