@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import mmap
 import os
 import stat
 import struct
@@ -175,17 +174,6 @@ def _dir_kind(path: Path) -> str:
         f"{path}: a directory that is neither a tensordict memmap directory (no meta.json) nor a "
         f"sharded safetensors checkpoint (no *.safetensors.index.json)"
     )
-
-
-def _map(fd: int, size: int) -> mmap.mmap | None:
-    """A private mapping of the whole file (what a zip's index keeps); None where there is
-    nothing to map or the file system cannot map it (the first bytes are then read)."""
-    if not size:
-        return None
-    try:
-        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-    except (OSError, ValueError):
-        return None
 
 
 def sniff(path: str | os.PathLike) -> tuple[str, Any]:
