@@ -44,7 +44,15 @@ from zlib import crc32
 
 from . import records
 
-__all__ = ["SMALL_ENTRIES", "SmallRows", "parse_small", "parse_tail", "read_small_entry", "resolve_small"]
+__all__ = [
+    "SMALL_ENTRIES",
+    "SmallRows",
+    "parse_small",
+    "parse_tail",
+    "read_small_entry",
+    "resolve_small",
+    "tail_start",
+]
 
 #: Archives with at most this many entries are indexed here (above it the kernel is faster,
 #: when it runs: see ``reader._small_enough``).
@@ -323,8 +331,9 @@ def parse_tail(
     by_name)``, as :func:`~tdz_numba.records.find_end_record` and :func:`parse_small` give
     them. None unless the end record is the file's last 22 bytes (no comment, no zip64
     records), the central directory lies inside ``tail`` and lists at most ``max_count``
-    entries; also when :func:`parse_small` refuses it: the caller maps the file and takes the general path, which names what is
-    wrong.
+    entries; also when :func:`parse_small` refuses it: the caller maps the file and takes
+    the general path, which names what is wrong (:func:`tail_start`: where a longer tail
+    would start).
     """
     n = len(tail)
     base = size - n
@@ -347,11 +356,28 @@ def parse_tail(
     return records.EndRecord(count, cd_offset, cd_size, end_offset, False), *found
 
 
-def read_small_entry(fd: int, rows: SmallRows, i: int, cd_offset: int, limit: int) -> bytes | None:
+def tail_start(tail: bytes, size: int, max_count: int = SMALL_ENTRIES) -> int | None:
+    """Where the central directory named by the end record at the end of ``tail`` starts,
+    when it starts before ``tail`` and lists at most ``max_count`` entries (a longer tail
+    read from there may then be parsed by :func:`parse_tail`, which checks everything);
+    None otherwise."""
+    n = len(tail)
+    if n < _END_SIZEOF or n >= size:
+        return None
+    sig, _, _, _, count, _, cd_offset, _ = _END.unpack_from(tail, n - _END_SIZEOF)
+    if sig != records.END_SIG or count > max_count or not 0 <= cd_offset < size - n:
+        return None
+    return cd_offset
+
+
+def read_small_entry(
+    fd: int, rows: SmallRows, i: int, cd_offset: int, limit: int, head: bytes = b""
+) -> bytes | None:
     """The bytes of STORED entry ``i`` of at most ``limit`` bytes read with ``pread`` (no
     mapping), its local header checked as :func:`resolve_small` checks it (the payload
     offset is filled into the row) and its CRC-32; None for anything else (the caller
-    reads it through the mapping, where errors are named)."""
+    reads it through the mapping, where errors are named). ``head``: the file's first
+    bytes, read already (an entry inside them is not read again)."""
     row = rows[i]
     csize = row[3]
     if row[1] or csize > limit:
@@ -363,7 +389,7 @@ def read_small_entry(fd: int, rows: SmallRows, i: int, cd_offset: int, limit: in
         start, stop = hoff, min(row[13], hoff + _LH_SIZEOF + row[7] + _U16_MAX + csize)
     if stop <= start or start < 0:
         return None
-    chunk = os.pread(fd, stop - start, start)
+    chunk = head[start:stop] if stop <= len(head) else os.pread(fd, stop - start, start)
     if row[8] < 0:
         found = resolve_small(chunk, row, cd_offset, hoff, rows._cd)
         if found is None or found[0] + csize > hoff + len(chunk):

@@ -267,7 +267,15 @@ def test_big_central_directory_takes_the_mapped_path(tmp_path, monkeypatch):
     from tdz_numba import reader
 
     p = _archive(tmp_path, 8)
-    monkeypatch.setattr(reader, "_TAIL_BYTES", 64)  # the central directory is not in the tail read
+    calls = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: calls.append((off, n)) or real(fd, n, off))
+    monkeypatch.setattr(reader, "_TAIL_BYTES", 64)  # the central directory is not in the tail read:
+    ix = ArchiveIndex(p)  # a second pread from where it starts
+    end = records.find_end_record(p.read_bytes())
+    assert ix._fd is not None and calls == [(p.stat().st_size - 64, 64), (end.cd_offset, end.cd_size + 22)]
+    assert ix.read_bytes("k3.memmap") == torch.arange(4).numpy().tobytes()
+    monkeypatch.setattr(reader, "_TAIL_MAX", 64)  # too far back: mapped
     ix = ArchiveIndex(p)
     assert ix._fd is None and ix._small is not None
     monkeypatch.setattr(reader, "_TAIL_BYTES", 1 << 16)
@@ -324,3 +332,40 @@ def test_mutated_archives_read_first_as_the_kernel_path(tmp_path):
     for case in make_cases(seeds, "open-fast-1", 0, 400):
         p.write_bytes(case.data)
         assert first_reads(p, True) == first_reads(p, False)
+
+
+def test_open_and_keys_read_the_file_twice(tmp_path, monkeypatch):
+    """Format detection reads the first 4 KiB, the index the last 16 KiB; the root meta.json,
+    inside the first bytes, is not read again; nothing is mapped."""
+    p = _archive(tmp_path)
+    calls = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: calls.append(off) or real(fd, n, off))
+    with tdz_numba.open(p) as ar:
+        assert list(ar) == [f"k{i}" for i in range(5)] and ar.source.index._map is None
+        assert calls == [0, 0]  # (the file is smaller than 16 KiB: its tail is the whole file)
+        big = tdz_numba.save({"m": torch.zeros(5000), "s": "x" * 5000}, tmp_path / "big.tdz")
+    calls.clear()
+    with tdz_numba.open(big) as ar:  # a meta.json past the first 4 KiB: read with pread
+        ix = ar.source.index
+        assert ar["s"] == "x" * 5000 and ix._map is None
+        assert calls[2:] == [ix.row_at(ix.row("s/meta.json")).header_offset]  # type: ignore[arg-type]
+
+
+def test_tail_start():
+    data = _zip_bytes()
+    end = records.find_end_record(data)
+    assert smallindex.tail_start(data[-30:], len(data)) == end.cd_offset
+    assert smallindex.tail_start(data, len(data)) is None  # the whole file: nothing before it
+    assert smallindex.tail_start(data[-30:], len(data), max_count=0) is None
+    assert smallindex.tail_start(b"x" * 30, len(data)) is None and smallindex.tail_start(b"", 10) is None
+
+
+def _zip_bytes() -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("meta.json", "{}")
+        z.writestr("a", "12345")
+    return buf.getvalue()

@@ -194,7 +194,7 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
         if not head:
             raise BadArchiveError(f"{p}: empty file, not a tensor file")
         if head[:4] in _ZIP_MAGICS:
-            index = ArchiveIndex(p, fd=fd, st=st)
+            index = ArchiveIndex(p, fd=fd, st=st, head=head)
             try:
                 return zip_kind(index.names, str(p)), index
             except BaseException:
