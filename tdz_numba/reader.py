@@ -237,9 +237,14 @@ class ArchiveIndex:
             self._fd = None
             os.close(fd)
 
-    def __del__(self) -> None:
-        if self._fd is not None:  # an index dropped unclosed before its file was mapped
-            self._drop_fd()
+    def __del__(self, _close=os.close) -> None:
+        fd = self._fd
+        if fd is not None:  # an index dropped unclosed before its file was mapped
+            self._fd = None
+            try:
+                _close(fd)  # (bound at definition: module globals may be gone at exit)
+            except OSError:
+                pass
 
     @property
     def buffer(self) -> np.ndarray:
