@@ -98,6 +98,27 @@ _SMALL_READ = 1 << 20
 _TAIL_BYTES = 16 * 1024
 _TAIL_MAX = 256 * 1024
 _MAP_LOCK = threading.Lock()
+#: Descriptors that unmapped indexes may hold at once in a process; an open beyond them maps
+#: the file at once (and closes its descriptor), so that many archives opened and not yet
+#: read never exhaust the descriptor limit (often 1,024).
+MAX_HELD_DESCRIPTORS = 64
+_HELD = [0]
+_HELD_LOCK = threading.RLock()  # (re-entrant: a collection inside it may run ArchiveIndex.__del__)
+
+
+def _hold_descriptor() -> bool:
+    """Counts one more held descriptor, if :data:`MAX_HELD_DESCRIPTORS` allows it."""
+    with _HELD_LOCK:
+        if _HELD[0] >= MAX_HELD_DESCRIPTORS:
+            return False
+        _HELD[0] += 1
+        return True
+
+
+def _release_descriptor() -> None:
+    with _HELD_LOCK:
+        _HELD[0] -= 1
+
 
 _KNOWN_METHOD = np.zeros(1 << 16, np.bool_)
 _KNOWN_METHOD[list(records.METHOD_NAMES)] = True
@@ -169,8 +190,12 @@ class ArchiveIndex:
                 start = tail_start(raw, size, SMALL_ENTRIES) if tail is None else None
                 if start is not None and size - start <= _TAIL_MAX:  # a longer central directory
                     tail = parse_tail(os.pread(fd, size - start, start), size, SMALL_ENTRIES)  # type: ignore[arg-type]
-            if tail is not None:  # mapped on first use (a payload, a numpy view): keep a descriptor
-                self._fd = fd if own else os.dup(fd)  # type: ignore[arg-type]
+            if tail is not None and _hold_descriptor():  # mapped on first use: keep a descriptor
+                try:
+                    self._fd = fd if own else os.dup(fd)  # type: ignore[arg-type]
+                except BaseException:
+                    _release_descriptor()
+                    raise
                 self._head = head
                 own = False
             elif mapping is None or writable:
@@ -235,14 +260,19 @@ class ArchiveIndex:
         fd = self._fd
         if fd is not None:
             self._fd = None
+            _release_descriptor()
             os.close(fd)
 
-    def __del__(self, _close=os.close) -> None:
+    def __del__(self, _close=os.close, _release=_release_descriptor) -> None:
         fd = self._fd
         if fd is not None:  # an index dropped unclosed before its file was mapped
             self._fd = None
+            try:  # (both bound at definition: module globals may be gone at exit)
+                _release()
+            except Exception:
+                pass
             try:
-                _close(fd)  # (bound at definition: module globals may be gone at exit)
+                _close(fd)
             except OSError:
                 pass
 
