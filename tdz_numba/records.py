@@ -98,6 +98,7 @@ __all__ = [
     "find_end_record",
     "central_directory_fits",
     "LOCAL_STRUCT",
+    "END_STRUCT",
     "read_record",
     "end_record_position",
 ]
@@ -712,6 +713,9 @@ def end_record_position(tail: bytes) -> int:
 #: A local header's fixed 30 bytes as one ``struct`` layout (for the pure-Python readers).
 LOCAL_STRUCT = struct.Struct("<IHHHHHIIIHH")
 assert LOCAL_STRUCT.size == Local.SIZEOF
+#: The end-of-central-directory record's 22 bytes as one ``struct`` layout.
+END_STRUCT = struct.Struct("<4sHHHHIIH")
+assert END_STRUCT.size == End.SIZEOF
 
 
 def central_directory_fits(size: int, cd_offset: int, cd_size: int, count: int) -> bool:
@@ -733,7 +737,6 @@ def central_directory_fits(size: int, cd_offset: int, cd_size: int, count: int) 
 
 
 # the end records as struct layouts (one call each; the dtypes above describe the same bytes)
-_END = struct.Struct("<4sHHHHIIH")
 _CENTRAL_SIZE = int(Central.SIZEOF)
 _ZIP64_END = struct.Struct("<4sQHHIIQQQQ")
 _ZIP64_LOCATOR = struct.Struct("<4sIQI")
@@ -763,7 +766,7 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
     1
     """
     size = len(buf)
-    if size < _END.size:  # (the struct sizes, not the IntEnum members: ~7 us of a cold open)
+    if size < END_STRUCT.size:  # (the struct sizes, not the IntEnum members: ~7 us of a cold open)
         raise BadArchiveError(
             f"{name}: not a zip archive: {size} bytes, shorter than the "
             f"{int(End.SIZEOF)}-byte end-of-central-directory record",
@@ -771,8 +774,8 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
             expected=int(End.SIZEOF),
             found=size,
         )
-    end_offset = size - _END.size
-    rec = _END.unpack_from(buf, end_offset)
+    end_offset = size - END_STRUCT.size
+    rec = END_STRUCT.unpack_from(buf, end_offset)
     if rec[0] != END_SIG or rec[7]:  # a comment, or no record at the very end: search for it
         lo = max(0, size - (End.SIZEOF + 0xFFFF))
         tail = bytes(buf[lo:size])
@@ -784,7 +787,7 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
                 path=name,
             )
         end_offset = lo + pos
-        rec = _END.unpack_from(tail, pos)
+        rec = END_STRUCT.unpack_from(tail, pos)
     _, disk, cd_disk, n_disk, count, cd_size, cd_offset, _ = rec
     zip64 = False
     loc = end_offset - _ZIP64_LOCATOR.size

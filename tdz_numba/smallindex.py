@@ -64,7 +64,7 @@ _CD = struct.Struct("<I4xHHHHIIIHHH8xI")
 _LH = records.LOCAL_STRUCT
 _EXTRA = struct.Struct("<HH")
 _U64 = struct.Struct("<Q")
-_END = struct.Struct("<4sHHHHIIH")
+_END = records.END_STRUCT
 _END_SIZEOF = 22
 _LOCATOR_SIZEOF = 20
 _U16_MAX = 0xFFFF
@@ -77,7 +77,7 @@ _LOCAL_SIG = records.LOCAL_SIG
 _KNOWN_METHODS = frozenset(records.METHOD_NAMES)
 _ENCRYPTED = records.FLAG_ENCRYPTED
 _BY_HEADER = itemgetter(records.Col.HEADER_OFFSET)
-assert _END.size == records.End.SIZEOF == _END_SIZEOF and records.Zip64Locator.SIZEOF == _LOCATOR_SIZEOF
+assert _END.size == _END_SIZEOF and records.Zip64Locator.SIZEOF == _LOCATOR_SIZEOF
 assert (_CD.size, _LH.size) == (records.Central.SIZEOF, records.Local.SIZEOF) == (_CD_SIZEOF, _LH_SIZEOF)
 assert tuple(records.Col) == tuple(range(14)) and records.Col.NEXT_OFFSET == 13
 
