@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from .bounds import MAX_NBYTES, shape_nbytes
+from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
 from .dtypes import dtype_table
 from .tree import _ENCODED, FORMAT_VERSION, NON_TENSOR_DATA_TYPE, RESERVED_FIELDS, encode_key, is_keyed
 
-__all__ = ["PlainLevel", "plain_level", "MAX_TEXTS"]
+__all__ = ["PlainLevel", "plain_level", "plain_level_of", "MAX_TEXTS"]
 
 #: Distinct ``meta.json`` texts a reader keeps a :class:`PlainLevel` of (beyond: parsed per level).
 MAX_TEXTS = 4096
@@ -38,6 +38,7 @@ MAX_TEXTS = 4096
 _ITEMSIZE = {name: dtype.itemsize for name, dtype in dtype_table().items()}
 _UNIT_STRIDE: tuple[int, ...] = (1,)
 _STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}  # contiguous strides of the shapes seen
+_UNSEEN: Any = object()
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -139,3 +140,22 @@ def plain_level(meta: Any) -> PlainLevel | None:
         out.itemsize.append(itemsize)
         out.items.append((key, fname + ".memmap", nbytes, dname, dims, strides))
     return out
+
+
+def plain_level_of(texts: dict[bytes, PlainLevel | None], data: bytes, where: str) -> PlainLevel | None:
+    """:func:`plain_level` of the ``meta.json`` bytes ``data``, each distinct text parsed
+    once: kept in ``texts`` (a reader's own dict, at most :data:`MAX_TEXTS` texts).
+    Raises :class:`~tdz_numba.errors.BadArchiveError` naming ``where`` for bytes that
+    are not a JSON document.
+
+    >>> texts = {}
+    >>> a = plain_level_of(texts, b'{"x": {"dtype": "torch.int8", "shape": [3]}}', "g0/meta.json")
+    >>> a is plain_level_of(texts, b'{"x": {"dtype": "torch.int8", "shape": [3]}}', "g1/meta.json"), a.nbytes
+    (True, [3])
+    """
+    found = texts.get(data, _UNSEEN)
+    if found is _UNSEEN:
+        found = plain_level(parse_meta(data, where))
+        if len(texts) < MAX_TEXTS:
+            texts[data] = found
+    return found

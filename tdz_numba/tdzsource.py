@@ -38,7 +38,7 @@ from . import records
 from .bounds import check_nested_sizes, parse_meta
 from .dtypes import dtype_table, torch_dtype
 from .errors import BadArchiveError, InvalidArgumentError, UnsupportedError
-from .plainlevel import MAX_TEXTS, PlainLevel, contiguous_strides, plain_level
+from .plainlevel import PlainLevel, contiguous_strides, plain_level, plain_level_of
 from .reader import ArchiveIndex
 from .records import Col
 from .sources import Child, LevelInfo, Location, Source
@@ -57,7 +57,6 @@ DTYPES = dtype_table()
 #: (which reads only the keys its meta.json lists) ignores.
 METADATA_ENTRY = "__metadata__.json"
 _PICKLE_SUFFIXES = (".pickle", ".pkl")
-_UNSEEN: Any = object()
 
 
 @dataclass(frozen=True)
@@ -219,12 +218,7 @@ class TdzSource(Source):
         if parsed is not None:
             plain = plain_level(parsed.meta)
         elif meta_name in index:
-            data = index.read_bytes(meta_name)
-            plain = self._plain.get(data, _UNSEEN)
-            if plain is _UNSEEN:
-                plain = plain_level(parse_meta(data, self.where(meta_name)))
-                if len(self._plain) < MAX_TEXTS:
-                    self._plain[data] = plain
+            plain = plain_level_of(self._plain, index.read_bytes(meta_name), self.where(meta_name))
         else:
             return None
         if plain is None:

@@ -34,9 +34,8 @@ import numpy as np
 from zlib_ng import zlib_ng
 
 from . import records
-from .bounds import parse_meta
 from .errors import TdzError
-from .plainlevel import MAX_TEXTS, PlainLevel, plain_level
+from .plainlevel import PlainLevel, plain_level, plain_level_of
 from .records import Col
 
 __all__ = [
@@ -284,16 +283,10 @@ def _fast_level(
         raw = index.buffer[offset : offset + int(cols[row, Col.SIZE])]
         if (zlib_ng.crc32(raw) if raw.size else 0) != cols[row, Col.CRC]:
             return None  # the sequential read names the CRC error
-        data = raw.tobytes()
-        if data in templates:
-            tpl = templates[data]
-        else:
-            try:
-                tpl = plain_level(parse_meta(data, ""))
-            except TdzError:
-                tpl = None
-            if len(templates) < MAX_TEXTS:
-                templates[data] = tpl
+        try:
+            tpl = plain_level_of(templates, raw.tobytes(), "")
+        except TdzError:  # the sequential read names it
+            tpl = None
     if tpl is None:
         return None
     subs = [prefix + sub for sub in tpl.subs]
