@@ -90,6 +90,13 @@ class RangeServer:
                     cut = body and outer.drop > 0
                     if cut:
                         outer.drop -= 1
+                # logged before anything is sent: a client that has its reply finds it in the log
+                if not body:
+                    outer._record(self.command, self.path, header, 0)
+                elif cut:
+                    outer._record("GET-DROPPED", self.path, header, len(chunk) // 2)
+                else:
+                    outer._record(self.command, self.path, header, len(chunk))
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(chunk)))
                 self.send_header("Accept-Ranges", "bytes")
@@ -98,17 +105,14 @@ class RangeServer:
                     self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
                 self.end_headers()
                 if not body:
-                    outer._record(self.command, self.path, header, 0)
                     return
                 if cut:  # half the body, then the connection drops
                     self.wfile.write(chunk[: len(chunk) // 2])
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
-                    outer._record("GET-DROPPED", self.path, header, len(chunk) // 2)
                     return
                 self.wfile.write(chunk)
-                outer._record(self.command, self.path, header, len(chunk))
 
             def do_GET(self):
                 self._serve(True)
