@@ -50,6 +50,7 @@ import subprocess
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Iterator
 from typing import Any
 
@@ -78,6 +79,7 @@ __all__ = [
     "parse_central_directory",
     "resolve_local",
     "check_local_headers",
+    "walk_central",
 ]
 
 #: Bytes hashed per parallel work item (the kernels' chunk; see :mod:`tdz_numba.kernels`).
@@ -94,6 +96,7 @@ _LOCK_NAME = "tdz_numba-warmup.lock"
 #: Files whose content the compiled kernels depend on (part of the marker's key).
 _SOURCES = (
     "kernels.py",
+    "cd_kernels.py",
     "_jit.py",
     "records.py",
     "codec_kernels.py",
@@ -443,3 +446,31 @@ def check_local_headers(
     from .kernels import check_local_headers as kernel
 
     return kernel(buf, cols, cd_offset, hdr, hpos)
+
+
+def walk_central(cd: bytes, cd_offset: int, count: int) -> tuple[array, str] | None:
+    """A small archive's central directory ``cd`` (at ``cd_offset``, ``count`` records) checked
+    by :func:`tdz_numba.cd_kernels.walk_central`: ``(record starts, names joined by NUL)``.
+
+    None when the kernels do not run or the kernel defers (zip64 values, records out of
+    file order, names that are not plain ASCII, anything wrong): the caller then takes
+    the Python path (:func:`tdz_numba.smallindex._parse_central`), which is this
+    function's twin.
+
+    Examples
+    --------
+    >>> with forced("never"):
+    ...     walk_central(b"", 0, 0) is None
+    True
+    """
+    if not use_kernels(count):
+        return None
+    from .cd_kernels import walk_central as kernel
+
+    starts = array("q", bytes(8 * count))
+    joined = bytearray(len(cd))
+    n = kernel(cd, cd_offset, count, starts, joined)
+    if n < 0:
+        return None
+    del joined[n:]
+    return starts, joined.decode("ascii")

@@ -41,6 +41,7 @@ __all__ = ["WarmupReport", "warmup", "kernel_dispatchers", "cache_dirs", "backgr
 
 _KERNEL_MODULES = (
     "tdz_numba.kernels",
+    "tdz_numba.cd_kernels",
     "tdz_numba.codec_kernels",
     "tdz_numba.page_kernels",
     "tdz_numba.verify_kernels",
@@ -108,7 +109,7 @@ def _crc_layout_index(tmp: Path) -> None:
     crc32_spans(np.array([data.ctypes.data], np.int64), np.array([data.size], np.int64), 1 << 20)
     loaded = api.load(path)
     float(loaded["a"].sum())
-    with api.open(path) as ar:
+    with api.open(path) as ar:  # (the central directory walked by cd_kernels.walk_central)
         ar["b/c"]
     api.verify(path)
     from .reader import ArchiveIndex

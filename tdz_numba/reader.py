@@ -95,7 +95,7 @@ _SMALL_READ = 1 << 20
 #: of a small archive: the file is mapped when a payload is first read); a central directory
 #: that starts before them is read with a second ``pread`` when it is within ``_TAIL_MAX``.
 #: (A cold ``pread`` of 16 KiB: ~33 us, of 64 KiB: ~45 us.)
-_TAIL_BYTES = 16 * 1024
+_TAIL_BYTES = 32 * 1024
 _TAIL_MAX = 256 * 1024
 _MAP_LOCK = threading.Lock()
 #: Descriptors that unmapped indexes may hold at once in a process; an open beyond them maps

@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 from zlib import crc32
 
-from . import records
+from . import kernel_dispatch, records
 
 __all__ = [
     "SMALL_ENTRIES",
@@ -124,7 +124,7 @@ class SmallRows:
     def __init__(
         self,
         cd: bytes,
-        starts: list[int],
+        starts: Sequence[int],
         cd_offset: int,
         zip64: dict[int, tuple[int, int, int]] | None,
         rows: list[list[int] | None] | None = None,
@@ -200,7 +200,22 @@ def parse_small(
     """
     if not records.central_directory_fits(len(data), cd_offset, cd_size, count):
         return None
-    return _parse_central(data[cd_offset : cd_offset + cd_size], cd_offset, count)
+    return _parse_any(data[cd_offset : cd_offset + cd_size], cd_offset, count)
+
+
+def _parse_any(cd: bytes, cd_offset: int, count: int) -> tuple[SmallRows, list[str], dict[str, int]] | None:
+    """:func:`_parse_central`, by the :func:`~tdz_numba.cd_kernels.walk_central` kernel when the
+    dispatcher runs kernels and the kernel accepts the central directory (a plain one: no zip64
+    values, records in file order, ASCII names without NUL); the same result either way."""
+    walked = kernel_dispatch.walk_central(cd, cd_offset, count)
+    if walked is None:
+        return _parse_central(cd, cd_offset, count)
+    starts, text = walked
+    names = text.split("\x00") if count else []
+    by_name = dict(zip(names, range(count)))
+    if len(by_name) != count:  # a name twice (the general path names it)
+        return None
+    return SmallRows(cd, starts, cd_offset, None), names, by_name
 
 
 def _parse_central(
@@ -350,7 +365,7 @@ def parse_tail(
         return None
     if count > cd_size // _CD_SIZEOF or count > max_count:
         return None
-    found = _parse_central(tail[cd_offset - base : cd_offset - base + cd_size], cd_offset, count)
+    found = _parse_any(tail[cd_offset - base : cd_offset - base + cd_size], cd_offset, count)
     if found is None:
         return None
     return records.EndRecord(count, cd_offset, cd_size, end_offset, False), *found

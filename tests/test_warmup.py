@@ -58,6 +58,7 @@ def test_warmup_compiles_everything_ahead(tmp_path: Path) -> None:
         "crc32_spans",
         "plan_layout",
         "parse_central_directory",
+        "walk_central",
         "check_local_headers",
         "deflate_segments",
         "inflate_segments",
