@@ -57,6 +57,9 @@ _STORED = records.STORED
 _KNOWN = tuple(sorted(records.METHOD_NAMES))
 assert len(_KNOWN) == 4 and _CD_SIZEOF == 46 and _LH_SIZEOF == 30
 _M0, _M1, _M2, _M3 = _KNOWN
+_NCOLS = len(records.Col)
+_NOFF = int(records.Col.NAME_OFFSET)
+_NLEN = int(records.Col.NAME_LEN)
 
 
 @njit(**KERNEL)
@@ -153,33 +156,34 @@ def walk_central(cd, cd_offset, count, starts, joined):
 
 
 @njit(**KERNEL)
-def gather_names(buf, offsets, lengths, joined):
-    """Copies the names ``buf[offsets[i] : offsets[i] + lengths[i]]`` into ``joined``, NUL-separated.
+def gather_names(buf, cols, joined):
+    """Copies every entry's name, ``buf[cols[i, NAME_OFFSET] : ... + cols[i, NAME_LEN]]``, into
+    ``joined``, NUL-separated.
 
     Parameters
     ----------
     buf : uint8 array
-        The bytes the offsets point into (the mapping, or the central directory).
-    offsets, lengths : int64 arrays of the same size
-    joined : uint8 array
-        Large enough for every name and a separator each.
+        The archive's bytes (the mapping).
+    cols : int64 array (count, len(records.Col))
+        The index of :func:`tdz_numba.kernels.parse_central_directory`.
+    joined : uint8 array or bytearray
+        Room for every name and a separator each.
 
     Returns
     -------
     int
         The length written (>= 0); :data:`DEFER` when a name holds a NUL or a byte
-        >= 0x80 (the caller then slices the names one by one), or lies outside ``buf``;
-        :data:`BAD_ARGUMENTS` when ``lengths`` or ``joined`` does not fit.
+        >= 0x80 (the caller then slices the names one by one) or lies outside ``buf``;
+        :data:`BAD_ARGUMENTS` when ``cols`` or ``joined`` does not fit.
     """
-    count = len(offsets)
-    if len(lengths) != count:
+    if cols.shape[1] != _NCOLS:
         return BAD_ARGUMENTS
     n = len(buf)
     room = len(joined)
     j = 0
-    for i in range(count):
-        start = offsets[i]
-        length = lengths[i]
+    for i in range(cols.shape[0]):
+        start = cols[i, _NOFF]
+        length = cols[i, _NLEN]
         if start < 0 or length < 0 or start > n or length > n - start:
             return DEFER
         if i:

@@ -80,6 +80,7 @@ __all__ = [
     "resolve_local",
     "check_local_headers",
     "walk_central",
+    "gather_names",
 ]
 
 #: Bytes hashed per parallel work item (the kernels' chunk; see :mod:`tdz_numba.kernels`).
@@ -474,3 +475,29 @@ def walk_central(cd: bytes, cd_offset: int, count: int) -> tuple[array, str] | N
         return None
     del joined[n:]
     return starts, joined.decode("ascii")
+
+
+def gather_names(buf: np.ndarray, cols: np.ndarray, room: int) -> str | None:
+    """Every entry's name (``cols`` from :func:`parse_central_directory` over ``buf``), joined by
+    NUL, copied by :func:`tdz_numba.cd_kernels.gather_names` into a buffer of ``room`` bytes
+    (the central directory's size holds them all).
+
+    None when the kernels do not run, or a name holds a NUL or a byte >= 0x80 (the caller
+    then decodes each name: :meth:`tdz_numba.reader.ArchiveIndex._decode_names`).
+
+    Examples
+    --------
+    >>> with forced("never"):
+    ...     gather_names(np.zeros(1, np.uint8), np.zeros((0, 14), np.int64), 0) is None
+    True
+    """
+    if not use_kernels():
+        return None
+    from .cd_kernels import gather_names as kernel
+
+    joined = bytearray(room)
+    n = kernel(buf, cols, joined)
+    if n < 0:
+        return None
+    del joined[n:]
+    return joined.decode("ascii")

@@ -116,6 +116,9 @@ def _crc_layout_index(tmp: Path) -> None:
 
     index = ArchiveIndex(path)
     index._check_local_by_pread(index._cols.copy())  # what a check of far-apart headers runs
+    from .kernel_dispatch import gather_names
+
+    gather_names(index.buffer, index._cols, index.end.cd_size)  # the names of a large archive
     index.close()
 
 

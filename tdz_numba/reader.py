@@ -522,9 +522,15 @@ class ArchiveIndex:
         return raw.decode("cp437")
 
     def _decode_names(self) -> list[str]:
-        """All entry names, sliced from one decoded copy of the central directory."""
+        """All entry names: copied into one NUL-joined text by a kernel and split (ASCII names,
+        when kernels run), else sliced from one decoded copy of the central directory."""
         if not len(self._cols):
             return []
+        from .kernel_dispatch import gather_names
+
+        joined = gather_names(self.buffer, self._cols, self.end.cd_size)
+        if joined is not None:
+            return joined.split("\x00")
         cd0 = self.end.cd_offset
         data = getattr(self, "_mmap", None)  # (a local file: sliced without numpy)
         raw = data[cd0 : cd0 + self.end.cd_size] if data is not None else None

@@ -335,3 +335,59 @@ def test_fuzz_central_bytes_in_subprocess(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.split()[:2] == ["ok", "3000"], done.stdout
+
+
+def _big_index(tmp_path: Path, entries: dict[str, bytes]) -> ArchiveIndex:
+    p = tmp_path / "big.zip"
+    p.write_bytes(_zip(entries))
+    with kernel_dispatch.forced("always"):
+        ix = ArchiveIndex(p)
+    assert ix._small is None  # (more than SMALL_ENTRIES: the kernel path)
+    return ix
+
+
+def _slow_names(ix: ArchiveIndex) -> list[str]:
+    with kernel_dispatch.forced("never"):
+        return ix._decode_names()
+
+
+@pytest.mark.parametrize("unusual", [None, "ä", "\0", "\x7f"])
+def test_gather_names_against_slicing_and_zipfile(tmp_path, unusual):
+    names = [f"d{i % 7}/k{i}.memmap" for i in range(300)]
+    if unusual is not None:
+        names[150] = f"x{unusual}y"
+    ix = _big_index(tmp_path, dict.fromkeys([n.replace("\0", "~") for n in names], b"1"))
+    if unusual == "\0":  # zipfile cuts names at a NUL: patched in after
+        p = tmp_path / "nul.zip"
+        p.write_bytes(ix.path.read_bytes().replace(b"x~y", b"x\0y"))
+        with kernel_dispatch.forced("always"):
+            ix = ArchiveIndex(p)
+    assert ix.names == names == _slow_names(ix)
+    joined = bytearray(ix.end.cd_size)
+    n = cd_kernels.gather_names(ix.buffer, ix._cols, joined)
+    assert n == (cd_kernels.DEFER if unusual in ("ä", "\0") else len("\0".join(names)))
+    assert n == cd_kernels.gather_names.py_func(ix.buffer, ix._cols, bytearray(ix.end.cd_size))
+    if unusual != "\0":
+        with zipfile.ZipFile(ix.path) as z:
+            assert z.namelist() == names
+
+
+def test_gather_names_bounds(tmp_path):
+    ix = _big_index(tmp_path, {f"k{i}": b"" for i in range(300)})
+    cols, buf = ix._cols.copy(), ix.buffer
+    total = len("\0".join(ix.names))
+    assert cd_kernels.gather_names(buf, cols, bytearray(total)) == total
+    assert cd_kernels.gather_names(buf, cols, bytearray(total - 1)) == cd_kernels.BAD_ARGUMENTS
+    assert cd_kernels.gather_names(buf, cols[:, :5].copy(), bytearray(total)) == cd_kernels.BAD_ARGUMENTS
+    for col, value in (
+        (records.Col.NAME_OFFSET, -1),
+        (records.Col.NAME_OFFSET, buf.size),
+        (records.Col.NAME_LEN, -5),
+    ):
+        bad = cols.copy()
+        bad[7, col] = value
+        assert cd_kernels.gather_names(buf, bad, bytearray(buf.size)) == cd_kernels.DEFER
+    bad = cols.copy()
+    bad[7, records.Col.NAME_LEN] = buf.size
+    assert cd_kernels.gather_names(buf, bad, bytearray(2 * buf.size)) == cd_kernels.DEFER
+    assert cd_kernels.gather_names(buf, cols[:0], bytearray(0)) == 0

@@ -59,6 +59,7 @@ def test_warmup_compiles_everything_ahead(tmp_path: Path) -> None:
         "plan_layout",
         "parse_central_directory",
         "walk_central",
+        "gather_names",
         "check_local_headers",
         "deflate_segments",
         "inflate_segments",
