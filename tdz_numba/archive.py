@@ -162,9 +162,11 @@ class Archive(LeafMemory, Mapping):
     """
 
     def __init__(self, source: Source | _State, prefix: str = "") -> None:
-        self._state = source if isinstance(source, _State) else _State(source)
+        state = self._state = source if isinstance(source, _State) else _State(source)
         self._prefix = prefix
-        self._level()  # parse this level now: errors surface at open
+        if state.closed:
+            raise InvalidArgumentError(f"{state.source.path}: the archive is closed")
+        state.source.check_level(prefix)  # parse this level now: errors surface at open
 
     # -- context manager -------------------------------------------------------
     def __enter__(self) -> Archive:
@@ -187,14 +189,15 @@ class Archive(LeafMemory, Mapping):
             raise InvalidArgumentError(
                 f"{self.path}: close(refresh=True) needs an archive opened with mode='r+'"
             )
-        path = self.path
-        state.source.close()
+        source = state.source
+        source.close()
         state.closed = True
-        state.views.clear()
+        if state.views:
+            state.views.clear()
         if refresh:
             from .integrity import refresh_checksums
 
-            refresh_checksums(path)
+            refresh_checksums(source.path)
 
     @property
     def closed(self) -> bool:

@@ -22,15 +22,27 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
 from .dtypes import dtype_table
-from .tree import _ENCODED, FORMAT_VERSION, NON_TENSOR_DATA_TYPE, RESERVED_FIELDS, encode_key, is_keyed
+from .sources import Child
+from .tree import (
+    _ENCODED,
+    FORMAT_VERSION,
+    NON_TENSOR_DATA_TYPE,
+    RESERVED_FIELDS,
+    TD_CLASS,
+    TD_TYPE,
+    LeafSpec,
+    encode_key,
+    is_keyed,
+)
 
-__all__ = ["PlainLevel", "plain_level", "plain_level_of", "MAX_TEXTS"]
+__all__ = ["PlainLevel", "plain_level", "plain_level_of", "MAX_TEXTS", "is_plain_td", "plain_children"]
 
 #: Distinct ``meta.json`` texts a reader keeps a :class:`PlainLevel` of (beyond: parsed per level).
 MAX_TEXTS = 4096
@@ -159,3 +171,95 @@ def plain_level_of(texts: dict[bytes, PlainLevel | None], data: bytes, where: st
         if len(texts) < MAX_TEXTS:
             texts[data] = found
     return found
+
+
+def is_plain_td(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> bool:
+    """Whether a parsed ``meta.json`` is a plain TensorDict level that
+    :func:`~tdz_numba.tree.describe_level` describes without error, checked without
+    building anything: a ``TensorDict`` of a known format version whose leaves have a
+    known dtype, a valid list shape and a bool ``is_nested`` (or none), and whose
+    sub-levels name a ``type`` and have a ``meta.json`` (``has_meta("a/b/meta.json")``).
+    Its children are then :func:`plain_children`; anything else (and every error) is
+    for the general path.
+
+    >>> meta = {"x": {"dtype": "torch.float32", "shape": [2, 3]}, "sub": {"type": "TensorDict"},
+    ...         "shape": [], "_type": "<class 'tensordict._td.TensorDict'>"}
+    >>> is_plain_td(meta, "", lambda name: name == "sub/meta.json")
+    True
+    >>> is_plain_td(meta, "", lambda name: False), is_plain_td({"x": {"dtype": "odd", "shape": []}}, "", None)
+    (False, False)
+    """
+    if type(meta) is not dict:
+        return False
+    cls = meta.get("_class")
+    if cls is None:
+        typ = meta.get("_type")
+        if typ is not None and typ != TD_TYPE:
+            return False
+    elif cls != TD_CLASS:
+        return False
+    version = meta.get("_format_version", 0)
+    if type(version) is not int or version > FORMAT_VERSION:
+        return False
+    itemsizes, encoded = _ITEMSIZE, _ENCODED
+    for key, value in meta.items():
+        if type(value) is not dict:
+            if key in RESERVED_FIELDS:
+                continue
+            return False
+        if "dtype" in value:
+            dname, shape = value["dtype"], value.get("shape")
+            itemsize = itemsizes.get(dname) if type(dname) is str else None
+            if itemsize is None or type(shape) is not list:
+                return False
+            nested = value.get("is_nested", False)
+            if nested is not False:
+                if nested is not True:
+                    return False
+                itemsize = 8  # a nested leaf's shape is that of its int64 sizes
+            if len(shape) == 1:
+                n = shape[0]
+                if type(n) is not int or n < 0 or n > MAX_NBYTES // itemsize:
+                    return False
+            elif shape_nbytes(shape, itemsize) < 0:
+                return False
+        elif "type" not in value or not has_meta(
+            prefix + (encoded.get(key) or encode_key(key)) + "/meta.json"
+        ):
+            return False
+    return True
+
+
+def plain_children(meta: dict[str, Any], prefix: str) -> dict[str, Child]:
+    """The children of a level that :func:`is_plain_td` accepted, as
+    :func:`~tdz_numba.tree.describe_level` gives them (the same
+    :class:`~tdz_numba.sources.Child` and :class:`~tdz_numba.tree.LeafSpec` values).
+
+    >>> kids = plain_children({"x": {"dtype": "torch.int8", "shape": [3]}, "s": {"type": "TensorDict"}}, "a/")
+    >>> kids["x"].leaf.entry, kids["x"].leaf.shape, kids["s"].path
+    ('a/x.memmap', (3,), 'a/s/')
+    """
+    new, encoded = tuple.__new__, _ENCODED
+    children: dict[str, Child] = {}
+    for key, value in meta.items():
+        if type(value) is not dict:
+            continue  # a reserved field
+        base = prefix + (encoded.get(key) or encode_key(key))
+        if "dtype" not in value:
+            children[key] = new(Child, (key, "level", base + "/", None))
+            continue
+        nested = value.get("is_nested", False)
+        entry = base + ".memmap"
+        spec = new(
+            LeafSpec,
+            (
+                key,
+                entry,
+                value["dtype"],
+                tuple(value["shape"]),
+                nested,
+                base + ".shape.memmap" if nested else None,
+            ),
+        )
+        children[key] = new(Child, (key, "leaf", entry, spec))
+    return children

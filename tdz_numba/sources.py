@@ -32,18 +32,23 @@ import mmap
 import os
 import stat
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from .errors import BadArchiveError, InvalidArgumentError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 __all__ = [
     "MappedFile",
     "TensorSpec",
     "Child",
     "LevelInfo",
+    "LeafInfo",
     "Location",
     "Source",
     "TreeSource",
@@ -156,6 +161,47 @@ class Child(NamedTuple):
     kind: str
     path: str
     leaf: Any = None
+
+
+@dataclass(frozen=True)
+class LeafInfo:
+    """Where a leaf lives in its file and how it is stored.
+
+    ``zero_copy``: whether the leaf is a view of the file's mapping;
+    ``location``: ``(file, offset, nbytes)`` of its bytes (None when the leaf
+    has no payload); ``type_name``: the file's own name for the element type
+    (``"torch.float32"``, ``"F32"``, ``"Q4_K"``).
+    """
+
+    key: str
+    entry: str | None
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int | None
+    nbytes: int
+    stored_nbytes: int
+    compression: str
+    crc: int | None
+    nested: bool
+    zero_copy: bool = False
+    location: Location | None = None
+    type_name: str = ""
+
+    @property
+    def evictable(self) -> bool:
+        """Whether the leaf's payload starts on a page of this machine and covers whole
+        pages: :meth:`Archive.evict` can then drop it without touching a neighbour
+        (``save(..., align="auto")`` gives big leaves this)."""
+        from .memory import is_evictable
+
+        return self.zero_copy and self.offset is not None and is_evictable(self.offset, self.stored_nbytes)
+
+    @property
+    def caps(self):
+        """The leaf's :class:`~tdz_numba.leafmemory.Caps` (map, evict, verify, alignment)."""
+        from .leafmemory import leaf_caps
+
+        return leaf_caps(self, self.crc is not None)
 
 
 class LevelInfo(NamedTuple):
@@ -298,6 +344,11 @@ class Source:
 
     def level(self, prefix: str) -> LevelInfo:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def check_level(self, prefix: str) -> None:
+        """Raises what :meth:`level` would raise for ``prefix`` (a source may defer
+        building the level's children until :meth:`level` is called)."""
+        self.level(prefix)
 
     def has_level(self, prefix: str) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,17 @@ from . import records
 from .bounds import check_nested_sizes, parse_meta
 from .dtypes import dtype_table, torch_dtype
 from .errors import BadArchiveError, InvalidArgumentError, UnsupportedError
-from .plainlevel import PlainLevel, contiguous_strides, plain_level, plain_level_of
+from .plainlevel import (
+    PlainLevel,
+    contiguous_strides,
+    is_plain_td,
+    plain_children,
+    plain_level,
+    plain_level_of,
+)
 from .reader import ArchiveIndex
 from .records import Col
-from .sources import Child, LevelInfo, Location, Source
+from .sources import Child, LeafInfo, LevelInfo, Location, Source
 from .tree import (
     LeafSpec,
     Level,
@@ -57,47 +63,6 @@ DTYPES = dtype_table()
 #: (which reads only the keys its meta.json lists) ignores.
 METADATA_ENTRY = "__metadata__.json"
 _PICKLE_SUFFIXES = (".pickle", ".pkl")
-
-
-@dataclass(frozen=True)
-class LeafInfo:
-    """Where a leaf lives in its file and how it is stored.
-
-    ``zero_copy``: whether the leaf is a view of the file's mapping;
-    ``location``: ``(file, offset, nbytes)`` of its bytes (None when the leaf
-    has no payload); ``type_name``: the file's own name for the element type
-    (``"torch.float32"``, ``"F32"``, ``"Q4_K"``).
-    """
-
-    key: str
-    entry: str | None
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    offset: int | None
-    nbytes: int
-    stored_nbytes: int
-    compression: str
-    crc: int | None
-    nested: bool
-    zero_copy: bool = False
-    location: Location | None = None
-    type_name: str = ""
-
-    @property
-    def evictable(self) -> bool:
-        """Whether the leaf's payload starts on a page of this machine and covers whole
-        pages: :meth:`Archive.evict` can then drop it without touching a neighbour
-        (``save(..., align="auto")`` gives big leaves this)."""
-        from .memory import is_evictable
-
-        return self.zero_copy and self.offset is not None and is_evictable(self.offset, self.stored_nbytes)
-
-    @property
-    def caps(self):
-        """The leaf's :class:`~tdz_numba.leafmemory.Caps` (map, evict, verify, alignment)."""
-        from .leafmemory import leaf_caps
-
-        return leaf_caps(self, self.crc is not None)
 
 
 def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -146,6 +111,7 @@ class TdzSource(Source):
         self.num_threads = num_threads
         self.files = []
         self._levels: dict[str, LevelInfo] = {}
+        self._checked: dict[str, dict[str, Any]] = {}  # prefix -> meta.json of a plain level (check_level)
         self._tensors: dict[str, torch.Tensor] = {}
         self._typed: dict[torch.dtype, torch.Tensor] = {}
         self._kinds: dict[str, tuple[int, torch.Tensor]] = {}
@@ -181,20 +147,46 @@ class TdzSource(Source):
         cached = self._levels.get(prefix)
         if cached is not None:
             return cached
+        meta = self._checked.pop(prefix, None)  # a plain level checked by check_level
+        if meta is None:
+            meta = self._read_meta(prefix)
+            if not is_plain_td(meta, prefix, self.index.__contains__):
+                return self._describe(meta, prefix)
+        result = self._levels[prefix] = tuple.__new__(LevelInfo, (True, plain_children(meta, prefix), meta))
+        return result
+
+    def check_level(self, prefix: str) -> None:
+        """Raises what :meth:`level` would raise for the level at ``prefix``, building only
+        what a level that is not plain needs: a plain TensorDict level
+        (:func:`~tdz_numba.plainlevel.is_plain_td`) is kept parsed, its children made
+        on first use (open reads the root ``meta.json`` this way)."""
+        if prefix in self._levels or prefix in self._checked:
+            return
+        meta = self._read_meta(prefix)
+        if is_plain_td(meta, prefix, self.index.__contains__):
+            self._checked[prefix] = meta
+        else:
+            self._describe(meta, prefix)
+
+    def _read_meta(self, prefix: str) -> Any:
+        """The parsed ``meta.json`` of the level at ``prefix``."""
         index = self.index
         meta_name = prefix + "meta.json"
         if meta_name not in index:
             raise BadArchiveError(f"{self.where(prefix)}: no meta.json entry {meta_name!r}")
-        meta = parse_meta(index.read_bytes(meta_name), self.where(meta_name))
+        return parse_meta(index.read_bytes(meta_name), self.where(meta_name))
+
+    def _describe(self, meta: Any, prefix: str) -> LevelInfo:
+        """The level at ``prefix`` by :func:`~tdz_numba.tree.describe_level` (any level; its errors)."""
+        index = self.index
         keyed, children = describe_level(
             meta,
             prefix,
             lambda: index.listing(prefix),
             lambda sub: sub + "meta.json" in index or index.is_dir(sub),
-            self.where(meta_name),
+            self.where(prefix + "meta.json"),
         )
-        result = LevelInfo(keyed, {c.key: c for c in children}, meta)
-        self._levels[prefix] = result
+        result = self._levels[prefix] = LevelInfo(keyed, {c.key: c for c in children}, meta)
         return result
 
     def quick_level(self, prefix: str, tensors: bool = True) -> tuple[Level, list[tuple[str, str]]] | None:
@@ -217,6 +209,8 @@ class TdzSource(Source):
         meta_name = prefix + "meta.json"
         if parsed is not None:
             plain = plain_level(parsed.meta)
+        elif prefix in self._checked:
+            plain = plain_level(self._checked[prefix])
         elif meta_name in index:
             plain = plain_level_of(self._plain, index.read_bytes(meta_name), self.where(meta_name))
         else:
@@ -284,7 +278,7 @@ class TdzSource(Source):
 
     def parsed_levels(self) -> set[str]:
         """Prefixes of the levels parsed so far (open is lazy: only what was reached)."""
-        return set(self._levels)
+        return set(self._levels) | set(self._checked)
 
     def read_bytes(self, name: str) -> bytes:
         """The uncompressed bytes of entry ``name`` (CRC checked)."""
@@ -572,10 +566,11 @@ class TdzSource(Source):
 
     def close(self) -> None:
         self.index.close()
-        self._typed = {}
-        self._kinds = {}
+        if self._tensors or self._typed:  # (nothing to drop after a bare open)
+            self._typed = {}
+            self._kinds = {}
+            self._tensors = {}
         self._columns = None
-        self._tensors = {}
 
 
 def open_tdz(

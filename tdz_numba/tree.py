@@ -34,7 +34,7 @@ import torch
 
 from .bounds import check_shape, shape_nbytes
 from .dtypes import dtype_table, from_numpy_dtype
-from .errors import InvalidTreeError, UnsafeContentError
+from .errors import BadArchiveError, InvalidTreeError, UnsafeContentError
 from .sources import Child
 
 __all__ = [
@@ -561,8 +561,6 @@ def describe_level(
     exists. Raises :class:`~tdz_numba.errors.BadArchiveError` for a malformed
     meta.json.
     """
-    from .errors import BadArchiveError
-
     if not isinstance(meta, dict):
         raise BadArchiveError(f"{where}: meta.json must hold a JSON object, found {type(meta).__name__}")
     version = meta.get("_format_version", 0)
