@@ -35,11 +35,11 @@ Examples
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 from . import records
 from ._jit import KERNEL
+from .kernels import _u16, _u32  # the little-endian field readers of the index kernels
 
 __all__ = ["DEFER", "BAD_ARGUMENTS", "walk_central", "gather_names"]
 
@@ -60,16 +60,6 @@ _M0, _M1, _M2, _M3 = _KNOWN
 _NCOLS = len(records.Col)
 _NOFF = int(records.Col.NAME_OFFSET)
 _NLEN = int(records.Col.NAME_LEN)
-
-
-@njit(**KERNEL)
-def _u16(buf, p):
-    return np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8)
-
-
-@njit(**KERNEL)
-def _u32(buf, p):
-    return _u16(buf, p) | (_u16(buf, p + 2) << 16)
 
 
 @njit(**KERNEL)

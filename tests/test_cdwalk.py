@@ -22,6 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from ziputil import zip_bytes  # noqa: E402
+
 import tdz_numba  # noqa: E402
 from tdz_numba import cd_kernels, kernel_dispatch, records, smallindex  # noqa: E402
 from tdz_numba.errors import TdzError  # noqa: E402
@@ -30,12 +32,7 @@ from tdz_numba.reader import ArchiveIndex  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _zip(entries: dict[str, bytes], **kw) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", **kw) as z:
-        for name, data in entries.items():
-            z.writestr(name, data)
-    return buf.getvalue()
+_zip = zip_bytes
 
 
 def _cd(data: bytes) -> tuple[bytes, int, int]:

@@ -8,10 +8,8 @@ valid archives and on thousands of mutated ones (the fuzz harness's mutators).
 
 from __future__ import annotations
 
-import io
 import struct
 import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ziputil import zip_bytes  # noqa: E402
 
 import tdz_numba  # noqa: E402
 from tdz_numba import reader, records, smallindex  # noqa: E402
@@ -124,12 +124,7 @@ def test_mutated_archives_agree(seeds, tmp_path):
     assert small_ok > CASES // 10  # many mutations leave the central directory readable
 
 
-def _zip(entries: dict[str, bytes], **kw) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", **kw) as z:
-        for name, data in entries.items():
-            z.writestr(name, data)
-    return buf.getvalue()
+_zip = zip_bytes
 
 
 @pytest.mark.parametrize(

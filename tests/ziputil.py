@@ -9,13 +9,14 @@ edited copy of an archive: entries replaced, dropped or added.
 
 from __future__ import annotations
 
+import io
 import struct
 import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["Record", "ParsedZip", "parse_zip", "payload_offset", "zero_timestamps", "rewrite"]
+__all__ = ["Record", "ParsedZip", "parse_zip", "payload_offset", "zero_timestamps", "rewrite", "zip_bytes"]
 
 LOCAL_SIG, CENTRAL_SIG, EOCD_SIG, ZIP64_EOCD_SIG = b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06", b"PK\x06\x06"
 
@@ -130,3 +131,13 @@ def rewrite(
         for name, data in add:
             zout.writestr(name, data)
     return Path(dst)
+
+
+def zip_bytes(entries: dict[str, bytes], **kw) -> bytes:
+    """A zip archive of ``entries`` (name -> bytes) written by the stdlib ``zipfile``
+    (``kw``: its options, e.g. ``compression``)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", **kw) as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    return buf.getvalue()
