@@ -86,23 +86,23 @@ _LAZY = {
     "refresh_checksums": "api",
     "allocate": "api",
     "convert": "api",
-    "Archive": "archive",
-    "LeafInfo": "archive",
-    "LevelInfo": "sources",
-    "Location": "sources",
-    "Level": "tree",
-    "RawFile": "tree",
-    "PickledData": "tree",
-    "VerifyReport": "integrity",
-    "warmup": "precompile",  # not in __all__: tdz_numba.warmup()
+    "Archive": "archive.mapping",
+    "LeafInfo": "archive.mapping",
+    "LevelInfo": "tdz.sources",
+    "Location": "tdz.sources",
+    "Level": "tdz.tree",
+    "RawFile": "tdz.tree",
+    "PickledData": "tdz.tree",
+    "VerifyReport": "archive.verify",
+    "warmup": "cli.warmup",  # not in __all__: tdz_numba.warmup()
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import allocate, convert, is_archive, load, open, pack, refresh_checksums, save, unpack, verify
-    from .archive import Archive, LeafInfo
-    from .integrity import VerifyReport
-    from .sources import LevelInfo, Location
-    from .tree import Level, PickledData, RawFile
+    from .archive.mapping import Archive, LeafInfo
+    from .archive.verify import VerifyReport
+    from .tdz.sources import LevelInfo, Location
+    from .tdz.tree import Level, PickledData, RawFile
 
 
 def __getattr__(name: str) -> Any:

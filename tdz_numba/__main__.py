@@ -1,6 +1,6 @@
-"""``python -m tdz_numba``: the ``tdz`` command line (see :mod:`tdz_numba.cli`)."""
+"""``python -m tdz_numba``: the ``tdz`` command line (see :mod:`tdz_numba.cli.main`)."""
 
-from .cli import main
+from .cli.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -19,14 +19,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import archive as _archive
-from . import integrity as _integrity
-from . import remote as _remote
-from . import writer as _writer
-from ._paths import as_local_path, user_errors
+from .archive import mapping as _archive
+from .archive import verify as _integrity
 from .errors import FileMissingError
-from .tdcompat import converter as tdcompat_converter
-from .tree import Level, flatten
+from .files.paths import as_local_path, user_errors
+from .remote import read as _remote
+from .tdz.tdcompat import converter as tdcompat_converter
+from .tdz.tree import Level, flatten
+from .zipfmt import writer as _writer
 
 __all__ = [
     "save",
@@ -48,7 +48,7 @@ PathLike = str | os.PathLike
 def _check_num_threads(num_threads: object) -> None:
     if num_threads is None:  # nothing to check (importing from _jit runs its module __getattr__)
         return
-    from ._jit import check_num_threads  # numba loads with the first kernel anyway
+    from .jit.presets import check_num_threads  # numba loads with the first kernel anyway
 
     check_num_threads(num_threads)
 
@@ -75,7 +75,7 @@ def save(
     tree : Mapping or tensordict.TensorDict
         Nested mappings of ``torch.Tensor`` / ``numpy.ndarray`` leaves and
         plain values (str, int, float, bool, None and lists of them, written
-        as tensordict NonTensorData levels). :class:`~tdz_numba.tree.Level`
+        as tensordict NonTensorData levels). :class:`~tdz_numba.tdz.tree.Level`
         objects from :func:`load` keep their batch size, names and class.
         A ``tensordict.TensorDict`` is accepted when tensordict is installed.
     path : str or os.PathLike
@@ -158,7 +158,7 @@ def save(
     """
     _writer.check_write_args(compression, compresslevel, num_threads)
     if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: streamed
-        from .remote_write import save_remote
+        from .remote.write import save_remote
 
         entries = flatten(tree, convert=tdcompat_converter())
         if metadata is not None:
@@ -194,8 +194,8 @@ def _metadata_entry(metadata: Any) -> Any:
     import json
 
     from .errors import InvalidArgumentError
-    from .tdzsource import METADATA_ENTRY
-    from .tree import Entry
+    from .tdz.source import METADATA_ENTRY
+    from .tdz.tree import Entry
 
     if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
         raise InvalidArgumentError(f"metadata must be a dict with str keys, got {type(metadata).__name__}")
@@ -324,8 +324,8 @@ def open(
 def _plain_local_path(path: Any) -> Path | None:
     """``path`` as a :class:`~pathlib.Path` when it can only name a local file: a ``Path``
     (never a URL: it collapses ``//``) or a ``str`` without ``:`` (no URL scheme, no fsspec
-    chain); None otherwise (:func:`~tdz_numba.remote.is_remote` and
-    :func:`~tdz_numba._paths.as_local_path` decide)."""
+    chain); None otherwise (:func:`~tdz_numba.remote.read.is_remote` and
+    :func:`~tdz_numba.files.paths.as_local_path` decide)."""
     if isinstance(path, Path):
         return path
     if type(path) is str and ":" not in path:
@@ -500,7 +500,7 @@ def pack(
     [1.0, 1.0]
     """
     if _remote.is_remote(path):  # streamed to an fsspec URL, as save() does
-        from .remote_write import save_remote
+        from .remote.write import save_remote
 
         source = as_local_path(directory, what="directory")
         if not source.is_dir():
@@ -547,7 +547,7 @@ def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None)
     existing non-empty ``directory`` is merged into as tensordict's
     ``unpack_memmap`` does: the archive's files replace files of the same name
     (a link is replaced, not followed), other files stay. See
-    :mod:`tdz_numba.extract`.
+    :mod:`tdz_numba.zipfmt.extract`.
 
     Parameters
     ----------
@@ -586,7 +586,7 @@ def unpack(path: PathLike, directory: PathLike, *, progress: bool | None = None)
     ...     print(sorted(p.name for p in out.iterdir()))
     ['a.memmap', 'meta.json']
     """
-    from . import extract
+    from .zipfmt import extract
 
     return extract.unpack(as_local_path(path), as_local_path(directory, what="directory"), progress=progress)
 
@@ -812,7 +812,7 @@ def clean(directory: PathLike, *, dry_run: bool = False) -> list[Path]:
     ...     print(tdz_numba.api.clean(d))
     []
     """
-    from . import _tempfiles
+    from .files import tempfiles as _tempfiles
 
     with user_errors(directory, action="clean"):
         return _tempfiles.clean(as_local_path(directory, what="directory"), dry_run=dry_run)

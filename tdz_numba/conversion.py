@@ -66,11 +66,11 @@ def convert(
 ) -> Path:
     """See :func:`tdz_numba.convert`."""
     from . import api
-    from .archive import nest_flat
+    from .archive.mapping import nest_flat
 
     if nest is not None and (not isinstance(nest, str) or not nest):
         raise InvalidArgumentError(f"nest must be a non-empty str or None, got {nest!r}")
-    from .remote import is_remote
+    from .remote.read import is_remote
 
     remote_dst = is_remote(dst)  # an fsspec URL: api.save streams the .tdz there
     dst = dst if remote_dst else Path(dst)  # type: ignore[assignment]
@@ -98,8 +98,8 @@ def convert(
 
 def _walk(ar: Any, sep: str) -> tuple[list[tuple[str, Any]], dict[str, str]]:
     """``(joined key, leaf tensor)`` of every tensor leaf, and the non-tensor values as JSON."""
-    from .archive import Archive
-    from .tree import RawFile
+    from .archive.mapping import Archive
+    from .tdz.tree import RawFile
 
     tensors: list[tuple[str, Any]] = []
     values: dict[str, str] = {}
@@ -131,8 +131,8 @@ def write_safetensors(
     Raises :class:`~tdz_numba.InvalidTreeError` for a leaf safetensors cannot
     hold (nested, complex, ...) or two leaves joined to the same name.
     """
-    from .progress import progress as _progress
-    from .writer import write_segments
+    from .files.progress import progress as _progress
+    from .zipfmt.writer import write_segments
 
     tensors, values = _walk(ar, sep)
     maps = _mapped_ranges(ar.source)
@@ -205,7 +205,7 @@ def _mapped_ranges(source: Any) -> list[tuple[int, int]]:
 
 
 def _flush(fd: int, batch: list[tuple[int, Any]], bar: Any, maps: list[tuple[int, int]]) -> None:
-    from .writer import write_segments
+    from .zipfmt.writer import write_segments
 
     if not batch:
         return

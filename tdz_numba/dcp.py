@@ -78,7 +78,7 @@ class _Location:
     """A checkpoint directory: a local path or an fsspec URL prefix."""
 
     def __init__(self, path: str | os.PathLike, storage_options: dict[str, Any] | None) -> None:
-        from .remote import is_remote
+        from .remote.read import is_remote
 
         self.storage_options = storage_options
         self.url = isinstance(path, str) and is_remote(path)
@@ -210,7 +210,7 @@ class TdzStorageWriter(StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         from . import api
-        from .tree import Level
+        from .tdz.tree import Level
 
         name = f"{plan.storage_data.prefix}0.tdz"
         tree: dict[str, Any] = {}
@@ -342,7 +342,7 @@ class TdzStorageReader(StorageReader):
 
     def _open(self, rel: str):
         from . import api
-        from .remote import open_remote
+        from .remote.read import open_remote
 
         target = self.location.join(rel)
         if self.location.url:
@@ -352,7 +352,7 @@ class TdzStorageReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         from torch.distributed._shard._utils import narrow_tensor_by_index
 
-        from .tree import encode_key
+        from .tdz.tree import encode_key
 
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:

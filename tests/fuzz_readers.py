@@ -28,7 +28,7 @@ _CHILD = textwrap.dedent(
     import numpy as np, torch
     import tdz_numba
     from tdz_numba.errors import TdzError
-    from tdz_numba.sources import tensor_from_spec
+    from tdz_numba.tdz.sources import tensor_from_spec
     mod_name, fn_name = reader.rsplit(".", 1)
     opener = getattr(importlib.import_module(mod_name), fn_name)
     seed = open(seed_path, "rb").read()

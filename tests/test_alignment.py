@@ -16,8 +16,8 @@ from ziputil import parse_zip
 
 import tdz_numba
 from tdz_numba.errors import InvalidArgumentError
-from tdz_numba.layout import plan
-from tdz_numba.writer import AUTO_PAGE, AUTO_THRESHOLD
+from tdz_numba.zipfmt.layout import plan
+from tdz_numba.zipfmt.writer import AUTO_PAGE, AUTO_THRESHOLD
 
 KIB = 1024
 
@@ -107,7 +107,7 @@ def test_gap_when_the_padding_does_not_fit_the_extra_field(tmp_path):
     assert int(p.payload_offset[2]) % AUTO_PAGE == 0 and 0 < gap < 64
     assert int(p.pad[2]) <= 65535 - 24
     # the same through a real save: the plan of the real entries tells which size of leaf_00 gives a gap
-    from tdz_numba.tree import flatten
+    from tdz_numba.tdz.tree import flatten
 
     def tree_with(n):
         return {"leaf_00": torch.zeros(n, dtype=torch.uint8), "leaf_01": torch.arange(256, dtype=torch.uint8)}

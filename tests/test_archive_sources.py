@@ -1,5 +1,5 @@
 """One Archive over every source: a TreeSource built here (as a format reader would), the
-format dispatch of open/load (with a stub ``tdz_numba.formats``), copy/device/dtype/nest,
+format dispatch of open/load (a format registered by the test), copy/device/dtype/nest,
 metadata, convert round trips."""
 
 from __future__ import annotations
@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -16,7 +14,8 @@ import torch
 
 import tdz_numba
 from tdz_numba import Archive, InvalidArgumentError, MissingKeyError
-from tdz_numba.sources import Location, MappedFile, TensorSpec, TreeSource
+from tdz_numba.formats.detect import FORMATS, Format
+from tdz_numba.tdz.sources import Location, MappedFile, TensorSpec, TreeSource
 
 ST_DTYPES = {"F32": torch.float32, "I64": torch.int64, "F16": torch.float16, "U8": torch.uint8}
 
@@ -39,6 +38,13 @@ def _write_raw(path, tensors):
 def _source(path, specs, metadata=None, fmt="raw"):
     f = MappedFile.open(path)
     return TreeSource(fmt, path, specs, files=[f], metadata=metadata)
+
+
+def _register_raw(monkeypatch, opener):
+    """A "raw" format (``*.bin`` files) registered for this test, as a user registers one."""
+    monkeypatch.setitem(
+        FORMATS, "raw", Format("raw", lambda p, head, size: p.suffix == ".bin", opener, 0)
+    )
 
 
 @pytest.fixture
@@ -76,7 +82,7 @@ def test_tree_source_archive_mapping_info_and_nest(flat):
 
 def test_copy_device_dtype_options(flat, monkeypatch):
     path, specs, tensors = flat
-    monkeypatch.setattr(tdz_numba.bulk, "_SMALL_COPY", 0)  # exercise the parallel preadv path
+    monkeypatch.setattr(tdz_numba.archive.bulk, "_SMALL_COPY", 0)  # exercise the parallel preadv path
     ar = Archive(_source(path, specs))
     ar._state.copy = True
     d = ar.to_dict()
@@ -104,8 +110,8 @@ def test_copy_device_dtype_options(flat, monkeypatch):
 
 
 def test_copy_true_tdz_parallel_preadv(tmp_path, monkeypatch):
-    monkeypatch.setattr(tdz_numba.bulk, "_SMALL_COPY", 0)
-    monkeypatch.setattr(tdz_numba.bulk, "COPY_PIECE", 4096)  # several pieces per leaf
+    monkeypatch.setattr(tdz_numba.archive.bulk, "_SMALL_COPY", 0)
+    monkeypatch.setattr(tdz_numba.archive.bulk, "COPY_PIECE", 4096)  # several pieces per leaf
     tree = {f"k{i}": torch.randn(3000 + i) for i in range(5)}
     p = tdz_numba.save(tree, tmp_path / "x.tdz")
     back = tdz_numba.load(p, copy=True)
@@ -121,11 +127,7 @@ def test_copy_true_tdz_parallel_preadv(tmp_path, monkeypatch):
 def test_stub_formats_dispatch_and_convert(flat, tmp_path, monkeypatch):
     """open/load/verify/info dispatch on tdz_numba.formats.detect/open_source; convert to .tdz nests names."""
     path, specs, tensors = flat
-    stub = types.ModuleType("tdz_numba.formats")
-    stub.detect = lambda p: "raw" if str(p).endswith(".bin") else "tdz"
-    stub.open_source = lambda p, copy=False: _source(p, specs, {"k": "v"})
-    monkeypatch.setitem(sys.modules, "tdz_numba.formats", stub)
-    monkeypatch.setattr(tdz_numba, "formats", stub, raising=False)
+    _register_raw(monkeypatch, lambda p, **options: _source(p, specs, {"k": "v"}))
     with tdz_numba.open(path) as ar:
         assert ar.format == "raw" and ar.metadata == {"k": "v"}
         assert "format='raw'" in repr(ar)
@@ -139,7 +141,7 @@ def test_stub_formats_dispatch_and_convert(flat, tmp_path, monkeypatch):
         assert torch.equal(ar["model/layers/0/weight"], tensors["model.layers.0.weight"])
     flat_out = tdz_numba.convert(path, tmp_path / "flat.tdz", nest=None)
     assert "model.layers.0.bias" in tdz_numba.load(flat_out)
-    from tdz_numba.inspect import info_dict, tree_dict
+    from tdz_numba.cli.report import info_dict, tree_dict
 
     d = info_dict(path)
     assert d["format"] == "raw" and d["leaves"] == 4 and d["zero_copy_leaves"] == 4
@@ -151,11 +153,7 @@ def test_tree_source_verify_refuses_out_of_bounds(flat, monkeypatch):
     bad = dict(specs)
     s = bad["head"]
     bad["head"] = s._replace(offset=path.stat().st_size - 2)
-    stub = types.ModuleType("tdz_numba.formats")
-    stub.detect = lambda p: "raw"
-    stub.open_source = lambda p, copy=False: _source(p, bad)
-    monkeypatch.setitem(sys.modules, "tdz_numba.formats", stub)
-    monkeypatch.setattr(tdz_numba, "formats", stub, raising=False)
+    _register_raw(monkeypatch, lambda p, **options: _source(p, bad))
     with pytest.raises(tdz_numba.BadArchiveError, match="outside the file"):
         tdz_numba.verify(path)
 

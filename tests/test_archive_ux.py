@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import InvalidArgumentError, InvalidTreeError, MissingKeyError, cli
+from tdz_numba import InvalidArgumentError, InvalidTreeError, MissingKeyError
+from tdz_numba.cli.main import main as cli
 
 
 @pytest.fixture(scope="module")

@@ -21,10 +21,10 @@ import torch
 from ziputil import rewrite
 
 import tdz_numba
-from tdz_numba import bounds
 from tdz_numba.errors import BadArchiveError, TdzError
-from tdz_numba.tdzsource import TdzSource
-from tdz_numba.tree import Level
+from tdz_numba.tdz import bounds
+from tdz_numba.tdz.source import TdzSource
+from tdz_numba.tdz.tree import Level
 
 HOSTILE = Path(__file__).parent / "fixtures" / "hostile"
 

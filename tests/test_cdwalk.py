@@ -1,6 +1,6 @@
-"""The central-directory walk kernel (:mod:`tdz_numba.cd_kernels`) against its slow oracles.
+"""The central-directory walk kernel (:mod:`tdz_numba.zipfmt.kernels.names`) against its slow oracles.
 
-:func:`tdz_numba.cd_kernels.walk_central` either accepts a small archive's central
+:func:`tdz_numba.zipfmt.kernels.names.walk_central` either accepts a small archive's central
 directory (then its starts and joined names must give exactly what the Python path
 ``smallindex._parse_central`` gives, and stdlib ``zipfile``'s names) or defers to that
 path; so an open gives the same index and the same errors with kernels forced on and off.
@@ -25,9 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ziputil import zip_bytes  # noqa: E402
 
 import tdz_numba  # noqa: E402
-from tdz_numba import cd_kernels, kernel_dispatch, records, smallindex  # noqa: E402
 from tdz_numba.errors import TdzError  # noqa: E402
-from tdz_numba.reader import ArchiveIndex  # noqa: E402
+from tdz_numba.zipfmt import records, smallindex  # noqa: E402
+from tdz_numba.zipfmt.index import ArchiveIndex  # noqa: E402
+from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
+from tdz_numba.zipfmt.kernels import names as cd_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 

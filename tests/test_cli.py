@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import tdz_numba
-import tdz_numba.inspect
-from tdz_numba import cli, progress
+import tdz_numba.cli.report
+from tdz_numba.cli.main import main as cli
+from tdz_numba.files import progress
 
 LEAF_KEYS = {"obs/pixels", "obs/depth", "obs/nested/flag", "reward", "index", "ragged"}
 
@@ -347,7 +348,7 @@ def test_show_dtypes(files, capsys):
 
 
 def test_show_float_stats_chunked(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(tdz_numba.inspect, "_STATS_CHUNK", 7)  # exercise the chunk merge
+    monkeypatch.setattr(tdz_numba.cli.report, "_STATS_CHUNK", 7)  # exercise the chunk merge
     x = torch.randn(1000, dtype=torch.float32)
     x[::97] = float("nan")
     p = tdz_numba.save({"x": x, "h": x.to(torch.bfloat16), "e": torch.zeros(0)}, tmp_path / "f.tdz")

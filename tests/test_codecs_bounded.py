@@ -17,8 +17,9 @@ import zlib
 import numpy as np
 import pytest
 
-from tdz_numba import codec_kernels, codecs
 from tdz_numba.errors import BadArchiveError, ChecksumError, TdzError, UnsupportedError
+from tdz_numba.zipfmt import compression as codecs
+from tdz_numba.zipfmt.kernels import deflate as codec_kernels
 
 EDGE = [0, 1, 63, 64, 65, 4095, 4096, 4097, 3 * 4096, 100_000]
 GUARD = 4096
@@ -302,7 +303,7 @@ def test_segment_size_parameter():
 # > 4 GiB single stream (no segment table), built by repeating a full-flushed piece
 # ---------------------------------------------------------------------------
 def big_zero_stream(piece: int, reps: int) -> tuple[np.ndarray, int, int]:
-    from tdz_numba.kernels import crc32_zeros
+    from tdz_numba.zipfmt.kernels.crc import crc32_zeros
 
     c = zlib.compressobj(9, zlib.DEFLATED, -15)
     p = c.compress(bytes(piece)) + c.flush(zlib.Z_FULL_FLUSH)

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import codecs
 from tdz_numba.errors import BadArchiveError, ChecksumError, TdzError
+from tdz_numba.zipfmt import compression as codecs
 
 SEG = 4096
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_verify_streams_large_entries(compression, monkeypatch, tmp_path):
     assert tdz_numba.verify(p).leaves == 3
     assert any("a.memmap" in w for w in calls) and any("b.memmap" in w for w in calls)
     # flip one payload byte of the large entry: verify fails on it
-    from tdz_numba.reader import ArchiveIndex
+    from tdz_numba.zipfmt.index import ArchiveIndex
 
     idx = ArchiveIndex(p)
     e = idx.entry("a.memmap")
@@ -162,7 +162,7 @@ def test_verify_batches_share_one_buffer(monkeypatch, tmp_path):
     monkeypatch.setattr(codecs, "inflate_many", spy)
     assert tdz_numba.verify(p).leaves == 7
     assert [n for n, _ in seen] == [2, 2, 2, 1] and len({a for _, a in seen}) == 1
-    from tdz_numba.reader import ArchiveIndex
+    from tdz_numba.zipfmt.index import ArchiveIndex
 
     idx = ArchiveIndex(p)
     e = idx.entry("k6.memmap")
@@ -188,7 +188,7 @@ _STREAM_CHILD = (
     + """
 import json, sys, zlib, numpy as np
 from tdz_numba import codecs
-from tdz_numba.kernels import crc32_zeros
+from tdz_numba.zipfmt.kernels.crc import crc32_zeros
 seg, n = 4 << 20, 128  # 512 MiB of zeros in 4 MiB segments
 (d,) = codecs.deflate_many([np.zeros(2 * seg, np.uint8)], None, 1, segment_size=seg)
 mid, end = (p.tobytes() for p in d.parts)

@@ -40,14 +40,9 @@ import torch
 from ziputil import parse_zip, payload_offset, zero_timestamps
 
 import tdz_numba
-from tdz_numba import codec_kernels, codecs
-from tdz_numba.errors import (
-    BadArchiveError,
-    ChecksumError,
-    InvalidArgumentError,
-    TdzError,
-    UnsupportedError,
-)
+from tdz_numba.errors import BadArchiveError, ChecksumError, InvalidArgumentError, TdzError, UnsupportedError
+from tdz_numba.zipfmt import compression as codecs
+from tdz_numba.zipfmt.kernels import deflate as codec_kernels
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),

@@ -20,8 +20,6 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import _tempfiles
-from tdz_numba._paths import as_local_path, user_errors
 from tdz_numba.api import clean
 from tdz_numba.errors import (
     AccessDeniedError,
@@ -31,6 +29,8 @@ from tdz_numba.errors import (
     TdzError,
     UnsupportedError,
 )
+from tdz_numba.files import tempfiles as _tempfiles
+from tdz_numba.files.paths import as_local_path, user_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,7 +109,7 @@ def test_clean_removes_only_dead_old_matching_entries(tmp_path):
 
 
 def test_cli_clean(tmp_path):
-    from tdz_numba.cli import main
+    from tdz_numba.cli.main import main
 
     host = _tempfiles.parse_temp_name(_tempfiles.temp_name("x"))["host"]
     stale = tmp_path / f".x.tdz.tdz-tmp.{host}.{_dead_pid()}.0123abcd"

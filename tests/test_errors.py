@@ -993,7 +993,7 @@ def test_failed_save_keeps_existing_target(tmp_path):
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
 @pytest.mark.parametrize("existing", [True, False])
 def test_save_failing_midway_is_atomic(exc, existing, tmp_path, monkeypatch):
-    import tdz_numba.writer
+    import tdz_numba.zipfmt.writer
 
     path = tmp_path / "x.tdz"
     if existing:
@@ -1004,7 +1004,7 @@ def test_save_failing_midway_is_atomic(exc, existing, tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise exc("injected failure")
 
-    monkeypatch.setattr(tdz_numba.writer.records, "end_records", boom)
+    monkeypatch.setattr(tdz_numba.zipfmt.writer.records, "end_records", boom)
     with pytest.raises(exc, match="injected failure"):
         tdz_numba.save({"b": torch.ones(10_000), "c": "text"}, path)
     with pytest.raises(exc, match="injected failure"):
@@ -1019,14 +1019,14 @@ def test_save_failing_midway_is_atomic(exc, existing, tmp_path, monkeypatch):
 
 
 def test_failed_pack_is_atomic(tmp_path, monkeypatch):
-    import tdz_numba.writer
+    import tdz_numba.zipfmt.writer
 
     src = tdz_numba.save(base_tree(), tmp_path / "src.tdz")
     d = tdz_numba.unpack(src, tmp_path / "dir")
     target = tdz_numba.save({"keep": torch.ones(1)}, tmp_path / "out" / "t.tdz")
     before = target.read_bytes()
     monkeypatch.setattr(
-        tdz_numba.writer.records, "end_records", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+        tdz_numba.zipfmt.writer.records, "end_records", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
     )
     with pytest.raises(OSError, match="disk full"):
         tdz_numba.pack(d, target)

@@ -1,5 +1,5 @@
-"""First use without compiling: the kernels' pure-Python twins (tdz_numba.pykernels) against the
-kernels, both paths end to end, and the choice between them (tdz_numba.kernel_dispatch).
+"""First use without compiling: the kernels' pure-Python twins (tdz_numba.zipfmt.kernels.twins) against the
+kernels, both paths end to end, and the choice between them (tdz_numba.zipfmt.kernels.dispatch).
 
 tests/conftest.py sets ``TDZ_NUMBA_KERNELS=always`` for the suite; the tests here pick the path
 themselves with ``kernel_dispatch.forced``.
@@ -21,9 +21,12 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import kernel_dispatch, kernels, pykernels, records
 from tdz_numba.errors import InvalidArgumentError, TdzError
-from tdz_numba.records import Col, Status
+from tdz_numba.zipfmt import records
+from tdz_numba.zipfmt.kernels import crc as kernels
+from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
+from tdz_numba.zipfmt.kernels import twins as pykernels
+from tdz_numba.zipfmt.records import Col, Status
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = ROOT / "tests" / "fixtures" / "hostile"
@@ -86,7 +89,7 @@ def test_plan_layout_twin_equals_kernel(seed):
 
 
 def test_plan_twin_matches_naive_oracle():
-    from tdz_numba import layout
+    from tdz_numba.zipfmt import layout
 
     names = [f"k{i}.memmap" for i in range(40)]
     sizes = [EDGE[i % len(EDGE)] for i in range(40)]
@@ -445,7 +448,7 @@ def test_background_warmup_switches(monkeypatch, tmp_path):
     monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
     assert kernel_dispatch.start_background_warmup()
     assert not kernel_dispatch.start_background_warmup()
-    assert started[0][0][1:] == ["-m", "tdz_numba.precompile", "--background"]
+    assert started[0][0][1:] == ["-m", "tdz_numba.cli.warmup", "--background"]
     assert started[0][1]["start_new_session"] and started[0][1]["stdout"] == subprocess.DEVNULL
     lock = Path(kernel_dispatch.kernel_cache_dirs()[0], kernel_dispatch._LOCK_NAME)
     lock.parent.mkdir(parents=True)
@@ -467,7 +470,7 @@ def test_background_warmup_goes_where_numba_caches(monkeypatch, tmp_path):
     import fcntl
     import types
 
-    from tdz_numba import precompile
+    from tdz_numba.cli.main import warmup as precompile
 
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -525,7 +528,7 @@ def test_first_save_and_load_import_no_numba(tmp_path):
     assert out.stdout.split() == ["False", "False"]
     assert "compiling Numba kernels" not in out.stderr
     assert not (tmp_path / "cache").exists()  # nothing compiled, nothing started
-    bare = _fresh("import sys, tdz_numba, tdz_numba._jit; print('numba' in sys.modules)", tmp_path / "c")
+    bare = _fresh("import sys, tdz_numba, tdz_numba.jit.presets; print('numba' in sys.modules)", tmp_path / "c")
     assert bare.stdout.split() == ["False"], bare.stderr
 
 
@@ -533,7 +536,7 @@ def test_background_main_quiet_on_unwritable_cache(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_bytes(b"")
     out = subprocess.run(
-        [sys.executable, "-m", "tdz_numba.precompile", "--background"],
+        [sys.executable, "-m", "tdz_numba.cli.warmup", "--background"],
         env=dict(os.environ, NUMBA_CACHE_DIR=str(blocker / "cache"), PYTHONPATH=str(ROOT)),
         capture_output=True,
         text=True,

@@ -30,7 +30,8 @@ sys.path.insert(0, str(HERE))
 from ziputil import zero_timestamps  # noqa: E402
 
 import tdz_numba  # noqa: E402
-from tdz_numba import records, tree, writer  # noqa: E402
+from tdz_numba.tdz import tree  # noqa: E402
+from tdz_numba.zipfmt import records, writer  # noqa: E402
 
 DOS = (0, 33)  # 1980-01-01 00:00:00
 SEGMENT = 4096  # small deflate segments: a segment table in a few KiB
@@ -137,8 +138,8 @@ def test_golden_archives_load_verify_and_parse_with_zipfile(name):
 
 
 def test_deflate_fixture_has_a_segment_table():
-    from tdz_numba import codecs
-    from tdz_numba.reader import ArchiveIndex
+    from tdz_numba.zipfmt import compression as codecs
+    from tdz_numba.zipfmt.index import ArchiveIndex
 
     index = ArchiveIndex(FIXTURES / "ours_deflate.tdz")
     e = index.entry("z.memmap")

@@ -13,7 +13,7 @@ from naive_gguf import NAIVE_TYPES, naive_dequantize
 
 from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError, UnsupportedError
 from tdz_numba.formats.gguf import GGML_TYPES, dequantize, detect_gguf, open_gguf
-from tdz_numba.sources import tensor_from_spec
+from tdz_numba.tdz.sources import tensor_from_spec
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402

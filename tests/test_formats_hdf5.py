@@ -12,7 +12,7 @@ from fuzz_readers import LONG_ITERATIONS, fuzz_iterations, require_fuzz_selected
 
 from tdz_numba.errors import BadArchiveError, TdzError, UnsupportedError
 from tdz_numba.formats.hdf5 import detect_hdf5, open_hdf5
-from tdz_numba.sources import tensor_from_spec
+from tdz_numba.tdz.sources import tensor_from_spec
 
 h5py = pytest.importorskip("h5py")
 

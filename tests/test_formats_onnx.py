@@ -12,7 +12,7 @@ from fuzz_readers import LONG_ITERATIONS, fuzz_iterations, require_fuzz_selected
 
 from tdz_numba.errors import BadArchiveError, TdzError, UnsafeContentError, UnsupportedError
 from tdz_numba.formats.onnx import detect_onnx, open_onnx
-from tdz_numba.sources import tensor_from_spec
+from tdz_numba.tdz.sources import tensor_from_spec
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402

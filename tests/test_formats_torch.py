@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tdz_numba import formats
-from tdz_numba.dtypes import dtype_table
 from tdz_numba.errors import BadArchiveError, UnsafeContentError, UnsupportedError
 from tdz_numba.formats import pickle_vm
 from tdz_numba.formats.torch_pt import open_torch
+from tdz_numba.tdz.dtypes import dtype_table
 
 
 def _load(p):

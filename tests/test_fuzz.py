@@ -9,7 +9,7 @@
   (``tests/fixtures/hostile/index.json``), replayed with the op that failed
   (two per failure site and op in a plain run, all of them with ``-m fuzz``).
   Causes in code other helpers own are ``xfail(strict=False)`` naming the owner.
-- Unit tests of :mod:`tdz_numba.bounds` and the shape checks in ``describe_level``.
+- Unit tests of :mod:`tdz_numba.tdz.bounds` and the shape checks in ``describe_level``.
 
 A failing run leaves its inputs in pytest's temporary directory
 (``.../fuzz/failures/caseN.bin``); the report names the case numbers, and
@@ -267,7 +267,7 @@ def test_fixtures_stay_small():
 )
 def test_check_shape_refuses(shape):
     from tdz_numba import BadArchiveError
-    from tdz_numba.bounds import check_shape
+    from tdz_numba.tdz.bounds import check_shape
 
     with pytest.raises(BadArchiveError, match="bad shape"):
         check_shape(shape, 4, "leaf")
@@ -286,7 +286,7 @@ def test_check_shape_refuses(shape):
     ],
 )
 def test_check_shape_accepts(shape, itemsize):
-    from tdz_numba.bounds import check_shape
+    from tdz_numba.tdz.bounds import check_shape
 
     assert check_shape(shape, itemsize, "leaf") == tuple(shape)
 
@@ -295,7 +295,7 @@ def test_check_nested_sizes():
     import numpy as np
 
     from tdz_numba import BadArchiveError
-    from tdz_numba.bounds import check_nested_sizes
+    from tdz_numba.tdz.bounds import check_nested_sizes
 
     assert check_nested_sizes(np.array([[2, 3], [0, 5]], np.int64), 4, "x") == 6
     assert check_nested_sizes(np.zeros((0, 2), np.int64), 4, "x") == 0
@@ -306,7 +306,7 @@ def test_check_nested_sizes():
 
 def test_parse_meta_deep_json():
     from tdz_numba import BadArchiveError
-    from tdz_numba.bounds import parse_meta
+    from tdz_numba.tdz.bounds import parse_meta
 
     assert parse_meta(b'{"a": [1]}', "x") == {"a": [1]}
     for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000, b"\xff", b"{"):

@@ -11,10 +11,11 @@ import torch
 from naive import naive_archive, naive_central_record, naive_end_records, naive_index, naive_local_header
 
 import tdz_numba
-from tdz_numba import kernels, records
 from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError
-from tdz_numba.reader import ArchiveIndex
-from tdz_numba.records import Status
+from tdz_numba.zipfmt import records
+from tdz_numba.zipfmt.index import ArchiveIndex
+from tdz_numba.zipfmt.kernels import crc as kernels
+from tdz_numba.zipfmt.records import Status
 
 DOS = (0, 33)
 META = (
@@ -98,7 +99,7 @@ def test_stored_size_must_equal_compressed_size(tmp_path, size):
 
 
 def test_status_codes_are_one_enum():
-    assert kernels.parse_central_directory.__module__ == "tdz_numba.kernels"
+    assert kernels.parse_central_directory.__module__ == "tdz_numba.zipfmt.kernels.crc"
     assert not hasattr(kernels, "IndexStatus")
     assert Status(int(Status.STORED_SIZE)) is Status.STORED_SIZE
 
@@ -283,7 +284,7 @@ def _spaced(tmp_path, name="s.tdz"):
 def test_spaced_headers_are_read_with_pread_and_fill_the_same_columns(tmp_path, monkeypatch):
     import os
 
-    from tdz_numba import reader
+    from tdz_numba.zipfmt import index as reader
 
     p = _spaced(tmp_path)
     calls = []
@@ -310,7 +311,7 @@ def test_spaced_headers_are_read_with_pread_and_fill_the_same_columns(tmp_path, 
     ids=["signature", "name length", "name byte", "extra length past the next record"],
 )
 def test_spaced_bad_local_header_gives_the_mapped_paths_error(tmp_path, monkeypatch, where, value):
-    from tdz_numba import reader
+    from tdz_numba.zipfmt import index as reader
 
     p = _spaced(tmp_path)
     idx = ArchiveIndex(p)
@@ -344,7 +345,7 @@ def test_spaced_check_reads_the_mapped_file_even_after_a_replace(tmp_path):
 
 @pytest.mark.parametrize("impl", ["kernels", "pykernels"])
 def test_check_local_headers_never_reads_outside_its_copies(tmp_path, impl):
-    from tdz_numba import pykernels
+    from tdz_numba.zipfmt.kernels import twins as pykernels
 
     mod = {"kernels": kernels, "pykernels": pykernels}[impl]
     p = _spaced(tmp_path)

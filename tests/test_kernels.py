@@ -12,9 +12,10 @@ from naive import crc32_combine as naive_combine
 from naive import naive_plan, naive_zip64_fields
 from naive import table_crc32 as naive_table_crc32
 
-from tdz_numba import kernels, layout, records
-from tdz_numba.records import Col
-from tdz_numba.records import Status as IndexStatus
+from tdz_numba.zipfmt import layout, records
+from tdz_numba.zipfmt.kernels import crc as kernels
+from tdz_numba.zipfmt.records import Col
+from tdz_numba.zipfmt.records import Status as IndexStatus
 
 EDGE_SIZES = [0, 1, 63, 64, 65, 4095, 4096, 4097, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 17]
 

@@ -11,7 +11,7 @@ import torch
 
 import tdz_numba
 from tdz_numba.errors import InvalidArgumentError, MissingKeyError
-from tdz_numba.memory import PAGE_SIZE
+from tdz_numba.files.memory import PAGE_SIZE
 
 MIB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""Page-level memory control (tdz_numba.memory): evict, prefetch, residency, O_DIRECT reads."""
+"""Page-level memory control (tdz_numba.files.memory): evict, prefetch, residency, O_DIRECT reads."""
 
 import mmap
 import os
@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from tdz_numba import memory
 from tdz_numba.errors import InvalidArgumentError
+from tdz_numba.files import memory
 
 PAGE = memory.PAGE_SIZE
 
@@ -126,7 +126,7 @@ def test_range_checks(tmp_path):
 
 
 def test_touch_pages_kernel_against_oracle():
-    from tdz_numba.page_kernels import touch_pages
+    from tdz_numba.files.page_kernels import touch_pages
 
     for n in (1, 63, 64, 65, PAGE - 1, PAGE, PAGE + 1, 3 * PAGE + 7):
         buf = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)

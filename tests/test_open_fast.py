@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import records, smallindex
 from tdz_numba.api import _plain_local_path
-from tdz_numba.reader import ArchiveIndex
+from tdz_numba.zipfmt import records, smallindex
+from tdz_numba.zipfmt.index import ArchiveIndex
 
 
 def _archive(tmp_path: Path, n: int = 5) -> Path:
@@ -66,7 +66,7 @@ def test_rows_come_from_the_checked_copy(tmp_path):
 
 
 def test_index_values_match_the_kernel_path(tmp_path, monkeypatch):
-    from tdz_numba import reader
+    from tdz_numba.zipfmt import index as reader
 
     p = _archive(tmp_path, 30)
     small = ArchiveIndex(p)
@@ -147,7 +147,7 @@ def test_open_paths_and_errors_unchanged(tmp_path):
             tdz_numba.open(given)
         assert isinstance(ei.value, FileNotFoundError) and ei.value.filename == str(missing)
     with pytest.raises(tdz_numba.UnsupportedError, match="URLs are not supported"):
-        tdz_numba._paths.as_local_path("s3://bucket/x.tdz")
+        tdz_numba.files.paths.as_local_path("s3://bucket/x.tdz")
     with pytest.raises(tdz_numba.UnsupportedError, match="a directory that is neither"):
         tdz_numba.open(tmp_path)
     if os.geteuid() != 0:  # root reads anything
@@ -199,7 +199,7 @@ def test_keys_without_mapping_then_mapped_on_first_leaf(tmp_path):
 
 
 def test_held_descriptors_are_capped(tmp_path, monkeypatch):
-    from tdz_numba import reader
+    from tdz_numba.zipfmt import index as reader
 
     monkeypatch.setattr(reader, "MAX_HELD_DESCRIPTORS", reader._HELD[0] + 3)
     p = _archive(tmp_path)
@@ -291,7 +291,7 @@ def test_unusual_tails_take_the_mapped_path(tmp_path):
 
 
 def test_big_central_directory_takes_the_mapped_path(tmp_path, monkeypatch):
-    from tdz_numba import reader
+    from tdz_numba.zipfmt import index as reader
 
     p = _archive(tmp_path, 8)
     calls = []
@@ -332,7 +332,7 @@ def test_mutated_archives_read_first_as_the_kernel_path(tmp_path):
     from fuzz.runner import make_cases
     from fuzz.seeds import make_seeds
 
-    from tdz_numba import reader
+    from tdz_numba.zipfmt import index as reader
 
     def first_reads(path: Path, small: bool) -> list:
         old = reader.SMALL_ENTRIES

@@ -1,4 +1,4 @@
-"""The lean open of a plain TensorDict level (tdz_numba.plainlevel.is_plain_td / plain_children,
+"""The lean open of a plain TensorDict level (tdz_numba.tdz.plainlevel.is_plain_td / plain_children,
 TdzSource.check_level): the same children, keys, shapes, dtypes and errors as the general path
 (tree.describe_level) on plain and non-plain levels, and nothing built before it is asked for."""
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import tdz_numba
 from tdz_numba.errors import BadArchiveError
-from tdz_numba.plainlevel import is_plain_td, plain_children
-from tdz_numba.tree import TD_CLASS, TD_TYPE, describe_level
+from tdz_numba.tdz.plainlevel import is_plain_td, plain_children
+from tdz_numba.tdz.tree import TD_CLASS, TD_TYPE, describe_level
 
 NTD = "<class 'tensordict.tensorclass.NonTensorData'>"
 STACK = "<class 'tensordict._lazy.LazyStackedTensorDict'>"

@@ -1,4 +1,4 @@
-"""Plain TensorDict levels read once per distinct meta.json text (tdz_numba.plainlevel), as
+"""Plain TensorDict levels read once per distinct meta.json text (tdz_numba.tdz.plainlevel), as
 load (TdzSource.quick_level), verify and ArchiveIndex.read_bytes use them: the template
 against its oracles (shape_nbytes, torch's strides, the general path's values), levels
 sharing a text and levels that do not, the cache bound, and CRC errors of meta.json."""
@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import plainlevel, tdzsource
 from tdz_numba.errors import BadArchiveError, ChecksumError
-from tdz_numba.plainlevel import plain_level
+from tdz_numba.tdz import plainlevel
+from tdz_numba.tdz import source as tdzsource
+from tdz_numba.tdz.plainlevel import plain_level
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ziputil import parse_zip  # noqa: E402
@@ -28,7 +29,7 @@ META = "<class 'tensordict._td.TensorDict'>"
     [[5], [0], [1], [], [2, 3], [True], [-1], [1.0], ["3"], [2**61], [2**63 // 4], [2**63 // 4 + 1], [2**70]],
 )
 def test_sizes_as_shape_nbytes(shape):
-    from tdz_numba.bounds import shape_nbytes
+    from tdz_numba.tdz.bounds import shape_nbytes
 
     meta = {"a": {"device": "cpu", "shape": shape, "dtype": "torch.float32", "is_nested": False}, "shape": []}
     lvl = plain_level(meta)
@@ -72,7 +73,7 @@ def test_order_fields_and_subs():
     assert [item[0] for item in lvl.items] == ["z", "s/x", "a"]
     assert lvl.fields == {"shape": [2], "device": "cpu", "_type": META}
     assert list(lvl.fields) == ["shape", "device", "_type"]
-    enc = tdz_numba.tree.encode_key("s/x")
+    enc = tdz_numba.tdz.tree.encode_key("s/x")
     assert lvl.subs == [enc + "/"] and lvl.items[1] == ("s/x", enc + "/", -1, None, (), ())
     assert lvl.names == ["z.memmap", "a.memmap"] and lvl.nbytes == [0, 2] and lvl.itemsize == [8, 2]
     assert lvl.items[0][5] == torch.empty(2, 0, 3).stride() and lvl.items[2][4:] == ((), ())

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import memory
 from tdz_numba.errors import InvalidArgumentError
+from tdz_numba.files import memory
 
 
 class _Spy:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from naive import naive_archive, naive_central_record, naive_zip64_fields
 
-from tdz_numba import layout, records
 from tdz_numba.errors import BadArchiveError, TdzError, UnsupportedError
+from tdz_numba.zipfmt import layout, records
 
 GIB = 1 << 30
 PACKAGE = Path(__file__).resolve().parent.parent / "tdz_numba"

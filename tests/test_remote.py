@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import remote, remote_write
 from tdz_numba.errors import BadArchiveError, ChecksumError, MissingKeyError, TdzError
+from tdz_numba.remote.read import read as remote
+from tdz_numba.remote.read import write as remote_write
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -247,7 +248,7 @@ def test_s3_roundtrip_multipart(s3, wide):
     url = "s3://bucket/ckpt/wide.tdz"
     big = {"w": torch.randn(3 << 20), "small": tree["g000"]}  # 12 MiB: multipart with 5 MiB blocks
     remote_write.save_remote(
-        tdz_numba.tree.flatten(big), url, storage_options=s3.storage_options, block_size=5 << 20
+        tdz_numba.tdz.tree.flatten(big), url, storage_options=s3.storage_options, block_size=5 << 20
     )
     back = tdz_numba.load(url, storage_options=s3.storage_options)
     _assert_tree_equal(back, big)
@@ -282,7 +283,7 @@ def test_s3_upload_interrupted_leaves_old_object(s3, monkeypatch):
     monkeypatch.setattr(remote_write, "_write", failing)
     with pytest.raises(KeyboardInterrupt):
         remote_write.save_remote(
-            tdz_numba.tree.flatten({"v": torch.randn(4 << 20)}),
+            tdz_numba.tdz.tree.flatten({"v": torch.randn(4 << 20)}),
             url,
             storage_options=s3.storage_options,
             block_size=5 << 20,
@@ -310,7 +311,7 @@ def test_s3_upload_killed_process(s3, tmp_path):
         remote_write._write = slow
         remote_write.SLICE_BYTES = 1 << 20
         opts = {s3.storage_options!r}
-        remote_write.save_remote(tdz_numba.tree.flatten({{"v": torch.randn(16 << 20)}}), {url!r},
+        remote_write.save_remote(tdz_numba.tdz.tree.flatten({{"v": torch.randn(16 << 20)}}), {url!r},
                                  storage_options=opts, block_size=5 << 20)
     """)
     )
@@ -346,7 +347,7 @@ def test_is_remote_detection(tmp_path):
 
 
 def test_cli_accepts_urls(http, tmp_path, capsys):
-    from tdz_numba.cli import main
+    from tdz_numba.cli.main import main
 
     p = tdz_numba.save(
         {"obs": {"x": torch.arange(12.0).reshape(3, 4)}, "r": torch.ones(3)}, tmp_path / "c.tdz"
@@ -418,7 +419,7 @@ def test_streamed_save_memory_is_bounded():
             return memoryview(b).nbytes
 
     tree = {f"w{i}": torch.ones(4 << 20) for i in range(8)}  # 128 MiB
-    entries = tdz_numba.tree.flatten(tree)
+    entries = tdz_numba.tdz.tree.flatten(tree)
     sink = Sink()
     remote_write.stream_entries(entries[:2], Sink())  # warm-up: kernels loaded outside the trace
     tracemalloc.start()

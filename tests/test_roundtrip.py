@@ -413,7 +413,7 @@ def test_import_is_cheap_and_second_process_uses_kernel_cache(tmp_path):
 @settings(max_examples=300, deadline=None)
 def test_robust_key_encoding_matches_tensordict(key):
     td_utils = pytest.importorskip("tensordict._utils_key_json")
-    from tdz_numba.tree import decode_key, encode_key
+    from tdz_numba.tdz.tree import decode_key, encode_key
 
     assert encode_key(key) == td_utils._encode_key_for_filesystem(key)
     assert decode_key(encode_key(key)) == td_utils._decode_key_from_filesystem(encode_key(key))

@@ -1,4 +1,4 @@
-"""The small-archive index (:mod:`tdz_numba.smallindex`) against the kernel path.
+"""The small-archive index (:mod:`tdz_numba.zipfmt.smallindex`) against the kernel path.
 
 An archive of up to ``SMALL_ENTRIES`` entries is indexed in plain Python at open;
 everything it does not accept goes to the kernel, so both paths must give the
@@ -21,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ziputil import zip_bytes  # noqa: E402
 
 import tdz_numba  # noqa: E402
-from tdz_numba import reader, records, smallindex  # noqa: E402
 from tdz_numba.errors import TdzError  # noqa: E402
-from tdz_numba.reader import ArchiveIndex  # noqa: E402
+from tdz_numba.zipfmt import index as reader  # noqa: E402
+from tdz_numba.zipfmt import records, smallindex
+from tdz_numba.zipfmt.index import ArchiveIndex  # noqa: E402
 
 CASES = 1500
 
@@ -278,7 +279,7 @@ def test_central_records_out_of_file_order(tmp_path):
 
 def test_twin_mode_takes_the_small_path_at_any_size(tmp_path, monkeypatch):
     """When the dispatcher would run the pure-Python twin, the small path (leaner) indexes any size."""
-    from tdz_numba import kernel_dispatch
+    from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
 
     p = tdz_numba.save({f"k{i}": torch.zeros(1) for i in range(20)}, tmp_path / "x.tdz")
     monkeypatch.setattr(reader, "SMALL_ENTRIES", 5)

@@ -150,7 +150,7 @@ def test_through_enable(name, tmp_path):
 
 
 def test_written_class_rule():
-    from tdz_numba.tdcompat import _written_class
+    from tdz_numba.tdz.tdcompat import _written_class
 
     assert _written_class(_base(2)) is TensorDict
     assert _written_class(_UserTD(a=torch.ones(1), batch_size=[1])) is _UserTD

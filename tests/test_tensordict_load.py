@@ -233,7 +233,7 @@ def test_a_field_name_holding_a_leaf_record_loads_alike_both_ways(field, tmp_pat
     # tdz_numba.load and Archive.meta read it), not the level's field; the one-pass level
     # (TdzSource.quick_level) and the general path build the same TensorDict, without a bare
     # TypeError (unhashable class id, torch.device of a dict) on the general one
-    from tdz_numba.tdzsource import TdzSource
+    from tdz_numba.tdz.source import TdzSource
 
     leaf = {"device": "cpu", "shape": [3, 0], "dtype": "torch.float32", "is_nested": False}
     bad = _with_level_meta(tmp_path, "s/meta.json", lambda meta: {**meta, field: leaf})
@@ -274,7 +274,7 @@ def test_malformed_level_fields_raise_tdz_errors_both_ways(level, change, tmp_pa
     # batch size, device and class fields of a level come from the file: a TdzError (here
     # BadArchiveError) on the one-pass and the general path, never a bare TypeError/RuntimeError
     from tdz_numba import TdzError
-    from tdz_numba.tdzsource import TdzSource
+    from tdz_numba.tdz.source import TdzSource
 
     def edit(meta: dict) -> dict:
         return {k: v for k, v in {**meta, **change}.items() if v is not None or k == "shape"}

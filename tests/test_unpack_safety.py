@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import _tempfiles
 from tdz_numba.errors import ArchiveExistsError, BadArchiveError, TdzError
-from tdz_numba.extract import MAX_DEPTH, check_names
+from tdz_numba.files import tempfiles as _tempfiles
+from tdz_numba.zipfmt.extract import MAX_DEPTH, check_names
 
 META = b'{"shape": [], "device": "cpu", "_type": "<class \'tensordict._td.TensorDict\'>"}'
 

@@ -1,4 +1,4 @@
-"""verify's parallel pass (tdz_numba.verify_pass, tdz_numba.verify_kernels): kernel oracles
+"""verify's parallel pass (tdz_numba.archive.verify_pass, tdz_numba.zipfmt.kernels.verify): kernel oracles
 (zlib.crc32, a Python plan), and the same report or the same error as the sequential
 checks on valid, corrupted and mutated archives."""
 
@@ -17,10 +17,11 @@ import torch
 from numba import njit
 
 import tdz_numba
-from tdz_numba import integrity, verify_pass
-from tdz_numba import verify_kernels as vk
+from tdz_numba.archive.mapping import verify as integrity
+from tdz_numba.archive.mapping import verify_pass
 from tdz_numba.errors import BadArchiveError, ChecksumError
-from tdz_numba.reader import ArchiveIndex
+from tdz_numba.zipfmt.index import ArchiveIndex
+from tdz_numba.zipfmt.kernels import verify as vk
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

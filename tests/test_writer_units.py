@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import payload_writer, records
+from tdz_numba.zipfmt import payload as payload_writer
+from tdz_numba.zipfmt import records
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The tests' one hand-written zip parser (independent of tdz_numba.records and of zipfile).
+"""The tests' one hand-written zip parser (independent of tdz_numba.zipfmt.records and of zipfile).
 
 ``parse_zip`` walks the end record (and the zip64 end record when the plain one is saturated), every central
 record and the local header it points to; ``payload_offset`` reads one local header; ``zero_timestamps``

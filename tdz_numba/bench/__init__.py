@@ -22,7 +22,7 @@ outside it, with the garbage collector run before and disabled during each
 timed run. Numba kernels are compiled (or loaded from cache) before timing, and
 every section runs them (``TDZ_NUMBA_KERNELS=always`` unless the environment
 sets it: the steady state of a long process, not the first-use twins of
-:mod:`tdz_numba.kernel_dispatch`).
+:mod:`tdz_numba.zipfmt.kernels.dispatch`).
 With ``--cold`` every file of the artifact is fsynced and its pages dropped
 (``posix_fadvise(DONTNEED)``) before each timed open, read, copy and verify.
 
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None, prog: str = "tdz bench") -> int:
     import json
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    # steady state: the Numba kernels, not their first-use twins (tdz_numba.kernel_dispatch), compiled
+    # steady state: the Numba kernels, not their first-use twins (tdz_numba.zipfmt.kernels.dispatch), compiled
     # or loaded before any timed run by each section's warm-up; TDZ_NUMBA_KERNELS=auto measures the mix
     os.environ.setdefault("TDZ_NUMBA_KERNELS", "always")
     if "--alignment" in argv:  # what payload alignment costs and buys: tdz_numba.bench.alignment

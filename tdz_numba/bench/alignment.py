@@ -94,7 +94,7 @@ def _read_one(writer: str, path: Path, key: str) -> float:
 
 def _evictable_share(writer: str, path: Path, tensors: dict[str, Any], threshold: int) -> float | None:
     """Share of the leaves >= ``threshold`` bytes whose payload offset is a multiple of the page size."""
-    from ..memory import PAGE_SIZE
+    from ..files.memory import PAGE_SIZE
 
     big = [k for k, v in tensors.items() if v.numel() * v.element_size() >= threshold]
     if not big:
@@ -163,7 +163,7 @@ def run_alignment(
 def _cell(
     w: str, writer: str, tensors: dict[str, Any], path: Path, repeat: int, notes: list[str]
 ) -> dict | None:
-    from ..writer import AUTO_THRESHOLD
+    from ..zipfmt.writer import AUTO_THRESHOLD
 
     payload = sum(t.numel() * t.element_size() for t in tensors.values())
     largest = max(tensors, key=lambda k: tensors[k].numel())

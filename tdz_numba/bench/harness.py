@@ -276,7 +276,7 @@ def _warm_up_compressed(directory: Path, compression: str, compresslevel: int | 
 
 def _payload_spans(path: Path) -> list[tuple[int, int]]:
     """``(offset, size)`` of every stored payload of a tdz archive (what verify checksums)."""
-    from tdz_numba.reader import ArchiveIndex
+    from tdz_numba.zipfmt.index import ArchiveIndex
 
     index = ArchiveIndex(path, check_local=True)  # payload offsets of every entry
     try:

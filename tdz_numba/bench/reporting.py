@@ -6,14 +6,7 @@ import os
 import platform
 import shlex
 
-from .constants import (
-    COMPRESSED_FORMATS,
-    CRC_FORMAT,
-    FORMATS,
-    GOAL_SCALING,
-    GOAL_SINGLE,
-    GOAL_VS_TD,
-)
+from .constants import COMPRESSED_FORMATS, CRC_FORMAT, FORMATS, GOAL_SCALING, GOAL_SINGLE, GOAL_VS_TD
 from .harness import BenchResult
 
 __all__ = ["format_table", "goal_lines", "goals", "report", "machine_info", "human"]

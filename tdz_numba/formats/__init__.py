@@ -1,8 +1,8 @@
-"""Readers of foreign tensor files: one :class:`~tdz_numba.sources.Source` per format.
+"""Readers of foreign tensor files: one :class:`~tdz_numba.tdz.sources.Source` per format.
 
 :func:`detect` names a file's format from its bytes; :func:`open_source` opens
-it as a :class:`~tdz_numba.sources.TreeSource` of zero-copy
-:class:`~tdz_numba.sources.TensorSpec` leaves (``None`` for a ``.tdz`` archive,
+it as a :class:`~tdz_numba.tdz.sources.TreeSource` of zero-copy
+:class:`~tdz_numba.tdz.sources.TensorSpec` leaves (``None`` for a ``.tdz`` archive,
 which has its own reader). Formats: safetensors (also sharded, through the
 ``*.safetensors.index.json``), ``torch.save`` zips (read by a restricted pickle
 VM that runs nothing from the file), ``.npy``/``.npz``, tensordict memmap
@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..sources import Source, TreeSource, tensor_from_spec
+from ..tdz.sources import Source, TreeSource, tensor_from_spec
 from .detect import FORMATS, detect, register, sniff
 from .detect import opener as _opener
 
@@ -44,7 +44,7 @@ def open_source(
         A file or a directory (tensordict memmap directory, sharded safetensors).
     copy : bool
         Recorded on the source (``source.copy``); leaves are made by
-        :func:`~tdz_numba.sources.tensor_from_spec`, which copies on request.
+        :func:`~tdz_numba.tdz.sources.tensor_from_spec`, which copies on request.
     sniffed : (str, context), optional
         What :func:`~tdz_numba.formats.detect.sniff` returned for ``path``, when the
         caller sniffed it already: the zip index it parsed is reused (and owned
@@ -84,7 +84,7 @@ def open_source(
 
 
 def to_tree(source: Source, *, copy: bool = False) -> dict[str, Any]:
-    """Every level of a :class:`~tdz_numba.sources.TreeSource` as nested dicts of tensors
+    """Every level of a :class:`~tdz_numba.tdz.sources.TreeSource` as nested dicts of tensors
     and plain values (for tests and simple use; :func:`tdz_numba.open` is the lazy way)."""
     if not isinstance(source, TreeSource):
         raise TypeError(f"to_tree needs a TreeSource, got {type(source).__name__}")

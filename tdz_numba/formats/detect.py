@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import BadArchiveError, UnsupportedError
-from ..reader import ArchiveIndex
+from ..zipfmt.index import ArchiveIndex
 
 __all__ = [
     "FORMATS",
@@ -53,12 +53,12 @@ _NPY_MAGIC = b"\x93NUMPY"
 
 class Format(NamedTuple):
     """A registered format: ``sniff(path, head, size) -> bool`` on a regular file's first
-    :data:`HEAD_BYTES` bytes; ``opener`` is ``"module:function"`` (imported on use), called as
-    ``function(path, **options) -> sources.Source``; lower ``order`` is tried first."""
+    :data:`HEAD_BYTES` bytes; ``opener`` is ``"module:function"`` (imported on use) or the function,
+    called as ``function(path, **options) -> sources.Source``; lower ``order`` is tried first."""
 
     name: str
     sniff: Callable[[Path, bytes, int], bool]
-    opener: str
+    opener: str | Callable[..., Any]
     order: int = 50
 
 
@@ -73,7 +73,9 @@ _BUILTIN_OPENERS = {
 }
 
 
-def register(name: str, sniff: Callable[[Path, bytes, int], bool], opener: str, *, order: int = 50) -> None:
+def register(
+    name: str, sniff: Callable[[Path, bytes, int], bool], opener: str | Callable[..., Any], *, order: int = 50
+) -> None:
     """Adds (or replaces) a format: ``register("gguf", lambda p, head, size: head[:4] == b"GGUF",
     "tdz_numba.formats.gguf:open_gguf")``."""
     FORMATS[name] = Format(name, sniff, opener, order)
@@ -82,6 +84,8 @@ def register(name: str, sniff: Callable[[Path, bytes, int], bool], opener: str, 
 def opener(name: str) -> Callable[..., Any]:
     """The function that opens format ``name`` (its module imported now)."""
     target = FORMATS[name].opener if name in FORMATS else _BUILTIN_OPENERS[name]
+    if callable(target):
+        return target
     module, _, func = target.partition(":")
     return getattr(importlib.import_module(module), func)
 

@@ -3,7 +3,7 @@
 The header, every metadata key/value and every tensor info are parsed in
 Python from the mapped file, each count and length checked against the bytes
 that remain before anything is allocated or looped over. Tensors become
-:class:`~tdz_numba.sources.TensorSpec` leaves of one flat level keyed by the
+:class:`~tdz_numba.tdz.sources.TensorSpec` leaves of one flat level keyed by the
 file's tensor names; ``metadata`` is the key/value dict.
 
 Shapes: GGUF lists dimensions fastest first (``ne[0]`` is the row length), so
@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BadArchiveError, InvalidArgumentError, MissingKeyError, UnsupportedError
-from ..sources import MappedFile, TensorSpec, TreeSource, check_extent, tensor_from_spec
+from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent, tensor_from_spec
 
 __all__ = [
     "GGML_TYPES",
@@ -429,7 +429,7 @@ def dequantize(
     >>> dequantize(block, "Q8_0", (32,))[:4].tolist()
     [0.0, 2.0, 4.0, 6.0]
     """
-    from .._jit import run_parallel
+    from ..jit.presets import run_parallel
     from .gguf_kernels import KERNELS, half_table
 
     name, block, tsize = _type(ggml_type)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .._jit import PARALLEL
+from ..jit.presets import PARALLEL
 
 __all__ = ["KERNELS", "half_table"]
 

@@ -1,12 +1,12 @@
 """HDF5 files through h5py (optional): groups as levels, contiguous datasets mapped zero-copy.
 
 The group tree is walked iteratively (depth limited to
-:data:`~tdz_numba.sources.MAX_DEPTH`, each group visited once even when hard
+:data:`~tdz_numba.tdz.sources.MAX_DEPTH`, each group visited once even when hard
 or soft links make cycles; external links are not followed). Each dataset
 becomes a leaf:
 
 - contiguous, unfiltered, allocated datasets of a native numeric dtype: a
-  :class:`~tdz_numba.sources.TensorSpec` at ``dset.id.get_offset()`` in the
+  :class:`~tdz_numba.tdz.sources.TensorSpec` at ``dset.id.get_offset()`` in the
   mapped file (zero-copy, bounds checked against the file size);
 - chunked, filtered (gzip, ...), compact, not yet allocated, big-endian
   datasets: a spec whose ``loader`` reads it through h5py (a copy);
@@ -24,7 +24,7 @@ Examples
 --------
 >>> import tempfile, pathlib, numpy as np, h5py
 >>> from tdz_numba.formats.hdf5 import open_hdf5
->>> from tdz_numba.sources import tensor_from_spec
+>>> from tdz_numba.tdz.sources import tensor_from_spec
 >>> with tempfile.TemporaryDirectory() as d:
 ...     p = pathlib.Path(d) / "x.h5"
 ...     with h5py.File(p, "w") as f:
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadArchiveError, TdzError, UnsupportedError
-from ..sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
+from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
 
 __all__ = ["HDF5Source", "detect_hdf5", "open_hdf5", "SIGNATURE", "MAX_OBJECTS"]
 
@@ -157,7 +157,7 @@ def _refused(name: str, why: str):
 
 def _dataset(dset: Any, key: str, f: MappedFile, where: str) -> Any:
 
-    from ..dtypes import from_numpy_dtype
+    from ..tdz.dtypes import from_numpy_dtype
 
     dtype = dset.dtype
     shape = tuple(int(d) for d in dset.shape) if dset.shape is not None else None

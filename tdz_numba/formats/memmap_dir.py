@@ -3,10 +3,10 @@
 The directory holds the same tree as a packed ``.tdz`` archive: a
 ``meta.json`` per level, one ``<key>.memmap`` file per tensor leaf. Each level's
 ``meta.json`` is read with the archive's own
-:func:`~tdz_numba.tree.describe_level`, each payload file is mapped once and
+:func:`~tdz_numba.tdz.tree.describe_level`, each payload file is mapped once and
 its leaf is a zero-copy view. NonTensorData levels come back as plain values,
 other files (``other.pickle``, ``json_types.json``) as
-:class:`~tdz_numba.tree.RawFile`/:class:`~tdz_numba.tree.PickledData` values,
+:class:`~tdz_numba.tdz.tree.RawFile`/:class:`~tdz_numba.tdz.tree.PickledData` values,
 never unpickled.
 
 Examples
@@ -29,10 +29,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..dtypes import torch_dtype
 from ..errors import BadArchiveError, UnsupportedError
-from ..sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
-from ..tree import NON_TENSOR_DATA_TYPE, Level, PickledData, RawFile, describe_level
+from ..tdz.dtypes import torch_dtype
+from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
+from ..tdz.tree import NON_TENSOR_DATA_TYPE, Level, PickledData, RawFile, describe_level
 from ._shape import check_shape
 
 __all__ = ["open_memmap_dir", "MAX_META_BYTES"]
@@ -65,7 +65,7 @@ def _read_meta(path: Path, where: str) -> Any:
 
 
 def open_memmap_dir(path: str | os.PathLike, **options: Any) -> TreeSource:
-    """A memmap directory as a :class:`~tdz_numba.sources.TreeSource` (the tree a packed archive has).
+    """A memmap directory as a :class:`~tdz_numba.tdz.sources.TreeSource` (the tree a packed archive has).
 
     Raises
     ------

@@ -32,11 +32,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..dtypes import from_numpy_dtype
 from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
-from ..reader import ArchiveIndex
-from ..records import DEFLATED, STORED
-from ..sources import MappedFile, TensorSpec, TreeSource, check_extent
+from ..tdz.dtypes import from_numpy_dtype
+from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent
+from ..zipfmt.index import ArchiveIndex
+from ..zipfmt.records import DEFLATED, STORED
 from ._shape import check_shape
 
 __all__ = ["open_npy", "open_npz", "parse_npy_header", "NpyHeader", "MAX_HEADER"]

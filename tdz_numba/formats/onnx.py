@@ -26,7 +26,7 @@ Examples
 >>> import tempfile, pathlib, numpy as np, onnx
 >>> from onnx import helper, numpy_helper
 >>> from tdz_numba.formats.onnx import open_onnx
->>> from tdz_numba.sources import tensor_from_spec
+>>> from tdz_numba.tdz.sources import tensor_from_spec
 >>> w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "w")
 >>> g = helper.make_graph([], "g", [], [helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [2, 3])], [w])
 >>> with tempfile.TemporaryDirectory() as d:
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
-from ..sources import MappedFile, TensorSpec, TreeSource, check_extent
+from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent
 
 __all__ = ["ONNX_DTYPES", "detect_onnx", "open_onnx", "parse_model"]
 

@@ -38,8 +38,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..dtypes import dtype_table
 from ..errors import BadArchiveError, TdzError, UnsafeContentError, UnsupportedError
+from ..tdz.dtypes import dtype_table
 
 __all__ = [
     "load",

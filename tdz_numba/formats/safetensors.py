@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ..errors import BadArchiveError, UnsupportedError
-from ..sources import MappedFile, TensorSpec, TreeSource
+from ..tdz.sources import MappedFile, TensorSpec, TreeSource
 from ._shape import MAX_NDIM, check_shape
 from .detect import read_json_file
 
@@ -199,7 +199,7 @@ def parse_header(
 
 
 def open_safetensors(path: str | os.PathLike, **options: Any) -> TreeSource:
-    """One ``.safetensors`` file as a flat :class:`~tdz_numba.sources.TreeSource`
+    """One ``.safetensors`` file as a flat :class:`~tdz_numba.tdz.sources.TreeSource`
     (keys: the file's tensor names; ``metadata``: its ``__metadata__``)."""
     f = MappedFile.open(path)
     try:

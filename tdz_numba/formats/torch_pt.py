@@ -3,7 +3,7 @@
 The pickle (``<archive>/data.pkl``) runs in :mod:`.pickle_vm`, which interprets
 opcodes and recognizes only tensor and storage reconstruction, containers and
 scalars; it imports and calls nothing from the file. Each tensor becomes a
-:class:`~tdz_numba.sources.TensorSpec` over its storage record
+:class:`~tdz_numba.tdz.sources.TensorSpec` over its storage record
 (``<archive>/data/<key>``, STORED and 64-byte aligned by torch): storage
 offsets and strides are kept, so transposes and offset slices come back as
 correct strided views, and tensors that share a storage are views of the same
@@ -36,12 +36,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..dtypes import dtype_table
 from ..errors import BadArchiveError, UnsupportedError
-from ..reader import ArchiveIndex
-from ..records import STORED
-from ..sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
-from ..tree import Level
+from ..tdz.dtypes import dtype_table
+from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
+from ..tdz.tree import Level
+from ..zipfmt.index import ArchiveIndex
+from ..zipfmt.records import STORED
 from . import pickle_vm
 from ._shape import MAX_NDIM, check_shape
 from .detect import zip_kind
@@ -74,7 +74,7 @@ def _prefix(index: ArchiveIndex, where: str) -> str:
 
 
 def open_torch(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **options: Any) -> TreeSource:
-    """A ``torch.save`` zip as a :class:`~tdz_numba.sources.TreeSource`.
+    """A ``torch.save`` zip as a :class:`~tdz_numba.tdz.sources.TreeSource`.
 
     ``allow_pickle`` (and other options) are ignored: the pickle is always read
     by the restricted VM.

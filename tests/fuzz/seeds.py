@@ -170,7 +170,7 @@ def make_seeds(work: Path) -> list[Seed]:
     import torch
     from tensordict import TensorDict
 
-    from tdz_numba import codecs
+    from tdz_numba.zipfmt import compression as codecs
 
     work.mkdir(parents=True, exist_ok=True)
     s: dict[str, tuple[bytes, tuple[str, ...]]] = {}

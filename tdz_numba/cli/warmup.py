@@ -1,0 +1,293 @@
+"""``tdz_numba.warmup()`` / ``tdz warmup``: compiles every kernel family into Numba's cache.
+
+Kernels are compiled on their first call and cached on disk (``cache=True``),
+so a fresh environment pays 10-30 s of compilation spread over its first
+save, load, verify, compressed save/load, GGUF dequantize and prefetch. This
+module runs each of those paths once on a few bytes in a temporary directory,
+with the argument types the library really uses, so the cache holds exactly
+the signatures later calls look up. Run it in a Docker build, a conda
+post-link script or a CI setup step; a second run only loads from the cache.
+When every family ran, it writes a marker next to the cache
+(:func:`tdz_numba.zipfmt.kernels.dispatch.write_marker`): from then on saves and
+loads use the kernels (before, small ones use their pure-Python twins, see
+:mod:`tdz_numba.zipfmt.kernels.dispatch`). ``python -m tdz_numba.cli.warmup
+--background`` is the quiet, low-priority run that a first cold save or load
+starts by itself.
+
+Examples
+--------
+>>> import tdz_numba
+>>> report = tdz_numba.warmup(verbose=False)  # doctest: +SKIP
+>>> sorted(report.families)  # doctest: +SKIP
+['CRC', 'deflate/inflate', 'dequantize', 'index', 'layout', 'memory pages']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+__all__ = ["WarmupReport", "warmup", "kernel_dispatchers", "cache_dirs", "background_main"]
+
+_KERNEL_MODULES = (
+    "tdz_numba.zipfmt.kernels.crc",
+    "tdz_numba.zipfmt.kernels.names",
+    "tdz_numba.zipfmt.kernels.deflate",
+    "tdz_numba.files.page_kernels",
+    "tdz_numba.zipfmt.kernels.verify",
+    "tdz_numba.formats.gguf_kernels",
+)
+
+
+@dataclass
+class WarmupReport:
+    """What :func:`warmup` did: per family, seconds and the kernels compiled (not loaded from the cache).
+
+    Attributes
+    ----------
+    families : dict
+        Family name -> (seconds, list of kernels compiled during that family).
+    cache_dirs : list of str
+        The directories Numba's cache files of tdz_numba's kernels live in.
+    """
+
+    families: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
+    cache_dirs: list[str] = field(default_factory=list)
+
+    @property
+    def compiled(self) -> list[str]:
+        """Every kernel compiled (rather than loaded from the cache), in order."""
+        return [name for _, names in self.families.values() for name in names]
+
+
+def kernel_dispatchers() -> dict[str, Any]:
+    """Every Numba dispatcher of tdz_numba's kernel modules, by ``module.name``."""
+    import importlib
+
+    from numba.core.registry import CPUDispatcher
+
+    out: dict[str, Any] = {}
+    for modname in _KERNEL_MODULES:
+        module = importlib.import_module(modname)
+        for name, obj in vars(module).items():
+            if isinstance(obj, CPUDispatcher):
+                out[f"{modname}.{name}"] = obj
+    return out
+
+
+def cache_dirs() -> list[str]:
+    """Where Numba keeps the cache files of tdz_numba's kernels (``NUMBA_CACHE_DIR`` or ``__pycache__``)."""
+    dirs = []
+    for disp in kernel_dispatchers().values():
+        cache = getattr(disp, "_cache", None)
+        path = getattr(cache, "cache_path", None)
+        if path and str(path) not in dirs:
+            dirs.append(str(path))
+    return dirs
+
+
+def _crc_layout_index(tmp: Path) -> None:
+    import torch
+
+    from .. import api
+    from ..zipfmt.kernels.crc import crc32_spans, crc32_zeros
+
+    tree = {"a": torch.arange(10.0), "b": {"c": torch.ones(3, 4, dtype=torch.float64)}, "e": torch.empty(0)}
+    path = api.save(tree, tmp / "w.tdz", durable=False)
+    crc32_zeros(int(np.int64(4096)))
+    data = np.zeros(8, np.uint8)  # verify hashes in its own pass: refresh and other formats use this one
+    crc32_spans(np.array([data.ctypes.data], np.int64), np.array([data.size], np.int64), 1 << 20)
+    loaded = api.load(path)
+    float(loaded["a"].sum())
+    with api.open(path) as ar:  # (the central directory walked by cd_kernels.walk_central)
+        ar["b/c"]
+    api.verify(path)
+    from ..zipfmt.index import ArchiveIndex
+
+    index = ArchiveIndex(path)
+    index._check_local_by_pread(index._cols.copy())  # what a check of far-apart headers runs
+    from ..zipfmt.kernels.dispatch import gather_names
+
+    gather_names(index.buffer, index._cols, index.end.cd_size)  # the names of a large archive
+    index.close()
+
+
+def _codecs(tmp: Path) -> None:
+    import torch
+    import zlib_ng.zlib_ng as zng
+
+    from .. import api
+    from ..zipfmt.kernels.deflate import deflate_bound
+    from ..zipfmt.stream import _inflate_serial
+
+    x = torch.arange(100_000, dtype=torch.float32)
+    path = api.save({"x": x}, tmp / "z.tdz", compression="deflate", durable=False)
+    assert torch.equal(api.load(path)["x"], x)
+    deflate_bound(1 << 20)
+    data = np.arange(4096, dtype=np.uint8)
+    comp = zng.compressobj(6, zng.DEFLATED, -15)
+    raw = np.frombuffer(comp.compress(data.tobytes()) + comp.flush(), np.uint8).copy()
+    out: list[np.ndarray] = []
+    _inflate_serial(raw, data.size, lambda piece: out.append(piece.copy()), "warmup", 1 << 20)
+
+
+def _dequantize(tmp: Path) -> None:
+    from ..formats.gguf import dequantize
+    from ..formats.gguf_kernels import KERNELS
+
+    for name, (_, block, size) in KERNELS.items():
+        dequantize(np.zeros(size, np.uint8), name, (block,))
+
+
+def _pages(tmp: Path) -> None:
+    from ..files.memory import PAGE_SIZE, prefetch
+
+    path = tmp / "pages.bin"
+    path.write_bytes(bytes(2 * PAGE_SIZE))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        prefetch(mm, 0, len(mm), touch=True)
+
+
+_FAMILIES: dict[str, Callable[[Path], None]] = {
+    "CRC, layout, index": _crc_layout_index,
+    "deflate/inflate": _codecs,
+    "dequantize": _dequantize,
+    "memory pages": _pages,
+}
+
+
+def warmup(*, verbose: bool = True, file: TextIO | None = None) -> WarmupReport:
+    """Compiles every kernel family of tdz_numba into Numba's on-disk cache.
+
+    Runs a save, load, lazy open and verify (CRC, layout and index kernels), a
+    deflate save/load and a serial inflate (codec kernels), a dequantize of
+    every GGML block type and a touching prefetch (page kernels) on a few
+    bytes in a temporary directory. Kernels already in the cache are only
+    loaded. The first-use notice is not printed while it runs.
+
+    Parameters
+    ----------
+    verbose : bool, default True
+        Print one line per family (seconds, kernels compiled) and the cache directory.
+    file : file object, optional
+        Where to print (default ``sys.stdout``).
+
+    Returns
+    -------
+    WarmupReport
+        Seconds and compiled kernels per family, and the cache directories.
+
+    Raises
+    ------
+    OSError
+        When the temporary directory cannot be written.
+
+    Examples
+    --------
+    >>> import tdz_numba
+    >>> report = tdz_numba.warmup(verbose=False)  # doctest: +SKIP
+    >>> report.cache_dirs  # doctest: +SKIP
+    ['/home/me/.cache/numba/...']
+    """
+    from ..jit import firstuse as _firstuse
+    from ..zipfmt.kernels import dispatch as kernel_dispatch
+
+    out = file if file is not None else sys.stdout
+    report = WarmupReport()
+    with (
+        kernel_dispatch.forced("always"),  # the save/load paths below run the kernels, not their twins
+        _firstuse.quiet(),
+        tempfile.TemporaryDirectory(prefix="tdz-warmup-") as tmpdir,
+    ):
+        for family, run in _FAMILIES.items():
+            before = len(_firstuse.compiled)
+            t0 = time.perf_counter()
+            run(Path(tmpdir))
+            seconds = time.perf_counter() - t0
+            names = _firstuse.compiled[before:]
+            report.families[family] = (seconds, names)
+            if verbose:
+                what = f"compiled {len(names)} kernels" if names else "loaded from the cache"
+                shown = ", ".join(n.rsplit(".", 1)[-1] for n in dict.fromkeys(names))
+                print(f"{family:<20} {seconds:6.2f} s  {what}{': ' + shown if shown else ''}", file=out)
+    report.cache_dirs = cache_dirs()
+    _mark_warm()
+    if verbose:
+        for d in report.cache_dirs:
+            print(f"cache: {d}", file=out)
+    return report
+
+
+def _mark_warm() -> str | None:
+    """Writes the warm marker into the cache directory of :mod:`tdz_numba.zipfmt.kernels.crc`."""
+    from ..zipfmt.kernels import dispatch as kernel_dispatch
+
+    index_files: list[str] = []
+    where = None
+    for name, disp in kernel_dispatchers().items():
+        cache = getattr(disp, "_cache", None)
+        index = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
+        if index and name.startswith("tdz_numba.zipfmt.kernels.crc.") and os.path.exists(index):
+            index_files.append(str(index))
+            where = where or str(getattr(cache, "cache_path", "") or "") or None
+    if where is None:
+        return None
+    return kernel_dispatch.write_marker(where, index_files)
+
+
+def background_main() -> int:
+    """``python -m tdz_numba.cli.warmup --background``: a quiet :func:`warmup` at low priority.
+
+    Started by the first save or load that finds the cache cold
+    (:func:`tdz_numba.zipfmt.kernels.dispatch.start_background_warmup`). One runs at a time
+    (a lock file in the cache directory, removed at the end); nothing is printed;
+    an unwritable cache directory ends it quietly. Returns the exit status (0).
+    """
+    from ..zipfmt.kernels import dispatch as kernel_dispatch
+
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no background warm-up
+        return 0
+
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    # where Numba caches (the user-wide one for a read-only package)
+    cache = kernel_dispatch.warmup_cache_dir()
+    if cache is None:
+        return 0
+    lock_path = os.path.join(cache, kernel_dispatch._LOCK_NAME)
+    try:
+        os.makedirs(cache, exist_ok=True)
+        fd = os.open(lock_path, os.O_CREAT | os.O_WRONLY, 0o644)
+    except OSError:
+        return 0
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0  # another warm-up holds the lock
+        if not kernel_dispatch.kernels_warm():
+            with contextlib.suppress(Exception):
+                warmup(verbose=False)
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
+        return 0
+    finally:
+        os.close(fd)
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a subprocess
+    if sys.argv[1:] == ["--background"]:
+        sys.exit(background_main())
+    warmup()

@@ -1,0 +1,265 @@
+"""What a plain TensorDict ``meta.json`` says about its level, whatever the level's path.
+
+Most levels of a real archive are plain TensorDict levels (known dtypes, list shapes,
+nothing nested), and many share one ``meta.json`` text: the groups of a replay
+buffer, the layers of a checkpoint. :func:`plain_level` reads such a text once into
+a :class:`PlainLevel` (entry names below the level, byte sizes, shapes, strides), and
+a reader keeps it per distinct text: every other level with the same bytes is then
+resolved without parsing or walking its JSON again. Used by
+:meth:`TdzSource.quick_level <tdz_numba.tdz.source.TdzSource.quick_level>` (load) and
+:mod:`tdz_numba.archive.verify_pass` (verify).
+
+Examples
+--------
+>>> from tdz_numba.tdz.plainlevel import plain_level
+>>> lvl = plain_level({"x": {"dtype": "torch.float32", "shape": [2, 3]}, "sub": {"type": "TensorDict"},
+...                    "shape": [], "device": None, "_type": "<class 'tensordict._td.TensorDict'>"})
+>>> lvl.names, lvl.nbytes, lvl.subs, lvl.items[0][4:]
+(['x.memmap'], [24], ['sub/'], ((2, 3), (3, 1)))
+>>> plain_level({"x": {"dtype": "torch.float32", "shape": [2], "is_nested": True}}) is None
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
+from .dtypes import dtype_table
+from .sources import Child
+from .tree import (
+    _ENCODED,
+    FORMAT_VERSION,
+    NON_TENSOR_DATA_TYPE,
+    RESERVED_FIELDS,
+    TD_CLASS,
+    TD_TYPE,
+    LeafSpec,
+    encode_key,
+    is_keyed,
+)
+
+__all__ = ["PlainLevel", "plain_level", "plain_level_of", "MAX_TEXTS", "is_plain_td", "plain_children"]
+
+#: Distinct ``meta.json`` texts a reader keeps a :class:`PlainLevel` of (beyond: parsed per level).
+MAX_TEXTS = 4096
+
+_ITEMSIZE = {name: dtype.itemsize for name, dtype in dtype_table().items()}
+_UNIT_STRIDE: tuple[int, ...] = (1,)
+_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}  # contiguous strides of the shapes seen
+_UNSEEN: Any = object()
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a C-contiguous tensor of ``shape`` (cached: leaves repeat shapes).
+
+    >>> contiguous_strides((2, 3, 4))
+    (12, 4, 1)
+    """
+    found = _STRIDES.get(shape)
+    if found is not None:
+        return found
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
+    found = tuple(strides)
+    if len(_STRIDES) < 4096:
+        _STRIDES[shape] = found
+    return found
+
+
+class PlainLevel:
+    """A plain TensorDict level's ``meta.json``, below any prefix.
+
+    Attributes
+    ----------
+    fields : dict
+        The level's own fields (batch ``shape``, ``device``, ``_type``, ...), in file order.
+    items : list of tuple
+        Every child in ``meta.json`` order: ``(key, name, nbytes, dtype, shape, strides)``
+        of a leaf (``name``: its entry below the level, ``"<key>.memmap"``), or
+        ``(key, "<key>/", -1, None, (), ())`` of a sub-level.
+    names, nbytes, itemsize : list
+        Per leaf, in order: the entry name below the level, bytes, bytes per element.
+    subs : list of str
+        Each sub-level's directory below the level (``"<key>/"``).
+    """
+
+    __slots__ = ("fields", "items", "names", "nbytes", "itemsize", "subs", "_arrays")
+
+    def __init__(self) -> None:
+        self.fields: dict[str, Any] = {}
+        self.items: list[tuple[str, str, int, str | None, tuple[int, ...], tuple[int, ...]]] = []
+        self.names: list[str] = []
+        self.nbytes: list[int] = []
+        self.itemsize: list[int] = []
+        self.subs: list[str] = []
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(nbytes, itemsize)`` of the leaves as int64 arrays."""
+        if self._arrays is None:
+            self._arrays = (np.array(self.nbytes, np.int64), np.array(self.itemsize, np.int64))
+        return self._arrays
+
+
+def plain_level(meta: Any) -> PlainLevel | None:
+    """The :class:`PlainLevel` of a parsed ``meta.json``, or None unless it is a plain
+    TensorDict level: a keyed level of a known format version whose leaves have known
+    dtypes, list shapes of a valid size and are not nested, and whose sub-levels
+    name a ``type``. Anything else is for the general path, which also names what is
+    wrong."""
+    if type(meta) is not dict or meta.get("_type") == NON_TENSOR_DATA_TYPE or not is_keyed(meta):
+        return None
+    version = meta.get("_format_version", 0)
+    if type(version) is not int or version > FORMAT_VERSION:
+        return None
+    encoded, itemsizes = _ENCODED, _ITEMSIZE
+    out = PlainLevel()
+    for key, value in meta.items():
+        if type(value) is not dict:
+            if key in RESERVED_FIELDS:
+                out.fields[key] = value
+                continue
+            return None
+        fname = encoded.get(key) or encode_key(key)
+        if "dtype" not in value:
+            if "type" not in value:
+                return None
+            out.subs.append(fname + "/")
+            out.items.append((key, fname + "/", -1, None, (), ()))
+            continue
+        shape, dname = value.get("shape"), value["dtype"]
+        itemsize = itemsizes.get(dname) if type(dname) is str else None
+        if itemsize is None or type(shape) is not list or value.get("is_nested"):
+            return None
+        if len(shape) == 1 and type(shape[0]) is int and 0 <= shape[0] <= MAX_NBYTES // itemsize:
+            nbytes = shape[0] * itemsize  # shape_nbytes of one dimension, without the call
+            dims: tuple[int, ...] = (shape[0],)
+            strides = _UNIT_STRIDE
+        else:
+            nbytes = shape_nbytes(shape, itemsize)
+            if nbytes < 0:
+                return None
+            dims = tuple(shape)
+            strides = contiguous_strides(dims)
+        out.names.append(fname + ".memmap")
+        out.nbytes.append(nbytes)
+        out.itemsize.append(itemsize)
+        out.items.append((key, fname + ".memmap", nbytes, dname, dims, strides))
+    return out
+
+
+def plain_level_of(texts: dict[bytes, PlainLevel | None], data: bytes, where: str) -> PlainLevel | None:
+    """:func:`plain_level` of the ``meta.json`` bytes ``data``, each distinct text parsed
+    once: kept in ``texts`` (a reader's own dict, at most :data:`MAX_TEXTS` texts).
+    Raises :class:`~tdz_numba.errors.BadArchiveError` naming ``where`` for bytes that
+    are not a JSON document.
+
+    >>> texts = {}
+    >>> a = plain_level_of(texts, b'{"x": {"dtype": "torch.int8", "shape": [3]}}', "g0/meta.json")
+    >>> a is plain_level_of(texts, b'{"x": {"dtype": "torch.int8", "shape": [3]}}', "g1/meta.json"), a.nbytes
+    (True, [3])
+    """
+    found = texts.get(data, _UNSEEN)
+    if found is _UNSEEN:
+        found = plain_level(parse_meta(data, where))
+        if len(texts) < MAX_TEXTS:
+            texts[data] = found
+    return found
+
+
+def is_plain_td(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> bool:
+    """Whether a parsed ``meta.json`` is a plain TensorDict level that
+    :func:`~tdz_numba.tdz.tree.describe_level` describes without error, checked without
+    building anything: a ``TensorDict`` of a known format version whose leaves have a
+    known dtype, a valid list shape and a bool ``is_nested`` (or none), and whose
+    sub-levels name a ``type`` and have a ``meta.json`` (``has_meta("a/b/meta.json")``).
+    Its children are then :func:`plain_children`; anything else (and every error) is
+    for the general path.
+
+    >>> meta = {"x": {"dtype": "torch.float32", "shape": [2, 3]}, "sub": {"type": "TensorDict"},
+    ...         "shape": [], "_type": "<class 'tensordict._td.TensorDict'>"}
+    >>> is_plain_td(meta, "", lambda name: name == "sub/meta.json")
+    True
+    >>> is_plain_td(meta, "", lambda name: False), is_plain_td({"x": {"dtype": "odd", "shape": []}}, "", None)
+    (False, False)
+    """
+    if type(meta) is not dict:
+        return False
+    cls = meta.get("_class")
+    if cls is None:
+        typ = meta.get("_type")
+        if typ is not None and typ != TD_TYPE:
+            return False
+    elif cls != TD_CLASS:
+        return False
+    version = meta.get("_format_version", 0)
+    if type(version) is not int or version > FORMAT_VERSION:
+        return False
+    itemsizes, encoded = _ITEMSIZE, _ENCODED
+    for key, value in meta.items():
+        if type(value) is not dict:
+            if key in RESERVED_FIELDS:
+                continue
+            return False
+        if "dtype" in value:
+            dname, shape = value["dtype"], value.get("shape")
+            itemsize = itemsizes.get(dname) if type(dname) is str else None
+            if itemsize is None or type(shape) is not list:
+                return False
+            nested = value.get("is_nested", False)
+            if nested is not False:
+                if nested is not True:
+                    return False
+                itemsize = 8  # a nested leaf's shape is that of its int64 sizes
+            if len(shape) == 1:
+                n = shape[0]
+                if type(n) is not int or n < 0 or n > MAX_NBYTES // itemsize:
+                    return False
+            elif shape_nbytes(shape, itemsize) < 0:
+                return False
+        elif "type" not in value or not has_meta(
+            prefix + (encoded.get(key) or encode_key(key)) + "/meta.json"
+        ):
+            return False
+    return True
+
+
+def plain_children(meta: dict[str, Any], prefix: str) -> dict[str, Child]:
+    """The children of a level that :func:`is_plain_td` accepted, as
+    :func:`~tdz_numba.tdz.tree.describe_level` gives them (the same
+    :class:`~tdz_numba.tdz.sources.Child` and :class:`~tdz_numba.tdz.tree.LeafSpec` values).
+
+    >>> kids = plain_children({"x": {"dtype": "torch.int8", "shape": [3]}, "s": {"type": "TensorDict"}}, "a/")
+    >>> kids["x"].leaf.entry, kids["x"].leaf.shape, kids["s"].path
+    ('a/x.memmap', (3,), 'a/s/')
+    """
+    new, encoded = tuple.__new__, _ENCODED
+    children: dict[str, Child] = {}
+    for key, value in meta.items():
+        if type(value) is not dict:
+            continue  # a reserved field
+        base = prefix + (encoded.get(key) or encode_key(key))
+        if "dtype" not in value:
+            children[key] = new(Child, (key, "level", base + "/", None))
+            continue
+        nested = value.get("is_nested", False)
+        entry = base + ".memmap"
+        spec = new(
+            LeafSpec,
+            (
+                key,
+                entry,
+                value["dtype"],
+                tuple(value["shape"]),
+                nested,
+                base + ".shape.memmap" if nested else None,
+            ),
+        )
+        children[key] = new(Child, (key, "leaf", entry, spec))
+    return children

@@ -1,0 +1,416 @@
+"""Where leaves come from: the contract between file-format readers and :class:`~tdz_numba.Archive`.
+
+Every reader (safetensors, torch ``.pt``, npz, GGUF, HDF5, ONNX, memmap
+directories) maps its file(s) once with :class:`MappedFile` and describes each
+tensor by a :class:`TensorSpec`: which mapped file, the byte offset of element
+``[0, ..., 0]``, dtype, shape and element strides. It then hands a nested tree
+of specs, plain values and sub-dicts to :class:`TreeSource`, which serves the
+levels the :class:`~tdz_numba.Archive` navigates. :func:`tensor_from_spec`
+turns a spec into a tensor: a zero-copy view of the mapping when the offset is
+aligned for the dtype, a copy otherwise (or always, with ``copy=True``).
+
+No reader creates tensors itself, and every spec is checked against the size
+of its file before a view is made (:func:`check_extent`).
+
+Examples
+--------
+>>> import tempfile, pathlib, numpy as np, torch
+>>> from tdz_numba.tdz.sources import MappedFile, TensorSpec, tensor_from_spec
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = pathlib.Path(d) / "raw.bin"
+...     _ = p.write_bytes(np.arange(6, dtype=np.float32).tobytes())
+...     f = MappedFile.open(p)
+...     spec = TensorSpec("x", torch.float32, (2, 3), (1, 2), 0, 0, 24)   # a transposed view
+...     print(tensor_from_spec(spec, [f]).tolist())
+[[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from ..errors import BadArchiveError, InvalidArgumentError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "MappedFile",
+    "TensorSpec",
+    "Child",
+    "LevelInfo",
+    "LeafInfo",
+    "Location",
+    "Source",
+    "TreeSource",
+    "check_extent",
+    "tensor_from_spec",
+    "MAX_DEPTH",
+]
+
+#: Deepest nesting of levels any reader builds or walks (a claim in a file beyond it is refused).
+MAX_DEPTH = 256
+
+
+class Location(NamedTuple):
+    """Where a leaf's bytes are (like ztensor's ``Location``)."""
+
+    file: str
+    offset: int
+    nbytes: int
+
+
+class MappedFile:
+    """One file mapped once: privately (``mode="r"``) or shared (``writable=True``).
+
+    ``buffer`` is a uint8 numpy view of the whole mapping; :attr:`torch_u8`
+    the same bytes as a torch tensor (created on first use). Views stay valid
+    after :meth:`close` (they keep the mapping alive).
+    """
+
+    def __init__(self, path: Path, mm: mmap.mmap | None, size: int, writable: bool) -> None:
+        self.path = path
+        self.size = size
+        self.writable = writable
+        self._mmap = mm
+        self.buffer = np.frombuffer(mm, dtype=np.uint8) if mm is not None else np.empty(0, np.uint8)
+        self._torch = None
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, writable: bool = False) -> MappedFile:
+        """Maps ``path``; raises :class:`~tdz_numba.BadArchiveError` for a directory or a device."""
+        p = Path(path)
+        try:
+            fd = os.open(p, os.O_RDWR if writable else os.O_RDONLY)
+        except IsADirectoryError:
+            raise BadArchiveError(f"{p}: is a directory, not a file") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise BadArchiveError(f"{p}: not a regular file")
+            size = st.st_size
+            mm = None
+            if size:
+                mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+        return cls(p, mm, size, writable)
+
+    @property
+    def torch_u8(self):
+        """The whole mapping as one uint8 torch tensor (leaves are views of it)."""
+        if self._torch is None:
+            import torch
+
+            self._torch = torch.from_numpy(self.buffer) if self.size else torch.empty(0, dtype=torch.uint8)
+        return self._torch
+
+    def close(self) -> None:
+        """Drops this object's references; tensors already made keep the mapping alive."""
+        self.buffer = np.empty(0, np.uint8)
+        self._torch = None
+        self._mmap = None
+
+
+class TensorSpec(NamedTuple):
+    """One tensor leaf of a non-``.tdz`` file, described without touching its bytes.
+
+    ``offset`` is the byte offset (in ``files[file]``) of element ``[0, ..., 0]``,
+    storage offsets included; ``strides`` are in elements (None: C-contiguous);
+    ``nbytes`` is how many bytes the leaf spans in the file (the stored,
+    compressed size when ``codec`` is not ``"stored"``, then ``size`` is the
+    decoded size). ``loader`` reads copy-only leaves (an HDF5 chunked dataset):
+    it returns a numpy array or tensor of ``dtype``/``shape``.
+    ``type_name`` is the file's own name for the element type (``"F32"``,
+    ``"Q4_K"``, ``"<f4"``); quantized blocks are exposed as ``uint8``.
+    """
+
+    key: str
+    dtype: Any  # torch.dtype
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None
+    file: int
+    offset: int
+    nbytes: int
+    type_name: str = ""
+    codec: str = "stored"
+    size: int = 0
+    crc: int | None = None
+    loader: Callable[[], Any] | None = None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class Child(NamedTuple):
+    """A child of a level: ``kind`` is ``"leaf"`` (``leaf`` a spec), ``"level"`` (``path`` its
+    prefix, ending in ``/``), ``"file"`` (``path`` the entry of a file that is not a leaf) or
+    ``"value"`` (``leaf`` holds the plain Python value)."""
+
+    key: str
+    kind: str
+    path: str
+    leaf: Any = None
+
+
+@dataclass(frozen=True)
+class LeafInfo:
+    """Where a leaf lives in its file and how it is stored.
+
+    ``zero_copy``: whether the leaf is a view of the file's mapping;
+    ``location``: ``(file, offset, nbytes)`` of its bytes (None when the leaf
+    has no payload); ``type_name``: the file's own name for the element type
+    (``"torch.float32"``, ``"F32"``, ``"Q4_K"``).
+    """
+
+    key: str
+    entry: str | None
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int | None
+    nbytes: int
+    stored_nbytes: int
+    compression: str
+    crc: int | None
+    nested: bool
+    zero_copy: bool = False
+    location: Location | None = None
+    type_name: str = ""
+
+    @property
+    def evictable(self) -> bool:
+        """Whether the leaf's payload starts on a page of this machine and covers whole
+        pages: :meth:`Archive.evict` can then drop it without touching a neighbour
+        (``save(..., align="auto")`` gives big leaves this)."""
+        from ..files.memory import is_evictable
+
+        return self.zero_copy and self.offset is not None and is_evictable(self.offset, self.stored_nbytes)
+
+    @property
+    def caps(self):
+        """The leaf's :class:`~tdz_numba.files.leafmemory.Caps` (map, evict, verify, alignment)."""
+        from ..files.leafmemory import leaf_caps
+
+        return leaf_caps(self, self.crc is not None)
+
+
+class LevelInfo(NamedTuple):
+    """One level: whether it lists its keys itself (``keyed``), its children by key, its metadata."""
+
+    keyed: bool
+    children: dict[str, Child]
+    meta: dict[str, Any]
+
+
+def span_bytes(shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> int:
+    """Bytes from element ``[0, ..]`` to the end of the last element (0 when empty).
+
+    Raises :class:`ValueError` for negative strides.
+    """
+    if any(s == 0 for s in shape):
+        return 0
+    if strides is None:
+        return math.prod(shape) * itemsize
+    if any(st < 0 for st in strides):
+        raise ValueError("negative strides")
+    last = sum((d - 1) * st for d, st in zip(shape, strides))
+    return (last + 1) * itemsize
+
+
+def check_extent(spec: TensorSpec, file_size: int, where: str) -> None:
+    """Raises :class:`~tdz_numba.BadArchiveError` unless the leaf lies inside its file.
+
+    Checks dimensions (non-negative ints), strides (matching rank, non-negative),
+    the offset and the bytes spanned against ``file_size``, with Python's
+    unbounded ints (no overflow).
+    """
+    shape = spec.shape
+    if not all(type(d) is int and d >= 0 for d in shape):
+        raise BadArchiveError(f"{where}: tensor {spec.key!r}: bad shape {list(shape)}")
+    if spec.strides is not None and (
+        len(spec.strides) != len(shape) or not all(type(s) is int and s >= 0 for s in spec.strides)
+    ):
+        raise BadArchiveError(
+            f"{where}: tensor {spec.key!r}: bad strides {spec.strides} for shape {list(shape)}"
+        )
+    if spec.loader is not None:
+        return
+    itemsize = spec.dtype.itemsize
+    if spec.codec == "stored":
+        need = span_bytes(shape, spec.strides, itemsize)
+        if need and spec.nbytes < need:
+            raise BadArchiveError(
+                f"{where}: tensor {spec.key!r} ({spec.type_name or spec.dtype}, shape {list(shape)}) "
+                f"needs {need} bytes, the file gives it {spec.nbytes}"
+            )
+    elif spec.size != math.prod(shape) * itemsize:
+        raise BadArchiveError(
+            f"{where}: tensor {spec.key!r}: decodes to {spec.size} bytes, shape {list(shape)} "
+            f"needs {math.prod(shape) * itemsize}"
+        )
+    if spec.nbytes and (spec.offset < 0 or spec.offset + spec.nbytes > file_size):
+        raise BadArchiveError(
+            f"{where}: tensor {spec.key!r}: bytes [{spec.offset}, {spec.offset + spec.nbytes}) "
+            f"lie outside the file ({file_size} bytes)"
+        )
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        out[i] = out[i + 1] * max(shape[i + 1], 1)
+    return tuple(out)
+
+
+def tensor_from_spec(
+    spec: TensorSpec,
+    files: list[MappedFile],
+    *,
+    copy: bool = False,
+    where: str = "",
+    num_threads: int | None = None,
+):
+    """The tensor a spec describes: a view of the mapping (zero-copy), or a new tensor.
+
+    A copy is made when ``copy=True``, when the offset is not a multiple of the
+    dtype's size, for compressed members (inflated) and for ``loader`` leaves.
+    """
+    import torch
+
+    where = where or (str(files[spec.file].path) if 0 <= spec.file < len(files) else "<file>")
+    if spec.loader is not None:
+        value = spec.loader()
+        t = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+        if t.dtype != spec.dtype and t.element_size() == spec.dtype.itemsize:
+            t = t.view(spec.dtype)
+        if tuple(t.shape) != tuple(spec.shape):
+            raise BadArchiveError(
+                f"{where}: tensor {spec.key!r}: read shape {list(t.shape)}, expected {list(spec.shape)}"
+            )
+        return t
+    if spec.numel == 0:
+        return torch.empty(spec.shape, dtype=spec.dtype)
+    f = files[spec.file]
+    check_extent(spec, f.size, where)
+    itemsize = spec.dtype.itemsize
+    if spec.codec != "stored":
+        from ..zipfmt import compression as codecs
+
+        raw = f.buffer[spec.offset : spec.offset + spec.nbytes]
+        data = codecs.decode_member(
+            raw, spec.codec, spec.size, spec.crc, f"{where}: {spec.key!r}", num_threads
+        )
+        flat = torch.from_numpy(data).view(spec.dtype)
+        return flat.view(spec.shape)
+    strides = spec.strides if spec.strides is not None else _contiguous(spec.shape)
+    span = span_bytes(spec.shape, strides, itemsize)
+    base = f.torch_u8
+    if spec.offset % itemsize == 0 and not copy:
+        # element-granular view of the whole mapping: one tensor object, no copy
+        typed = base[spec.offset : spec.offset + span - (span % itemsize)]
+        typed = typed.view(spec.dtype) if spec.dtype != torch.uint8 else typed
+        return typed.as_strided(spec.shape, strides, typed.storage_offset())  # offsets count from the mapping
+    raw = base[spec.offset : spec.offset + span].clone()
+    typed = raw.view(spec.dtype) if spec.dtype != torch.uint8 else raw
+    return (
+        typed.as_strided(spec.shape, strides, 0)
+        if not copy
+        else typed.as_strided(spec.shape, strides, 0).clone()
+    )
+
+
+class Source:
+    """A readable file of any format: what :class:`~tdz_numba.Archive` navigates.
+
+    Subclasses set ``format``, ``path``, ``metadata`` and ``files`` and serve
+    :meth:`level`. ``.tdz`` archives have their own lazy source; every other
+    format builds a :class:`TreeSource`.
+    """
+
+    format: str = ""
+    path: Path
+    metadata: dict[str, Any]
+    files: list[MappedFile]
+
+    def level(self, prefix: str) -> LevelInfo:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def check_level(self, prefix: str) -> None:
+        """Raises what :meth:`level` would raise for ``prefix`` (a source may defer
+        building the level's children until :meth:`level` is called)."""
+        self.level(prefix)
+
+    def has_level(self, prefix: str) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+class TreeSource(Source):
+    """A source whose whole tree is known at open: nested dicts of :class:`TensorSpec`,
+    plain values and sub-dicts (dict keys are the level's keys, in order).
+
+    Flat formats (safetensors, npz, GGUF) give one level of specs keyed by the
+    file's own tensor names. Each sub-dict becomes a level with prefix
+    ``"<key>/"`` (keys used as they are, so a ``"/"`` in a flat name never
+    splits it).
+    """
+
+    def __init__(
+        self,
+        format: str,
+        path: str | os.PathLike,
+        tree: Mapping[str, Any],
+        *,
+        files: list[MappedFile],
+        metadata: dict[str, Any] | None = None,
+        level_meta: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self.format = format
+        self.path = Path(path)
+        self.files = files
+        self.metadata = metadata or {}
+        self._levels: dict[str, LevelInfo] = {}
+        level_meta = level_meta or {}
+        stack: list[tuple[str, Mapping[str, Any], int]] = [("", tree, 0)]
+        counter = 0
+        while stack:  # iterative: no recursion on file-controlled depth
+            prefix, node, depth = stack.pop()
+            if depth > MAX_DEPTH:
+                raise BadArchiveError(f"{self.path}: nesting deeper than {MAX_DEPTH} levels")
+            children: dict[str, Child] = {}
+            for key, value in node.items():
+                if not isinstance(key, str):
+                    raise InvalidArgumentError(f"{self.path}: level keys must be str, got {key!r}")
+                if isinstance(value, TensorSpec):
+                    children[key] = Child(key, "leaf", prefix + key, value)
+                elif isinstance(value, Mapping):
+                    counter += 1
+                    sub = f"{prefix}{counter}:{key}/"  # unique even if keys contain "/"
+                    children[key] = Child(key, "level", sub)
+                    stack.append((sub, value, depth + 1))
+                else:
+                    children[key] = Child(key, "value", prefix + key, value)
+            meta = level_meta.get(prefix, getattr(node, "meta", None))  # a tree.Level carries its own
+            self._levels[prefix] = LevelInfo(True, children, dict(meta or {}))
+
+    def level(self, prefix: str) -> LevelInfo:
+        try:
+            return self._levels[prefix]
+        except KeyError:
+            raise InvalidArgumentError(f"{self.path}: no level {prefix!r}") from None
+
+    def has_level(self, prefix: str) -> bool:
+        return prefix in self._levels
