@@ -26,9 +26,11 @@ from .errors import (
     ChecksumError,
     DiskFullError,
     FileMissingError,
+    InternalError,
     InvalidArgumentError,
     InvalidTreeError,
     MissingKeyError,
+    RemoteError,
     TdzError,
     UnknownCompressionError,
     UnsafeContentError,
@@ -50,6 +52,7 @@ __all__ = [
     "refresh_checksums",
     "allocate",
     "convert",
+    "clean",
     # types
     "Archive",
     "LeafInfo",
@@ -73,19 +76,22 @@ __all__ = [
     "FileMissingError",
     "AccessDeniedError",
     "DiskFullError",
+    "RemoteError",
+    "InternalError",
 ]
 
 _LAZY = {
-    "save": "api",
+    "save": "saving",
     "open": "api",
     "load": "api",
-    "pack": "api",
-    "unpack": "api",
+    "pack": "saving",
+    "unpack": "saving",
     "is_archive": "api",
     "verify": "api",
     "refresh_checksums": "api",
-    "allocate": "api",
-    "convert": "api",
+    "allocate": "saving",
+    "convert": "conversion",
+    "clean": "saving",
     "Archive": "archive.mapping",
     "LeafInfo": "archive.mapping",
     "LevelInfo": "tdz.sources",
@@ -98,9 +104,11 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import allocate, convert, is_archive, load, open, pack, refresh_checksums, save, unpack, verify
+    from .api import is_archive, load, open, refresh_checksums, verify
     from .archive.mapping import Archive, LeafInfo
     from .archive.verify import VerifyReport
+    from .conversion import convert
+    from .saving import allocate, clean, pack, save, unpack
     from .tdz.sources import LevelInfo, Location
     from .tdz.tree import Level, PickledData, RawFile
 

@@ -64,15 +64,53 @@ def convert(
     compression: str | None = None,
     progress: bool | None = None,
 ) -> Path:
-    """See :func:`tdz_numba.convert`."""
-    from . import api
+    """Converts any readable tensor file to ``.tdz``, or a ``.tdz`` archive to ``.safetensors``.
+
+    Parameters
+    ----------
+    src : str or os.PathLike
+        A file :func:`open` reads (safetensors, ``.pt``, npz, GGUF, ``.tdz``, ...).
+    dst : str or os.PathLike
+        The file to write: a ``.safetensors`` name writes safetensors, anything
+        else a ``.tdz`` archive (through the parallel writer; leaves go in as
+        views of the source's mapping).
+    nest : str or None
+        To ``.tdz``: flat names are split on ``nest`` into levels (None: kept
+        flat). To ``.safetensors``: nested keys are joined with it (default ".").
+    compression : str, optional
+        Codec of the ``.tdz`` payloads (as for :func:`save`).
+    progress : bool, optional
+        A progress bar on stderr.
+
+    Returns
+    -------
+    pathlib.Path
+
+    Raises
+    ------
+    InvalidTreeError
+        A leaf the target format cannot hold (e.g. complex dtypes in safetensors).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> import json
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = tdz_numba.save({"a": {"b": torch.ones(2)}, "tag": "x"}, pathlib.Path(d) / "x.tdz")
+    ...     st = tdz_numba.convert(p, pathlib.Path(d) / "x.safetensors")
+    ...     raw = st.read_bytes()
+    ...     header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    ...     print(header["a.b"]["shape"], header["__metadata__"])
+    [2] {'tag': '"x"'}
+    """
+    from . import api, saving
     from .archive.mapping import nest_flat
 
     if nest is not None and (not isinstance(nest, str) or not nest):
         raise InvalidArgumentError(f"nest must be a non-empty str or None, got {nest!r}")
     from .remote.read import is_remote
 
-    remote_dst = is_remote(dst)  # an fsspec URL: api.save streams the .tdz there
+    remote_dst = is_remote(dst)  # an fsspec URL: saving.save streams the .tdz there
     dst = dst if remote_dst else Path(dst)  # type: ignore[assignment]
     if remote_dst and str(dst).endswith(".safetensors"):
         raise UnsupportedError(
@@ -91,7 +129,7 @@ def convert(
                 json.dumps(metadata, allow_nan=False)
             except (TypeError, ValueError):
                 metadata = {k: repr(v) for k, v in metadata.items()}
-        return api.save(tree, dst, compression=compression, progress=progress, metadata=metadata)
+        return saving.save(tree, dst, compression=compression, progress=progress, metadata=metadata)
     finally:
         ar.close()
 

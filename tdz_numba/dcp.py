@@ -209,7 +209,7 @@ class TdzStorageWriter(StorageWriter):
         ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        from . import api
+        from . import saving
         from .tdz.tree import Level
 
         name = f"{plan.storage_data.prefix}0.tdz"
@@ -244,7 +244,7 @@ class TdzStorageWriter(StorageWriter):
             )
         tree[CHUNKS_KEY] = table
         level = Level(tree)
-        api.save(
+        saving.save(
             level,
             self.location.join(name),
             compression=self.compression,

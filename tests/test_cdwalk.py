@@ -26,6 +26,7 @@ from ziputil import zip_bytes  # noqa: E402
 
 import tdz_numba  # noqa: E402
 from tdz_numba.errors import TdzError  # noqa: E402
+from tdz_numba.jit import policy
 from tdz_numba.zipfmt import records, smallindex  # noqa: E402
 from tdz_numba.zipfmt.index import ArchiveIndex  # noqa: E402
 from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
@@ -64,7 +65,7 @@ def check(
     if cd is None:
         cd, cd_offset, count = _cd(data)
     oracle = smallindex._parse_central(cd, cd_offset, count)
-    with kernel_dispatch.forced("always"):
+    with policy.forced("always"):
         fast = smallindex._parse_any(cd, cd_offset, count)
     assert _rows(fast) == _rows(oracle)
     n, starts, joined = _walk(cd, cd_offset, count)
@@ -92,7 +93,7 @@ def test_tdz_archives_accepted(tmp_path):
     tree = {f"g{g}": {f"t{i}": torch.randn(3) for i in range(20)} for g in range(10)}
     p = tdz_numba.save(tree, tmp_path / "x.tdz")
     assert check(p.read_bytes())
-    with kernel_dispatch.forced("always"):
+    with policy.forced("always"):
         ix = ArchiveIndex(p)
         assert ix._small is not None and len(ix.names) == 211
         assert (
@@ -115,7 +116,7 @@ def test_unusual_names_deferred(entries):
     # (zipfile cuts names at a NUL: written with "~" in its place, then patched)
     data = _zip({k.replace("\0", "~"): v for k, v in entries.items()}).replace(b"~", b"\0")
     assert not check(data)
-    with kernel_dispatch.forced("always"):
+    with policy.forced("always"):
         assert smallindex._parse_any(*_cd(data))[1] == list(entries)
 
 
@@ -137,11 +138,11 @@ def test_duplicate_names_refused():
     third = data.index(b"PK\x01\x02", data.index(b"PK\x01\x02", cd_offset + 1) + 1)
     data[third + 46 : third + 48] = b"ab"
     assert check(bytes(data))  # the walk accepts; the names dict then refuses
-    with kernel_dispatch.forced("always"):
+    with policy.forced("always"):
         assert smallindex._parse_any(*_cd(bytes(data))) is None
     for mode in ("always", "never"):
         with (
-            kernel_dispatch.forced(mode),
+            policy.forced(mode),
             pytest.raises(tdz_numba.BadArchiveError, match="'ab' appears twice"),
         ):
             ArchiveIndex(_write(bytes(data)))
@@ -218,9 +219,9 @@ def test_corruptions_same_errors(tmp_path):
         check(data)
         p = tmp_path / f"{name}.tdz"
         p.write_bytes(data)
-        with kernel_dispatch.forced("always"):
+        with policy.forced("always"):
             fast = _outcome(p)
-        with kernel_dispatch.forced("never"):
+        with policy.forced("never"):
             slow = _outcome(p)
         assert fast == slow, name
         raised += fast[0] == "open"
@@ -244,9 +245,9 @@ def test_mutated_archives_agree(tmp_path):
         if cd is not None and records.central_directory_fits(len(case.data), cd_offset, len(cd), count):
             if count <= smallindex.SMALL_ENTRIES:
                 accepted += check(case.data, cd, cd_offset, count)
-        with kernel_dispatch.forced("always"):
+        with policy.forced("always"):
             fast = _outcome(p)
-        with kernel_dispatch.forced("never"):
+        with policy.forced("never"):
             slow = _outcome(p)
         assert fast == slow, case.id
     assert accepted > 30
@@ -272,9 +273,9 @@ def test_bad_arguments_and_bounds():
 
 def test_dispatch_falls_back_without_kernels():
     cd, cd_offset, count = _cd(_zip({"a": b"1"}))
-    with kernel_dispatch.forced("never"):
+    with policy.forced("never"):
         assert kernel_dispatch.walk_central(cd, cd_offset, count) is None
-    with kernel_dispatch.forced("always"):
+    with policy.forced("always"):
         starts, text = kernel_dispatch.walk_central(cd, cd_offset, count)
     assert list(starts) == [0] and text == "a"
 
@@ -284,7 +285,7 @@ import random, resource, sys
 import numpy as np
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 sys.path.insert(0, sys.argv[1])
-from tdz_numba import cd_kernels, kernel_dispatch, smallindex
+from tdz_numba.zipfmt.kernels import names as cd_kernels; from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch; from tdz_numba.zipfmt import smallindex
 seeds = [open(p, "rb").read() for p in sys.argv[3:]]
 rng = random.Random(int(sys.argv[2]))
 ok = accepted = 0
@@ -299,7 +300,7 @@ for k in range(3000):
     off = rng.choice((4096, 10**6, 30, 0))
     count = max(0, cd.count(b"PK\x01\x02") + rng.choice((0, 0, 0, -1, 1)))
     oracle = smallindex._parse_central(cd, off, count) if count <= len(cd) // 46 else None
-    with kernel_dispatch.forced("always"):
+    with policy.forced("always"):
         fast = smallindex._parse_any(cd, off, count)
     if (oracle is None) != (fast is None) or (fast and (fast[1] != oracle[1] or list(fast[0]._starts) != oracle[0]._starts)):
         print("MISMATCH", k, cd.hex(), off, count)
@@ -340,14 +341,14 @@ def test_fuzz_central_bytes_in_subprocess(tmp_path):
 def _big_index(tmp_path: Path, entries: dict[str, bytes]) -> ArchiveIndex:
     p = tmp_path / "big.zip"
     p.write_bytes(_zip(entries))
-    with kernel_dispatch.forced("always"):
+    with policy.forced("always"):
         ix = ArchiveIndex(p)
     assert ix._small is None  # (more than SMALL_ENTRIES: the kernel path)
     return ix
 
 
 def _slow_names(ix: ArchiveIndex) -> list[str]:
-    with kernel_dispatch.forced("never"):
+    with policy.forced("never"):
         return ix._decode_names()
 
 
@@ -360,7 +361,7 @@ def test_gather_names_against_slicing_and_zipfile(tmp_path, unusual):
     if unusual == "\0":  # zipfile cuts names at a NUL: patched in after
         p = tmp_path / "nul.zip"
         p.write_bytes(ix.path.read_bytes().replace(b"x~y", b"x\0y"))
-        with kernel_dispatch.forced("always"):
+        with policy.forced("always"):
             ix = ArchiveIndex(p)
     assert ix.names == names == _slow_names(ix)
     joined = bytearray(ix.end.cd_size)

@@ -19,6 +19,7 @@ import pytest
 
 from tdz_numba.errors import BadArchiveError, ChecksumError, TdzError, UnsupportedError
 from tdz_numba.zipfmt import compression as codecs
+from tdz_numba.zipfmt import stream
 from tdz_numba.zipfmt.kernels import deflate as codec_kernels
 
 EDGE = [0, 1, 63, 64, 65, 4095, 4096, 4097, 3 * 4096, 100_000]
@@ -129,7 +130,7 @@ def test_memory_budget_is_overridable(monkeypatch):
     with pytest.raises(BadArchiveError, match="12000"):
         codecs.inflate_many(jobs, 1, into=buf[:11_999])
     # streaming holds nothing of the entry's size: allowed
-    assert codecs.stream_member(
+    assert stream.stream_member(
         u8(deflate(b)), 8, len(b), zlib.crc32(b), None, None, "s", chunk=4096
     ) == zlib.crc32(b)
 
@@ -149,7 +150,7 @@ def test_lzma_dictionary_over_budget_refused(monkeypatch):
     raw[5:9] = struct.pack("<I", 0xFFFFFFFF)
     monkeypatch.setattr(codecs, "MAX_DECODED", 100_000)
     with pytest.raises(BadArchiveError, match="lzma dictionary"):
-        codecs.stream_member(u8(bytes(raw)), 14, len(b), None, None, None, "dict")
+        stream.stream_member(u8(bytes(raw)), 14, len(b), None, None, None, "dict")
 
 
 @pytest.mark.parametrize(
@@ -191,7 +192,7 @@ def test_corrupt_streams_raise_tdz_errors(codec):
             assert out.tobytes() == b, trial
         pieces: list[bytes] = []
         try:
-            n = codecs.stream_member(
+            n = stream.stream_member(
                 data,
                 codecs.CODEC_METHODS[codec],
                 len(b),
@@ -325,10 +326,10 @@ def test_stream_member_single_stream_past_4_gib():
     raw, size, crc = big_zero_stream(64 << 20, 65)  # 4.06 GiB
     assert size > 1 << 32
     sizes = []
-    assert codecs.stream_member(raw, 8, size, crc, None, lambda p: sizes.append(p.size), "big") == crc
+    assert stream.stream_member(raw, 8, size, crc, None, lambda p: sizes.append(p.size), "big") == crc
     assert sum(sizes) == size and max(sizes) == codecs.STREAM_CHUNK
     with pytest.raises(BadArchiveError, match="decodes to more than"):
-        codecs.stream_member(raw, 8, size - 1, None, None, None, "big")
+        stream.stream_member(raw, 8, size - 1, None, None, None, "big")
 
 
 @pytest.mark.skipif(_mem_available() < 12 << 30, reason="needs ~5 GiB of free memory")

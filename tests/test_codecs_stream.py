@@ -1,4 +1,4 @@
-"""Streaming decode through a fixed buffer: :func:`codecs.stream_member`
+"""Streaming decode through a fixed buffer: :func:`stream.stream_member`
 against the stdlib oracles (every codec, chunk sizes around the entry and
 segment sizes, segment tables), its errors, ``verify``'s streaming path, and
 the peak RSS of streaming and verifying a 512 MiB deflated entry measured in
@@ -23,6 +23,7 @@ import torch
 import tdz_numba
 from tdz_numba.errors import BadArchiveError, ChecksumError, TdzError
 from tdz_numba.zipfmt import compression as codecs
+from tdz_numba.zipfmt import stream
 
 SEG = 4096
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ ENCODE = {0: lambda b: b, 8: deflate, 12: bz2.compress, 14: lambda b: codecs.com
 
 def collect(raw, method, size, crc, table, chunk, threads=None) -> tuple[bytes, list[int], int]:
     pieces: list[bytes] = []
-    found = codecs.stream_member(
+    found = stream.stream_member(
         raw,
         method,
         size,
@@ -92,32 +93,32 @@ def test_stream_member_errors():
     raw = u8(b"".join(p.tobytes() for p in d.parts))
     seg, clens = codecs.parse_segment_table(d.table, "t")
     with pytest.raises(BadArchiveError, match="segment table lists 4 segments"):
-        codecs.stream_member(raw, 8, len(b), d.crc, (seg, clens[:4]), None, "e", chunk=2 * SEG)
+        stream.stream_member(raw, 8, len(b), d.crc, (seg, clens[:4]), None, "e", chunk=2 * SEG)
     bad = raw.copy()
     bad[clens[0] + 3] ^= 0xFF
     with pytest.raises(TdzError):
-        codecs.stream_member(bad, 8, len(b), d.crc, (seg, clens), None, "e", chunk=2 * SEG)
+        stream.stream_member(bad, 8, len(b), d.crc, (seg, clens), None, "e", chunk=2 * SEG)
     with pytest.raises(ChecksumError, match="CRC-32 mismatch"):
-        codecs.stream_member(raw, 8, len(b), d.crc ^ 1, (seg, clens), None, "e", chunk=2 * SEG)
+        stream.stream_member(raw, 8, len(b), d.crc ^ 1, (seg, clens), None, "e", chunk=2 * SEG)
     with pytest.raises(BadArchiveError, match="stored with 10 bytes"):
-        codecs.stream_member(u8(bytes(10)), 0, 11, None, None, None, "e")
+        stream.stream_member(u8(bytes(10)), 0, 11, None, None, None, "e")
     for size in (len(b) - 1, len(b) + 1):
         with pytest.raises(BadArchiveError, match="decodes to"):
-            codecs.stream_member(raw, 8, size, None, None, None, "e", chunk=SEG)
+            stream.stream_member(raw, 8, size, None, None, None, "e", chunk=SEG)
     with pytest.raises(BadArchiveError, match="ends after"):  # trailing bytes after the stream end
-        codecs.stream_member(u8(raw.tobytes() + b"xx"), 8, len(b), None, None, None, "e", chunk=SEG)
+        stream.stream_member(u8(raw.tobytes() + b"xx"), 8, len(b), None, None, None, "e", chunk=SEG)
     with pytest.raises(BadArchiveError, match="decodes to 0 bytes"):
-        codecs.stream_member(u8(b""), 8, 10, None, None, None, "e")
+        stream.stream_member(u8(b""), 8, 10, None, None, None, "e")
     with pytest.raises(ValueError):
-        codecs.stream_member(raw, 8, len(b), None, None, None, "e", chunk=0)
+        stream.stream_member(raw, 8, len(b), None, None, None, "e", chunk=0)
     with pytest.raises(NotImplementedError):
-        codecs.stream_member(raw, 99, len(b), None, None, None, "e")
+        stream.stream_member(raw, 99, len(b), None, None, None, "e")
 
     def failing(piece):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):  # the sink's errors propagate, the stream is freed
-        codecs.stream_member(raw, 8, len(b), None, None, failing, "e", chunk=SEG)
+        stream.stream_member(raw, 8, len(b), None, None, failing, "e", chunk=SEG)
 
 
 @pytest.mark.parametrize("compression", ["deflate", "bzip2", "lzma"])
@@ -126,7 +127,7 @@ def test_verify_streams_large_entries(compression, monkeypatch, tmp_path):
     p = tdz_numba.save(tree, tmp_path / "x.tdz", compression=compression)
     monkeypatch.setattr(codecs, "STREAM_CHUNK", 4096)
     calls: list[str] = []
-    real = codecs.stream_member
+    real = stream.stream_member
 
     def spy(raw, method, size, crc, table, sink, where, **kw):
         calls.append(where)
@@ -187,7 +188,7 @@ _STREAM_CHILD = (
     _HWM
     + """
 import json, sys, zlib, numpy as np
-from tdz_numba import codecs
+from tdz_numba.zipfmt import compression as codecs
 from tdz_numba.zipfmt.kernels.crc import crc32_zeros
 seg, n = 4 << 20, 128  # 512 MiB of zeros in 4 MiB segments
 (d,) = codecs.deflate_many([np.zeros(2 * seg, np.uint8)], None, 1, segment_size=seg)
@@ -195,13 +196,13 @@ mid, end = (p.tobytes() for p in d.parts)
 raw = np.frombuffer(mid * (n - 1) + end, np.uint8)
 table = (seg, [len(mid)] * (n - 1) + [len(end)])
 size, crc = seg * n, int(crc32_zeros(seg * n))
-codecs.stream_member(np.frombuffer(d.parts[0].tobytes() + end, np.uint8), 8, 2 * seg, None,
+stream.stream_member(np.frombuffer(d.parts[0].tobytes() + end, np.uint8), 8, 2 * seg, None,
                      (seg, [len(mid), len(end)]), None, "warm")  # compile + first touch
 before = hwm()
 got = []
-assert codecs.stream_member(raw, 8, size, crc, table, lambda p: got.append(p.size), "t") == crc
+assert stream.stream_member(raw, 8, size, crc, table, lambda p: got.append(p.size), "t") == crc
 with_table = hwm() - before
-assert codecs.stream_member(raw, 8, size, crc, None, None, "t") == crc
+assert stream.stream_member(raw, 8, size, crc, None, None, "t") == crc
 print(json.dumps({"size": size, "with_table": with_table, "single": hwm() - before, "pieces": len(got)}))
 """
 )

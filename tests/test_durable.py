@@ -20,7 +20,6 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba.api import clean
 from tdz_numba.errors import (
     AccessDeniedError,
     DiskFullError,
@@ -31,6 +30,7 @@ from tdz_numba.errors import (
 )
 from tdz_numba.files import tempfiles as _tempfiles
 from tdz_numba.files.paths import as_local_path, user_errors
+from tdz_numba.saving import clean
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 kernels, both paths end to end, and the choice between them (tdz_numba.zipfmt.kernels.dispatch).
 
 tests/conftest.py sets ``TDZ_NUMBA_KERNELS=always`` for the suite; the tests here pick the path
-themselves with ``kernel_dispatch.forced``.
+themselves with ``policy.forced``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch
 
 import tdz_numba
 from tdz_numba.errors import InvalidArgumentError, TdzError
+from tdz_numba.jit import policy
 from tdz_numba.zipfmt import records
 from tdz_numba.zipfmt.kernels import crc as kernels
-from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
 from tdz_numba.zipfmt.kernels import twins as pykernels
 from tdz_numba.zipfmt.records import Col, Status
 
@@ -94,9 +94,9 @@ def test_plan_twin_matches_naive_oracle():
     names = [f"k{i}.memmap" for i in range(40)]
     sizes = [EDGE[i % len(EDGE)] for i in range(40)]
     align = [64 if i % 3 else 4096 for i in range(40)]
-    with kernel_dispatch.forced("never"):
+    with policy.forced("never"):
         plan = layout.plan(names, sizes, align, [records.STORED] * 40)
-    with kernel_dispatch.forced("always"):
+    with policy.forced("always"):
         ref = layout.plan(names, sizes, align, [records.STORED] * 40)
     assert np.array_equal(plan.payload_offset, ref.payload_offset)
     assert np.array_equal(plan.pad, ref.pad) and plan.file_size == ref.file_size
@@ -286,7 +286,7 @@ def test_hostile_fixtures_same_decision_on_both_paths(tmp_path):
         path.write_bytes(gzip.decompress((HOSTILE / name).read_bytes()))
         results = []
         for m in ("always", "never"):
-            with kernel_dispatch.forced(m):
+            with policy.forced(m):
                 results.append(
                     (
                         _outcome(lambda p=path: tdz_numba.verify(p)),
@@ -305,7 +305,7 @@ def test_save_load_verify_identical_on_both_paths(tmp_path, monkeypatch, small_t
     tree = {**small_tree, "zeros": torch.zeros(1000), "big": torch.arange(300_000, dtype=torch.float32)}
     files = {}
     for m in ("always", "never"):
-        with kernel_dispatch.forced(m):
+        with policy.forced(m):
             p = tdz_numba.save(tree, tmp_path / f"{m}.tdz", durable=False, **kw)
             files[m] = p.read_bytes()
             back = tdz_numba.load(p)
@@ -318,7 +318,7 @@ def test_save_load_verify_identical_on_both_paths(tmp_path, monkeypatch, small_t
 
 def test_allocate_zero_crcs_on_both_paths(tmp_path):
     for m in ("always", "never"):
-        with kernel_dispatch.forced(m):
+        with policy.forced(m):
             p = tmp_path / f"{m}.tdz"
             with tdz_numba.allocate({"z": torch.zeros(5000, 3)}, p):
                 pass
@@ -332,7 +332,7 @@ def test_crc_mismatch_reported_on_both_paths(tmp_path):
     p.write_bytes(bytes(raw))
     msgs = []
     for m in ("always", "never"):
-        with kernel_dispatch.forced(m), pytest.raises(tdz_numba.ChecksumError) as info:
+        with policy.forced(m), pytest.raises(tdz_numba.ChecksumError) as info:
             tdz_numba.verify(p)
         msgs.append(str(info.value))
     assert msgs[0] == msgs[1]
@@ -343,14 +343,14 @@ def test_crc_mismatch_reported_on_both_paths(tmp_path):
 # ---------------------------------------------------------------------------
 def test_mode_from_environment(monkeypatch):
     monkeypatch.setenv("TDZ_NUMBA_KERNELS", "never")
-    assert kernel_dispatch.mode() == "never" and not kernel_dispatch.use_kernels(10**9)
+    assert policy.mode() == "never" and not policy.use_kernels(10**9)
     monkeypatch.setenv("TDZ_NUMBA_KERNELS", "ALWAYS")
-    assert kernel_dispatch.use_kernels(0)
+    assert policy.use_kernels(0)
     monkeypatch.setenv("TDZ_NUMBA_KERNELS", "sometimes")
     with pytest.raises(InvalidArgumentError, match="TDZ_NUMBA_KERNELS"):
-        kernel_dispatch.mode()
+        policy.mode()
     with pytest.raises(ValueError):
-        kernel_dispatch.forced("x").__enter__()
+        policy.forced("x").__enter__()
 
 
 def test_forced_blocks_that_overlap_in_threads_restore_the_mode(monkeypatch):
@@ -362,76 +362,76 @@ def test_forced_blocks_that_overlap_in_threads_restore_the_mode(monkeypatch):
     a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
 
     def first():
-        with kernel_dispatch.forced("always"):
+        with policy.forced("always"):
             a_in.set()
             b_in.wait(5)
         a_out.set()
 
     def second():
         a_in.wait(5)
-        with kernel_dispatch.forced("auto"):
+        with policy.forced("auto"):
             b_in.set()
             a_out.wait(5)
-            assert kernel_dispatch.mode() == "auto"  # the innermost block still open
+            assert policy.mode() == "auto"  # the innermost block still open
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(10)
-    assert kernel_dispatch.mode() == "never" and not kernel_dispatch.use_kernels(10**9)
+    assert policy.mode() == "never" and not policy.use_kernels(10**9)
 
 
 def _cold(monkeypatch) -> None:
     for key, value in (("warm", False), ("checked", -1e9), ("twin", 0)):
-        monkeypatch.setitem(kernel_dispatch._state, key, value)
+        monkeypatch.setitem(policy._state, key, value)
 
 
 def test_auto_follows_marker_and_sizes(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TDZ_NUMBA_KERNELS", "auto")
-    monkeypatch.setitem(kernel_dispatch._state, "spawned", True)  # no background run from a test
+    monkeypatch.setitem(policy._state, "spawned", True)  # no background run from a test
     _cold(monkeypatch)
-    assert not kernel_dispatch.kernels_warm()
-    assert not kernel_dispatch.use_kernels(10)
-    assert kernel_dispatch.use_kernels(kernel_dispatch.COLD_ENTRIES)
-    cache = kernel_dispatch.kernel_cache_dirs()[0]
+    assert not policy.kernels_warm()
+    assert not policy.use_kernels(10)
+    assert policy.use_kernels(policy.COLD_ENTRIES)
+    cache = policy.kernel_cache_dirs()[0]
     os.makedirs(cache)
     index = os.path.join(cache, "kernels.x.nbi")
     Path(index).write_bytes(b"")
-    assert not kernel_dispatch.kernels_warm()  # a cold answer is kept for 2 s
-    marker = kernel_dispatch.write_marker(cache, [index])
+    assert not policy.kernels_warm()  # a cold answer is kept for 2 s
+    marker = policy.write_marker(cache, [index])
     assert marker and Path(marker).exists()
     _cold(monkeypatch)
-    assert kernel_dispatch.kernels_warm()
+    assert policy.kernels_warm()
     # warm, Numba not imported: the twins until the process gave them WARM_ENTRIES entries
     monkeypatch.delitem(sys.modules, "numba", raising=False)
-    assert not kernel_dispatch.use_kernels(kernel_dispatch.WARM_ENTRIES // 2)
-    assert not kernel_dispatch.use_kernels(kernel_dispatch.WARM_ENTRIES // 2 - 1)
-    assert kernel_dispatch.use_kernels(1)
+    assert not policy.use_kernels(policy.WARM_ENTRIES // 2)
+    assert not policy.use_kernels(policy.WARM_ENTRIES // 2 - 1)
+    assert policy.use_kernels(1)
     monkeypatch.setitem(sys.modules, "numba", object())
     _cold(monkeypatch)
-    assert kernel_dispatch.use_kernels(0)  # warm and Numba imported: the kernels
+    assert policy.use_kernels(0)  # warm and Numba imported: the kernels
     os.unlink(index)  # a cache emptied behind the marker's back: not warm
     _cold(monkeypatch)
-    assert not kernel_dispatch.kernels_warm()
+    assert not policy.kernels_warm()
     Path(cache, "tdz_numba-warm-old.json").write_text("{}")
     Path(index).write_bytes(b"")
-    kernel_dispatch.write_marker(cache, [index])  # removes markers of other keys
+    policy.write_marker(cache, [index])  # removes markers of other keys
     assert sorted(os.listdir(cache)) == sorted(["kernels.x.nbi", os.path.basename(marker)])
-    assert kernel_dispatch.write_marker(str(tmp_path / "missing" / "dir"), []) is None
+    assert policy.write_marker(str(tmp_path / "missing" / "dir"), []) is None
 
 
 def test_background_warmup_switches(monkeypatch, tmp_path):
-    assert not kernel_dispatch.background_enabled()  # under pytest
+    assert not policy.background_enabled()  # under pytest
     monkeypatch.setenv("TDZ_NUMBA_BACKGROUND_WARMUP", "1")
     monkeypatch.setenv("TDZ_NUMBA_KERNELS", "auto")
-    assert kernel_dispatch.background_enabled()
+    assert policy.background_enabled()
     monkeypatch.setenv("TDZ_NUMBA_KERNELS", "never")
-    assert not kernel_dispatch.background_enabled()
+    assert not policy.background_enabled()
     monkeypatch.setenv("TDZ_NUMBA_KERNELS", "auto")
     monkeypatch.setenv("TDZ_NUMBA_BACKGROUND_WARMUP", "0")
-    assert not kernel_dispatch.background_enabled()
+    assert not policy.background_enabled()
     # started once per process, with the lock of a running warm-up respected
     monkeypatch.setenv("TDZ_NUMBA_BACKGROUND_WARMUP", "1")
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
@@ -444,22 +444,22 @@ def test_background_warmup_switches(monkeypatch, tmp_path):
         def wait(self):
             return 0
 
-    monkeypatch.setattr(kernel_dispatch.subprocess, "Popen", FakePopen)
-    monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
-    assert kernel_dispatch.start_background_warmup()
-    assert not kernel_dispatch.start_background_warmup()
+    monkeypatch.setattr(policy.subprocess, "Popen", FakePopen)
+    monkeypatch.setitem(policy._state, "spawned", False)
+    assert policy.start_background_warmup()
+    assert not policy.start_background_warmup()
     assert started[0][0][1:] == ["-m", "tdz_numba.cli.warmup", "--background"]
     assert started[0][1]["start_new_session"] and started[0][1]["stdout"] == subprocess.DEVNULL
-    lock = Path(kernel_dispatch.kernel_cache_dirs()[0], kernel_dispatch._LOCK_NAME)
+    lock = Path(policy.kernel_cache_dirs()[0], policy._LOCK_NAME)
     lock.parent.mkdir(parents=True)
     lock.write_bytes(b"")
-    monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
-    assert not kernel_dispatch.start_background_warmup()
+    monkeypatch.setitem(policy._state, "spawned", False)
+    assert not policy.start_background_warmup()
     blocker = tmp_path / "file"
     blocker.write_bytes(b"")
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(blocker / "cache"))  # under a file: not writable
-    monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
-    assert not kernel_dispatch.start_background_warmup()
+    monkeypatch.setitem(policy._state, "spawned", False)
+    assert not policy.start_background_warmup()
     assert len(started) == 1
 
 
@@ -470,36 +470,36 @@ def test_background_warmup_goes_where_numba_caches(monkeypatch, tmp_path):
     import fcntl
     import types
 
-    from tdz_numba.cli.main import warmup as precompile
+    from tdz_numba.cli import warmup as precompile
 
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("TDZ_NUMBA_BACKGROUND_WARMUP", "1")
     monkeypatch.setenv("TDZ_NUMBA_KERNELS", "auto")
-    in_tree, user_wide = kernel_dispatch.kernel_cache_dirs()
+    in_tree, user_wide = policy.kernel_cache_dirs()
     assert user_wide.startswith(str(tmp_path))
-    real = kernel_dispatch._writable_dir
-    monkeypatch.setattr(kernel_dispatch, "_writable_dir", lambda p: p != in_tree and real(p))
+    real = policy._writable_dir
+    monkeypatch.setattr(policy, "_writable_dir", lambda p: p != in_tree and real(p))
     started = []
     fake = types.SimpleNamespace(wait=lambda: 0)
-    monkeypatch.setattr(kernel_dispatch.subprocess, "Popen", lambda args, **kw: started.append(args) or fake)
-    monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
-    assert kernel_dispatch.start_background_warmup() and len(started) == 1
-    lock = Path(user_wide, kernel_dispatch._LOCK_NAME)
+    monkeypatch.setattr(policy.subprocess, "Popen", lambda args, **kw: started.append(args) or fake)
+    monkeypatch.setitem(policy._state, "spawned", False)
+    assert policy.start_background_warmup() and len(started) == 1
+    lock = Path(user_wide, policy._LOCK_NAME)
     lock.parent.mkdir(parents=True)
     lock.write_bytes(b"")  # a warm-up runs there: no second one
-    monkeypatch.setitem(kernel_dispatch._state, "spawned", False)
-    assert not kernel_dispatch.start_background_warmup() and len(started) == 1
+    monkeypatch.setitem(policy._state, "spawned", False)
+    assert not policy.start_background_warmup() and len(started) == 1
     # the background run itself takes the lock in that directory
     ran = []
-    monkeypatch.setattr(kernel_dispatch, "kernels_warm", lambda: False)
+    monkeypatch.setattr(policy, "kernels_warm", lambda: False)
     monkeypatch.setattr(precompile, "warmup", lambda **kw: ran.append(kw))
     monkeypatch.setattr(os, "nice", lambda n: 0)
     with open(lock, "wb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         assert precompile.background_main() == 0 and ran == []  # held: nothing run
     assert precompile.background_main() == 0 and ran == [{"verbose": False}]
-    assert not lock.exists() and not Path(in_tree, kernel_dispatch._LOCK_NAME).exists()
+    assert not lock.exists() and not Path(in_tree, policy._LOCK_NAME).exists()
 
 
 def _fresh(code: str, cache: Path, **env: str) -> subprocess.CompletedProcess:
@@ -510,14 +510,14 @@ def _fresh(code: str, cache: Path, **env: str) -> subprocess.CompletedProcess:
 
 FIRST = r"""
 import sys, torch, tdz_numba
-from tdz_numba import kernel_dispatch
+from tdz_numba.jit import policy
 assert "numba" not in sys.modules
 p = tdz_numba.save({"a": torch.arange(10.0), "b": {"c": torch.ones(3)}}, sys.argv[1] if len(sys.argv) > 1 else "{path}")
 assert float(tdz_numba.load(p)["a"].sum()) == 45.0
 with tdz_numba.open(p) as ar:
     ar["b/c"]
 tdz_numba.verify(p)
-print("numba" in sys.modules, kernel_dispatch.kernels_warm())
+print("numba" in sys.modules, policy.kernels_warm())
 """
 
 

@@ -18,8 +18,8 @@ import torch
 
 import tdz_numba
 from tdz_numba.errors import BadArchiveError, ChecksumError, MissingKeyError, TdzError
-from tdz_numba.remote.read import read as remote
-from tdz_numba.remote.read import write as remote_write
+from tdz_numba.remote import read as remote
+from tdz_numba.remote import write as remote_write
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -303,7 +303,7 @@ def test_s3_upload_killed_process(s3, tmp_path):
     script.write_text(
         textwrap.dedent(f"""
         import time, torch, tdz_numba
-        from tdz_numba import remote_write
+        from tdz_numba.remote import write as remote_write
         real = remote_write._write
         def slow(stream, data):
             time.sleep(0.05)

@@ -395,7 +395,7 @@ def test_import_is_cheap_and_second_process_uses_kernel_cache(tmp_path):
     assert out.stdout.split() == ["False", "False"], out.stderr
     code = (
         "import torch, tdz_numba, sys\n"
-        "from tdz_numba import kernels as k\n"
+        "from tdz_numba.zipfmt.kernels import crc as k\n"
         f"p = tdz_numba.save({{'a': torch.ones(100), 'b': {{'c': torch.zeros(3)}}}}, {str(tmp_path / 'x.tdz')!r})\n"
         "assert tdz_numba.load(p)['a'].sum() == 100\n"
         # save hashes with zlib-ng from its writing threads (no CRC kernel to compile)

@@ -279,13 +279,13 @@ def test_central_records_out_of_file_order(tmp_path):
 
 def test_twin_mode_takes_the_small_path_at_any_size(tmp_path, monkeypatch):
     """When the dispatcher would run the pure-Python twin, the small path (leaner) indexes any size."""
-    from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
+    from tdz_numba.jit import policy
 
     p = tdz_numba.save({f"k{i}": torch.zeros(1) for i in range(20)}, tmp_path / "x.tdz")
     monkeypatch.setattr(reader, "SMALL_ENTRIES", 5)
-    with kernel_dispatch.forced("never"):
+    with policy.forced("never"):
         ix = ArchiveIndex(p)
         assert ix._small is not None
         assert ix.read_bytes("k3.memmap") == bytes(4)
-    with kernel_dispatch.forced("always"):
+    with policy.forced("always"):
         assert ArchiveIndex(p)._small is None

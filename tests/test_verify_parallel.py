@@ -17,8 +17,8 @@ import torch
 from numba import njit
 
 import tdz_numba
-from tdz_numba.archive.mapping import verify as integrity
-from tdz_numba.archive.mapping import verify_pass
+from tdz_numba.archive import verify as integrity
+from tdz_numba.archive import verify_pass
 from tdz_numba.errors import BadArchiveError, ChecksumError
 from tdz_numba.zipfmt.index import ArchiveIndex
 from tdz_numba.zipfmt.kernels import verify as vk

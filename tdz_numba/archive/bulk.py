@@ -34,7 +34,7 @@ from ..tdz.source import LeafInfo
 from ..tdz.sources import Location, Source, TensorSpec, tensor_from_spec
 from ..tdz.tree import Level
 
-__all__ = ["build_tree", "materialize", "read_into", "spec_info", "COPY_PIECE"]
+__all__ = ["build_tree", "materialize", "read_into", "spec_info", "meta_tensor", "COPY_PIECE"]
 
 #: Bytes read by one ``preadv`` call of a parallel copy (larger leaves are split).
 COPY_PIECE = 8 << 20
@@ -191,7 +191,7 @@ def materialize(ar: Any, leaves: list[Any]) -> list[torch.Tensor]:
     if not leaves:
         return []
     if state.device is not None and state.device.type == "meta":
-        return [_meta_tensor(source, leaf) for leaf in leaves]
+        return [meta_tensor(source, leaf) for leaf in leaves]
     threads = getattr(source, "num_threads", None)
     copied = False
     if hasattr(source, "tensors"):
@@ -267,7 +267,7 @@ def build_tree(ar: Any) -> Level:
     return root
 
 
-def _meta_tensor(source: Source, leaf: Any) -> torch.Tensor:
+def meta_tensor(source: Source, leaf: Any) -> torch.Tensor:
     """A meta-device tensor of a leaf's dtype and shape (no payload read)."""
     from ..tdz.dtypes import torch_dtype
 

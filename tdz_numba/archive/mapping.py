@@ -35,8 +35,9 @@ from ..tdz.dtypes import numpy_dtype
 from ..tdz.source import LeafInfo
 from ..tdz.sources import LevelInfo, Location, Source, tensor_from_spec
 from ..tdz.tree import NON_TENSOR_DATA_TYPE, Level, class_name, encode_key
+from .bulk import meta_tensor, spec_info
 
-__all__ = ["Archive", "LeafInfo", "LevelInfo", "open_archive", "load", "subpath_prefix", "nest_flat"]
+__all__ = ["Archive", "LeafInfo", "LevelInfo", "subpath_prefix", "nest_flat"]
 
 _TENSORCLASS_INNER = "_tensordict"
 
@@ -195,7 +196,7 @@ class Archive(LeafMemory, Mapping):
         if state.views:
             state.views.clear()
         if refresh:
-            from .verify import refresh_checksums
+            from ..zipfmt.checksums import refresh_checksums
 
             refresh_checksums(source.path)
 
@@ -424,7 +425,7 @@ class Archive(LeafMemory, Mapping):
         """The raw tensor of a leaf spec (zero-copy where the source allows)."""
         source = self._state.source
         if self._state.device is not None and self._state.device.type == "meta":
-            return _meta_tensor(source, leaf)
+            return meta_tensor(source, leaf)
         make = getattr(source, "tensor", None)
         if make is not None:
             return make(leaf)
@@ -616,7 +617,3 @@ _QUANT_PREFIXES = ("Q", "IQ", "TQ")
 def _is_quant(type_name: str) -> bool:
     return bool(type_name) and type_name.upper().startswith(_QUANT_PREFIXES) and "_" in type_name
 
-
-# opening a file (any format) lives in tdz_numba.archive.opening; re-exported here
-from .bulk import _meta_tensor, spec_info  # noqa: E402,F401
-from .opening import _open_source, load, open_archive  # noqa: E402,F401

@@ -12,17 +12,17 @@ Examples
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import BadArchiveError, ChecksumError, TdzError
+from ..errors import ChecksumError, TdzError
 from ..files.progress import progress as _progress
 from ..tdz.bounds import parse_meta
 from ..zipfmt import records
+from ..zipfmt.checksums import refresh_checksums, stored_crcs
 from ..zipfmt.extract import unpack  # moved to tdz_numba.zipfmt.extract; re-exported here
 from ..zipfmt.index import ArchiveIndex
 
@@ -46,16 +46,6 @@ class VerifyReport:
         )
 
 
-def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
-    """CRC-32 of the STORED entries ``rows`` of ``index``, computed in parallel."""
-    from ..zipfmt.kernels.dispatch import CRC_CHUNK, crc32_spans  # the kernel or its twin
-
-    base = index.buffer.ctypes.data
-    addrs = base + index.table["payload_offset"][rows]
-    # kernel: pieces of <= CRC_CHUNK, handed out 8 at a time
-    return crc32_spans(addrs.astype(np.int64), index.table["csize"][rows].copy(), CRC_CHUNK, schedule=8)
-
-
 def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
     """Checks every entry's CRC-32 and the archive's structure; see :func:`tdz_numba.verify`.
 
@@ -64,7 +54,7 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
     checked), and the CRC-32 of every member when the container is a zip
     (torch ``.pt``, ``.npz``).
     """
-    from .mapping import open_archive
+    from .opening import open_archive
 
     ar = open_archive(path)
     try:
@@ -81,7 +71,7 @@ def _parallel_ok(source) -> bool:
     """Whether the checks run as one parallel pass beside the structure walk: a local,
     read-only archive, with the Numba kernels (their pure-Python twins take the
     sequential path)."""
-    from ..zipfmt.kernels.dispatch import use_kernels
+    from ..jit.policy import use_kernels
 
     index = source.index
     return source.mode == "r" and getattr(index, "fetch", None) is None and use_kernels(len(index.names))
@@ -266,8 +256,9 @@ def _verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
     """Checks the CRC-32 of compressed entries in bounded memory: small deflate
     entries inflated in parallel batches of <= 2 x ``codecs.STREAM_CHUNK``
     bytes into one reused buffer, the others streamed through one
-    ``STREAM_CHUNK`` buffer (``codecs.stream_member``)."""
+    ``STREAM_CHUNK`` buffer (``stream.stream_member``)."""
     from ..zipfmt import compression as codecs
+    from ..zipfmt.stream import stream_member
 
     limit = 2 * codecs.STREAM_CHUNK
     scratch: list[np.ndarray] = []
@@ -308,48 +299,10 @@ def _verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
         table = (
             codecs.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
         )
-        codecs.stream_member(index.raw(e), e.method, e.size, e.crc, table, None, where)
+        stream_member(index.raw(e), e.method, e.size, e.crc, table, None, where)
         bar.update(e.compressed_size)
     if batch:
         flush()
-
-
-def refresh_checksums(path: str | os.PathLike) -> Path:
-    """Re-stamps the CRC-32 of STORED entries after in-place writes; see
-    :func:`tdz_numba.refresh_checksums`."""
-    index = ArchiveIndex(path, writable=True, check_local=True)
-    try:
-        if "meta.json" not in index:
-            raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
-        stored = np.nonzero(index.table["method"] == records.STORED)[0]
-        crcs = stored_crcs(index, stored)
-        buf = index.buffer
-        sig = len(records.DESCRIPTOR_SIG)
-        for row, crc in zip(stored.tolist(), crcs.tolist()):
-            r = index.row_at(row)
-            packed = np.frombuffer(struct.pack("<I", crc), np.uint8)
-            if r.flags & records.FLAG_DESCRIPTOR:
-                pos = r.payload_offset + r.csize
-                if buf[pos : pos + sig].tobytes() == records.DESCRIPTOR_SIG:
-                    pos += sig
-                pos += records.Descriptor.CRC
-                if pos + 4 > r.next_offset:
-                    raise BadArchiveError(
-                        f"{path}: entry {index.names[row]!r}: data descriptor past the data area",
-                        path=str(path),
-                        entry=index.names[row],
-                        offset=pos,
-                    )
-                buf[pos : pos + 4] = packed
-            else:
-                pos = r.header_offset + records.Local.CRC
-                buf[pos : pos + 4] = packed
-            pos = r.central_offset + records.Central.CRC
-            buf[pos : pos + 4] = packed
-        index._mmap.flush()
-    finally:
-        index.close()
-    return Path(path)
 
 
 def is_archive(path: str | os.PathLike, *, thorough: bool = True) -> bool:

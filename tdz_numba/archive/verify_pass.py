@@ -11,7 +11,7 @@ back to the sequential checks of that part, so every error is the one they raise
 Examples
 --------
 >>> import tempfile, pathlib, torch, tdz_numba
->>> from tdz_numba.archive.mapping import open_archive
+>>> from tdz_numba.archive.opening import open_archive
 >>> from tdz_numba.archive.verify_pass import CrcPass, walk_levels
 >>> with tempfile.TemporaryDirectory() as d:
 ...     p = tdz_numba.save({"a": torch.zeros(8), "b": {"c": torch.ones(2)}}, pathlib.Path(d) / "x.tdz")
@@ -82,7 +82,7 @@ class CrcPass:
     """
 
     def __init__(self, index: Any, helpers: int | None = None) -> None:
-        from ..zipfmt.kernels.dispatch import CRC_CHUNK
+        from ..jit.policy import CRC_CHUNK
         from ..zipfmt.kernels.verify import crc_worker, plan_pieces
 
         table = index.table

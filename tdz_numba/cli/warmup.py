@@ -99,11 +99,11 @@ def cache_dirs() -> list[str]:
 def _crc_layout_index(tmp: Path) -> None:
     import torch
 
-    from .. import api
+    from .. import api, saving
     from ..zipfmt.kernels.crc import crc32_spans, crc32_zeros
 
     tree = {"a": torch.arange(10.0), "b": {"c": torch.ones(3, 4, dtype=torch.float64)}, "e": torch.empty(0)}
-    path = api.save(tree, tmp / "w.tdz", durable=False)
+    path = saving.save(tree, tmp / "w.tdz", durable=False)
     crc32_zeros(int(np.int64(4096)))
     data = np.zeros(8, np.uint8)  # verify hashes in its own pass: refresh and other formats use this one
     crc32_spans(np.array([data.ctypes.data], np.int64), np.array([data.size], np.int64), 1 << 20)
@@ -126,12 +126,12 @@ def _codecs(tmp: Path) -> None:
     import torch
     import zlib_ng.zlib_ng as zng
 
-    from .. import api
+    from .. import api, saving
     from ..zipfmt.kernels.deflate import deflate_bound
     from ..zipfmt.stream import _inflate_serial
 
     x = torch.arange(100_000, dtype=torch.float32)
-    path = api.save({"x": x}, tmp / "z.tdz", compression="deflate", durable=False)
+    path = saving.save({"x": x}, tmp / "z.tdz", compression="deflate", durable=False)
     assert torch.equal(api.load(path)["x"], x)
     deflate_bound(1 << 20)
     data = np.arange(4096, dtype=np.uint8)
@@ -200,12 +200,12 @@ def warmup(*, verbose: bool = True, file: TextIO | None = None) -> WarmupReport:
     ['/home/me/.cache/numba/...']
     """
     from ..jit import firstuse as _firstuse
-    from ..zipfmt.kernels import dispatch as kernel_dispatch
+    from ..jit import policy
 
     out = file if file is not None else sys.stdout
     report = WarmupReport()
     with (
-        kernel_dispatch.forced("always"),  # the save/load paths below run the kernels, not their twins
+        policy.forced("always"),  # the save/load paths below run the kernels, not their twins
         _firstuse.quiet(),
         tempfile.TemporaryDirectory(prefix="tdz-warmup-") as tmpdir,
     ):
@@ -230,7 +230,7 @@ def warmup(*, verbose: bool = True, file: TextIO | None = None) -> WarmupReport:
 
 def _mark_warm() -> str | None:
     """Writes the warm marker into the cache directory of :mod:`tdz_numba.zipfmt.kernels.crc`."""
-    from ..zipfmt.kernels import dispatch as kernel_dispatch
+    from ..jit import policy
 
     index_files: list[str] = []
     where = None
@@ -242,7 +242,7 @@ def _mark_warm() -> str | None:
             where = where or str(getattr(cache, "cache_path", "") or "") or None
     if where is None:
         return None
-    return kernel_dispatch.write_marker(where, index_files)
+    return policy.write_marker(where, index_files)
 
 
 def background_main() -> int:
@@ -253,7 +253,7 @@ def background_main() -> int:
     (a lock file in the cache directory, removed at the end); nothing is printed;
     an unwritable cache directory ends it quietly. Returns the exit status (0).
     """
-    from ..zipfmt.kernels import dispatch as kernel_dispatch
+    from ..jit import policy
 
     try:
         import fcntl
@@ -263,10 +263,10 @@ def background_main() -> int:
     with contextlib.suppress(OSError):
         os.nice(10)
     # where Numba caches (the user-wide one for a read-only package)
-    cache = kernel_dispatch.warmup_cache_dir()
+    cache = policy.warmup_cache_dir()
     if cache is None:
         return 0
-    lock_path = os.path.join(cache, kernel_dispatch._LOCK_NAME)
+    lock_path = os.path.join(cache, policy._LOCK_NAME)
     try:
         os.makedirs(cache, exist_ok=True)
         fd = os.open(lock_path, os.O_CREAT | os.O_WRONLY, 0o644)
@@ -277,7 +277,7 @@ def background_main() -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return 0  # another warm-up holds the lock
-        if not kernel_dispatch.kernels_warm():
+        if not policy.kernels_warm():
             with contextlib.suppress(Exception):
                 warmup(verbose=False)
         with contextlib.suppress(OSError):

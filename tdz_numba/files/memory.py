@@ -10,7 +10,7 @@ byte range of it; :class:`~tdz_numba.Archive` calls them per leaf.
 Examples
 --------
 >>> import mmap, tempfile, os
->>> from tdz_numba import memory
+>>> from tdz_numba.files import memory
 >>> n = 4 * memory.PAGE_SIZE
 >>> with tempfile.TemporaryFile() as f:
 ...     _ = f.write(os.urandom(n)); f.flush(); os.fsync(f.fileno())

@@ -20,7 +20,7 @@ renamed but empty file.
 Examples
 --------
 >>> import tempfile, pathlib
->>> from tdz_numba import _tempfiles
+>>> from tdz_numba.files import tempfiles as _tempfiles
 >>> with tempfile.TemporaryDirectory() as d:
 ...     fd, tmp = _tempfiles.create_temp_file(pathlib.Path(d), "x.tdz")
 ...     import os; os.close(fd)

@@ -8,7 +8,7 @@ per process, for tdz_numba's own kernels only, and not while
 
 Examples
 --------
->>> from tdz_numba import _firstuse
+>>> from tdz_numba.jit import firstuse as _firstuse
 >>> _firstuse.NOTICE.startswith("tdz_numba: compiling Numba kernels")
 True
 """

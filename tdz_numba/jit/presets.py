@@ -30,6 +30,7 @@ __all__ = [
     "u8_pointer",
     "run_parallel",
     "check_num_threads",
+    "dynamic_schedule",
 ]
 
 #: Serial kernels: no Python objects, GIL released, cached on disk.
@@ -52,7 +53,7 @@ zng_inflateInit2: Any
 zng_inflate: Any
 zng_inflateEnd: Any
 u8_pointer: Any
-_NUMBA_NAMES = frozenset(__all__) - {"KERNEL", "PARALLEL", "run_parallel", "check_num_threads"}
+_NUMBA_NAMES = frozenset(__all__) - {"KERNEL", "PARALLEL", "run_parallel", "check_num_threads", "dynamic_schedule"}
 _INIT_LOCK = threading.Lock()
 
 
@@ -185,3 +186,15 @@ def run_parallel(kernel, *args, num_threads: int | None = None):
             return kernel(*args)
         finally:
             numba.set_num_threads(previous)
+
+
+def dynamic_schedule(chunk: int = 1):
+    """Hands ``prange`` iterations to threads ``chunk`` at a time (Numba's
+    default splits the range into one static block per thread): segments take
+    unequal times, and on a busy machine one late thread would hold up the other."""
+    import contextlib
+
+    import numba
+
+    chunks = getattr(numba, "parallel_chunksize", None)
+    return chunks(chunk) if chunks is not None else contextlib.nullcontext()

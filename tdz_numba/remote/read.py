@@ -396,7 +396,7 @@ class RemoteIndex(ArchiveIndex):
             for i in rows.tolist():
                 ArchiveIndex.payload_offset(self, i)  # signature, name, bounds
         if self.verify:
-            from ..archive.verify import stored_crcs
+            from ..zipfmt.checksums import stored_crcs
 
             t = self.table
             stored = rows[(t["method"][rows] == records.STORED) & (t["csize"][rows] > 0)]

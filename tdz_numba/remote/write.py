@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArchiveExistsError, InternalError, InvalidArgumentError, TdzError
-from ..tdz.tree import Entry
 from ..zipfmt import compression as codecs
 from ..zipfmt import records
+from ..zipfmt.entry import Entry
 from ..zipfmt.writer import _batches, prepare  # the local writer's preparation and CRC batches
 
 __all__ = ["stream_entries", "save_remote", "SLICE_BYTES"]
@@ -69,7 +69,8 @@ def stream_entries(
 
     Returns the number of bytes written. The stream is neither flushed nor closed.
     """
-    from ..zipfmt.kernels.dispatch import CRC_CHUNK, crc32_spans, crc32_zeros  # kernels or their twins
+    from ..jit.policy import CRC_CHUNK
+    from ..zipfmt.kernels.dispatch import crc32_spans, crc32_zeros  # kernels or their twins
 
     method = codecs.method_of(compression)
     codecs.check_level(method, compresslevel)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import BadArchiveError, InvalidTreeError, UnsafeContentError
+from ..zipfmt.entry import Entry
 from .bounds import check_shape, shape_nbytes
 from .dtypes import dtype_table, from_numpy_dtype
 from .sources import Child
@@ -246,26 +247,6 @@ def _lists_keys(meta: Mapping[str, Any]) -> bool:
 # ---------------------------------------------------------------------------
 # Writing: tree -> entries
 # ---------------------------------------------------------------------------
-@dataclass
-class Entry:
-    """One archive entry to write.
-
-    ``data`` holds the bytes to store: ``bytes`` for metadata files, a flat
-    uint8 numpy view of the source tensor for payloads (no copy; it keeps the
-    tensor alive). ``zeros`` entries (``allocate``) have no data, only
-    ``nbytes``.
-    """
-
-    name: str
-    data: bytes | np.ndarray | None = None
-    zeros: bool = False
-    nbytes: int = 0
-
-    @property
-    def is_payload(self) -> bool:
-        return self.name.endswith(".memmap")
-
-
 def _json(meta: Mapping[str, Any], compact: bool = False) -> bytes:
     seps = (",", ":") if compact else None
     return json.dumps(meta, separators=seps).encode("utf-8")

@@ -76,13 +76,13 @@ def save(
     ``durable``: ``fsync`` before and after the rename, as :func:`tdz_numba.save`.
     """
     _tensordict()
-    from .. import api
+    from .. import api, saving
     from ..tdz.tdcompat import level_from_tensordict
 
     level = level_from_tensordict(td, allow_pickle=allow_pickle)
     if level is None:
         raise InvalidTreeError(f"expected a tensordict collection, got {type(td).__name__}")
-    return api.save(
+    return saving.save(
         level,
         path,
         compression=compression,
@@ -121,7 +121,7 @@ def load(
     documented default: it loads pickles with a FutureWarning.
     """
     _tensordict()
-    from .. import api
+    from .. import api, saving
 
     if mode is None:
         mode = "r"
@@ -158,12 +158,12 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
     from tensordict import _archive as tda
 
     def is_memmap_archive(path):
-        from .. import api
+        from .. import api, saving
 
         return api.is_archive(path)
 
     def pack_memmap(prefix, archive_path, *, compression=None, compresslevel=None):
-        from .. import api
+        from .. import api, saving
 
         prefix, archive_path = Path(prefix), Path(archive_path)
         if not (prefix / "meta.json").exists():
@@ -181,22 +181,22 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
         target = archive_path.resolve()
         if target.exists() and not os.access(target, os.W_OK):
             raise PermissionError(f"Cannot overwrite {archive_path}: the file is not writable.")
-        api.pack(
+        saving.pack(
             prefix, archive_path, compression=_compression_name(compression), compresslevel=compresslevel
         )
         return archive_path
 
     def unpack_memmap(archive_path, prefix):
-        from .. import api
+        from .. import api, saving
 
         archive_path, prefix = Path(archive_path), Path(prefix)
         if not api.is_archive(archive_path):
             raise ValueError(f"{archive_path} is not a memory-mapped tensordict archive.")
-        api.unpack(archive_path, prefix)
+        saving.unpack(archive_path, prefix)
         return prefix
 
     def refresh_archive_checksums(archive_path):
-        from .. import api
+        from .. import api, saving
 
         archive_path = Path(archive_path)
         if not api.is_archive(archive_path):
@@ -230,7 +230,7 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
         existsok=True,
         robust_key=True,
     ):
-        from .. import api
+        from .. import api, saving
 
         if robust_key is not True:
             return originals["_save_as_archive"](
@@ -262,7 +262,7 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
                 existsok=True,
                 robust_key=robust_key,
             )
-        api.save(level, archive_path, compression=name)
+        saving.save(level, archive_path, compression=name)
         return archive_path
 
     def _make_archive_like(

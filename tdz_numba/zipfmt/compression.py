@@ -4,13 +4,13 @@ Decoding is bounded: a declared size is checked before anything is allocated
 (:func:`check_declared`: the caller's dtype x shape, :data:`MAX_DECODED` /
 :func:`memory_budget`, deflate's largest ratio), no kernel writes past it, bzip2
 and lzma decode in pieces, and lzma dictionaries are clamped to the entry size.
-:func:`decode_member` decodes one member into memory, :func:`stream_member`
+:func:`decode_member` decodes one member into memory, :func:`~tdz_numba.zipfmt.stream.stream_member`
 (in :mod:`tdz_numba.zipfmt.stream`) streams any entry through a fixed buffer.
 
 Examples
 --------
 >>> import numpy as np
->>> from tdz_numba import codecs
+>>> from tdz_numba.zipfmt import compression as codecs
 >>> raw = bytes(1000)
 >>> packed = codecs.compress(memoryview(raw), codecs.method_of("bzip2"), None)
 >>> bytes(codecs.decompress(packed, 12, 1000, "x.memmap")) == raw
@@ -32,12 +32,16 @@ from ..errors import BadArchiveError, ChecksumError, UnknownCompressionError, Un
 from . import records
 
 __all__ = [
+    "bad_member",
+    "crc_error",
+    "crc_of",
+    "check_crc",
+    "decode_chunks",
     "method_of",
     "check_level",
     "compress",
     "decompress",
     "decode_member",
-    "stream_member",
     "check_declared",
     "memory_budget",
     "deflate_many",
@@ -52,7 +56,6 @@ __all__ = [
     "STREAM_CHUNK",
     "SEGMENT_SIZE",
     "DEFLATE_MAX_RATIO",
-    "dynamic_schedule",
 ]
 
 COMPRESSION_NAMES = {
@@ -74,17 +77,17 @@ CODEC_METHODS = {"deflate": records.DEFLATED, "bzip2": records.BZIP2, "lzma": re
 MAX_DECODED: int | None = None
 #: Raw deflate cannot expand more than this: 258 bytes per 2 bits of codes.
 DEFLATE_MAX_RATIO = 1032
-#: Size of the reusable buffer that :func:`stream_member` decodes into.
+#: Size of the reusable buffer that :func:`tdz_numba.zipfmt.stream.stream_member` decodes into.
 STREAM_CHUNK = 32 << 20
 _IN_CHUNK = 8 << 20  # compressed bytes handed to bz2 / lzma per call
 _LZMA_DICT_MIN = 4096
 
 
-def _bad(where: str, message: str, *, expected: object = None, found: object = None) -> BadArchiveError:
+def bad_member(where: str, message: str, *, expected: object = None, found: object = None) -> BadArchiveError:
     return BadArchiveError(f"{where}: {message}", entry=where, expected=expected, found=found)
 
 
-def _crc_error(where: str, crc: int, found: int) -> ChecksumError:
+def crc_error(where: str, crc: int, found: int) -> ChecksumError:
     return ChecksumError(
         f"{where}: CRC-32 mismatch: recorded {crc:#010x}, computed {found:#010x}",
         entry=where,
@@ -139,23 +142,23 @@ def check_declared(
 
     Examples
     --------
-    >>> from tdz_numba import codecs
+    >>> from tdz_numba.zipfmt import compression as codecs
     >>> codecs.check_declared(4 << 40, 1024, 8, "x.memmap")
     Traceback (most recent call last):
     ...
     tdz_numba.errors.BadArchiveError: x.memmap: declares 4398046511104 uncompressed bytes for 1024 deflated bytes (raw deflate expands at most 1032:1)
     """
     if size < 0:
-        raise _bad(where, f"declares a negative uncompressed size ({size})", found=size)
+        raise bad_member(where, f"declares a negative uncompressed size ({size})", found=size)
     if expected is not None and size != expected:
-        raise _bad(
+        raise bad_member(
             where,
             f"declares {size} uncompressed bytes, expected {expected} (the leaf's dtype x shape)",
             expected=expected,
             found=size,
         )
     if method == records.DEFLATED and size > DEFLATE_MAX_RATIO * csize + 4096:
-        raise _bad(
+        raise bad_member(
             where,
             f"declares {size} uncompressed bytes for {csize} deflated bytes (raw deflate "
             f"expands at most {DEFLATE_MAX_RATIO}:1)",
@@ -164,7 +167,7 @@ def check_declared(
     if in_memory:
         limit = memory_budget() if budget is None else budget
         if size > limit:
-            raise _bad(
+            raise bad_member(
                 where,
                 f"declares {size} uncompressed bytes, more than the memory budget of "
                 f"{limit} bytes (codecs.MAX_DECODED)",
@@ -177,7 +180,7 @@ def _alloc(size: int, where: str) -> np.ndarray:
     try:
         return np.empty(size, np.uint8)
     except (MemoryError, ValueError):
-        raise _bad(where, f"cannot allocate {size} bytes for the decoded entry", found=size) from None
+        raise bad_member(where, f"cannot allocate {size} bytes for the decoded entry", found=size) from None
 
 
 _LEVELS = {records.DEFLATED: range(-1, 10), records.BZIP2: range(1, 10), records.LZMA: range(0, 10)}
@@ -222,17 +225,17 @@ def _lzma_decoder(raw: np.ndarray, size: int, where: str) -> tuple[lzma.LZMADeco
     before the decoder allocates it.
     """
     if raw.size < 9:
-        raise _bad(where, f"truncated lzma header ({raw.size} bytes, expected >= 9)", found=int(raw.size))
+        raise bad_member(where, f"truncated lzma header ({raw.size} bytes, expected >= 9)", found=int(raw.size))
     head = raw[:9].tobytes()
     (plen,) = struct.unpack_from("<H", head, 2)
     if plen != 5:
-        raise _bad(where, f"lzma properties of {plen} bytes, expected 5", expected=5, found=plen)
+        raise bad_member(where, f"lzma properties of {plen} bytes, expected 5", expected=5, found=plen)
     props, (dict_size,) = head[4], struct.unpack_from("<I", head, 5)
     if props >= 9 * 5 * 5:
-        raise _bad(where, f"bad lzma properties byte {props:#x}", found=props)
+        raise bad_member(where, f"bad lzma properties byte {props:#x}", found=props)
     need = max(min(dict_size, size), _LZMA_DICT_MIN)
     if need > memory_budget():
-        raise _bad(where, f"lzma dictionary of {need} bytes exceeds the memory budget", found=dict_size)
+        raise bad_member(where, f"lzma dictionary of {need} bytes exceeds the memory budget", found=dict_size)
     filt = {
         "id": lzma.FILTER_LZMA1,
         "lc": props % 9,
@@ -243,10 +246,10 @@ def _lzma_decoder(raw: np.ndarray, size: int, where: str) -> tuple[lzma.LZMADeco
     try:
         return lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[filt]), 9
     except (lzma.LZMAError, ValueError, MemoryError) as exc:
-        raise _bad(where, f"bad lzma header: {exc}") from None
+        raise bad_member(where, f"bad lzma header: {exc}") from None
 
 
-def _decode_chunks(raw: np.ndarray, method: int, size: int, where: str, chunk: int) -> Iterator[bytes]:
+def decode_chunks(raw: np.ndarray, method: int, size: int, where: str, chunk: int) -> Iterator[bytes]:
     """Decodes a bzip2 or lzma entry incrementally: pieces of <= ``chunk``
     bytes, never more than ``size`` in all (one byte more is asked for to
     detect a longer stream, and refused)."""
@@ -273,15 +276,15 @@ def _decode_chunks(raw: np.ndarray, method: int, size: int, where: str, chunk: i
             idle = 0 if (out or data) else idle + 1
             produced += len(out)
             if produced > size:
-                raise _bad(where, f"the {name} stream decodes to more than {size} bytes", expected=size)
+                raise bad_member(where, f"the {name} stream decodes to more than {size} bytes", expected=size)
             if out:
                 yield out
     except (OSError, EOFError, lzma.LZMAError, ValueError, MemoryError) as exc:
         if isinstance(exc, BadArchiveError):
             raise
-        raise _bad(where, f"corrupt {name} stream: {exc}") from None
+        raise bad_member(where, f"corrupt {name} stream: {exc}") from None
     if produced != size or (method == records.BZIP2 and not d.eof):
-        raise _bad(
+        raise bad_member(
             where,
             f"the {name} stream decodes to {produced} bytes{'' if d.eof else ' (truncated)'}, "
             f"expected {size}",
@@ -314,7 +317,7 @@ def decompress(raw, method: int, size: int, name: str, *, expected: int | None =
     check_declared(size, int(raw.size), method, name, expected=expected)
     out = _alloc(size, name)
     pos = 0
-    for piece in _decode_chunks(raw, method, size, name, STREAM_CHUNK):
+    for piece in decode_chunks(raw, method, size, name, STREAM_CHUNK):
         out[pos : pos + len(piece)] = np.frombuffer(piece, np.uint8)
         pos += len(piece)
     return out
@@ -348,7 +351,7 @@ def segment_size_for(n: int, segment_size: int | None = None) -> int:
 
     Examples
     --------
-    >>> from tdz_numba import codecs
+    >>> from tdz_numba.zipfmt import compression as codecs
     >>> codecs.segment_size_for(10 << 20), codecs.segment_size_for(10 << 20, 1 << 20)
     (4194304, 1048576)
     """
@@ -399,7 +402,7 @@ def deflate_many(
     """Deflates every array as one raw-deflate stream made of independent
     segments of ``segment_size`` bytes (default :data:`SEGMENT_SIZE`), all
     segments of all arrays in one parallel kernel call."""
-    from ..jit.presets import run_parallel
+    from ..jit.presets import dynamic_schedule, run_parallel
     from .kernels.crc import crc32_combine
     from .kernels.deflate import Z_OK, Z_STREAM_END, deflate_bound, deflate_segments
 
@@ -448,18 +451,6 @@ def deflate_many(
     return results
 
 
-def dynamic_schedule(chunk: int = 1):
-    """Hands ``prange`` iterations to threads ``chunk`` at a time (Numba's
-    default splits the range into one static block per thread): segments take
-    unequal times, and on a busy machine one late thread would hold up the other."""
-    import contextlib
-
-    import numba
-
-    chunks = getattr(numba, "parallel_chunksize", None)
-    return chunks(chunk) if chunks is not None else contextlib.nullcontext()
-
-
 Job = tuple[str, np.ndarray, int, "int | None", "tuple[int, list[int]] | None"]
 
 
@@ -484,7 +475,7 @@ def inflate_many(
     (the result is views of it) instead of new arrays: ``verify`` reuses one
     for every batch, which spares the page faults of fresh memory.
     """
-    from ..jit.presets import run_parallel
+    from ..jit.presets import dynamic_schedule, run_parallel
     from .kernels.crc import crc32_combine
     from .kernels.deflate import inflate_segments
 
@@ -501,7 +492,7 @@ def inflate_many(
         )
         total += size
     if total > budget:
-        raise _bad(
+        raise bad_member(
             jobs[0][0],
             f"the {len(jobs)} entries inflated together declare {total} bytes, more "
             f"than the memory budget of {budget} bytes",
@@ -524,7 +515,7 @@ def inflate_many(
             segment, clens = table
             want = max(1, (size + segment - 1) // segment)
             if len(clens) != want or sum(clens) != raw.size:
-                raise _bad(
+                raise bad_member(
                     where,
                     f"segment table lists {len(clens)} segments of {sum(clens)} bytes, "
                     f"expected {want} segments of {raw.size} bytes",
@@ -560,13 +551,13 @@ def inflate_many(
     if bad.size:
         j = int(bad[0])
         k = owner[j]
-        raise _bad(jobs[k][0], f"corrupt deflate stream (segment {j - first[k]}, status {int(status[j])})")
+        raise bad_member(jobs[k][0], f"corrupt deflate stream (segment {j - first[k]}, status {int(status[j])})")
     found = [0] * len(jobs)
     for j, k in enumerate(owner):
         found[k] = int(crc32_combine(found[k], crcs[j], dlen[j])) if len(plans[k][1]) > 1 else int(crcs[j])
     for k, (where, _raw, _size, crc, _t) in enumerate(jobs):
         if crc is not None and found[k] != crc:
-            raise _crc_error(where, crc, found[k])
+            raise crc_error(where, crc, found[k])
     return outs
 
 
@@ -605,7 +596,7 @@ def decode_member(
     Examples
     --------
     >>> import zlib, numpy as np
-    >>> from tdz_numba import codecs
+    >>> from tdz_numba.zipfmt import compression as codecs
     >>> c = zlib.compressobj(6, zlib.DEFLATED, -15)
     >>> raw = np.frombuffer(c.compress(b"ab" * 50) + c.flush(), np.uint8)
     >>> codecs.decode_member(raw, "deflate", 100, zlib.crc32(b"ab" * 50), "m.npy").tobytes()[:4]
@@ -621,20 +612,18 @@ def decode_member(
         return inflate_many([(where, raw, size, crc, None)], num_threads, expected=[expected])[0]
     out = decompress(raw, method, size, where, expected=expected)
     if crc is not None:
-        _check_crc(out, crc, where)
+        check_crc(out, crc, where)
     return out
 
 
-def _crc(data, crc: int = 0) -> int:
+def crc_of(data, crc: int = 0) -> int:
     from zlib_ng import zlib_ng
 
     return zlib_ng.crc32(data, crc) if len(data) else crc
 
 
-def _check_crc(data: np.ndarray, crc: int, where: str) -> None:
-    found = _crc(data)
+def check_crc(data: np.ndarray, crc: int, where: str) -> None:
+    found = crc_of(data)
     if found != crc:
-        raise _crc_error(where, crc, found)
+        raise crc_error(where, crc, found)
 
-
-from .stream import stream_member  # noqa: E402  (uses this module's checks)

@@ -56,6 +56,7 @@ from ..files.progress import progress as _progress
 from . import compression as codecs
 from . import records
 from .index import ArchiveIndex
+from .stream import stream_member
 
 __all__ = ["unpack", "check_names", "MAX_DEPTH", "MAX_COMPONENT"]
 
@@ -201,7 +202,7 @@ def _write_all(fd: int, data) -> None:
 
 def _write_entry(index: ArchiveIndex, name: str, out: int) -> None:
     """Writes one entry's bytes to ``out``: STORED ones from the mapping, compressed ones
-    decoded through a fixed buffer (``codecs.stream_member``: memory independent of the
+    decoded through a fixed buffer (``stream.stream_member``: memory independent of the
     entry's size); the CRC-32 is checked either way."""
     e = index.entry(name)
     if e.method == records.STORED:
@@ -209,7 +210,7 @@ def _write_entry(index: ArchiveIndex, name: str, out: int) -> None:
         return
     where = f"{index.path}: entry {name!r}"
     table = codecs.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
-    codecs.stream_member(
+    stream_member(
         index.raw(e), e.method, e.size, e.crc, table, lambda piece: _write_all(out, piece), where
     )
 

@@ -131,7 +131,7 @@ def _small_enough(count: int) -> bool:
     the kernel anyway (its pure-Python twin does the same work with numpy on top)."""
     if count <= SMALL_ENTRIES:
         return True
-    from .kernels.dispatch import use_kernels
+    from ..jit.policy import use_kernels
 
     return not use_kernels(count)
 

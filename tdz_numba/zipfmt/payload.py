@@ -23,16 +23,14 @@ Examples
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import InternalError
 from ..files import tempfiles as _tempfiles
 from . import records
-
-if TYPE_CHECKING:
-    from .writer import Prepared
+from .entry import Prepared
 
 __all__ = [
     "UNIT",

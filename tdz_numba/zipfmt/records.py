@@ -19,7 +19,7 @@ differ from tensordict's only in their timestamps.
 
 Examples
 --------
->>> from tdz_numba import records
+>>> from tdz_numba.zipfmt import records
 >>> int(records.Central.HEADER_OFFSET), records.LOCAL_DT.itemsize
 (42, 30)
 >>> records.central_zip64([10, 3 << 30], [10, 1 << 20], [0, 5 << 30]).tolist()

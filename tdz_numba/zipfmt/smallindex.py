@@ -23,7 +23,7 @@ compares them on many archives, corrupted ones included).
 Examples
 --------
 >>> import tempfile, pathlib, mmap, torch, tdz_numba
->>> from tdz_numba import records, smallindex
+>>> from tdz_numba.zipfmt import records; from tdz_numba.zipfmt import smallindex
 >>> with tempfile.TemporaryDirectory() as d:
 ...     p = tdz_numba.save({"a": torch.zeros(4)}, pathlib.Path(d) / "x.tdz")
 ...     data = p.read_bytes()

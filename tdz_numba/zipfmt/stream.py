@@ -13,7 +13,7 @@ stream (zipfile, tensordict) is inflated serially by one zlib-ng stream.
 Examples
 --------
 >>> import zlib, numpy as np
->>> from tdz_numba import codecs
+>>> from tdz_numba.zipfmt import compression as codecs
 >>> c = zlib.compressobj(6, zlib.DEFLATED, -15)
 >>> raw = np.frombuffer(c.compress(bytes(1 << 20)) + c.flush(), np.uint8)
 >>> pieces = []
@@ -30,6 +30,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import UnsupportedError
+from . import compression as c
 from . import records
 
 __all__ = ["stream_member"]
@@ -92,8 +93,6 @@ def stream_member(
     ChecksumError
         The CRC-32 differs from ``crc``.
     """
-    from . import compression as c
-
     chunk = c.STREAM_CHUNK if chunk is None else int(chunk)
     if chunk < 1:
         from ..errors import InvalidArgumentError
@@ -111,13 +110,13 @@ def stream_member(
             found = _inflate_serial(raw, size, sink, where, chunk)
     elif method in (records.BZIP2, records.LZMA):
         found = 0
-        for piece in c._decode_chunks(raw, method, size, where, chunk):
-            found = c._crc(piece, found)
+        for piece in c.decode_chunks(raw, method, size, where, chunk):
+            found = c.crc_of(piece, found)
             sink(np.frombuffer(piece, np.uint8))
     else:
         raise UnsupportedError(f"{where}: unsupported compression method {method}")
     if crc is not None and found != crc:
-        raise c._crc_error(where, crc, found)
+        raise c.crc_error(where, crc, found)
     return found
 
 
@@ -126,10 +125,8 @@ def _discard(piece: np.ndarray) -> None:
 
 
 def _stored(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: int) -> int:
-    from . import compression as c
-
     if raw.size != size:
-        raise c._bad(
+        raise c.bad_member(
             where,
             f"is stored with {raw.size} bytes but records an uncompressed size of {size}",
             expected=size,
@@ -138,14 +135,13 @@ def _stored(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: int) -> i
     found = 0
     for pos in range(0, size, chunk):
         piece = raw[pos : pos + chunk]
-        found = c._crc(piece, found)
+        found = c.crc_of(piece, found)
         sink(piece)
     return found
 
 
 def _inflate_serial(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: int) -> int:
     """One zlib-ng stream over the whole entry, ``chunk`` bytes of output at a time."""
-    from . import compression as c
     from .kernels.deflate import Z_STREAM_END, inflate_close, inflate_open, inflate_step
 
     buf = np.empty(max(1, min(chunk, size)), np.uint8)
@@ -154,7 +150,7 @@ def _inflate_serial(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: i
     strm = np.zeros(13, np.uint64)
     rc = int(inflate_open(strm))
     if rc != 0:  # pragma: no cover - out of memory in zlib-ng
-        raise c._bad(where, f"zlib-ng inflateInit2 failed ({rc})")
+        raise c.bad_member(where, f"zlib-ng inflateInit2 failed ({rc})")
     pos = produced = found = 0
     try:
         while produced < size:
@@ -166,14 +162,14 @@ def _inflate_serial(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: i
             if (rc < 0 and rc != -5) or rc == Z_STREAM_END or (used == 0 and got == 0):
                 break
         if rc < 0 and rc != -5:
-            raise c._bad(
+            raise c.bad_member(
                 where,
                 f"corrupt deflate stream (status {rc}) after {produced} of {size} bytes",
                 expected=size,
                 found=produced,
             )
         if produced < size:
-            raise c._bad(
+            raise c.bad_member(
                 where,
                 f"the deflate stream decodes to {produced} bytes, expected {size}",
                 expected=size,
@@ -183,13 +179,13 @@ def _inflate_serial(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: i
             used, got, rc, _ = inflate_step(strm, src + pos, raw.size - pos, probe.ctypes.data, 1, 0)
             pos, rc = pos + int(used), int(rc)
             if got:
-                raise c._bad(where, f"the deflate stream decodes to more than {size} bytes", expected=size)
+                raise c.bad_member(where, f"the deflate stream decodes to more than {size} bytes", expected=size)
             if rc != Z_STREAM_END:
-                raise c._bad(
+                raise c.bad_member(
                     where, f"corrupt deflate stream: no end of stream after {size} bytes (status {rc})"
                 )
         if pos != raw.size:
-            raise c._bad(
+            raise c.bad_member(
                 where,
                 f"the deflate stream ends after {pos} of {raw.size} stored bytes",
                 expected=int(raw.size),
@@ -211,8 +207,7 @@ def _segments(
     num_threads: int | None,
 ) -> int:
     """Groups of segments inflated in parallel into one buffer of <= ``chunk`` bytes."""
-    from ..jit.presets import run_parallel
-    from . import compression as c
+    from ..jit.presets import dynamic_schedule, run_parallel
     from .kernels.crc import crc32_combine
     from .kernels.deflate import inflate_segments
 
@@ -222,7 +217,7 @@ def _segments(
     offsets = np.zeros(count + 1, np.int64)
     np.cumsum(np.asarray(clens, np.int64), out=offsets[1:])
     if count != want or int(offsets[-1]) != raw.size:
-        raise c._bad(
+        raise c.bad_member(
             where,
             f"segment table lists {count} segments of {int(offsets[-1])} bytes, "
             f"expected {want} segments of {raw.size} bytes",
@@ -234,7 +229,7 @@ def _segments(
     for g in range(0, count, group):
         rows = np.arange(g, min(g + group, count))
         dlen = np.minimum(segment, size - rows * segment)
-        with c.dynamic_schedule():
+        with dynamic_schedule():
             crcs, status = run_parallel(
                 inflate_segments,
                 base + offsets[rows],
@@ -247,7 +242,7 @@ def _segments(
         bad = np.flatnonzero(status)
         if bad.size:
             j = int(bad[0])
-            raise c._bad(where, f"corrupt deflate stream (segment {g + j}, status {int(status[j])})")
+            raise c.bad_member(where, f"corrupt deflate stream (segment {g + j}, status {int(status[j])})")
         for j in range(rows.size):
             found = int(crc32_combine(found, crcs[j], dlen[j]))
         sink(buf[: int(dlen.sum())])

@@ -50,7 +50,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +65,9 @@ from ..errors import (
 from ..files import tempfiles as _tempfiles
 from ..files.paths import as_local_path
 from ..files.progress import progress as _progress
-from ..tdz.tree import Entry
 from . import compression as codecs
 from . import records
+from .entry import Entry, Prepared
 from .layout import plan
 from .payload import write_payloads, write_segments, write_threads
 
@@ -126,22 +125,6 @@ def check_write_args(compression: str | None, compresslevel: int | None, num_thr
         )
     codecs.check_level(method, compresslevel)
     check_num_threads(num_threads)
-
-
-@dataclass
-class Prepared:
-    """Entries ready to write: payloads compressed, sizes and CRCs known where they can be, the
-    layout planned. Shared by the local writer and the streamed (remote) one."""
-
-    n: int
-    methods: np.ndarray
-    stored_size: np.ndarray
-    size: np.ndarray
-    crc: np.ndarray
-    hashed: np.ndarray  # CRC already known (compressed entries)
-    sources: list  # the bytes to write: an array, a list of parts, None for zeros
-    more: list  # extra blocks before the zip64 one (segment tables)
-    plan: Any
 
 
 def prepare(

@@ -15,7 +15,7 @@ and numpy arrays alike, read-only or not. The caller keeps the owners alive.
 Examples
 --------
 >>> import numpy as np, zlib
->>> from tdz_numba import kernels
+>>> from tdz_numba.zipfmt.kernels import crc as kernels
 >>> data = np.frombuffer(b"hello world", dtype=np.uint8)
 >>> crc = kernels.crc32_spans(np.array([data.ctypes.data], np.int64),
 ...                           np.array([data.size], np.int64), 1 << 20)[0]
@@ -30,10 +30,8 @@ from numba import carray, njit, prange
 
 from ...jit.presets import HAVE_ZNG_CRC, KERNEL, PARALLEL, u8_pointer, zng_crc32_z
 from .. import records
-from . import dispatch as _dispatch
 
 __all__ = [
-    "CRC_CHUNK",
     "crc32_combine",
     "crc32_zeros",
     "crc32_spans",
@@ -46,7 +44,7 @@ __all__ = [
 
 #: Bytes hashed per parallel work item: large enough to amortize the call,
 #: small enough to split one large entry across all cores.
-CRC_CHUNK = _dispatch.CRC_CHUNK
+
 
 _POLY = np.uint32(0xEDB88320)
 

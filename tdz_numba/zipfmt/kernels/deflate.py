@@ -14,7 +14,7 @@ them.
 Examples
 --------
 >>> import numpy as np, zlib
->>> from tdz_numba import codec_kernels as ck
+>>> from tdz_numba.zipfmt.kernels import deflate as ck
 >>> data = np.frombuffer(bytes(100_000), np.uint8)
 >>> out = np.empty(ck.deflate_bound(data.size), np.uint8)
 >>> n, crc, status = ck.deflate_segments(

@@ -22,7 +22,7 @@ dispatcher runs kernels at all: without them, the Python paths run unchanged.
 Examples
 --------
 >>> import numpy as np, tempfile, pathlib, torch, tdz_numba
->>> from tdz_numba import records, cd_kernels
+>>> from tdz_numba.zipfmt import records; from tdz_numba.zipfmt.kernels import names as cd_kernels
 >>> with tempfile.TemporaryDirectory() as d:
 ...     data = tdz_numba.save({"a": torch.zeros(4)}, pathlib.Path(d) / "x.tdz").read_bytes()
 >>> end = records.find_end_record(data)

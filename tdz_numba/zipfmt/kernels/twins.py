@@ -13,7 +13,7 @@ No module here imports Numba.
 Examples
 --------
 >>> import numpy as np, zlib
->>> from tdz_numba import pykernels
+>>> from tdz_numba.zipfmt.kernels import twins as pykernels
 >>> data = np.frombuffer(b"hello world", dtype=np.uint8)
 >>> crc = pykernels.crc32_spans(np.array([data.ctypes.data], np.int64),
 ...                             np.array([data.size], np.int64), 1 << 20)[0]

@@ -15,7 +15,7 @@ entry's extent, which lies inside the file) and hashes nothing when it fails.
 Examples
 --------
 >>> import numpy as np, zlib
->>> from tdz_numba import verify_kernels as vk
+>>> from tdz_numba.zipfmt.kernels import verify as vk
 >>> lens = np.array([0, 5, 3 << 20], np.int64)
 >>> first, owner, items = vk.plan_pieces(lens, 1 << 20, 2 << 20)
 >>> first.tolist(), owner.tolist(), items.tolist()
