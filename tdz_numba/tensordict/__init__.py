@@ -76,7 +76,7 @@ def save(
     ``durable``: ``fsync`` before and after the rename, as :func:`tdz_numba.save`.
     """
     _tensordict()
-    from .. import api, saving
+    from .. import saving
     from ..tdz.tdcompat import level_from_tensordict
 
     level = level_from_tensordict(td, allow_pickle=allow_pickle)
@@ -121,7 +121,7 @@ def load(
     documented default: it loads pickles with a FutureWarning.
     """
     _tensordict()
-    from .. import api, saving
+    from .. import api
 
     if mode is None:
         mode = "r"
@@ -158,12 +158,12 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
     from tensordict import _archive as tda
 
     def is_memmap_archive(path):
-        from .. import api, saving
+        from .. import api
 
         return api.is_archive(path)
 
     def pack_memmap(prefix, archive_path, *, compression=None, compresslevel=None):
-        from .. import api, saving
+        from .. import saving
 
         prefix, archive_path = Path(prefix), Path(archive_path)
         if not (prefix / "meta.json").exists():
@@ -196,7 +196,7 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
         return prefix
 
     def refresh_archive_checksums(archive_path):
-        from .. import api, saving
+        from .. import api
 
         archive_path = Path(archive_path)
         if not api.is_archive(archive_path):
@@ -230,7 +230,7 @@ def _patched_functions(originals: dict[str, Any]) -> dict[str, Any]:
         existsok=True,
         robust_key=True,
     ):
-        from .. import api, saving
+        from .. import saving
 
         if robust_key is not True:
             return originals["_save_as_archive"](
