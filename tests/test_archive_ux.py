@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba import InvalidArgumentError, InvalidTreeError, MissingKeyError
-from tdz_numba.cli.main import main as cli
+from tdz_numba import InvalidArgumentError, InvalidTreeError, MissingKeyError, cli
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tdz_numba.bench import leafsweep
-from tdz_numba.cli.main import main
+from tdz_numba.cli import main
 
 
 def test_make_leaves_groups_of_20():

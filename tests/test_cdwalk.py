@@ -27,7 +27,7 @@ from ziputil import zip_bytes  # noqa: E402
 import tdz_numba  # noqa: E402
 from tdz_numba.errors import TdzError  # noqa: E402
 from tdz_numba.jit import policy
-from tdz_numba.zipfmt import records, smallindex  # noqa: E402
+from tdz_numba.zipfmt import eocd, records, smallindex  # noqa: E402
 from tdz_numba.zipfmt.index import ArchiveIndex  # noqa: E402
 from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
 from tdz_numba.zipfmt.kernels import names as cd_kernels
@@ -39,7 +39,7 @@ _zip = zip_bytes
 
 
 def _cd(data: bytes) -> tuple[bytes, int, int]:
-    end = records.find_end_record(data)
+    end = eocd.find_end_record(data)
     return data[end.cd_offset : end.cd_offset + end.cd_size], end.cd_offset, end.count
 
 
@@ -134,7 +134,7 @@ def test_zip64_and_out_of_order_deferred(tmp_path):
 
 def test_duplicate_names_refused():
     data = bytearray(_zip({"meta.json": b"{}", "ab": b"1", "ac": b"2"}))
-    cd_offset = records.find_end_record(bytes(data)).cd_offset
+    cd_offset = eocd.find_end_record(bytes(data)).cd_offset
     third = data.index(b"PK\x01\x02", data.index(b"PK\x01\x02", cd_offset + 1) + 1)
     data[third + 46 : third + 48] = b"ab"
     assert check(bytes(data))  # the walk accepts; the names dict then refuses
@@ -164,7 +164,7 @@ def _tmp(tmp_path):
 
 def _corrupt(data: bytes) -> dict[str, bytes]:
     """The central-record corruptions tests/test_smallindex.py and test_open_fast.py use, and more."""
-    end = records.find_end_record(data)
+    end = eocd.find_end_record(data)
     second = data.index(b"PK\x01\x02", end.cd_offset + 1)
     out = {}
 
@@ -242,7 +242,7 @@ def test_mutated_archives_agree(tmp_path):
             cd, cd_offset, count = _cd(case.data)
         except TdzError:
             cd = None
-        if cd is not None and records.central_directory_fits(len(case.data), cd_offset, len(cd), count):
+        if cd is not None and eocd.central_directory_fits(len(case.data), cd_offset, len(cd), count):
             if count <= smallindex.SMALL_ENTRIES:
                 accepted += check(case.data, cd, cd_offset, count)
         with policy.forced("always"):

@@ -20,7 +20,8 @@ import torch
 
 import tdz_numba
 import tdz_numba.cli.report
-from tdz_numba.cli.main import main as cli
+from tdz_numba import cli
+from tdz_numba.cli import commands
 from tdz_numba.files import progress
 
 LEAF_KEYS = {"obs/pixels", "obs/depth", "obs/nested/flag", "reward", "index", "ragged"}
@@ -411,7 +412,7 @@ def test_pack_unpack_in_process(files, tmp_path, capsys):
 def test_verify_progress_flag(files, capsys, monkeypatch):
     code, out, err = _main(capsys, "verify", files["plain"], "--progress")
     assert code == 0 and "OK" in out and "100%" in err and "verify" in err
-    monkeypatch.setattr(cli, "stderr_is_tty", lambda: True)
+    monkeypatch.setattr(commands, "stderr_is_tty", lambda: True)
     code, out, err = _main(capsys, "verify", files["plain"])
     assert code == 0 and "100%" in err
     code, out, err = _main(capsys, "verify", files["plain"], "--no-progress")

@@ -12,8 +12,7 @@ import torch
 
 import tdz_numba
 import tdz_numba.bench.reporting
-from tdz_numba import bench
-from tdz_numba.cli.main import main as cli
+from tdz_numba import bench, cli
 
 
 def _run(*args, timeout=120):
@@ -264,7 +263,7 @@ def test_bench_table_ratios():
 
 
 def test_cli_import_is_light():
-    code = "import sys, tdz_numba.cli.main; print('torch' in sys.modules, 'numba' in sys.modules)"
+    code = "import sys, tdz_numba.cli; print('torch' in sys.modules, 'numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 import tdz_numba
-from tdz_numba.cli.main import main as tdz_main
+from tdz_numba.cli import main as tdz_main
 from tdz_numba.dcp import TdzStorageReader, TdzStorageWriter
 
 ROWS, COLS = 12, 4

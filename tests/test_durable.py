@@ -109,7 +109,7 @@ def test_clean_removes_only_dead_old_matching_entries(tmp_path):
 
 
 def test_cli_clean(tmp_path):
-    from tdz_numba.cli.main import main
+    from tdz_numba.cli import main
 
     host = _tempfiles.parse_temp_name(_tempfiles.temp_name("x"))["host"]
     stale = tmp_path / f".x.tdz.tdz-tmp.{host}.{_dead_pid()}.0123abcd"

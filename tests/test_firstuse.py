@@ -23,7 +23,7 @@ import torch
 import tdz_numba
 from tdz_numba.errors import InvalidArgumentError, TdzError
 from tdz_numba.jit import policy
-from tdz_numba.zipfmt import records
+from tdz_numba.zipfmt import eocd, records
 from tdz_numba.zipfmt.kernels import crc as kernels
 from tdz_numba.zipfmt.kernels import twins as pykernels
 from tdz_numba.zipfmt.records import Col, Status
@@ -148,7 +148,7 @@ def _gathered_equals_eager(buf, cols, lazy_status, cd_offset, cd_size, count):
 
 def _end(buf):
     try:
-        end = records.find_end_record(buf, "x")
+        end = eocd.find_end_record(buf, "x")
     except TdzError:
         return None
     return end.cd_offset, end.cd_size, end.count

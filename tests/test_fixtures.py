@@ -31,7 +31,7 @@ from ziputil import zero_timestamps  # noqa: E402
 
 import tdz_numba  # noqa: E402
 from tdz_numba.tdz import tree  # noqa: E402
-from tdz_numba.zipfmt import records, writer  # noqa: E402
+from tdz_numba.zipfmt import eocd, packers, records, writer  # noqa: E402
 
 DOS = (0, 33)  # 1980-01-01 00:00:00
 SEGMENT = 4096  # small deflate segments: a segment table in a few KiB
@@ -52,8 +52,8 @@ def expected_tree() -> dict:
 
 
 def _write_ours(path: Path, compression: str | None) -> bytes:
-    real = records.dos_datetime
-    records.dos_datetime = lambda timestamp=None: DOS  # type: ignore[assignment]
+    real = packers.dos_datetime
+    packers.dos_datetime = lambda timestamp=None: DOS  # type: ignore[assignment]
     try:
         writer.write_entries(
             tree.flatten(expected_tree()),
@@ -62,15 +62,15 @@ def _write_ours(path: Path, compression: str | None) -> bytes:
             segment_size=SEGMENT if compression else None,
         )
     finally:
-        records.dos_datetime = real  # type: ignore[assignment]
+        packers.dos_datetime = real  # type: ignore[assignment]
     return path.read_bytes()
 
 
 def _with_zip64_end(buf: bytes) -> bytes:
     """``buf`` with zip64 end records (a reader must accept them on a small archive)."""
-    end = records.find_end_record(buf)
+    end = eocd.find_end_record(buf)
     stop = end.cd_offset + end.cd_size
-    return buf[:stop] + records.end_records(end.count, end.cd_offset, end.cd_size, True)
+    return buf[:stop] + packers.end_records(end.count, end.cd_offset, end.cd_size, True)
 
 
 def make_ours(directory: Path, tmp: Path) -> dict[str, bytes]:
@@ -150,7 +150,7 @@ def test_deflate_fixture_has_a_segment_table():
 
 
 def test_zip64_end_fixture_has_zip64_end_records():
-    end = records.find_end_record((FIXTURES / "ours_zip64_end.tdz").read_bytes())
+    end = eocd.find_end_record((FIXTURES / "ours_zip64_end.tdz").read_bytes())
     assert end.zip64 and end.count == 8
 
 

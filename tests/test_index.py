@@ -12,7 +12,7 @@ from naive import naive_archive, naive_central_record, naive_end_records, naive_
 
 import tdz_numba
 from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError
-from tdz_numba.zipfmt import records
+from tdz_numba.zipfmt import eocd, records
 from tdz_numba.zipfmt.index import ArchiveIndex
 from tdz_numba.zipfmt.kernels import crc as kernels
 from tdz_numba.zipfmt.records import Status
@@ -124,7 +124,7 @@ def test_index_matches_naive_parse_of_zipfile_archives(tmp_path):
                 zf.writestr(f"d{i % 3}/f{i}.bin", bytes([i]) * (i * 41))
         buf = b.getvalue()
         for check_local in (False, True):
-            end = records.find_end_record(buf)
+            end = eocd.find_end_record(buf)
             cols, status = kernels.parse_central_directory(
                 np.frombuffer(buf, np.uint8), end.cd_offset, end.cd_size, end.count, check_local
             )
@@ -350,7 +350,7 @@ def test_check_local_headers_never_reads_outside_its_copies(tmp_path, impl):
     mod = {"kernels": kernels, "pykernels": pykernels}[impl]
     p = _spaced(tmp_path)
     buf = np.frombuffer(p.read_bytes(), np.uint8)
-    end = records.find_end_record(buf)
+    end = eocd.find_end_record(buf)
     cols, status = kernels.parse_central_directory(buf, end.cd_offset, end.cd_size, end.count, False)
     assert status[0] == Status.OK
     lengths = cols[:, records.Col.NAME_LEN] + 30

@@ -12,7 +12,7 @@ from naive import crc32_combine as naive_combine
 from naive import naive_plan, naive_zip64_fields
 from naive import table_crc32 as naive_table_crc32
 
-from tdz_numba.zipfmt import layout, records
+from tdz_numba.zipfmt import eocd, layout, packers, records
 from tdz_numba.zipfmt.kernels import crc as kernels
 from tdz_numba.zipfmt.records import Col
 from tdz_numba.zipfmt.records import Status as IndexStatus
@@ -110,7 +110,7 @@ def test_plan_layout_matches_naive(entries):
     sizes = [e[1] for e in entries]
     align = [e[2] for e in entries]
     more = [e[3] for e in entries]
-    header_len = records.local_header_len(name_len, more, np.array(align) > 1)
+    header_len = packers.local_header_len(name_len, more, np.array(align) > 1)
     room = 0xFFFF - (header_len - 30 - np.array(name_len, np.int64))
     hoff, pad, payload, end = kernels.plan_layout(
         header_len, np.array(sizes, np.int64), np.array(align, np.int64), room
@@ -154,7 +154,7 @@ def test_plan_layout_beyond_4gib_offsets_by_arithmetic():
     assert all(int(x) % 64 == 0 for x in p.payload_offset)
     assert int(p.header_offset[2]) > 1 << 32
     # sizes > 2 GiB everywhere, header offsets past 2 GiB after the first
-    assert list(p.central_zip64) == [records.ZIP64_SIZES, 3, 3]
+    assert list(p.central_zip64) == [packers.ZIP64_SIZES, 3, 3]
     assert p.zip64_end
     assert p.file_size == p.cd_offset + p.cd_size + 56 + 20 + 22
 
@@ -175,16 +175,16 @@ def test_plan_wrapper_and_records_agree_with_zipfile(tmp_path):
         flags=p.flags,
     )
     buf = bytearray(p.file_size)
-    for i, head in enumerate(records.local_headers(p.names, **kw)):
+    for i, head in enumerate(packers.local_headers(p.names, **kw)):
         h = int(p.header_offset[i])
         assert h + len(head) == int(p.payload_offset[i])
         buf[h : h + len(head)] = head
         buf[int(p.payload_offset[i]) : int(p.payload_offset[i]) + len(payloads[i])] = payloads[i]
-    central = records.central_directory(
+    central = packers.central_directory(
         p.names, header_offset=p.header_offset, zip64=p.central_zip64, **{**kw, "pad": p.central_pad}
     )
     assert len(central) == p.cd_size
-    buf[p.cd_offset :] = central + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end)
+    buf[p.cd_offset :] = central + packers.end_records(n, p.cd_offset, p.cd_size, p.zip64_end)
     assert int(p.payload_offset[2]) % 4096 == 0
     path = tmp_path / "x.zip"
     path.write_bytes(bytes(buf))
@@ -204,7 +204,7 @@ def _zip_bytes(tmp_path, n_entries=5, method=zipfile.ZIP_STORED):
 
 
 def _index(buf):
-    end = records.find_end_record(buf)
+    end = eocd.find_end_record(buf)
     return kernels.parse_central_directory(
         np.frombuffer(buf, np.uint8), end.cd_offset, end.cd_size, end.count, True
     )
@@ -235,7 +235,7 @@ def test_parse_central_directory_on_read_only_map(tmp_path):
     path, buf = _zip_bytes(tmp_path)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         arr = np.frombuffer(mm, np.uint8)
-        end = records.find_end_record(arr)
+        end = eocd.find_end_record(arr)
         fields, status = kernels.parse_central_directory(arr, end.cd_offset, end.cd_size, end.count, True)
         assert status[0] == 0 and fields.shape == (5, len(Col))
         del arr
@@ -243,7 +243,7 @@ def test_parse_central_directory_on_read_only_map(tmp_path):
 
 def test_parse_central_directory_status_codes(tmp_path):
     _, buf = _zip_bytes(tmp_path)
-    end = records.find_end_record(buf)
+    end = eocd.find_end_record(buf)
     # bad central signature
     bad = bytearray(buf)
     bad[end.cd_offset] = 0

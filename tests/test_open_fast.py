@@ -13,7 +13,7 @@ import torch
 
 import tdz_numba
 from tdz_numba.api import _plain_local_path
-from tdz_numba.zipfmt import records, smallindex
+from tdz_numba.zipfmt import eocd, records, smallindex
 from tdz_numba.zipfmt.index import ArchiveIndex
 
 
@@ -22,7 +22,7 @@ def _archive(tmp_path: Path, n: int = 5) -> Path:
 
 
 def _parsed(data: bytes):
-    end = records.find_end_record(data)
+    end = eocd.find_end_record(data)
     return end, smallindex.parse_small(data, end.cd_offset, end.cd_size, end.count)
 
 
@@ -57,7 +57,7 @@ def test_rows_come_from_the_checked_copy(tmp_path):
     the (shared, changeable) bytes are now."""
     data = bytearray(_archive(tmp_path).read_bytes())
     end, (rows, _, _) = _parsed(bytes(data))
-    end2 = records.find_end_record(data)
+    end2 = eocd.find_end_record(data)
     found = smallindex.parse_small(data, end2.cd_offset, end2.cd_size, end2.count)
     assert found is not None
     lazy = found[0]
@@ -108,7 +108,7 @@ def test_zip64_values_in_lazy_rows(tmp_path):
 def test_malformed_records_still_refused(tmp_path, where):
     p = _archive(tmp_path)
     data = bytearray(p.read_bytes())
-    end = records.find_end_record(bytes(data))
+    end = eocd.find_end_record(bytes(data))
     second = data.index(b"PK\x01\x02", end.cd_offset + 1)
     if where == "records":  # the second record's size runs over the next header
         data[second + 20 : second + 28] = struct.pack("<II", 200, 200)
@@ -159,16 +159,16 @@ def test_open_paths_and_errors_unchanged(tmp_path):
 def test_end_record_fast_path_values(tmp_path):
     p = _archive(tmp_path)
     data = p.read_bytes()
-    end = records.find_end_record(data)
+    end = eocd.find_end_record(data)
     with zipfile.ZipFile(p) as z:
         assert end.count == len(z.infolist())
     assert end.end_offset == len(data) - 22 and not end.zip64
     with pytest.raises(tdz_numba.BadArchiveError, match="shorter than the 22-byte"):
-        records.find_end_record(data[-21:])
+        eocd.find_end_record(data[-21:])
     bad = bytearray(data)
     bad[-10:-6] = struct.pack("<I", end.cd_size + 10**6)  # a central directory size past the file
     with pytest.raises(tdz_numba.BadArchiveError, match="runs past its end record"):
-        records.find_end_record(bytes(bad))
+        eocd.find_end_record(bytes(bad))
 
 
 # -- the open reads the tail with pread; the file is mapped on first use --------------------------
@@ -299,7 +299,7 @@ def test_big_central_directory_takes_the_mapped_path(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "pread", lambda fd, n, off: calls.append((off, n)) or real(fd, n, off))
     monkeypatch.setattr(reader, "_TAIL_BYTES", 64)  # the central directory is not in the tail read:
     ix = ArchiveIndex(p)  # a second pread from where it starts
-    end = records.find_end_record(p.read_bytes())
+    end = eocd.find_end_record(p.read_bytes())
     assert ix._fd is not None and calls == [(p.stat().st_size - 64, 64), (end.cd_offset, end.cd_size + 22)]
     assert ix.read_bytes("k3.memmap") == torch.arange(4).numpy().tobytes()
     monkeypatch.setattr(reader, "_TAIL_MAX", 64)  # too far back: mapped
@@ -381,7 +381,7 @@ def test_open_and_keys_read_the_file_twice(tmp_path, monkeypatch):
 
 def test_tail_start():
     data = _zip_bytes()
-    end = records.find_end_record(data)
+    end = eocd.find_end_record(data)
     assert smallindex.tail_start(data[-30:], len(data)) == end.cd_offset
     assert smallindex.tail_start(data, len(data)) is None  # the whole file: nothing before it
     assert smallindex.tail_start(data[-30:], len(data), max_count=0) is None

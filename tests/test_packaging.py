@@ -222,7 +222,7 @@ def test_recipe_metadata(pyproject, recipe_raw, recipe_text):
     assert (ROOT / license_file).is_file() and license_file in pyproject["project"]["license-files"]
     assert "MIT License" in (ROOT / license_file).read_text()
     scripts = pyproject["project"]["scripts"]
-    assert scripts == {"tdz": "tdz_numba.cli.main:main"}
+    assert scripts == {"tdz": "tdz_numba.cli:main"}
     entry_points = [e.replace(" ", "") for e in yaml_list(recipe_text, "build", "entry_points")]
     assert entry_points == [f"{k}={v}" for k, v in scripts.items()]
     assert "tdz_numba" in yaml_list(recipe_text, "test", "imports")

@@ -10,7 +10,7 @@ import pytest
 from naive import naive_archive, naive_central_record, naive_zip64_fields
 
 from tdz_numba.errors import BadArchiveError, TdzError, UnsupportedError
-from tdz_numba.zipfmt import layout, records
+from tdz_numba.zipfmt import eocd, layout, packers, records
 
 GIB = 1 << 30
 PACKAGE = Path(__file__).resolve().parent.parent / "tdz_numba"
@@ -18,22 +18,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tdz_numba"
 
 def test_offsets_are_spelled_only_in_records():
     """Record offsets and sizes live in records.py; other modules use the names."""
-    pattern = re.compile(r"(\+ ?(14|16|18|22|26|28|30|42|46)\b)|\b\d+ ?\* ?46\b|<I22xHH|<4sHHHHIIH")
+    pattern = re.compile(r"(\+ ?(14|16|18|22|26|28|30|42|46)\b)|\b\d+ ?\* ?46\b|<I22xHH|<4sHHHHIIH|<I4xHH|<IHHHHHH")
     offenders = []
-    for path in [
-        PACKAGE / f
-        for f in (
-            "kernels.py",
-            "reader.py",
-            "integrity.py",
-            "layout.py",
-            "writer.py",
-            "payload_writer.py",
-            "archive.py",
-            "remote.py",
-            "remote_write.py",
-        )
-    ]:
+    wings = ("zipfmt", "archive", "remote")  # every module that reads or writes zip records
+    paths = sorted(p for w in wings for p in (PACKAGE / w).rglob("*.py") if p.name != "records.py")
+    assert len(paths) > 20
+    for path in paths:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line.split("#")[0]):
                 offenders.append(f"{path.name}:{n}: {line.strip()}")
@@ -54,8 +44,8 @@ def test_offsets_are_spelled_only_in_records():
     ],
 )
 def test_central_zip64_matches_zipfile_rule(size, csize, hoff):
-    assert int(records.central_zip64([size], [csize], [hoff])[0]) == naive_zip64_fields(size, csize, hoff)
-    got = records.central_directory(
+    assert int(packers.central_zip64([size], [csize], [hoff])[0]) == naive_zip64_fields(size, csize, hoff)
+    got = packers.central_directory(
         [b"x.memmap"],
         crc=[7],
         size=[size],
@@ -65,7 +55,7 @@ def test_central_zip64_matches_zipfile_rule(size, csize, hoff):
         pad=[-1],
         flags=[0],
         header_offset=[hoff],
-        zip64=records.central_zip64([size], [csize], [hoff]),
+        zip64=packers.central_zip64([size], [csize], [hoff]),
     )
     assert got == naive_central_record(
         b"x.memmap",
@@ -79,7 +69,7 @@ def test_central_zip64_matches_zipfile_rule(size, csize, hoff):
         header_offset=hoff,
     )
     assert len(got) == int(
-        records.central_record_len([8], records.central_zip64([size], [csize], [hoff]), [-1])[0]
+        packers.central_record_len([8], packers.central_zip64([size], [csize], [hoff]), [-1])[0]
     )
 
 
@@ -92,8 +82,8 @@ def test_deflated_leaf_over_2gib_plans_the_central_directory_it_writes():
     csize = [100, 2_100_000, 10]
     methods = [records.STORED, records.DEFLATED, records.STORED]
     p = layout.plan(names, csize, [0, 0, 64], methods, size=size, local_more=[0, 2000, 0])
-    assert list(p.central_zip64) == [0, records.ZIP64_SIZES, 0]
-    cd = records.central_directory(
+    assert list(p.central_zip64) == [0, packers.ZIP64_SIZES, 0]
+    cd = packers.central_directory(
         p.names,
         crc=[1, 2, 3],
         size=p.size,
@@ -106,7 +96,7 @@ def test_deflated_leaf_over_2gib_plans_the_central_directory_it_writes():
         zip64=p.central_zip64,
     )
     assert len(cd) == p.cd_size
-    heads = records.local_headers(
+    heads = packers.local_headers(
         p.names,
         crc=[1, 2, 3],
         size=p.size,
@@ -131,12 +121,12 @@ def test_plan_matches_naive_archive_and_zipfile(tmp_path):
         crc=crc, size=p.size, csize=p.data_size, method=p.methods, dos=(0, 33), pad=p.pad, flags=p.flags
     )
     buf = bytearray(p.file_size)
-    for i, head in enumerate(records.local_headers(p.names, **kw)):
+    for i, head in enumerate(packers.local_headers(p.names, **kw)):
         h = int(p.header_offset[i])
         buf[h : h + len(head) + len(payloads[i])] = head + payloads[i]
-    buf[p.cd_offset :] = records.central_directory(
+    buf[p.cd_offset :] = packers.central_directory(
         p.names, header_offset=p.header_offset, zip64=p.central_zip64, **{**kw, "pad": p.central_pad}
-    ) + records.end_records(4, p.cd_offset, p.cd_size, False)
+    ) + packers.end_records(4, p.cd_offset, p.cd_size, False)
     assert bytes(buf) == expected
     with zipfile.ZipFile(io.BytesIO(expected)) as zf:
         assert [zf.read(n) for n in names] == payloads
@@ -161,9 +151,9 @@ def test_plan_refuses_bad_alignments_and_long_names():
 def _zip(zip64=False, comment=b""):
     p = layout.plan(["a"], [3], [0], [0])
     kw = dict(crc=[zipfile.crc32(b"abc")], size=[3], csize=[3], method=[0], dos=(0, 33), pad=[-1], flags=[0])
-    head = records.local_headers(p.names, **kw)[0]
-    cd = records.central_directory(p.names, header_offset=[0], zip64=[0], **kw)
-    end = records.end_records(1, p.cd_offset, p.cd_size, zip64)
+    head = packers.local_headers(p.names, **kw)[0]
+    cd = packers.central_directory(p.names, header_offset=[0], zip64=[0], **kw)
+    end = packers.end_records(1, p.cd_offset, p.cd_size, zip64)
     if comment:
         end = end[:-2] + len(comment).to_bytes(2, "little") + comment
     return head + b"abc" + cd + end
@@ -172,7 +162,7 @@ def _zip(zip64=False, comment=b""):
 @pytest.mark.parametrize("zip64", [False, True])
 def test_end_records_round_trip_and_zipfile(zip64):
     buf = _zip(zip64, b"hello")
-    end = records.find_end_record(buf)
+    end = eocd.find_end_record(buf)
     assert (end.count, end.cd_offset, end.zip64) == (1, 30 + 1 + 20 + 3, zip64)
     with zipfile.ZipFile(io.BytesIO(buf)) as zf:
         assert zf.read("a") == b"abc"
@@ -189,7 +179,7 @@ def test_find_end_record_never_raises_anything_but_tdz_errors(zip64):
             bad = bytearray(buf)
             bad[pos] = value
             try:
-                end = records.find_end_record(bytes(bad))
+                end = eocd.find_end_record(bytes(bad))
             except TdzError:
                 continue
             assert 0 <= end.cd_offset <= end.cd_offset + end.cd_size <= end.end_offset <= len(bad)
@@ -202,26 +192,26 @@ def test_find_end_record_huge_values_are_out_of_range():
         8, "little"
     )
     with pytest.raises(BadArchiveError) as info:
-        records.find_end_record(bytes(buf), "x.zip")
+        eocd.find_end_record(bytes(buf), "x.zip")
     assert info.value.found > len(buf) and info.value.path == "x.zip"
     buf = bytearray(_zip(True))
     loc = len(buf) - 22 - 20
     buf[loc + records.Zip64Locator.END_OFFSET : loc + 16] = (2**63 + 7).to_bytes(8, "little")
     with pytest.raises(BadArchiveError) as info:
-        records.find_end_record(bytes(buf))
+        eocd.find_end_record(bytes(buf))
     assert (info.value.offset, info.value.found) == (loc, 2**63 + 7)
 
 
 def test_find_end_record_attributes():
     with pytest.raises(BadArchiveError) as info:
-        records.find_end_record(b"PK\x05\x06", "t.zip")
+        eocd.find_end_record(b"PK\x05\x06", "t.zip")
     assert (info.value.path, info.value.expected, info.value.found) == ("t.zip", 22, 4)
     buf = bytearray(_zip())
     buf[-22 + records.End.DISK] = 1
     with pytest.raises(UnsupportedError):
-        records.find_end_record(bytes(buf))
+        eocd.find_end_record(bytes(buf))
     buf = bytearray(_zip())
     buf[-22 + records.End.COUNT] = buf[-22 + records.End.DISK_COUNT] = 200  # 200 records in 47 bytes
     with pytest.raises(BadArchiveError) as info:
-        records.find_end_record(bytes(buf))
+        eocd.find_end_record(bytes(buf))
     assert info.value.expected == 200 * 46 and info.value.found == 46 + 1

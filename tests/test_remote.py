@@ -347,7 +347,7 @@ def test_is_remote_detection(tmp_path):
 
 
 def test_cli_accepts_urls(http, tmp_path, capsys):
-    from tdz_numba.cli.main import main
+    from tdz_numba.cli import main
 
     p = tdz_numba.save(
         {"obs": {"x": torch.arange(12.0).reshape(3, 4)}, "r": torch.ones(3)}, tmp_path / "c.tdz"

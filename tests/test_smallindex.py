@@ -22,8 +22,8 @@ from ziputil import zip_bytes  # noqa: E402
 
 import tdz_numba  # noqa: E402
 from tdz_numba.errors import TdzError  # noqa: E402
+from tdz_numba.zipfmt import eocd, records, smallindex
 from tdz_numba.zipfmt import index as reader  # noqa: E402
-from tdz_numba.zipfmt import records, smallindex
 from tdz_numba.zipfmt.index import ArchiveIndex  # noqa: E402
 
 CASES = 1500
@@ -147,7 +147,7 @@ def test_unusual_archives_fall_back(tmp_path):
     """Duplicate names, cp437 names, encrypted flags, unknown methods: the kernel path decides."""
     base = _zip({"meta.json": b"{}", "ab": b"1", "ac": b"2"})
     data = bytearray(base)
-    cd = records.find_end_record(bytes(data)).cd_offset
+    cd = eocd.find_end_record(bytes(data)).cd_offset
     second = data.index(b"PK\x01\x02", cd + 1)
     third = data.index(b"PK\x01\x02", second + 1)
     cases = {}
@@ -222,8 +222,8 @@ def test_big_archives_take_the_kernel(tmp_path, monkeypatch):
 def test_end_record_with_comment_and_sniff(tmp_path):
     data = _zip({"meta.json": b"{}"})
     with_comment = data[:-2] + struct.pack("<H", 5) + b"hello"
-    end = records.find_end_record(with_comment)
-    assert end == records.find_end_record(data)
+    end = eocd.find_end_record(with_comment)
+    assert end == eocd.find_end_record(data)
     p = tmp_path / "c.tdz"
     p.write_bytes(with_comment)
     from tdz_numba.formats.detect import sniff
@@ -243,12 +243,12 @@ def test_zip64_end_signature_message_as_before(tmp_path):
     z = data.rfind(records.ZIP64_END_SIG)
     data[z : z + 4] = b"PK\x00\x00"
     with pytest.raises(tdz_numba.BadArchiveError, match=r"found b'PK'\)"):
-        records.find_end_record(bytes(data))
+        eocd.find_end_record(bytes(data))
 
 
 def _reordered(data: bytes, order: list[int]) -> bytes:
     """``data`` with its central records listed in ``order`` (local headers stay where they are)."""
-    end = records.find_end_record(data)
+    end = eocd.find_end_record(data)
     cd = data[end.cd_offset : end.cd_offset + end.cd_size]
     recs, p = [], 0
     while p < len(cd):
@@ -268,7 +268,7 @@ def test_central_records_out_of_file_order(tmp_path):
     assert ix.names == ["b", "meta.json", "c", "a"] and ix.read_bytes("a") == b"1" * 10
     # an entry whose stored bytes run into the next record: refused the same way on both paths
     bad = bytearray(_reordered(data, [2, 0, 3, 1]))
-    end = records.find_end_record(bytes(bad))
+    end = eocd.find_end_record(bytes(bad))
     pos = bad.index(b"PK\x01\x02", end.cd_offset + 1)  # the second central record: meta.json
     bad[pos + 20 : pos + 28] = struct.pack("<II", 30, 30)
     p.write_bytes(bytes(bad))

@@ -56,7 +56,7 @@ from ..errors import (
     TdzError,
 )
 from ..tdz.source import TdzSource
-from ..zipfmt import records
+from ..zipfmt import eocd, records
 from ..zipfmt.index import ArchiveIndex
 
 __all__ = [
@@ -189,15 +189,15 @@ def _infer_size(body: bytes, label: str) -> int | None:
     places the tail; None when the records do not allow it (then a size
     request is made).
     """
-    pos = records.end_record_position(body)
+    pos = eocd.end_record_position(body)
     if pos < 0:
         return None
     loc = pos - records.Zip64Locator.SIZEOF
     if loc >= 0 and body[loc : loc + 4] == records.ZIP64_LOCATOR_SIG:
-        z_end = int(records.read_record(body, loc, records.ZIP64_LOCATOR_DT)["end_offset"])
+        z_end = int(eocd.read_record(body, loc, records.ZIP64_LOCATOR_DT)["end_offset"])
         q = body.rfind(records.ZIP64_END_SIG, 0, loc)
         return None if q < 0 else z_end + (len(body) - q)
-    end = records.read_record(body, pos, records.END_DT)
+    end = eocd.read_record(body, pos, records.END_DT)
     count, cd_size, cd_offset = int(end["count"]), int(end["cd_size"]), int(end["cd_offset"])
     size = cd_offset + cd_size + (len(body) - pos)
     start = size - len(body)
@@ -252,14 +252,14 @@ class RemoteIndex(ArchiveIndex):
         self._torch = None
         self._untyped = None
         self._rows = None
-        self.end = end = records.find_end_record(self.buffer, label)
+        self.end = end = eocd.find_end_record(self.buffer, label)
         if end.cd_offset < self.tail_start:  # a central directory larger than the tail read
             self._get([(end.cd_offset, self.tail_start)], lambda a, b: "the central directory")
             self.tail_start = end.cd_offset
         self._finish_open(end)
         self._ready = np.zeros(len(self.names), np.bool_)  # fetched, header parsed, CRC checked
 
-    def _finish_open(self, end: records.EndRecord) -> None:
+    def _finish_open(self, end: eocd.EndRecord) -> None:
         """The part of :class:`ArchiveIndex`'s open that follows the mapping."""
         self._index_entries(end, False)
         self._limit = self.table["next_offset"]

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import ArchiveExistsError, InternalError, InvalidArgumentError, TdzError
 from ..zipfmt import compression as codecs
-from ..zipfmt import records
+from ..zipfmt import packers
 from ..zipfmt.entry import Entry
 from ..zipfmt.writer import _batches, prepare  # the local writer's preparation and CRC batches
 
@@ -94,7 +94,7 @@ def stream_entries(
         size=size,
         csize=stored_size,
         method=methods,
-        dos=records.dos_datetime(),
+        dos=packers.dos_datetime(),
         pad=p.pad,
         flags=p.flags,
     )
@@ -123,7 +123,7 @@ def stream_entries(
             if job is not None:
                 crc[batch] = job.result()
             rows = {k: (v if k == "dos" else v[start:stop]) for k, v in fields.items()}
-            heads = records.local_headers(p.names[start:stop], more=more[start:stop], **rows)
+            heads = packers.local_headers(p.names[start:stop], more=more[start:stop], **rows)
             for i, head in zip(range(start, stop), heads):
                 if pos != int(p.header_offset[i]) or pos + len(head) != int(p.payload_offset[i]):
                     raise InternalError(f"{p.names[i]!r}: stream position differs from the layout plan")
@@ -139,10 +139,10 @@ def stream_entries(
                     if part is not None and part.size:
                         pos += _write(stream, part)
             start = stop
-    tail = records.central_directory(p.names, header_offset=p.header_offset, zip64=p.central_zip64, **fields)
+    tail = packers.central_directory(p.names, header_offset=p.header_offset, zip64=p.central_zip64, **fields)
     if pos != p.cd_offset or len(tail) != p.cd_size:
         raise InternalError("central directory offset or size differs from the layout plan")
-    pos += _write(stream, tail + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))
+    pos += _write(stream, tail + packers.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))
     return pos
 
 

@@ -79,7 +79,7 @@ _BUF = 8 << 20  # bytes per write call
 def _is_symlink_entry(index: ArchiveIndex, row: int) -> bool:
     """Whether the central record's external attributes mark a Unix symbolic link."""
     cd = int(index.table["central_offset"][row])
-    if cd < 0 or cd + 42 > index.size:
+    if cd < 0 or cd + records.Central.HEADER_OFFSET > index.size:
         return False
     at = cd + records.Central.EXTERNAL
     attr = int.from_bytes(index.buffer[at : at + 4].tobytes(), "little")

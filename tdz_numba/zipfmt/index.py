@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import BadArchiveError, ChecksumError, UnsupportedError
 from . import compression as codecs
-from . import records
+from . import eocd, records
 from .records import Col, IndexRow, Status
 from .smallindex import (
     SMALL_ENTRIES,
@@ -216,7 +216,7 @@ class ArchiveIndex:
             end, rows, self.names, self._by_name = tail
             self._index_entries(end, False, small=False, rows=rows)
             return
-        end = records.find_end_record(self._mmap, label)
+        end = eocd.find_end_record(self._mmap, label)
         self._index_entries(end, check_local, small=not check_local and _small_enough(end.count))
 
     @property
@@ -312,7 +312,7 @@ class ArchiveIndex:
         return table
 
     def _index_entries(
-        self, end: records.EndRecord, check_local: bool, small: bool = False, rows: SmallRows | None = None
+        self, end: eocd.EndRecord, check_local: bool, small: bool = False, rows: SmallRows | None = None
     ) -> None:
         """The part of the open that follows the mapping (shared with :class:`tdz_numba.remote.read.RemoteIndex`):
         parse the central directory, decode the names, refuse what cannot be read.

@@ -5,8 +5,8 @@ record length and zip64 decision, then calls the
 :func:`~tdz_numba.zipfmt.kernels.crc.plan_layout` kernel once for all entries: local
 header offsets, padding of aligned payloads, payload offsets. The central
 directory's length follows from the records' rules; the packers
-(:func:`tdz_numba.zipfmt.records.local_headers`,
-:func:`tdz_numba.zipfmt.records.central_directory`) receive the plan's decisions.
+(:func:`tdz_numba.zipfmt.packers.local_headers`,
+:func:`tdz_numba.zipfmt.packers.central_directory`) receive the plan's decisions.
 
 Examples
 --------
@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidArgumentError, InvalidTreeError
-from . import records
+from . import packers, records
 
 __all__ = ["Plan", "plan"]
 
@@ -45,7 +45,7 @@ class Plan:
     pad: np.ndarray  # padding bytes; -1: no padding block
     central_pad: np.ndarray  # the padding block copied into the central record (-1: none)
     payload_offset: np.ndarray
-    central_zip64: np.ndarray  # records.central_zip64 of every entry
+    central_zip64: np.ndarray  # packers.central_zip64 of every entry
     cd_offset: int
     cd_size: int
     zip64_end: bool
@@ -104,7 +104,7 @@ def plan(
 
     n = len(names)
     methods_arr = np.asarray(methods, dtype=np.int64).reshape(n)
-    encoded = [records.name_flags(name, int(m)) for name, m in zip(names, methods_arr.tolist())]
+    encoded = [packers.name_flags(name, int(m)) for name, m in zip(names, methods_arr.tolist())]
     name_bytes = [e[0] for e in encoded]
     name_len = np.fromiter((len(b) for b in name_bytes), np.int64, n)
     if n and int(name_len.max()) > _MAX_U16:
@@ -118,7 +118,7 @@ def plan(
     alignment = _alignments(align, n)
     more = np.zeros(n, np.int64) if local_more is None else np.asarray(local_more, np.int64).reshape(n)
     has_pad = alignment > 1
-    header_len = records.local_header_len(name_len, more, has_pad)
+    header_len = packers.local_header_len(name_len, more, has_pad)
     # padding bytes the local extra field can still take (it holds at most 65,535 bytes)
     room = _MAX_U16 - (header_len - records.Local.SIZEOF - name_len)
     if n and bool((has_pad & (room < 0)).any()):
@@ -128,13 +128,13 @@ def plan(
             f"for a padding block in the zip extra field"
         )
     hoff, pad, payload, data_end = plan_layout(header_len, stored, alignment, room)
-    zip64 = records.central_zip64(usize, stored, hoff)
+    zip64 = packers.central_zip64(usize, stored, hoff)
     # tensordict copies the 64-byte padding block into the central record; larger (page)
     # paddings stay local only, so they do not grow the central directory
     central_pad = np.where(alignment == records.ALIGNMENT, pad, -1)
     cd_offset = int(data_end)
-    cd_size = int(records.central_record_len(name_len, zip64, central_pad).sum())
-    zip64_end = records.needs_zip64_end(n, cd_offset, cd_size)
+    cd_size = int(packers.central_record_len(name_len, zip64, central_pad).sum())
+    zip64_end = packers.needs_zip64_end(n, cd_offset, cd_size)
     return Plan(
         names=name_bytes,
         flags=np.fromiter((e[1] for e in encoded), np.int64, n),
@@ -150,5 +150,5 @@ def plan(
         cd_offset=cd_offset,
         cd_size=cd_size,
         zip64_end=zip64_end,
-        file_size=cd_offset + cd_size + records.end_records_len(zip64_end),
+        file_size=cd_offset + cd_size + packers.end_records_len(zip64_end),
     )

@@ -9,7 +9,7 @@ payloads by zlib-ng (SIMD, GIL released): a group's CRCs before its one ``pwrite
 (they go in the local headers written with it); a span's 256 KiB pieces one by one,
 each hashed right after its write, while its bytes are still in that core's cache.
 The local headers are all built at once beforehand (one
-:func:`tdz_numba.zipfmt.records.local_headers` call) and each CRC is patched in; the headers
+:func:`tdz_numba.zipfmt.packers.local_headers` call) and each CRC is patched in; the headers
 of split entries are written last, with the CRC combined from their spans. The bytes
 on disk are those of one sequential pass.
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import InternalError
 from ..files import tempfiles as _tempfiles
-from . import records
+from . import packers, records
 from .entry import Prepared
 
 __all__ = [
@@ -138,7 +138,7 @@ def write_payloads(
     pend, split = pending.tolist(), (pending & (stored > PIECE)).tolist()
     hoff, poff = p.header_offset, p.payload_offset
     poff_at = poff.tolist()
-    heads = records.local_headers(p.names, more=prep.more, **fields)  # CRCs patched below
+    heads = packers.local_headers(p.names, more=prep.more, **fields)  # CRCs patched below
     head_len = np.fromiter(map(len, heads), np.int64, n)
     bad = np.flatnonzero(hoff + head_len != poff)
     if bad.size:

@@ -1,4 +1,5 @@
-"""The zip format, described once: every record's layout, the zip64 rules, the packers.
+"""The zip format, described once: every record's layout (a dtype, an IntEnum of field offsets,
+a ``struct`` layout), the reader's index columns and the kernels' status codes.
 
 Each record has one structured numpy dtype (``LOCAL_DT``, ``CENTRAL_DT``, ...),
 its signature, and an :class:`~enum.IntEnum` of named field offsets with its
@@ -6,11 +7,8 @@ size as ``SIZEOF`` (:class:`Local`, :class:`Central`, ...): Python code packs
 and unpacks through the dtypes, Numba kernels read fields at the offsets
 (plain ``int`` constants). No other module spells an offset or a record size.
 
-One function decides where zip64 fields go (:func:`central_zip64`) and one
-computes every record length (:func:`local_header_len`,
-:func:`central_record_len`); the layout plan (:mod:`tdz_numba.zipfmt.layout`) calls
-them and hands the decisions to the packers (:func:`local_headers`,
-:func:`central_directory`), which never decide again.
+The zip64 rules and the packers that write these records are :mod:`tdz_numba.zipfmt.packers`;
+reading the end records is :mod:`tdz_numba.zipfmt.eocd`.
 
 The records match what Python's :mod:`zipfile` writes for tensordict 0.15.3
 with ``force_zip64=True`` (version 45, a zip64 extra on every local header, a
@@ -22,20 +20,17 @@ Examples
 >>> from tdz_numba.zipfmt import records
 >>> int(records.Central.HEADER_OFFSET), records.LOCAL_DT.itemsize
 (42, 30)
->>> records.central_zip64([10, 3 << 30], [10, 1 << 20], [0, 5 << 30]).tolist()
-[0, 3]
 """
 
 from __future__ import annotations
 
 import struct
-import time
 from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import BadArchiveError, InternalError, UnsupportedError
+from ..errors import InternalError
 
 __all__ = [
     "ALIGNMENT",
@@ -82,25 +77,14 @@ __all__ = [
     "INDEX_DTYPE",
     "IndexRow",
     "Status",
-    "ZIP64_SIZES",
-    "ZIP64_OFFSET",
-    "central_zip64",
-    "local_header_len",
-    "central_record_len",
-    "needs_zip64_end",
-    "end_records_len",
-    "dos_datetime",
-    "name_flags",
-    "local_headers",
-    "central_directory",
-    "end_records",
-    "EndRecord",
-    "find_end_record",
-    "central_directory_fits",
     "LOCAL_STRUCT",
     "END_STRUCT",
-    "read_record",
-    "end_record_position",
+    "CENTRAL_STRUCT",
+    "CENTRAL_INDEX_STRUCT",
+    "ZIP64_END_STRUCT",
+    "ZIP64_LOCATOR_STRUCT",
+    "EXTRA_STRUCT",
+    "U64_STRUCT",
 ]
 
 #: Payload alignment of ``*.memmap`` entries (tensordict's ``_ALIGNMENT``).
@@ -437,420 +421,34 @@ class Status(IntEnum):
 
 
 # ---------------------------------------------------------------------------
-# zip64 decisions and record lengths (the layout plan and the packers share them)
+# The records as struct layouts (the pure-Python readers; the dtypes above describe the same bytes)
 # ---------------------------------------------------------------------------
-#: :func:`central_zip64` bit: both sizes go in the central zip64 extra.
-ZIP64_SIZES = 1
-#: :func:`central_zip64` bit: the local header offset goes in the central zip64 extra.
-ZIP64_OFFSET = 2
-
-
-def central_zip64(size, csize, header_offset) -> np.ndarray:
-    """Which central fields of each entry move to its zip64 extra (zipfile's rule).
-
-    Bit :data:`ZIP64_SIZES` when the size or the compressed size exceeds
-    :data:`ZIP64_LIMIT` (both sizes then move), bit :data:`ZIP64_OFFSET`
-    when the local header offset does.
-    """
-    size = np.asarray(size, np.int64).reshape(-1)
-    csize = np.asarray(csize, np.int64).reshape(-1)
-    hoff = np.asarray(header_offset, np.int64).reshape(-1)
-    big = (size > ZIP64_LIMIT) | (csize > ZIP64_LIMIT)
-    return np.where(big, ZIP64_SIZES, 0) | np.where(hoff > ZIP64_LIMIT, ZIP64_OFFSET, 0)
-
-
-def _central_zip64_len(zip64: np.ndarray) -> np.ndarray:
-    values = np.where(zip64 & ZIP64_SIZES, 2, 0) + np.where(zip64 & ZIP64_OFFSET, 1, 0)
-    return np.where(values > 0, Extra.SIZEOF + 8 * values, 0)
-
-
-def _pad_len(pad: np.ndarray) -> np.ndarray:
-    """Bytes of the padding blocks (``pad`` -1: no block)."""
-    return np.where(pad >= 0, Pad.SIZEOF + np.maximum(pad, 0), 0)
-
-
-def local_header_len(name_len, more_len, has_pad) -> np.ndarray:
-    """Length of each local header *without* its padding bytes: fixed part,
-    name, other extra blocks (``more_len``), the padding block's header when
-    ``has_pad``, and the zip64 extra. The payload follows after the padding."""
-    name_len = np.asarray(name_len, np.int64).reshape(-1)
-    return (
-        Local.SIZEOF
-        + name_len
-        + np.asarray(more_len, np.int64).reshape(-1)
-        + np.where(np.asarray(has_pad, np.bool_).reshape(-1), Pad.SIZEOF, 0)
-        + Zip64Local.SIZEOF
-    )
-
-
-def central_record_len(name_len, zip64, pad) -> np.ndarray:
-    """Length of each central record: fixed part, name, zip64 extra (as
-    :func:`central_zip64` decided), padding block copy (``pad`` -1: none)."""
-    name_len = np.asarray(name_len, np.int64).reshape(-1)
-    zip64 = np.asarray(zip64, np.int64).reshape(-1)
-    return (
-        Central.SIZEOF
-        + name_len
-        + _central_zip64_len(zip64)
-        + _pad_len(np.asarray(pad, np.int64).reshape(-1))
-    )
-
-
-def needs_zip64_end(count: int, cd_offset: int, cd_size: int) -> bool:
-    """Whether the zip64 end records are written (zipfile's rule)."""
-    return count > ZIP_COUNT_LIMIT or cd_offset > ZIP64_LIMIT or cd_size > ZIP64_LIMIT
-
-
-def end_records_len(zip64_end: bool) -> int:
-    """Bytes after the central directory."""
-    return (Zip64End.SIZEOF + Zip64Locator.SIZEOF if zip64_end else 0) + End.SIZEOF
-
-
-# ---------------------------------------------------------------------------
-# Packers
-# ---------------------------------------------------------------------------
-def dos_datetime(timestamp: float | None = None) -> tuple[int, int]:
-    """DOS ``(time, date)`` of a local time, as zipfile stamps entries."""
-    t = time.localtime(timestamp)
-    year = max(t.tm_year, 1980)
-    return (
-        t.tm_hour << 11 | t.tm_min << 5 | t.tm_sec // 2,
-        (year - 1980) << 9 | t.tm_mon << 5 | t.tm_mday,
-    )
-
-
-def name_flags(name: str, method: int) -> tuple[bytes, int]:
-    """Encoded name and general-purpose flags (UTF-8 bit only when needed)."""
-    flags = _FLAG_LZMA_EOS if method == LZMA else 0
-    try:
-        return name.encode("ascii"), flags
-    except UnicodeEncodeError:
-        return name.encode("utf-8"), flags | FLAG_UTF8
-
-
-def _versions(methods: np.ndarray) -> np.ndarray:
-    """ "Version needed to extract": 45 (zip64), 46 for bzip2, 63 for lzma."""
-    out = np.full(methods.shape, _ZIP64_VERSION, np.int64)
-    out[methods == BZIP2] = 46
-    out[methods == LZMA] = 63
-    return out
-
-
-def _pad_blocks(pads: np.ndarray) -> list[bytes]:
-    """Padding extra blocks (``pad`` -1: no block)."""
-    heads = np.zeros(pads.size, _PAD_DT)
-    heads["id"] = PAD_EXTRA_ID
-    heads["len"] = np.maximum(pads, 0)
-    raw = heads.tobytes()
-    k = Pad.SIZEOF
-    return [b"" if p < 0 else raw[k * i : k * i + k] + bytes(p) for i, p in enumerate(pads.tolist())]
-
-
-def _col(values, n: int) -> np.ndarray:
-    return np.asarray(values, np.int64).reshape(n)
-
-
-def local_headers(
-    names: list[bytes],
-    *,
-    crc,
-    size,
-    csize,
-    method,
-    dos: tuple[int, int],
-    pad,
-    flags,
-    more: list[bytes] | None = None,
-) -> list[bytes]:
-    """Local file headers (with name and extra field) of many entries at once.
-
-    Array arguments are per entry; ``pad`` is the payload padding, -1 for
-    entries without a padding block. Sizes go in the zip64 extra, the 32-bit
-    fields hold ``0xFFFFFFFF``. ``more`` are extra blocks placed first (the
-    segment tables of compressed entries).
-
-    Examples
-    --------
-    >>> [len(h) for h in local_headers([b"a.memmap"], crc=[0], size=[4], csize=[4], method=[0],
-    ...                                dos=(0, 33), pad=[6], flags=[0])]
-    [68]
-    """
-    n = len(names)
-    more = [b""] * n if more is None else more
-    method = _col(method, n)
-    pad = _col(pad, n)
-    fixed = np.zeros(n, LOCAL_DT)
-    fixed["sig"] = LOCAL_SIG
-    fixed["version"] = _versions(method)
-    fixed["flags"] = _col(flags, n)
-    fixed["method"] = method
-    fixed["time"], fixed["date"] = dos
-    fixed["crc"] = _col(crc, n)
-    fixed["csize"] = fixed["size"] = 0xFFFFFFFF
-    fixed["name_len"] = [len(b) for b in names]
-    fixed["extra_len"] = _pad_len(pad) + Zip64Local.SIZEOF + np.array([len(m) for m in more], np.int64)
-    z64 = np.zeros(n, ZIP64_LOCAL_DT)
-    z64["id"], z64["len"] = ZIP64_EXTRA_ID, Zip64Local.SIZEOF - Extra.SIZEOF
-    z64["size"] = _col(size, n)
-    z64["csize"] = _col(csize, n)
-    fb, zb = fixed.tobytes(), z64.tobytes()
-    pads = _pad_blocks(pad)
-    a, b = Local.SIZEOF, Zip64Local.SIZEOF
-    return [fb[a * i : a * i + a] + names[i] + more[i] + pads[i] + zb[b * i : b * i + b] for i in range(n)]
-
-
-def central_directory(
-    names: list[bytes], *, crc, size, csize, method, dos: tuple[int, int], pad, flags, header_offset, zip64
-) -> bytes:
-    """The central directory records of many entries, as one bytes object.
-
-    ``zip64`` is the decision of :func:`central_zip64` (carried by the layout
-    plan); the padding block of aligned entries is copied after the zip64 extra.
-
-    Examples
-    --------
-    >>> cd = central_directory([b"a"], crc=[0], size=[3 << 30], csize=[1], method=[8], dos=(0, 33),
-    ...                        pad=[-1], flags=[0], header_offset=[0], zip64=central_zip64([3 << 30], [1], [0]))
-    >>> len(cd) == int(central_record_len([1], [ZIP64_SIZES], [-1])[0])
-    True
-    """
-    n = len(names)
-    method = _col(method, n)
-    size = _col(size, n)
-    csize = _col(csize, n)
-    hoff = _col(header_offset, n)
-    zip64 = _col(zip64, n)
-    pad = _col(pad, n)
-    big_size = (zip64 & ZIP64_SIZES) != 0
-    big_off = (zip64 & ZIP64_OFFSET) != 0
-    z64 = [b""] * n
-    for i in np.nonzero(zip64)[0].tolist():
-        values = ([int(size[i]), int(csize[i])] if big_size[i] else []) + (
-            [int(hoff[i])] if big_off[i] else []
-        )
-        z64[i] = struct.pack(f"<HH{len(values)}Q", ZIP64_EXTRA_ID, 8 * len(values), *values)
-    pads = _pad_blocks(pad)
-    version = _versions(method)
-    fixed = np.zeros(n, CENTRAL_DT)
-    fixed["sig"] = CENTRAL_SIG
-    fixed["made_by"] = version | (_CREATE_SYSTEM_UNIX << 8)
-    fixed["version"] = version
-    fixed["flags"] = _col(flags, n)
-    fixed["method"] = method
-    fixed["time"], fixed["date"] = dos
-    fixed["crc"] = _col(crc, n)
-    fixed["csize"] = np.where(big_size, 0xFFFFFFFF, csize)
-    fixed["size"] = np.where(big_size, 0xFFFFFFFF, size)
-    fixed["name_len"] = [len(b) for b in names]
-    fixed["extra_len"] = [len(a) + len(b) for a, b in zip(z64, pads)]
-    fixed["external"] = _EXTERNAL_ATTR
-    fixed["header_offset"] = np.where(big_off, 0xFFFFFFFF, hoff)
-    fb = fixed.tobytes()
-    k = Central.SIZEOF
-    return b"".join(fb[k * i : k * i + k] + names[i] + z64[i] + pads[i] for i in range(n))
-
-
-def end_records(count: int, cd_offset: int, cd_size: int, zip64: bool) -> bytes:
-    """The end-of-central-directory record, preceded by the zip64 end records
-    when ``zip64`` (see :func:`needs_zip64_end`)."""
-    out = b""
-    if zip64:
-        z = np.zeros(1, ZIP64_END_DT)
-        z["sig"] = ZIP64_END_SIG
-        z["record_size"] = Zip64End.SIZEOF - Zip64End.MADE_BY
-        z["made_by"] = z["version"] = _ZIP64_VERSION
-        z["disk_count"] = z["count"] = count
-        z["cd_size"], z["cd_offset"] = cd_size, cd_offset
-        loc = np.zeros(1, ZIP64_LOCATOR_DT)
-        loc["sig"] = ZIP64_LOCATOR_SIG
-        loc["end_offset"] = cd_offset + cd_size
-        loc["disks"] = 1
-        out = z.tobytes() + loc.tobytes()
-        count = min(count, 0xFFFF)
-        cd_size = min(cd_size, 0xFFFFFFFF)
-        cd_offset = min(cd_offset, 0xFFFFFFFF)
-    end = np.zeros(1, END_DT)
-    end["sig"] = END_SIG
-    end["disk_count"] = end["count"] = count
-    end["cd_size"], end["cd_offset"] = cd_size, cd_offset
-    return out + end.tobytes()
-
-
-# ---------------------------------------------------------------------------
-# Reading the end records
-# ---------------------------------------------------------------------------
-class EndRecord(NamedTuple):
-    """Where the central directory is: from the (zip64) end records."""
-
-    count: int  # type: ignore[assignment]  # (a field, not tuple.count)
-    cd_offset: int
-    cd_size: int
-    end_offset: int  # offset of the (zip64) end-of-central-directory record
-    zip64: bool
-
-
-def read_record(buf, offset: int, dtype: np.dtype):
-    """One record (a numpy structured scalar) at ``offset`` of ``buf``; None when
-    it does not fit inside ``buf``."""
-    if offset < 0 or offset > len(buf) - dtype.itemsize:
-        return None
-    return np.frombuffer(bytes(buf[offset : offset + dtype.itemsize]), dtype)[0]
-
-
-def end_record_position(tail: bytes) -> int:
-    """Position in ``tail`` (the last bytes of a file) of the end-of-central-directory
-    record whose comment reaches exactly to the end; -1 if there is none."""
-    pos = tail.rfind(END_SIG)
-    while pos >= 0:
-        if pos + End.SIZEOF <= len(tail):
-            comment_len = int.from_bytes(tail[pos + End.COMMENT_LEN : pos + End.SIZEOF], "little")
-            if pos + End.SIZEOF + comment_len == len(tail):
-                return pos
-        pos = tail.rfind(END_SIG, 0, pos)
-    return -1
-
-
 #: A local header's fixed 30 bytes as one ``struct`` layout (for the pure-Python readers).
 LOCAL_STRUCT = struct.Struct("<IHHHHHIIIHH")
-assert LOCAL_STRUCT.size == Local.SIZEOF
+#: A central record's fixed 46 bytes as one ``struct`` layout.
+CENTRAL_STRUCT = struct.Struct("<IHHHHHHIIIHHHHHII")
+#: The central record fields the index keeps, skipping the versions and the disk/attribute
+#: fields: signature, flags, method, time, date, CRC, compressed size, size, name/extra/comment
+#: lengths, header offset.
+CENTRAL_INDEX_STRUCT = struct.Struct("<I4xHHHHIIIHHH8xI")
 #: The end-of-central-directory record's 22 bytes as one ``struct`` layout.
 END_STRUCT = struct.Struct("<4sHHHHIIH")
-assert END_STRUCT.size == End.SIZEOF
-
-
-def central_directory_fits(size: int, cd_offset: int, cd_size: int, count: int) -> bool:
-    """Whether end-record values can describe a central directory inside a file of ``size``
-    bytes: offset and size non-negative and within the file, and ``count`` records of at
-    least 46 bytes fitting in ``cd_size`` (the kernels make the same test).
-
-    >>> central_directory_fits(100, 50, 46, 1), central_directory_fits(100, 50, 46, 2)
-    (True, False)
-    """
-    return not (
-        cd_offset < 0
-        or cd_size < 0
-        or count < 0
-        or cd_offset > size
-        or cd_size > size - cd_offset
-        or count > cd_size // Central.SIZEOF
-    )
-
-
-# the end records as struct layouts (one call each; the dtypes above describe the same bytes)
-_CENTRAL_SIZE = int(Central.SIZEOF)
-_ZIP64_END = struct.Struct("<4sQHHIIQQQQ")
-_ZIP64_LOCATOR = struct.Struct("<4sIQI")
-
-
-def find_end_record(buf, name: str = "archive") -> EndRecord:
-    """Finds and validates the end records in ``buf`` (bytes-like, the whole file).
-
-    Every field is checked against the file size before use (values are
-    unsigned and may be up to ``2**64 - 1``).
-
-    Raises
-    ------
-    BadArchiveError
-        No end record, a truncated file, counts or offsets that point outside
-        the file (``offset``, ``expected`` and ``found`` attributes set).
-    UnsupportedError
-        A multi-disk (spanned) archive.
-
-    Examples
-    --------
-    >>> import io, zipfile
-    >>> b = io.BytesIO()
-    >>> with zipfile.ZipFile(b, "w") as z:
-    ...     z.writestr("a", "hi")
-    >>> find_end_record(b.getvalue()).count
-    1
-    """
-    size = len(buf)
-    if size < END_STRUCT.size:  # (the struct sizes, not the IntEnum members: ~7 us of a cold open)
-        raise BadArchiveError(
-            f"{name}: not a zip archive: {size} bytes, shorter than the "
-            f"{int(End.SIZEOF)}-byte end-of-central-directory record",
-            path=name,
-            expected=int(End.SIZEOF),
-            found=size,
-        )
-    end_offset = size - END_STRUCT.size
-    rec = END_STRUCT.unpack_from(buf, end_offset)
-    if rec[0] != END_SIG or rec[7]:  # a comment, or no record at the very end: search for it
-        lo = max(0, size - (End.SIZEOF + 0xFFFF))
-        tail = bytes(buf[lo:size])
-        pos = end_record_position(tail)
-        if pos < 0:
-            raise BadArchiveError(
-                f"{name}: no end-of-central-directory record (signature PK\\5\\6) in "
-                f"the last {len(tail)} bytes: not a zip archive, or truncated",
-                path=name,
-            )
-        end_offset = lo + pos
-        rec = END_STRUCT.unpack_from(tail, pos)
-    _, disk, cd_disk, n_disk, count, cd_size, cd_offset, _ = rec
-    zip64 = False
-    loc = end_offset - _ZIP64_LOCATOR.size
-    if loc >= 0 and bytes(buf[loc : loc + 4]) == ZIP64_LOCATOR_SIG:
-        _, _, z_end, n_disks = _ZIP64_LOCATOR.unpack_from(buf, loc)
-        if z_end > loc - Zip64End.SIZEOF:  # also: the locator left no room for the record
-            raise BadArchiveError(
-                f"{name}: the zip64 end locator at offset {loc} points to offset "
-                f"{z_end}, outside the file (expected <= {loc - Zip64End.SIZEOF})",
-                path=name,
-                offset=loc,
-                expected=loc - Zip64End.SIZEOF,
-                found=z_end,
-            )
-        z = _ZIP64_END.unpack_from(buf, z_end)
-        sig = z[0].rstrip(b"\0")  # as the "S4" field of ZIP64_END_DT reads it
-        if sig != ZIP64_END_SIG:
-            raise BadArchiveError(
-                f"{name}: no zip64 end record at offset {z_end} (expected signature PK\\6\\6, found {sig!r})",
-                path=name,
-                offset=z_end,
-                expected=ZIP64_END_SIG,
-                found=sig,
-            )
-        record_size = z[1]
-        least = Zip64End.SIZEOF - Zip64End.MADE_BY
-        if record_size < least or record_size > loc - z_end - Zip64End.MADE_BY:
-            raise BadArchiveError(
-                f"{name}: the zip64 end record at offset {z_end} declares {record_size} bytes, "
-                f"expected {least}..{loc - z_end - Zip64End.MADE_BY} (up to its locator)",
-                path=name,
-                offset=z_end,
-                expected=least,
-                found=record_size,
-            )
-        _, _, _, _, disk, cd_disk, n_disk, count, cd_size, cd_offset = z
-        zip64 = True
-        if n_disks > 1:
-            disk = 1
-        end_offset = z_end
-    if disk != 0 or cd_disk != 0 or n_disk != count:
-        raise UnsupportedError(
-            f"{name}: multi-disk (spanned) zip archives are not supported "
-            f"(disk {disk}, central directory disk {cd_disk}, {n_disk} of {count} records on this disk)",
-            path=name,
-            offset=end_offset,
-        )
-    if cd_offset > end_offset or cd_size > end_offset - cd_offset:
-        raise BadArchiveError(
-            f"{name}: the central directory at offset {cd_offset} with {cd_size} "
-            f"bytes runs past its end record at offset {end_offset} (file truncated?)",
-            path=name,
-            offset=cd_offset,
-            expected=end_offset,
-            found=cd_offset + cd_size,
-        )
-    if count > cd_size // _CENTRAL_SIZE:
-        raise BadArchiveError(
-            f"{name}: the end record lists {count} entries but the central "
-            f"directory has only {cd_size} bytes (expected >= {count * Central.SIZEOF})",
-            path=name,
-            offset=end_offset,
-            expected=count * Central.SIZEOF,
-            found=cd_size,
-        )
-    return EndRecord(count, cd_offset, cd_size, end_offset, zip64)
+#: The zip64 end record's fixed 56 bytes and the zip64 locator's 20 as ``struct`` layouts.
+ZIP64_END_STRUCT = struct.Struct("<4sQHHIIQQQQ")
+ZIP64_LOCATOR_STRUCT = struct.Struct("<4sIQI")
+#: An extra block's header (id, length) and a zip64 extra's 8-byte value.
+EXTRA_STRUCT = struct.Struct("<HH")
+U64_STRUCT = struct.Struct("<Q")
+for _st, _rec in (
+    (LOCAL_STRUCT, Local),
+    (CENTRAL_STRUCT, Central),
+    (CENTRAL_INDEX_STRUCT, Central),
+    (END_STRUCT, End),
+    (ZIP64_END_STRUCT, Zip64End),
+    (ZIP64_LOCATOR_STRUCT, Zip64Locator),
+    (EXTRA_STRUCT, Extra),
+):
+    if _st.size != _rec.SIZEOF:
+        raise InternalError(f"records: the struct layout of {_rec.__name__} is {_st.size} bytes, not {int(_rec.SIZEOF)}")
+if tuple(Col) != tuple(range(len(Col))):
+    raise InternalError("records.Col: the index columns must be numbered 0, 1, ...")

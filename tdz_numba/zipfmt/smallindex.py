@@ -27,7 +27,7 @@ Examples
 >>> with tempfile.TemporaryDirectory() as d:
 ...     p = tdz_numba.save({"a": torch.zeros(4)}, pathlib.Path(d) / "x.tdz")
 ...     data = p.read_bytes()
->>> end = records.find_end_record(data)
+>>> end = eocd.find_end_record(data)
 >>> rows, names, by_name = smallindex.parse_small(data, end.cd_offset, end.cd_size, end.count)
 >>> names, smallindex.resolve_small(data, rows[1], end.cd_offset)[0] % 64
 (['meta.json', 'a.memmap'], 0)
@@ -36,13 +36,13 @@ Examples
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 from zlib import crc32
 
-from . import records
+from ..errors import InternalError
+from . import eocd, records
 from .kernels import dispatch as kernel_dispatch
 
 __all__ = [
@@ -59,18 +59,16 @@ __all__ = [
 #: when it runs: see ``reader._small_enough``).
 SMALL_ENTRIES = 256
 
-#: A central record's fixed 46 bytes, the fields the index keeps: signature, flags, method,
-#: time, date, CRC, compressed size, size, name/extra/comment lengths, header offset.
-_CD = struct.Struct("<I4xHHHHIIIHHH8xI")
+_CD = records.CENTRAL_INDEX_STRUCT
 _LH = records.LOCAL_STRUCT
-_EXTRA = struct.Struct("<HH")
-_U64 = struct.Struct("<Q")
+_EXTRA = records.EXTRA_STRUCT
+_U64 = records.U64_STRUCT
 _END = records.END_STRUCT
-_END_SIZEOF = 22
-_LOCATOR_SIZEOF = 20
+_END_SIZEOF = int(records.End.SIZEOF)
+_LOCATOR_SIZEOF = int(records.Zip64Locator.SIZEOF)
 _U16_MAX = 0xFFFF
-_CD_SIZEOF = 46
-_LH_SIZEOF = 30
+_CD_SIZEOF = int(records.Central.SIZEOF)
+_LH_SIZEOF = int(records.Local.SIZEOF)
 _U32_MAX = 0xFFFFFFFF
 _I64_MAX = (1 << 63) - 1
 _CENTRAL_SIG = records.CENTRAL_SIG
@@ -78,9 +76,8 @@ _LOCAL_SIG = records.LOCAL_SIG
 _KNOWN_METHODS = frozenset(records.METHOD_NAMES)
 _ENCRYPTED = records.FLAG_ENCRYPTED
 _BY_HEADER = itemgetter(records.Col.HEADER_OFFSET)
-assert _END.size == _END_SIZEOF and records.Zip64Locator.SIZEOF == _LOCATOR_SIZEOF
-assert (_CD.size, _LH.size) == (records.Central.SIZEOF, records.Local.SIZEOF) == (_CD_SIZEOF, _LH_SIZEOF)
-assert tuple(records.Col) == tuple(range(14)) and records.Col.NEXT_OFFSET == 13
+if records.Col.NEXT_OFFSET != len(records.Col) - 1:  # the rows below are built in column order
+    raise InternalError("smallindex: records.Col.NEXT_OFFSET must be the last index column")
 
 
 def _zip64(cd: bytes, q: int, qend: int, usize: int, csize: int, hoff: int) -> tuple[int, int, int] | None:
@@ -187,7 +184,7 @@ def parse_small(
     data : mmap.mmap or bytes
         The whole file (slicing it gives ``bytes``).
     cd_offset, cd_size, count : int
-        From :func:`tdz_numba.zipfmt.records.find_end_record`.
+        From :func:`tdz_numba.zipfmt.eocd.find_end_record`.
 
     Returns
     -------
@@ -199,7 +196,7 @@ def parse_small(
         name -> row. None when anything is unusual or wrong: the general path
         then decides (and raises).
     """
-    if not records.central_directory_fits(len(data), cd_offset, cd_size, count):
+    if not eocd.central_directory_fits(len(data), cd_offset, cd_size, count):
         return None
     return _parse_any(data[cd_offset : cd_offset + cd_size], cd_offset, count)
 
@@ -341,11 +338,11 @@ def resolve_small(
 
 def parse_tail(
     tail: bytes, size: int, max_count: int = SMALL_ENTRIES
-) -> tuple[records.EndRecord, SmallRows, list[str], dict[str, int]] | None:
+) -> tuple[eocd.EndRecord, SmallRows, list[str], dict[str, int]] | None:
     """The end record and the central directory of a plain archive of ``size`` bytes from
     its last bytes ``tail`` (read with ``pread``: nothing mapped): ``(end, rows, names,
-    by_name)``, as :func:`~tdz_numba.zipfmt.records.find_end_record` and :func:`parse_small` give
-    them. None unless the end record is the file's last 22 bytes (no comment, no zip64
+    by_name)``, as :func:`~tdz_numba.zipfmt.eocd.find_end_record` and :func:`parse_small` give
+    them. None unless the end record is the file's last bytes (no comment, no zip64
     records), the central directory lies inside ``tail`` and lists at most ``max_count``
     entries; also when :func:`parse_small` refuses it: the caller maps the file and takes
     the general path, which names what is wrong (:func:`tail_start`: where a longer tail
@@ -369,7 +366,7 @@ def parse_tail(
     found = _parse_any(tail[cd_offset - base : cd_offset - base + cd_size], cd_offset, count)
     if found is None:
         return None
-    return records.EndRecord(count, cd_offset, cd_size, end_offset, False), *found
+    return eocd.EndRecord(count, cd_offset, cd_size, end_offset, False), *found
 
 
 def tail_start(tail: bytes, size: int, max_count: int = SMALL_ENTRIES) -> int | None:

@@ -33,7 +33,7 @@ from ..errors import UnsupportedError
 from . import compression as c
 from . import records
 
-__all__ = ["stream_member"]
+__all__ = ["stream_member", "inflate_serial"]
 
 Sink = Callable[[np.ndarray], object]
 
@@ -107,7 +107,7 @@ def stream_member(
         if table is not None and len(table[1]) > 1 and 0 < table[0] <= chunk // 2:
             found = _segments(raw, size, table, sink, where, chunk, num_threads)
         else:
-            found = _inflate_serial(raw, size, sink, where, chunk)
+            found = inflate_serial(raw, size, sink, where, chunk)
     elif method in (records.BZIP2, records.LZMA):
         found = 0
         for piece in c.decode_chunks(raw, method, size, where, chunk):
@@ -140,7 +140,7 @@ def _stored(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: int) -> i
     return found
 
 
-def _inflate_serial(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: int) -> int:
+def inflate_serial(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: int) -> int:
     """One zlib-ng stream over the whole entry, ``chunk`` bytes of output at a time."""
     from .kernels.deflate import Z_STREAM_END, inflate_close, inflate_open, inflate_step
 

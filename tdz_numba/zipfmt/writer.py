@@ -66,7 +66,7 @@ from ..files import tempfiles as _tempfiles
 from ..files.paths import as_local_path
 from ..files.progress import progress as _progress
 from . import compression as codecs
-from . import records
+from . import packers, records
 from .entry import Entry, Prepared
 from .layout import plan
 from .payload import write_payloads, write_segments, write_threads
@@ -269,13 +269,13 @@ def write_entries(
             size=size,
             csize=prep.stored_size,
             method=prep.methods,
-            dos=records.dos_datetime(),
+            dos=packers.dos_datetime(),
             pad=p.pad,
             flags=p.flags,
         )
         with _progress(int(prep.stored_size.sum()), f"save {target.name}", enabled=progress) as bar:
             write_payloads(fd, prep, fields, has_data, write_threads(num_threads), bar, durable)
-        tail = records.central_directory(
+        tail = packers.central_directory(
             p.names, header_offset=p.header_offset, zip64=p.central_zip64, **{**fields, "pad": p.central_pad}
         )
         if len(tail) != p.cd_size:
@@ -283,7 +283,7 @@ def write_entries(
                 f"central directory of {len(tail)} bytes differs from the layout plan ({p.cd_size})"
             )
         write_segments(
-            fd, [(p.cd_offset, tail + records.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))]
+            fd, [(p.cd_offset, tail + packers.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))]
         )
         mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else _default_mode()
         os.fchmod(fd, mode)

@@ -217,7 +217,7 @@ def plan_layout(header_len, data_size, align, room):
     ----------
     header_len : int64 array
         Bytes of each local header without its padding bytes
-        (:func:`tdz_numba.zipfmt.records.local_header_len`).
+        (:func:`tdz_numba.zipfmt.packers.local_header_len`).
     data_size : int64 array
         Stored (compressed) payload size per entry.
     align : int64 array

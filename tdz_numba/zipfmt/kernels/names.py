@@ -25,7 +25,7 @@ Examples
 >>> from tdz_numba.zipfmt import records; from tdz_numba.zipfmt.kernels import names as cd_kernels
 >>> with tempfile.TemporaryDirectory() as d:
 ...     data = tdz_numba.save({"a": torch.zeros(4)}, pathlib.Path(d) / "x.tdz").read_bytes()
->>> end = records.find_end_record(data)
+>>> end = eocd.find_end_record(data)
 >>> cd = np.frombuffer(data, np.uint8)[end.cd_offset : end.cd_offset + end.cd_size]
 >>> starts, joined = np.empty(end.count, np.int64), np.empty(cd.size, np.uint8)
 >>> n = cd_kernels.walk_central(cd, end.cd_offset, end.count, starts, joined)
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from numba import njit
 
+from ...errors import InternalError
 from ...jit.presets import KERNEL
 from .. import records
 from .crc import _u16, _u32  # the little-endian field readers of the index kernels
@@ -49,13 +50,22 @@ DEFER = -1
 BAD_ARGUMENTS = -2
 
 _CD_SIZEOF = records.Central.SIZEOF
+_CD_FLAGS = int(records.Central.FLAGS)
+_CD_METHOD = int(records.Central.METHOD)
+_CD_CSIZE = int(records.Central.CSIZE)
+_CD_SIZE = int(records.Central.SIZE)
+_CD_NAME_LEN = int(records.Central.NAME_LEN)
+_CD_EXTRA_LEN = int(records.Central.EXTRA_LEN)
+_CD_COMMENT_LEN = int(records.Central.COMMENT_LEN)
+_CD_HEADER_OFFSET = int(records.Central.HEADER_OFFSET)
 _LH_SIZEOF = records.Local.SIZEOF
 _CENTRAL_SIG = records.CENTRAL_SIG
 _U32_MAX = 0xFFFFFFFF
 _ENCRYPTED = records.FLAG_ENCRYPTED
 _STORED = records.STORED
 _KNOWN = tuple(sorted(records.METHOD_NAMES))
-assert len(_KNOWN) == 4 and _CD_SIZEOF == 46 and _LH_SIZEOF == 30
+if len(_KNOWN) != 4:  # the kernel tests the method against four constants
+    raise InternalError(f"names: {len(_KNOWN)} compression methods, the kernel knows 4")
 _M0, _M1, _M2, _M3 = _KNOWN
 _NCOLS = len(records.Col)
 _NOFF = int(records.Col.NAME_OFFSET)
@@ -104,14 +114,14 @@ def walk_central(cd, cd_offset, count, starts, joined):
             return DEFER
         if _u32(cd, p) != _CENTRAL_SIG:
             return DEFER
-        flags = _u16(cd, p + 8)
-        method = _u16(cd, p + 10)
-        csize = _u32(cd, p + 20)
-        usize = _u32(cd, p + 24)
-        nlen = _u16(cd, p + 28)
+        flags = _u16(cd, p + _CD_FLAGS)
+        method = _u16(cd, p + _CD_METHOD)
+        csize = _u32(cd, p + _CD_CSIZE)
+        usize = _u32(cd, p + _CD_SIZE)
+        nlen = _u16(cd, p + _CD_NAME_LEN)
         q = p + _CD_SIZEOF
-        rec_end = q + nlen + _u16(cd, p + 30) + _u16(cd, p + 32)
-        hoff = _u32(cd, p + 42)
+        rec_end = q + nlen + _u16(cd, p + _CD_EXTRA_LEN) + _u16(cd, p + _CD_COMMENT_LEN)
+        hoff = _u32(cd, p + _CD_HEADER_OFFSET)
         if rec_end > n or flags & _ENCRYPTED:
             return DEFER
         if method != _M0 and method != _M1 and method != _M2 and method != _M3:

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import records
+from .. import eocd, records
 
 try:
     from zlib_ng.zlib_ng import crc32 as _crc32
@@ -186,7 +185,7 @@ def plan_layout(header_len, data_size, align, room) -> tuple[np.ndarray, np.ndar
 # --------------------------------------------------------------------------
 # Central directory index (the same checks, in the same order, as the kernel)
 # --------------------------------------------------------------------------
-_CD = struct.Struct("<IHHHHHHIIIHHHHHII")  # a central record's fixed 46 bytes
+_CD = records.CENTRAL_STRUCT
 _LH = records.LOCAL_STRUCT
 _CD_SIZEOF = int(records.Central.SIZEOF)
 _LH_SIZEOF = int(records.Local.SIZEOF)
@@ -282,7 +281,7 @@ def resolve_local(buf, cols: np.ndarray, i: int, cd_offset: int) -> np.ndarray:
 def _zip64(mv: memoryview, q: int, qend: int, usize: int, csize: int, hoff: int, need: int):
     """The zip64 extra values of one central record, or None when they are missing."""
     while q <= qend - _X_SIZEOF:
-        tag, size = struct.unpack_from("<HH", mv, q)
+        tag, size = records.EXTRA_STRUCT.unpack_from(mv, q)
         if size > qend - q - _X_SIZEOF:
             return None
         if tag == records.ZIP64_EXTRA_ID:
@@ -290,13 +289,13 @@ def _zip64(mv: memoryview, q: int, qend: int, usize: int, csize: int, hoff: int,
                 return None
             r = q + _X_SIZEOF
             if usize == _U32_MAX:
-                usize = _signed64(struct.unpack_from("<Q", mv, r)[0])
+                usize = _signed64(records.U64_STRUCT.unpack_from(mv, r)[0])
                 r += 8
             if csize == _U32_MAX:
-                csize = _signed64(struct.unpack_from("<Q", mv, r)[0])
+                csize = _signed64(records.U64_STRUCT.unpack_from(mv, r)[0])
                 r += 8
             if hoff == _U32_MAX:
-                hoff = _signed64(struct.unpack_from("<Q", mv, r)[0])
+                hoff = _signed64(records.U64_STRUCT.unpack_from(mv, r)[0])
             return usize, csize, hoff
         q += _X_SIZEOF + size
     return None
@@ -307,7 +306,7 @@ def parse_central_directory(buf, cd_offset: int, cd_size: int, count: int, check
     :func:`tdz_numba.zipfmt.kernels.crc.parse_central_directory` returns, ``(cols, status)``."""
     status = np.zeros(4, np.int64)
     cd_offset, cd_size, count, size = int(cd_offset), int(cd_size), int(count), int(buf.size)
-    if not records.central_directory_fits(size, cd_offset, cd_size, count):
+    if not eocd.central_directory_fits(size, cd_offset, cd_size, count):
         _fail(status, _S.CENTRAL_OVERRUN, -1, size, cd_offset)
         return np.zeros((0, _NCOLS), np.int64), status
     mv = _bytes_view(buf)
