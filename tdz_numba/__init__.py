@@ -93,7 +93,7 @@ _LAZY = {
     "convert": "conversion",
     "clean": "saving",
     "Archive": "archive.mapping",
-    "LeafInfo": "archive.mapping",
+    "LeafInfo": "tdz.sources",
     "LevelInfo": "tdz.sources",
     "Location": "tdz.sources",
     "Level": "tdz.tree",
@@ -105,11 +105,11 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import is_archive, load, open, refresh_checksums, verify
-    from .archive.mapping import Archive, LeafInfo
+    from .archive.mapping import Archive
     from .archive.verify import VerifyReport
     from .conversion import convert
     from .saving import allocate, clean, pack, save, unpack
-    from .tdz.sources import LevelInfo, Location
+    from .tdz.sources import LeafInfo, LevelInfo, Location
     from .tdz.tree import Level, PickledData, RawFile
 
 

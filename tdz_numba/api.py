@@ -23,10 +23,11 @@ from typing import Any
 from .archive import opening as _opening
 from .archive import verify as _integrity
 from .archive.mapping import Archive
+from .archive.options import open_options
 from .files.paths import as_local_path, user_errors
-from .jit.presets import check_num_threads
 from .remote import read as _remote
 from .tdz.tree import Level
+from .zipfmt import checksums
 
 __all__ = ["open", "load", "is_archive", "verify", "refresh_checksums", "PathLike"]
 
@@ -117,31 +118,22 @@ def open(
     ...         print(list(ar), ar["b"].tolist())
     ['b'] [0, 1, 2]
     """
-    if num_threads is not None:
-        check_num_threads(num_threads)
+    options = open_options(
+        mode=mode,
+        subpath=subpath,
+        allow_pickle=allow_pickle,
+        num_threads=num_threads,
+        copy=copy,
+        device=device,
+        dtype=dtype,
+        direct=direct,
+    )
     local = _plain_local_path(path) if storage_options is None else None
     if local is None:
         if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: ranged reads
-            return _remote.open_remote(
-                path,
-                mode=mode,
-                subpath=subpath,
-                allow_pickle=allow_pickle,
-                num_threads=num_threads,
-                storage_options=storage_options,
-            )
+            return _remote.open_remote(path, options, storage_options=storage_options)
     try:  # (not `with user_errors(path)`: its cost, ~25 us of a cold open, is paid on errors only)
-        return _opening.open_archive(
-            local if local is not None else as_local_path(path),
-            mode=mode,
-            subpath=subpath,
-            allow_pickle=allow_pickle,
-            num_threads=num_threads,
-            copy=copy,
-            device=device,
-            dtype=dtype,
-            direct=direct,
-        )
+        return _opening.open_archive(local if local is not None else as_local_path(path), options)
     except OSError:
         with user_errors(path):  # the built-in OS error re-raised as the TdzError naming the path
             raise
@@ -240,29 +232,20 @@ def load(
     ...     print(isinstance(tree, dict), tree["tag"], tree["x"].tolist())
     True run-1 [1.0, 1.0, 1.0]
     """
-    check_num_threads(num_threads)
+    options = open_options(
+        mode=mode,
+        subpath=subpath,
+        allow_pickle=allow_pickle,
+        num_threads=num_threads,
+        copy=copy,
+        device=device,
+        dtype=dtype,
+        direct=direct,
+    )
     if storage_options is not None or _remote.is_remote(path):
-        return _remote.load_remote(
-            path,
-            subpath=subpath,
-            mode=mode,
-            allow_pickle=allow_pickle,
-            num_threads=num_threads,
-            storage_options=storage_options,
-        )
+        return _remote.load_remote(path, options, nest=nest, storage_options=storage_options)
     with user_errors(path, action="load"):
-        return _opening.load(
-            as_local_path(path),
-            subpath=subpath,
-            mode=mode,
-            allow_pickle=allow_pickle,
-            num_threads=num_threads,
-            copy=copy,
-            device=device,
-            dtype=dtype,
-            nest=nest,
-            direct=direct,
-        )
+        return _opening.load(as_local_path(path), options, nest=nest)
 
 
 def is_archive(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> bool:
@@ -383,4 +366,4 @@ def refresh_checksums(path: PathLike) -> Path:
     2 [1.0, 1.0]
     """
     with user_errors(path, action="update"):
-        return _integrity.refresh_checksums(as_local_path(path))
+        return checksums.refresh_checksums(as_local_path(path))

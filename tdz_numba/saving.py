@@ -17,6 +17,7 @@ from typing import Any
 
 from .archive import opening as _opening
 from .archive.mapping import Archive
+from .archive.options import OpenOptions
 from .errors import FileMissingError
 from .files.paths import as_local_path, user_errors
 from .remote import read as _remote
@@ -243,6 +244,7 @@ def pack(
     ...     print(tdz_numba.load(tdz_numba.pack(d / "dir", d / "y.tdz"))["a"].tolist())
     [1.0, 1.0]
     """
+    _writer.check_write_args(compression, compresslevel, num_threads)
     if _remote.is_remote(path):  # streamed to an fsspec URL, as save() does
         from .remote.write import save_remote
 
@@ -412,7 +414,7 @@ def allocate(
             align=align,
             align_threshold=align_threshold,
         )
-        return _opening.open_archive(target, mode="r+")
+        return _opening.open_archive(target, OpenOptions(mode="r+"))
 
 
 def clean(directory: PathLike, *, dry_run: bool = False) -> list[Path]:

@@ -42,9 +42,7 @@ def _source(path, specs, metadata=None, fmt="raw"):
 
 def _register_raw(monkeypatch, opener):
     """A "raw" format (``*.bin`` files) registered for this test, as a user registers one."""
-    monkeypatch.setitem(
-        FORMATS, "raw", Format("raw", lambda p, head, size: p.suffix == ".bin", opener, 0)
-    )
+    monkeypatch.setitem(FORMATS, "raw", Format("raw", lambda p, head, size: p.suffix == ".bin", opener, 0))
 
 
 @pytest.fixture

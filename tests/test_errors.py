@@ -1026,7 +1026,9 @@ def test_failed_pack_is_atomic(tmp_path, monkeypatch):
     target = tdz_numba.save({"keep": torch.ones(1)}, tmp_path / "out" / "t.tdz")
     before = target.read_bytes()
     monkeypatch.setattr(
-        tdz_numba.zipfmt.writer.records, "end_records", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+        tdz_numba.zipfmt.writer.records,
+        "end_records",
+        lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")),
     )
     with pytest.raises(OSError, match="disk full"):
         tdz_numba.pack(d, target)

@@ -450,7 +450,7 @@ def test_background_warmup_switches(monkeypatch, tmp_path):
     assert not policy.start_background_warmup()
     assert started[0][0][1:] == ["-m", "tdz_numba.cli.warmup", "--background"]
     assert started[0][1]["start_new_session"] and started[0][1]["stdout"] == subprocess.DEVNULL
-    lock = Path(policy.kernel_cache_dirs()[0], policy._LOCK_NAME)
+    lock = Path(policy.kernel_cache_dirs()[0], policy.LOCK_NAME)
     lock.parent.mkdir(parents=True)
     lock.write_bytes(b"")
     monkeypatch.setitem(policy._state, "spawned", False)
@@ -485,7 +485,7 @@ def test_background_warmup_goes_where_numba_caches(monkeypatch, tmp_path):
     monkeypatch.setattr(policy.subprocess, "Popen", lambda args, **kw: started.append(args) or fake)
     monkeypatch.setitem(policy._state, "spawned", False)
     assert policy.start_background_warmup() and len(started) == 1
-    lock = Path(user_wide, policy._LOCK_NAME)
+    lock = Path(user_wide, policy.LOCK_NAME)
     lock.parent.mkdir(parents=True)
     lock.write_bytes(b"")  # a warm-up runs there: no second one
     monkeypatch.setitem(policy._state, "spawned", False)
@@ -499,7 +499,7 @@ def test_background_warmup_goes_where_numba_caches(monkeypatch, tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)
         assert precompile.background_main() == 0 and ran == []  # held: nothing run
     assert precompile.background_main() == 0 and ran == [{"verbose": False}]
-    assert not lock.exists() and not Path(in_tree, policy._LOCK_NAME).exists()
+    assert not lock.exists() and not Path(in_tree, policy.LOCK_NAME).exists()
 
 
 def _fresh(code: str, cache: Path, **env: str) -> subprocess.CompletedProcess:
@@ -528,7 +528,9 @@ def test_first_save_and_load_import_no_numba(tmp_path):
     assert out.stdout.split() == ["False", "False"]
     assert "compiling Numba kernels" not in out.stderr
     assert not (tmp_path / "cache").exists()  # nothing compiled, nothing started
-    bare = _fresh("import sys, tdz_numba, tdz_numba.jit.presets; print('numba' in sys.modules)", tmp_path / "c")
+    bare = _fresh(
+        "import sys, tdz_numba, tdz_numba.jit.presets; print('numba' in sys.modules)", tmp_path / "c"
+    )
     assert bare.stdout.split() == ["False"], bare.stderr
 
 

@@ -18,7 +18,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tdz_numba"
 
 def test_offsets_are_spelled_only_in_records():
     """Record offsets and sizes live in records.py; other modules use the names."""
-    pattern = re.compile(r"(\+ ?(14|16|18|22|26|28|30|42|46)\b)|\b\d+ ?\* ?46\b|<I22xHH|<4sHHHHIIH|<I4xHH|<IHHHHHH")
+    pattern = re.compile(
+        r"(\+ ?(14|16|18|22|26|28|30|42|46)\b)|\b\d+ ?\* ?46\b|<I22xHH|<4sHHHHIIH|<I4xHH|<IHHHHHH"
+    )
     offenders = []
     wings = ("zipfmt", "archive", "remote")  # every module that reads or writes zip records
     paths = sorted(p for w in wings for p in (PACKAGE / w).rglob("*.py") if p.name != "records.py")

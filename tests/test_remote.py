@@ -174,7 +174,7 @@ def test_dropped_connection_retries_then_fails(http, wide):
         assert torch.equal(ar["g010"].to_dict()["x03"], tree["g010"]["x03"])
         assert any(m == "GET-DROPPED" for m, *_ in http.log)
         http.drop = 100  # every attempt cut
-        with pytest.raises(remote.RemoteError, match=r"wide\.tdz.*'g011/") as info:
+        with pytest.raises(tdz_numba.RemoteError, match=r"wide\.tdz.*'g011/") as info:
             ar["g011"].to_dict()
         assert isinstance(info.value, TdzError) and isinstance(info.value, OSError)
         assert info.value.path == url and info.value.entry.startswith("g011/")

@@ -30,8 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import BadArchiveError
-from ..tdz.source import LeafInfo
-from ..tdz.sources import Location, Source, TensorSpec, tensor_from_spec
+from ..tdz.sources import LeafInfo, Location, Source, TensorSpec, tensor_from_spec
 from ..tdz.tree import Level
 
 __all__ = ["build_tree", "materialize", "read_into", "spec_info", "meta_tensor", "COPY_PIECE"]

@@ -26,6 +26,7 @@ from ..files.progress import human_bytes
 from ..tdz.tree import NON_TENSOR_DATA_TYPE, NON_TENSOR_STACK_TYPE
 
 __all__ = [
+    "children_of",
     "archive_repr",
     "archive_html",
     "tree_lines",
@@ -96,7 +97,7 @@ def nested_shape_text(shapes: list[list[int]]) -> str:
     return "[" + ", ".join([str(len(shapes)), *dims]) + "]"
 
 
-def _children(node: Any) -> list[tuple[str, Any, Any]]:
+def children_of(node: Any) -> list[tuple[str, Any, Any]]:
     """``(key, spec, owner)`` of a level's children; a tensorclass's fields come from
     its ``_tensordict`` level (the owner), its other children stay."""
     keyed, children, _ = node._level()
@@ -112,7 +113,7 @@ def tree_lines(node: Any, depth: int, budget: int) -> list[str]:
     """Indented ``key: dtype[shape]`` lines of a level (at most about ``budget``)."""
     lines: list[str] = []
     pad = "  " * (depth + 1)
-    for key, spec, owner in _children(node):
+    for key, spec, owner in children_of(node):
         if len(lines) >= budget:
             lines.append(pad + "...")
             break
@@ -178,14 +179,14 @@ def archive_html(ar: Any, max_rows: int = 500) -> str:
         text = f'<span style="color:#276">{esc(node.type_name)}</span>'
         if bs is not None:
             text += f' <span style="color:#777">batch_size={esc(str(bs))}</span>'
-        return text + f' <span style="color:#777">&middot; {len(_children(node))} keys</span>'
+        return text + f' <span style="color:#777">&middot; {len(children_of(node))} keys</span>'
 
     budget = [max_rows]
 
     def render(node: Any) -> str:
         rows: list[str] = []
         subs: list[str] = []
-        items = _children(node)
+        items = children_of(node)
         for i, (key, spec, owner) in enumerate(items):
             if budget[0] <= 0:
                 rest = len(items) - i

@@ -32,17 +32,16 @@ import torch
 from ..errors import InvalidArgumentError, MissingKeyError, UnsupportedError
 from ..files.leafmemory import LeafMemory
 from ..tdz.dtypes import numpy_dtype
-from ..tdz.source import LeafInfo
-from ..tdz.sources import LevelInfo, Location, Source, tensor_from_spec
+from ..tdz.sources import LeafInfo, LevelInfo, Location, Source, tensor_from_spec
 from ..tdz.tree import NON_TENSOR_DATA_TYPE, Level, class_name, encode_key
 from .bulk import meta_tensor, spec_info
 
-__all__ = ["Archive", "LeafInfo", "LevelInfo", "subpath_prefix", "nest_flat"]
+__all__ = ["Archive", "ArchiveState", "subpath_prefix", "nest_flat"]
 
 _TENSORCLASS_INNER = "_tensordict"
 
 
-class _State:
+class ArchiveState:
     """What all views of one opened archive share."""
 
     def __init__(self, source: Source, *, copy: bool = False, device: Any = None, dtype: Any = None) -> None:
@@ -162,8 +161,8 @@ class Archive(LeafMemory, Mapping):
     [0, 1, 2, 3] 0 int64
     """
 
-    def __init__(self, source: Source | _State, prefix: str = "") -> None:
-        state = self._state = source if isinstance(source, _State) else _State(source)
+    def __init__(self, source: Source | ArchiveState, prefix: str = "") -> None:
+        state = self._state = source if isinstance(source, ArchiveState) else ArchiveState(source)
         self._prefix = prefix
         if state.closed:
             raise InvalidArgumentError(f"{state.source.path}: the archive is closed")
@@ -616,4 +615,3 @@ _QUANT_PREFIXES = ("Q", "IQ", "TQ")
 
 def _is_quant(type_name: str) -> bool:
     return bool(type_name) and type_name.upper().startswith(_QUANT_PREFIXES) and "_" in type_name
-

@@ -5,9 +5,10 @@ Examples
 --------
 >>> import tempfile, pathlib, torch, tdz_numba
 >>> from tdz_numba.archive.opening import open_archive
+>>> from tdz_numba.archive.options import open_options
 >>> with tempfile.TemporaryDirectory() as d:
 ...     p = tdz_numba.save({"a": torch.arange(3)}, pathlib.Path(d) / "x.tdz")
-...     with open_archive(p, dtype=torch.float64) as ar:
+...     with open_archive(p, open_options(dtype=torch.float64)) as ar:
 ...         print(ar.format, ar["a"].dtype)
 tdz torch.int64
 """
@@ -17,51 +18,29 @@ from __future__ import annotations
 import os
 from builtins import open as builtins_open
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import TYPE_CHECKING
 
 from .. import formats
-from ..errors import InternalError, InvalidArgumentError, MissingKeyError, TdzError, UnsupportedError
+from ..errors import InternalError, MissingKeyError, TdzError, UnsupportedError
 from ..tdz.source import TdzSource, open_tdz
 from ..tdz.sources import Source
 from ..tdz.tree import Level
-from .mapping import Archive, _State, subpath_prefix
+from .mapping import Archive, ArchiveState, subpath_prefix
+from .options import DEFAULT, OpenOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     from .mapping import Archive
 
 __all__ = ["open_archive", "load"]
 
-def open_archive(
-    path: str | os.PathLike,
-    *,
-    mode: str = "r",
-    subpath: str | tuple[str, ...] | None = None,
-    allow_pickle: bool = False,
-    num_threads: int | None = None,
-    copy: bool = False,
-    device: Any = None,
-    dtype: Any = None,
-    direct: bool = False,
-) -> Archive:
-    """Opens a file lazily; see :func:`tdz_numba.open`."""
-    if mode not in ("r", "r+"):
-        raise InvalidArgumentError(f"mode must be 'r' or 'r+', got {mode!r}")
-    if num_threads is not None:
-        from ..jit.presets import check_num_threads
 
-        num_threads = check_num_threads(num_threads)
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise InvalidArgumentError(f"dtype must be a torch.dtype or None, got {dtype!r}")
-    if device is not None:
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError) as exc:
-            raise InvalidArgumentError(f"device: {exc}") from None
+def open_archive(path: str | os.PathLike, options: OpenOptions = DEFAULT) -> Archive:
+    """Opens a local file lazily with checked ``options`` (:func:`~tdz_numba.archive.options.open_options`);
+    see :func:`tdz_numba.open`."""
+    mode, subpath, allow_pickle, num_threads, copy, device, dtype, direct = options
     source = _open_source(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads, copy=copy)
     fmt = source.format
-    state = _State(source, copy=copy, device=device, dtype=dtype)
+    state = ArchiveState(source, copy=copy, device=device, dtype=dtype)
     state.direct = bool(direct)
     try:
         if subpath is None:
@@ -103,7 +82,9 @@ def _open_source(
     if mode != "r":
         if ctx is not None:
             ctx.close()
-        raise UnsupportedError(f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'")
+        raise UnsupportedError(
+            f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'"
+        )
     source = formats.open_source(path, copy=copy, sniffed=(name, ctx))  # reuses the parsed zip index
     if source is None:  # pragma: no cover - open_source returns None only for "tdz", handled above
         raise InternalError(f"{path}: detected as {name!r} but no reader opened it")
@@ -127,31 +108,9 @@ def _plain_zip(path: str | os.PathLike) -> bool:
         index.close()
 
 
-def load(
-    path: str | os.PathLike,
-    *,
-    subpath: str | tuple[str, ...] | None = None,
-    mode: str = "r",
-    allow_pickle: bool = False,
-    num_threads: int | None = None,
-    copy: bool = False,
-    device: Any = None,
-    dtype: Any = None,
-    nest: str | None = None,
-    direct: bool = False,
-) -> Level:
-    """Loads a file as nested dicts; see :func:`tdz_numba.load`."""
-    ar = open_archive(
-        path,
-        mode=mode,
-        subpath=subpath,
-        allow_pickle=allow_pickle,
-        num_threads=num_threads,
-        copy=copy,
-        device=device,
-        dtype=dtype,
-        direct=direct,
-    )
+def load(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, nest: str | None = None) -> Level:
+    """Loads a local file as nested dicts; see :func:`tdz_numba.load`."""
+    ar = open_archive(path, options)
     try:
         return ar.to_dict(nest=nest)
     finally:

@@ -22,11 +22,10 @@ from ..errors import ChecksumError, TdzError
 from ..files.progress import progress as _progress
 from ..tdz.bounds import parse_meta
 from ..zipfmt import records
-from ..zipfmt.checksums import refresh_checksums, stored_crcs
-from ..zipfmt.extract import unpack  # moved to tdz_numba.zipfmt.extract; re-exported here
+from ..zipfmt.checksums import stored_crcs
 from ..zipfmt.index import ArchiveIndex
 
-__all__ = ["VerifyReport", "verify", "refresh_checksums", "unpack", "is_archive", "stored_crcs"]
+__all__ = ["VerifyReport", "verify", "verify_compressed", "is_archive"]
 
 
 @dataclass(frozen=True)
@@ -156,7 +155,7 @@ def _after_stored_crcs(
         raise walk_error
     methods = table["method"]
     compressed = [i for i in np.nonzero(methods != records.STORED)[0].tolist() if i < first_bad]
-    _verify_compressed(index, compressed, bar)
+    verify_compressed(index, compressed, bar)
     return _crc_error(index, first_bad, int(crcs[bad[0]])) if bad.size else None
 
 
@@ -204,7 +203,7 @@ def _verify_other(ar, path: str | os.PathLike, progress: bool | None) -> VerifyR
                     bad = np.nonzero(crcs != table["crc"][stored])[0]
                     if bad.size:
                         raise _crc_error(index, int(stored[bad[0]]), int(crcs[bad[0]]))
-                    _verify_compressed(index, np.nonzero(table["method"] != records.STORED)[0].tolist(), bar)
+                    verify_compressed(index, np.nonzero(table["method"] != records.STORED)[0].tolist(), bar)
                     entries += len(index.names)
                 finally:
                     index.close()
@@ -252,7 +251,7 @@ def _walk_structure(ar) -> tuple[int, int]:
     return levels, leaves
 
 
-def _verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
+def verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
     """Checks the CRC-32 of compressed entries in bounded memory: small deflate
     entries inflated in parallel batches of <= 2 x ``codecs.STREAM_CHUNK``
     bytes into one reused buffer, the others streamed through one

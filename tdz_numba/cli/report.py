@@ -205,9 +205,9 @@ def node_dict(
 
 def level_dict(level: Any, key: str, path: str, depth: int, max_depth: int | None) -> dict[str, Any]:
     """The JSON-able description of a level and (up to ``max_depth``) what is below it."""
-    from ..archive.display import _children
+    from ..archive.display import children_of
 
-    children = _children(level)
+    children = children_of(level)
     d: dict[str, Any] = {
         "key": key,
         "path": path,

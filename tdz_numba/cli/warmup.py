@@ -269,7 +269,7 @@ def background_main() -> int:
     cache = policy.warmup_cache_dir()
     if cache is None:
         return 0
-    lock_path = os.path.join(cache, policy._LOCK_NAME)
+    lock_path = os.path.join(cache, policy.LOCK_NAME)
     try:
         os.makedirs(cache, exist_ok=True)
         fd = os.open(lock_path, os.O_CREAT | os.O_WRONLY, 0o644)

@@ -50,6 +50,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
+    "LOCK_NAME",
     "CRC_CHUNK",
     "WARM_ENTRIES",
     "COLD_ENTRIES",
@@ -76,7 +77,7 @@ COLD_ENTRIES = 500_000
 
 _MODES = ("auto", "always", "never")
 _MARKER_PREFIX = "tdz_numba-warm-"
-_LOCK_NAME = "tdz_numba-warmup.lock"
+LOCK_NAME = "tdz_numba-warmup.lock"
 #: Files whose content the compiled kernels depend on (part of the marker's key).
 _SOURCES = tuple(
     os.path.join(*name.split("/"))
@@ -296,7 +297,7 @@ def start_background_warmup() -> bool:
     if cache is None:
         return False
     with contextlib.suppress(OSError):  # a warm-up runs (a killed one's lock goes stale after 10 min)
-        if time.time() - os.stat(os.path.join(cache, _LOCK_NAME)).st_mtime < 600:
+        if time.time() - os.stat(os.path.join(cache, LOCK_NAME)).st_mtime < 600:
             return False
     env = dict(os.environ)
     root = os.path.dirname(_HERE)  # this tdz_numba, whatever the child's sys.path

@@ -53,7 +53,13 @@ zng_inflateInit2: Any
 zng_inflate: Any
 zng_inflateEnd: Any
 u8_pointer: Any
-_NUMBA_NAMES = frozenset(__all__) - {"KERNEL", "PARALLEL", "run_parallel", "check_num_threads", "dynamic_schedule"}
+_NUMBA_NAMES = frozenset(__all__) - {
+    "KERNEL",
+    "PARALLEL",
+    "run_parallel",
+    "check_num_threads",
+    "dynamic_schedule",
+}
 _INIT_LOCK = threading.Lock()
 
 

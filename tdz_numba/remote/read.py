@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from ..archive.mapping import Archive, _State, subpath_prefix
+from ..archive.mapping import Archive, ArchiveState, subpath_prefix
+from ..archive.options import DEFAULT, OpenOptions
 from ..errors import (
     BadArchiveError,
     ChecksumError,
@@ -60,7 +61,6 @@ from ..zipfmt import eocd, records
 from ..zipfmt.index import ArchiveIndex
 
 __all__ = [
-    "RemoteError",
     "RemoteIndex",
     "is_remote",
     "open_remote",
@@ -439,7 +439,7 @@ class RemoteArchive(Archive):
     """An :class:`~tdz_numba.Archive` over a :class:`RemoteIndex`: ``to_dict`` fetches every
     entry below the level in one coalesced, concurrent batch first."""
 
-    def __init__(self, state: _State, prefix: str = "") -> None:
+    def __init__(self, state: ArchiveState, prefix: str = "") -> None:
         # unlike a local open, the level's meta.json is fetched when first needed (listing,
         # a key, to_dict): opening costs the tail read only
         self._state = state
@@ -463,11 +463,8 @@ class RemoteArchive(Archive):
 
 def open_remote(
     target: Any,
+    options: OpenOptions = DEFAULT,
     *,
-    subpath: str | tuple[str, ...] | None = None,
-    mode: str = "r",
-    allow_pickle: bool = False,
-    num_threads: int | None = None,
     storage_options: dict[str, Any] | None = None,
     verify: bool = True,
     tail_bytes: int = TAIL_BYTES,
@@ -497,10 +494,9 @@ def open_remote(
     >>> print(ar["x"].tolist(), ar._index.requests)
     [1.0, 1.0, 1.0] 1
     """
+    mode, subpath, allow_pickle, num_threads, copy, device, dtype, direct = options
     if mode != "r":
         raise InvalidArgumentError(f"{target}: remote archives are read-only: mode must be 'r', got {mode!r}")
-    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-        raise InvalidArgumentError(f"num_threads must be a positive int or None, got {num_threads!r}")
     if not isinstance(tail_bytes, int) or tail_bytes < records.End.SIZEOF:
         raise InvalidArgumentError(
             f"tail_bytes must be an int >= {int(records.End.SIZEOF)}, got {tail_bytes!r}"
@@ -517,15 +513,22 @@ def open_remote(
     if "meta.json" not in index:
         raise BadArchiveError(f"{label}: not a tensor archive: no top-level meta.json entry", path=label)
     source = TdzSource(index.path, allow_pickle=allow_pickle, num_threads=num_threads, index=index)
-    return RemoteArchive(_State(source), prefix)
+    return RemoteArchive(ArchiveState(source, copy=copy, device=device, dtype=dtype), prefix)
 
 
-def load_remote(target: Any, *, subpath: str | tuple[str, ...] | None = None, **kwargs: Any):
-    """Loads a remote archive (or the level at ``subpath``) as nested dicts, fetching only
-    its entries, in one coalesced batch; see :func:`tdz_numba.load`."""
-    ar = open_remote(target, subpath=subpath, **kwargs)
+def load_remote(
+    target: Any,
+    options: OpenOptions = DEFAULT,
+    *,
+    nest: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+):
+    """Loads a remote archive (or the level at ``options.subpath``) as nested dicts, fetching only
+    its entries, in one coalesced batch; ``dtype``, ``device`` and ``copy`` as for a local load;
+    see :func:`tdz_numba.load`."""
+    ar = open_remote(target, options, storage_options=storage_options)
     try:
-        return ar.to_dict()
+        return ar.to_dict(nest=nest)
     finally:
         ar.close()
 
@@ -534,7 +537,7 @@ def verify_remote(
     target: Any, *, storage_options: dict[str, Any] | None = None, progress: bool | None = None
 ):
     """Fetches the whole object and checks every CRC-32 and the structure; see :func:`tdz_numba.verify`."""
-    from ..archive.verify import VerifyReport, _verify_compressed
+    from ..archive.verify import VerifyReport, verify_compressed
     from ..files.progress import progress as _progress
 
     ar = open_remote(target, storage_options=storage_options)
@@ -543,7 +546,7 @@ def verify_remote(
         index.check_all()  # fetches everything (CRCs of STORED entries checked) + every local header
         compressed = np.nonzero(index.table["method"] != records.STORED)[0].tolist()
         with _progress(int(index.table["csize"][compressed].sum()), "verify", enabled=progress) as bar:
-            _verify_compressed(index, compressed, bar)  # checks the CRCs, in bounded memory
+            verify_compressed(index, compressed, bar)  # checks the CRCs, in bounded memory
         levels = leaves = 0
         stack: list[Archive] = [ar]
         while stack:

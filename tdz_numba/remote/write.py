@@ -34,10 +34,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArchiveExistsError, InternalError, InvalidArgumentError, TdzError
-from ..zipfmt import compression as codecs
 from ..zipfmt import packers
 from ..zipfmt.entry import Entry
-from ..zipfmt.writer import _batches, prepare  # the local writer's preparation and CRC batches
+from ..zipfmt.writer import crc_batches, prepare  # the local writer's preparation and CRC batches
 
 __all__ = ["stream_entries", "save_remote", "SLICE_BYTES"]
 
@@ -72,9 +71,9 @@ def stream_entries(
     from ..jit.policy import CRC_CHUNK
     from ..zipfmt.kernels.dispatch import crc32_spans, crc32_zeros  # kernels or their twins
 
-    method = codecs.method_of(compression)
-    codecs.check_level(method, compresslevel)
-    prep = prepare(entries, compression=compression, compresslevel=compresslevel, num_threads=num_threads)
+    prep = prepare(  # (the caller checked the arguments: saving.save / saving.pack)
+        entries, compression=compression, compresslevel=compresslevel, num_threads=num_threads
+    )
     n, methods, stored_size, size, crc, hashed, sources, more, p = (
         prep.n,
         prep.methods,
@@ -103,7 +102,7 @@ def stream_entries(
     zeros = np.zeros(min(SLICE_BYTES, int(size.max(initial=0))), np.uint8)
     with ThreadPoolExecutor(1) as pool:  # CRC batches run ahead of the writes, on all cores
         jobs: list[tuple[list[int] | None, Any]] = []
-        for rows_ in _batches(pending, stored_size):
+        for rows_ in crc_batches(pending, stored_size):
             addrs = np.fromiter((sources[i].ctypes.data for i in rows_), np.int64, len(rows_))
             jobs.append(
                 (

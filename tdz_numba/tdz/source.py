@@ -50,7 +50,7 @@ from .plainlevel import (
 from .sources import Child, LeafInfo, LevelInfo, Location, Source
 from .tree import LeafSpec, Level, PickledData, RawFile, describe_level
 
-__all__ = ["TdzSource", "LeafInfo", "METADATA_ENTRY"]
+__all__ = ["TdzSource", "METADATA_ENTRY"]
 
 DTYPES = dtype_table()
 #: The entry ``save(..., metadata=)`` writes: a top-level file that tensordict

@@ -42,7 +42,6 @@ __all__ = [
     "Level",
     "RawFile",
     "PickledData",
-    "Entry",
     "LeafSpec",
     "encode_key",
     "decode_key",

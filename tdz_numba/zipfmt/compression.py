@@ -225,7 +225,9 @@ def _lzma_decoder(raw: np.ndarray, size: int, where: str) -> tuple[lzma.LZMADeco
     before the decoder allocates it.
     """
     if raw.size < 9:
-        raise bad_member(where, f"truncated lzma header ({raw.size} bytes, expected >= 9)", found=int(raw.size))
+        raise bad_member(
+            where, f"truncated lzma header ({raw.size} bytes, expected >= 9)", found=int(raw.size)
+        )
     head = raw[:9].tobytes()
     (plen,) = struct.unpack_from("<H", head, 2)
     if plen != 5:
@@ -551,7 +553,9 @@ def inflate_many(
     if bad.size:
         j = int(bad[0])
         k = owner[j]
-        raise bad_member(jobs[k][0], f"corrupt deflate stream (segment {j - first[k]}, status {int(status[j])})")
+        raise bad_member(
+            jobs[k][0], f"corrupt deflate stream (segment {j - first[k]}, status {int(status[j])})"
+        )
     found = [0] * len(jobs)
     for j, k in enumerate(owner):
         found[k] = int(crc32_combine(found[k], crcs[j], dlen[j])) if len(plans[k][1]) > 1 else int(crcs[j])
@@ -626,4 +630,3 @@ def check_crc(data: np.ndarray, crc: int, where: str) -> None:
     found = crc_of(data)
     if found != crc:
         raise crc_error(where, crc, found)
-

@@ -210,9 +210,7 @@ def _write_entry(index: ArchiveIndex, name: str, out: int) -> None:
         return
     where = f"{index.path}: entry {name!r}"
     table = codecs.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
-    stream_member(
-        index.raw(e), e.method, e.size, e.crc, table, lambda piece: _write_all(out, piece), where
-    )
+    stream_member(index.raw(e), e.method, e.size, e.crc, table, lambda piece: _write_all(out, piece), where)
 
 
 def _extract(index: ArchiveIndex, tree: dict, root_fd: int, bar) -> None:

@@ -308,5 +308,3 @@ def end_records(count: int, cd_offset: int, cd_size: int, zip64: bool) -> bytes:
     end["disk_count"] = end["count"] = count
     end["cd_size"], end["cd_offset"] = cd_size, cd_offset
     return out + end.tobytes()
-
-

@@ -449,6 +449,8 @@ for _st, _rec in (
     (EXTRA_STRUCT, Extra),
 ):
     if _st.size != _rec.SIZEOF:
-        raise InternalError(f"records: the struct layout of {_rec.__name__} is {_st.size} bytes, not {int(_rec.SIZEOF)}")
+        raise InternalError(
+            f"records: the struct layout of {_rec.__name__} is {_st.size} bytes, not {int(_rec.SIZEOF)}"
+        )
 if tuple(Col) != tuple(range(len(Col))):
     raise InternalError("records.Col: the index columns must be numbered 0, 1, ...")

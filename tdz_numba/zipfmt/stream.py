@@ -179,7 +179,9 @@ def inflate_serial(raw: np.ndarray, size: int, sink: Sink, where: str, chunk: in
             used, got, rc, _ = inflate_step(strm, src + pos, raw.size - pos, probe.ctypes.data, 1, 0)
             pos, rc = pos + int(used), int(rc)
             if got:
-                raise c.bad_member(where, f"the deflate stream decodes to more than {size} bytes", expected=size)
+                raise c.bad_member(
+                    where, f"the deflate stream decodes to more than {size} bytes", expected=size
+                )
             if rc != Z_STREAM_END:
                 raise c.bad_member(
                     where, f"corrupt deflate stream: no end of stream after {size} bytes (status {rc})"

@@ -72,6 +72,7 @@ from .layout import plan
 from .payload import write_payloads, write_segments, write_threads
 
 __all__ = [
+    "crc_batches",
     "write_entries",
     "check_target",
     "check_write_args",
@@ -237,10 +238,9 @@ def write_entries(
     allocated (``fallocate``), so that a full disk fails here, not on a later write.
     ``segment_size``: uncompressed bytes per deflate segment (default
     :data:`tdz_numba.zipfmt.compression.SEGMENT_SIZE`). ``align`` and ``align_threshold``: see
-    :func:`payload_alignments`."""
+    :func:`payload_alignments`. The caller has checked the arguments (:func:`check_write_args`)."""
     from .kernels.dispatch import crc32_zeros  # the kernel or its twin
 
-    check_write_args(compression, compresslevel, num_threads)
     prep = prepare(
         entries,
         compression=compression,
@@ -362,7 +362,7 @@ def payload_alignments(
 _CRC_BATCH = 16 << 20
 
 
-def _batches(rows: list[int], sizes: np.ndarray) -> list[list[int]]:
+def crc_batches(rows: list[int], sizes: np.ndarray) -> list[list[int]]:
     """Consecutive groups of ``rows`` of about ``_CRC_BATCH`` bytes (at most 512 rows)."""
     out: list[list[int]] = []
     cur: list[int] = []
