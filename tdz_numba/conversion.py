@@ -22,37 +22,17 @@ tdz deflate [0.0, 1.0, 2.0]
 from __future__ import annotations
 
 import json
-import mmap
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .errors import InvalidArgumentError, InvalidTreeError, UnsupportedError
+from .files.memory import evict_span
 
-__all__ = ["convert", "write_safetensors", "SAFETENSORS_DTYPES"]
+__all__ = ["convert", "write_safetensors"]
 
-#: torch dtype -> safetensors dtype name.
-SAFETENSORS_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.uint16: "U16",
-    torch.uint32: "U32",
-    torch.uint64: "U64",
-}
-for _name, _st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2")):
-    if hasattr(torch, _name):
-        SAFETENSORS_DTYPES[getattr(torch, _name)] = _st
 _BATCH = 64 << 20
 
 
@@ -162,16 +142,21 @@ def _walk(ar: Any, sep: str) -> tuple[list[tuple[str, Any]], dict[str, str]]:
 
 
 def write_safetensors(
-    ar: Any, dst: str | os.PathLike, *, sep: str = ".", progress: bool | None = None
+    ar: Any, dst: str | os.PathLike, *, sep: str = ".", progress: bool | None = None, durable: bool = True
 ) -> Path:
-    """Writes the leaves of an opened file as one ``.safetensors`` file (atomically).
+    """Writes the leaves of an opened file as one ``.safetensors`` file, atomically (the project's
+    temp files: :func:`tdz_numba.files.tempfiles.atomic_file`; ``durable``: ``fsync`` as
+    :func:`tdz_numba.save`), dtypes named as the safetensors reader names them.
 
     Raises :class:`~tdz_numba.InvalidTreeError` for a leaf safetensors cannot
     hold (nested, complex, ...) or two leaves joined to the same name.
     """
+    from .files import tempfiles as _tempfiles
     from .files.progress import progress as _progress
+    from .formats.safetensors import DTYPES
     from .zipfmt.writer import write_segments
 
+    st_names = {dtype: name for name, dtype in DTYPES.items()}  # the reader's table, inverted
     tensors, values = _walk(ar, sep)
     maps = _mapped_ranges(ar.source)
     metadata = {k: (v if isinstance(v, str) else json.dumps(v)) for k, v in (ar.metadata or {}).items()}
@@ -184,7 +169,7 @@ def write_safetensors(
     for name, t in sorted(tensors, key=lambda kv: kv[0]):
         if name in header:
             raise InvalidTreeError(f"{ar.path}: two leaves become {name!r} (join separator {sep!r})")
-        if t.is_nested or t.layout != torch.strided or t.dtype not in SAFETENSORS_DTYPES:
+        if t.is_nested or t.layout != torch.strided or t.dtype not in st_names:
             raise InvalidTreeError(
                 f"{ar.path}: leaf {name!r} ({t.dtype}{', nested' if t.is_nested else ''}) "
                 f"has no safetensors form"
@@ -192,7 +177,7 @@ def write_safetensors(
         t = t.contiguous()
         nbytes = t.numel() * t.element_size()
         header[name] = {
-            "dtype": SAFETENSORS_DTYPES[t.dtype],
+            "dtype": st_names[t.dtype],
             "shape": list(t.shape),
             "data_offsets": [offset, offset + nbytes],
         }
@@ -202,8 +187,7 @@ def write_safetensors(
     head += b" " * (-len(head) % 8)
     base = 8 + len(head)
     dst = Path(dst)
-    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    try:
+    with _tempfiles.atomic_file(dst, durable=durable) as fd:  # the whole file or nothing
         os.ftruncate(fd, base + offset)
         write_segments(fd, [(0, len(head).to_bytes(8, "little") + head)])
         with _progress(offset, f"convert {dst.name}", enabled=progress) as bar:
@@ -221,15 +205,6 @@ def write_safetensors(
                     _flush(fd, batch, bar, maps)
                     batch, acc = [], 0
             _flush(fd, batch, bar, maps)
-        os.fchmod(fd, 0o666 & ~_umask())
-        os.close(fd)
-        fd = -1
-        os.replace(tmp_name, dst)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
     return dst
 
 
@@ -249,28 +224,5 @@ def _flush(fd: int, batch: list[tuple[int, Any]], bar: Any, maps: list[tuple[int
         return
     write_segments(fd, batch)
     bar.update(sum(a.size for _, a in batch))
-    for _, a in batch:
-        evict(a.ctypes.data, a.size, maps)
-
-
-def evict(start: int, size: int, maps: list[tuple[int, int]]) -> None:
-    """Drops the whole pages of ``[start, start + size)`` from memory (``MADV_DONTNEED``)
-    when they lie inside one of the read-only file mappings ``maps``; clean pages of a
-    file mapping are read again from the file if touched later."""
-    page = mmap.PAGESIZE
-    if not hasattr(mmap, "MADV_DONTNEED") or size < page:
-        return
-    lo = (start + page - 1) // page * page
-    hi = (start + size) // page * page
-    if hi <= lo or not any(a <= lo and hi <= b for a, b in maps):
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
-
-
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
+    for _, a in batch:  # the source's pages just copied: dropped, so memory stays bounded
+        evict_span(a.ctypes.data, a.size, maps)

@@ -25,7 +25,6 @@ Examples
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 from collections.abc import Sequence
@@ -33,8 +32,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import InvalidArgumentError, UnsupportedError
+from . import libc
 
 __all__ = [
+    "evict_span",
     "PAGE_SIZE",
     "inner_pages",
     "evict",
@@ -48,10 +49,6 @@ __all__ = [
 
 #: This machine's page size (4096 on x86-64; 16 KiB or 64 KiB on some ARM machines).
 PAGE_SIZE = mmap.PAGESIZE
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
-_libc.mincore.restype = ctypes.c_int
 
 
 def inner_pages(offset: int, nbytes: int, page: int = PAGE_SIZE) -> tuple[int, int]:
@@ -127,6 +124,27 @@ def evict(
             if not isinstance(file, int):
                 os.close(fd)
     return length
+
+
+def evict_span(address: int, nbytes: int, mappings: Sequence[tuple[int, int]]) -> int:
+    """Drops from this process the whole pages of ``[address, address + nbytes)`` (``MADV_DONTNEED``)
+    when they lie inside one of the read-only file ``mappings`` (``(start, stop)`` addresses): clean
+    pages of a file mapping come back from the file if touched again. Returns the bytes dropped.
+
+    Examples
+    --------
+    >>> import mmap, numpy as np
+    >>> mm = mmap.mmap(-1, 4 * PAGE_SIZE)
+    >>> base = np.frombuffer(mm, np.uint8).ctypes.data
+    >>> evict_span(base + 1, 3 * PAGE_SIZE, [(base, base + 4 * PAGE_SIZE)]) == 2 * PAGE_SIZE
+    True
+    >>> evict_span(base, PAGE_SIZE, [])  # not inside a mapping we were given: kept
+    0
+    """
+    start, length = inner_pages(address, nbytes)
+    if not length or not any(a <= start and start + length <= b for a, b in mappings):
+        return 0
+    return length if libc.madvise(start, length, mmap.MADV_DONTNEED) else 0
 
 
 def prefetch(mm: mmap.mmap, offset: int, nbytes: int, *, touch: bool = False) -> None:
@@ -240,7 +258,8 @@ def resident(mm: mmap.mmap, offset: int, nbytes: int) -> float:
             entries = np.frombuffer(raw, dtype=np.uint64)
             return float(np.count_nonzero(entries >> np.uint64(63))) / pages
     vec = (ctypes.c_ubyte * pages)()
-    if _libc.mincore(ctypes.c_void_p(base + start), ctypes.c_size_t(length), vec) != 0:
+    mincore = libc.function("mincore")
+    if mincore is None or mincore(ctypes.c_void_p(base + start), ctypes.c_size_t(length), vec) != 0:
         err = ctypes.get_errno()
         raise UnsupportedError(f"mincore failed: {os.strerror(err)}")
     arr = np.frombuffer(vec, dtype=np.uint8)  # type: ignore[call-overload]  # ctypes arrays are buffers; numpy stubs miss them

@@ -30,6 +30,7 @@ x.tdz []
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -38,6 +39,7 @@ import secrets
 import socket
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "start_writeback",
     "umask",
     "remove_tree",
+    "atomic_file",
 ]
 
 #: Seconds without modification before a dead process's temp entry is removed.
@@ -181,6 +184,44 @@ def umask() -> int:
     return mask
 
 
+@contextlib.contextmanager
+def atomic_file(target: Path, *, durable: bool = True) -> Iterator[int]:
+    """A descriptor on a new temp file beside ``target`` that becomes ``target`` when the block
+    ends without an exception: its mode set (``target``'s if it exists, else ``0o666 & ~umask``),
+    ``fsync`` of the file (``durable``), then the rename, then ``fsync`` of the directory
+    (``durable``). On an exception the temp file is removed and ``target`` is left as it was.
+    Leftovers of killed writers (dead processes only) are removed first (:func:`clean`).
+
+    Examples
+    --------
+    >>> import os, tempfile, pathlib
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     with atomic_file(pathlib.Path(d) / "x.bin", durable=False) as fd:
+    ...         _ = os.write(fd, b"abc")
+    ...     print(sorted(os.listdir(d)), (pathlib.Path(d) / "x.bin").read_bytes())
+    ['x.bin'] b'abc'
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    clean(target.parent)
+    fd, tmp = create_temp_file(target.parent, target.name)
+    try:
+        yield fd
+        mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else 0o666 & ~umask()
+        os.fchmod(fd, mode)
+        if durable:
+            os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, target)
+        if durable:
+            fsync_directory(target.parent)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def remove_tree(path: str | os.PathLike) -> None:
     """Removes a directory tree without recursion and without following symbolic links.
 
@@ -294,18 +335,9 @@ _SYNC_FILE_RANGE: list = []
 
 def _libc_sync_file_range():
     if not _SYNC_FILE_RANGE:
-        fn = None
-        try:
-            import ctypes
-            import ctypes.util
+        from . import libc
 
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            fn = libc.sync_file_range
-            fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-            fn.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            fn = None
-        _SYNC_FILE_RANGE.append(fn)
+        _SYNC_FILE_RANGE.append(libc.function("sync_file_range"))
     return _SYNC_FILE_RANGE[0]
 
 
@@ -314,16 +346,7 @@ _FALLOCATE: list = []
 
 def _libc_fallocate():
     if not _FALLOCATE:
-        fn = None
-        try:
-            import ctypes
-            import ctypes.util
+        from . import libc
 
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            fn = libc.fallocate64 if hasattr(libc, "fallocate64") else libc.fallocate
-            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-            fn.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            fn = None
-        _FALLOCATE.append(fn)
+        _FALLOCATE.append(libc.function("fallocate64") or libc.function("fallocate"))
     return _FALLOCATE[0]

@@ -48,7 +48,6 @@ x.tdz [0, 1, 2]
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -254,10 +253,7 @@ def write_entries(
     has_data = np.fromiter((s is not None for s in sources), np.bool_, n)
     zero_rows = np.flatnonzero(~has_data & (size > 0)).tolist()
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _tempfiles.clean(target.parent)  # leftovers of killed saves (dead processes only)
-    fd, tmp = _tempfiles.create_temp_file(target.parent, target.name)
-    try:
+    with _tempfiles.atomic_file(target, durable=durable) as fd:  # atomic: the target or nothing
         if reserve and zero_rows:
             _tempfiles.reserve(fd, p.file_size)  # allocate: room for the zeros, or ENOSPC now
         else:
@@ -285,20 +281,6 @@ def write_entries(
         write_segments(
             fd, [(p.cd_offset, tail + packers.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))]
         )
-        mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else _default_mode()
-        os.fchmod(fd, mode)
-        if durable:
-            os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, target)
-        if durable:
-            _tempfiles.fsync_directory(target.parent)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
     return target
 
 
@@ -376,10 +358,6 @@ def crc_batches(rows: list[int], sizes: np.ndarray) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
-
-
-def _default_mode() -> int:
-    return 0o666 & ~_tempfiles.umask()
 
 
 # ---------------------------------------------------------------------------
