@@ -1,7 +1,7 @@
 """Bounded decoding: declared sizes checked before allocation, output never
 written past the declared size, bzip2/lzma decoded in pieces, lzma
 dictionaries clamped, 64-bit lengths (> 4 GiB single streams), and
-:func:`codecs.decode_member` against the stdlib oracles.
+:func:`members.decode_member` against the stdlib oracles.
 
 Oracles: :func:`zlib.decompress` (``wbits=-15``), :mod:`bz2`, :mod:`lzma`,
 :func:`zlib.crc32`.
@@ -19,7 +19,7 @@ import pytest
 
 from tdz_numba.errors import BadArchiveError, ChecksumError, TdzError, UnsupportedError
 from tdz_numba.zipfmt import compression as codecs
-from tdz_numba.zipfmt import stream
+from tdz_numba.zipfmt import members, stream
 from tdz_numba.zipfmt.kernels import deflate as codec_kernels
 
 EDGE = [0, 1, 63, 64, 65, 4095, 4096, 4097, 3 * 4096, 100_000]
@@ -55,9 +55,9 @@ def encode(codec: str, b: bytes) -> bytes:
 @pytest.mark.parametrize("n", EDGE)
 def test_decode_member_matches_stdlib(codec, n):
     b = data_of(n)
-    out = codecs.decode_member(u8(encode(codec, b)), codec, n, zlib.crc32(b), "m", 1)
+    out = members.decode_member(u8(encode(codec, b)), codec, n, zlib.crc32(b), "m", 1)
     assert out.dtype == np.uint8 and out.size == n and out.tobytes() == b
-    assert codecs.decode_member(u8(encode(codec, b)), codec, n, None, "m", None, expected=n).tobytes() == b
+    assert members.decode_member(u8(encode(codec, b)), codec, n, None, "m", None, expected=n).tobytes() == b
 
 
 @pytest.mark.parametrize("codec", ["deflate", "bzip2", "lzma"])
@@ -65,24 +65,24 @@ def test_decode_member_crc_and_sizes(codec):
     b = data_of(5000)
     raw = u8(encode(codec, b))
     with pytest.raises(ChecksumError, match="CRC-32 mismatch"):
-        codecs.decode_member(raw, codec, 5000, zlib.crc32(b) ^ 1, "m.npy")
+        members.decode_member(raw, codec, 5000, zlib.crc32(b) ^ 1, "m.npy")
     for size in (4999, 5001, 0):
         with pytest.raises(BadArchiveError, match="m.npy"):
-            codecs.decode_member(raw, codec, size, None, "m.npy")
+            members.decode_member(raw, codec, size, None, "m.npy")
     with pytest.raises(BadArchiveError, match="expected 4000") as info:
-        codecs.decode_member(raw, codec, 5000, None, "m.npy", expected=4000)
+        members.decode_member(raw, codec, 5000, None, "m.npy", expected=4000)
     assert info.value.expected == 4000 and info.value.found == 5000
 
 
 def test_decode_member_unknown_codec_and_readonly_mmap(tmp_path):
     with pytest.raises(UnsupportedError, match="zstd"):
-        codecs.decode_member(u8(b"xx"), "zstd", 1, None, "m")
+        members.decode_member(u8(b"xx"), "zstd", 1, None, "m")
     b = data_of(70_000)
     p = tmp_path / "d.bin"
     p.write_bytes(b"pad" + deflate(b))
     with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         view = np.frombuffer(m, np.uint8)[3:]
-        assert codecs.decode_member(view, "deflate", len(b), zlib.crc32(b), "m").tobytes() == b
+        assert members.decode_member(view, "deflate", len(b), zlib.crc32(b), "m").tobytes() == b
         del view
 
 
@@ -93,21 +93,21 @@ def test_decode_member_unknown_codec_and_readonly_mmap(tmp_path):
 def test_deflate_bomb_claims_are_refused_before_allocation(size):
     raw = u8(deflate(bytes(1000)))
     with pytest.raises(BadArchiveError, match="1032:1"):
-        codecs.decode_member(raw, "deflate", size, 0, "bomb")
+        members.decode_member(raw, "deflate", size, 0, "bomb")
     with pytest.raises(BadArchiveError, match="1032:1"):
-        codecs.inflate_many([("bomb", raw, size, 0, None)], 1)
+        members.inflate_many([("bomb", raw, size, 0, None)], 1)
 
 
 def test_negative_size_refused():
     with pytest.raises(BadArchiveError, match="negative"):
-        codecs.decode_member(u8(deflate(b"")), "deflate", -1, 0, "neg")
+        members.decode_member(u8(deflate(b"")), "deflate", -1, 0, "neg")
 
 
 @pytest.mark.parametrize("codec", ["bzip2", "lzma"])
 @pytest.mark.parametrize("size", [2**63 - 1, 2**63, 10**13])
 def test_bz2_lzma_huge_claims_refused(codec, size):
     with pytest.raises(BadArchiveError, match="memory budget"):
-        codecs.decode_member(u8(encode(codec, b"y" * 1000)), codec, size, None, "claim")
+        members.decode_member(u8(encode(codec, b"y" * 1000)), codec, size, None, "claim")
 
 
 def test_memory_budget_is_overridable(monkeypatch):
@@ -116,19 +116,19 @@ def test_memory_budget_is_overridable(monkeypatch):
     assert codecs.memory_budget() == 10_000
     b = bytes(20_000)
     with pytest.raises(BadArchiveError, match="memory budget of 10000"):
-        codecs.decode_member(u8(deflate(b)), "deflate", len(b), None, "big")
+        members.decode_member(u8(deflate(b)), "deflate", len(b), None, "big")
     with pytest.raises(BadArchiveError, match="memory budget"):
-        codecs.decode_member(u8(bz2.compress(b)), "bzip2", len(b), None, "big")
+        members.decode_member(u8(bz2.compress(b)), "bzip2", len(b), None, "big")
     # a batch: each entry fits, their sum does not
     jobs = [(f"e{i}", u8(deflate(bytes(6000))), 6000, None, None) for i in range(2)]
     with pytest.raises(BadArchiveError, match="together declare 12000"):
-        codecs.inflate_many(jobs, 1)
+        members.inflate_many(jobs, 1)
     # into a caller's buffer: its size is the limit; outputs are consecutive views of it
     buf = np.empty(12_000, np.uint8)
-    outs = codecs.inflate_many(jobs, 1, into=buf)
+    outs = members.inflate_many(jobs, 1, into=buf)
     assert [o.ctypes.data - buf.ctypes.data for o in outs] == [0, 6000] and not buf.any()
     with pytest.raises(BadArchiveError, match="12000"):
-        codecs.inflate_many(jobs, 1, into=buf[:11_999])
+        members.inflate_many(jobs, 1, into=buf[:11_999])
     # streaming holds nothing of the entry's size: allowed
     assert stream.stream_member(
         u8(deflate(b)), 8, len(b), zlib.crc32(b), None, None, "s", chunk=4096
@@ -140,7 +140,7 @@ def test_lzma_huge_dictionary_is_clamped():
     raw = bytearray(lzma_entry(b))
     assert struct.unpack_from("<HB", raw, 2) == (5, raw[4])
     raw[5:9] = struct.pack("<I", 0xFFFFFFFF)  # asks for a 4 GiB dictionary
-    out = codecs.decode_member(u8(bytes(raw)), "lzma", len(b), zlib.crc32(b), "dict")
+    out = members.decode_member(u8(bytes(raw)), "lzma", len(b), zlib.crc32(b), "dict")
     assert out.tobytes() == b
 
 
@@ -166,7 +166,7 @@ def test_lzma_dictionary_over_budget_refused(monkeypatch):
 def test_lzma_bad_headers_and_streams(mutate, match):
     b = data_of(3000)
     with pytest.raises(BadArchiveError, match=match):
-        codecs.decode_member(u8(mutate(lzma_entry(b))), "lzma", len(b), zlib.crc32(b), "l")
+        members.decode_member(u8(mutate(lzma_entry(b))), "lzma", len(b), zlib.crc32(b), "l")
 
 
 @pytest.mark.parametrize("codec", ["deflate", "bzip2", "lzma"])
@@ -185,7 +185,7 @@ def test_corrupt_streams_raise_tdz_errors(codec):
         # a flip may still decode (e.g. inside a stored block): then the CRC check refuses it, so whatever
         # is returned without an error is the original data
         try:
-            out = codecs.decode_member(data, codec, len(b), zlib.crc32(b), "c")
+            out = members.decode_member(data, codec, len(b), zlib.crc32(b), "c")
         except TdzError:
             refused += 1
         else:
@@ -285,19 +285,19 @@ def test_deflate_segments_enforce_max_segment():
             np.int64(6),
         )
         assert status[0] == -2
-    assert codecs.segment_size_for(1 << 20, 1 << 40) == codec_kernels.MAX_SEGMENT
+    assert members.segment_size_for(1 << 20, 1 << 40) == codec_kernels.MAX_SEGMENT
 
 
 def test_segment_size_parameter():
     a = u8(data_of(10_000))
-    (r,) = codecs.deflate_many([a], None, 1, segment_size=3000)
-    seg, clens = codecs.parse_segment_table(r.table, "t")
+    (r,) = members.deflate_many([a], None, 1, segment_size=3000)
+    seg, clens = members.parse_segment_table(r.table, "t")
     assert seg == 3000 and len(clens) == 4
-    (r2,) = codecs.deflate_many([a], None, 1)
+    (r2,) = members.deflate_many([a], None, 1)
     assert r2.table == b""  # default 4 MiB: one segment
     assert zlib.decompress(b"".join(p.tobytes() for p in r.parts), wbits=-15) == a.tobytes()
     with pytest.raises(ValueError):
-        codecs.segment_size_for(10, 0)
+        members.segment_size_for(10, 0)
 
 
 # ---------------------------------------------------------------------------
@@ -335,7 +335,7 @@ def test_stream_member_single_stream_past_4_gib():
 @pytest.mark.skipif(_mem_available() < 12 << 30, reason="needs ~5 GiB of free memory")
 def test_decode_member_single_stream_past_4_gib():
     raw, size, crc = big_zero_stream(64 << 20, 65)
-    out = codecs.decode_member(raw, "deflate", size, crc, "big", 2)
+    out = members.decode_member(raw, "deflate", size, crc, "big", 2)
     assert out.size == size
     assert not out[(1 << 32) - 8 : (1 << 32) + 8].any() and not out[-16:].any()
 
@@ -413,7 +413,7 @@ def test_leaf_size_claims_checked_before_inflating(tmp_path, monkeypatch):
         z.writestr("meta.json", json.dumps(meta))
         z.writestr("x.memmap", bytes(4000), compress_type=zipfile.ZIP_DEFLATED)
     calls = []
-    real = codecs.inflate_many
+    real = members.inflate_many
     monkeypatch.setattr(
         codecs, "inflate_many", lambda jobs, *a, **k: calls.append(jobs) or real(jobs, *a, **k)
     )

@@ -23,7 +23,7 @@ import torch
 import tdz_numba
 from tdz_numba.errors import BadArchiveError, ChecksumError, TdzError
 from tdz_numba.zipfmt import compression as codecs
-from tdz_numba.zipfmt import stream
+from tdz_numba.zipfmt import members, stream
 
 SEG = 4096
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,9 +77,9 @@ def test_stream_member_matches_stdlib(method, n, chunk):
 @pytest.mark.parametrize("threads", [1, None])
 def test_stream_member_segment_groups(n, chunk, threads):
     b = data_of(n)
-    (d,) = codecs.deflate_many([u8(b)], None, 1, segment_size=SEG)
+    (d,) = members.deflate_many([u8(b)], None, 1, segment_size=SEG)
     raw = u8(b"".join(p.tobytes() for p in d.parts))
-    table = codecs.parse_segment_table(d.table, "t") if d.table else None
+    table = members.parse_segment_table(d.table, "t") if d.table else None
     out, sizes, found = collect(raw, 8, n, d.crc, table, chunk, threads)
     assert out == b and found == zlib.crc32(b) == d.crc
     assert max(sizes) <= max(chunk, 1)
@@ -89,9 +89,9 @@ def test_stream_member_segment_groups(n, chunk, threads):
 
 def test_stream_member_errors():
     b = data_of(5 * SEG)
-    (d,) = codecs.deflate_many([u8(b)], None, 1, segment_size=SEG)
+    (d,) = members.deflate_many([u8(b)], None, 1, segment_size=SEG)
     raw = u8(b"".join(p.tobytes() for p in d.parts))
-    seg, clens = codecs.parse_segment_table(d.table, "t")
+    seg, clens = members.parse_segment_table(d.table, "t")
     with pytest.raises(BadArchiveError, match="segment table lists 4 segments"):
         stream.stream_member(raw, 8, len(b), d.crc, (seg, clens[:4]), None, "e", chunk=2 * SEG)
     bad = raw.copy()
@@ -133,7 +133,7 @@ def test_verify_streams_large_entries(compression, monkeypatch, tmp_path):
         calls.append(where)
         return real(raw, method, size, crc, table, sink, where, **kw)
 
-    monkeypatch.setattr(codecs, "stream_member", spy)
+    monkeypatch.setattr(stream, "stream_member", spy)
     assert tdz_numba.verify(p).leaves == 3
     assert any("a.memmap" in w for w in calls) and any("b.memmap" in w for w in calls)
     # flip one payload byte of the large entry: verify fails on it
@@ -154,13 +154,13 @@ def test_verify_batches_share_one_buffer(monkeypatch, tmp_path):
     p = tdz_numba.save(tree, tmp_path / "x.tdz", compression="deflate")
     monkeypatch.setattr(codecs, "STREAM_CHUNK", 4096)  # batches of <= 8192 bytes: two entries each
     seen: list[tuple[int, int]] = []
-    real = codecs.inflate_many
+    real = members.inflate_many
 
     def spy(jobs, num_threads, **kw):
         seen.append((len(jobs), kw["into"].ctypes.data))
         return real(jobs, num_threads, **kw)
 
-    monkeypatch.setattr(codecs, "inflate_many", spy)
+    monkeypatch.setattr(members, "inflate_many", spy)
     assert tdz_numba.verify(p).leaves == 7
     assert [n for n, _ in seen] == [2, 2, 2, 1] and len({a for _, a in seen}) == 1
     from tdz_numba.zipfmt.index import ArchiveIndex
@@ -188,10 +188,10 @@ _STREAM_CHILD = (
     _HWM
     + """
 import json, sys, zlib, numpy as np
-from tdz_numba.zipfmt import compression as codecs
+from tdz_numba.zipfmt import members, stream
 from tdz_numba.zipfmt.kernels.crc import crc32_zeros
 seg, n = 4 << 20, 128  # 512 MiB of zeros in 4 MiB segments
-(d,) = codecs.deflate_many([np.zeros(2 * seg, np.uint8)], None, 1, segment_size=seg)
+(d,) = members.deflate_many([np.zeros(2 * seg, np.uint8)], None, 1, segment_size=seg)
 mid, end = (p.tobytes() for p in d.parts)
 raw = np.frombuffer(mid * (n - 1) + end, np.uint8)
 table = (seg, [len(mid)] * (n - 1) + [len(end)])
@@ -278,11 +278,11 @@ def test_stream_and_inflate_match_zlib_property(n, seg, chunk, kind, threads):
     b = {"text": data_of(n), "zeros": bytes(n), "random": rng.integers(0, 256, n, dtype=np.uint8).tobytes()}[
         kind
     ]
-    (d,) = codecs.deflate_many([u8(b)], None, threads, segment_size=seg)
+    (d,) = members.deflate_many([u8(b)], None, threads, segment_size=seg)
     stream = b"".join(p.tobytes() for p in d.parts)
     assert zlib.decompress(stream, wbits=-15) == b and d.crc == zlib.crc32(b)
-    table = codecs.parse_segment_table(d.table, "t") if d.table else None
+    table = members.parse_segment_table(d.table, "t") if d.table else None
     out, sizes, found = collect(u8(stream), 8, n, d.crc, table, chunk, threads)
     assert out == b and found == d.crc and all(s <= chunk for s in sizes)
-    (inflated,) = codecs.inflate_many([("t", u8(stream), n, d.crc, table)], threads)
+    (inflated,) = members.inflate_many([("t", u8(stream), n, d.crc, table)], threads)
     assert inflated.tobytes() == b

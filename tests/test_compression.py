@@ -41,7 +41,7 @@ from ziputil import parse_zip, payload_offset, zero_timestamps
 
 import tdz_numba
 from tdz_numba.errors import BadArchiveError, ChecksumError, InvalidArgumentError, TdzError, UnsupportedError
-from tdz_numba.zipfmt import compression as codecs
+from tdz_numba.zipfmt import members, records
 from tdz_numba.zipfmt.kernels import deflate as codec_kernels
 
 pytestmark = [
@@ -59,13 +59,13 @@ EDGE_SIZES = [0, 1, 63, 64, 65, 4096, 4097]
 @pytest.fixture
 def small_segments(monkeypatch):
     """4 KiB deflate segments for every save in the test (the writer calls
-    ``codecs.deflate_many``; its ``segment_size`` argument is bound here)."""
-    real = codecs.deflate_many
+    ``members.deflate_many``; its ``segment_size`` argument is bound here)."""
+    real = members.deflate_many
 
     def small(arrays, level, num_threads, segment_size=SEG):
         return real(arrays, level, num_threads, segment_size)
 
-    monkeypatch.setattr(codecs, "deflate_many", small)
+    monkeypatch.setattr(members, "deflate_many", small)
     return SEG
 
 
@@ -173,7 +173,7 @@ class LocalEntry:
     def table(self):
         """``(body offset, version, segment, count, lengths)`` or None."""
         for tag, off, body in self.blocks:
-            if tag == codecs.SEGMENT_EXTRA_ID:
+            if tag == records.SEGMENT_EXTRA_ID:
                 version, segment, count = struct.unpack_from("<IQI", body)
                 assert len(body) == 16 + 4 * count
                 return off, version, segment, count, list(struct.unpack_from(f"<{count}I", body, 16))
@@ -279,7 +279,7 @@ def check_archive_structure(path, compression: str, segment: int = SEG) -> dict[
             assert all(x > 0 for x in lens), name
             ids = e.ids
             assert 1 in ids, f"{name}: no zip64 extra"
-            assert ids.index(codecs.SEGMENT_EXTRA_ID) < ids.index(1), f"{name}: table after zip64: {ids}"
+            assert ids.index(records.SEGMENT_EXTRA_ID) < ids.index(1), f"{name}: table after zip64: {ids}"
         else:
             assert table is None, f"{name}: unexpected segment table ({info.file_size} bytes)"
     return entries
@@ -388,7 +388,7 @@ def test_kernels_read_only_mmap_input(tmp_path):
         assert zlib.decompress(b"".join(parts), wbits=-15) == data.tobytes()
         assert [int(c) for c in crcs] == [zlib.crc32(data[s : s + 4096].tobytes()) for s in range(0, n, 4096)]
         # through the Python wrapper as well
-        (d,) = codecs.deflate_many([ro], None, None)
+        (d,) = members.deflate_many([ro], None, None)
         assert d.crc == zlib.crc32(data.tobytes())
         assert zlib.decompress(b"".join(p.tobytes() for p in d.parts), wbits=-15) == data.tobytes()
         del ro
@@ -413,31 +413,31 @@ def test_kernels_read_only_mmap_input(tmp_path):
 
 def test_deflate_many_and_inflate_many_roundtrip(small_segments):
     arrays = [make_bytes("text", n) for n in (1, 4096, 4097, 3 * 4096, 20_000)] + [make_bytes("random", 9000)]
-    results = codecs.deflate_many(arrays, None, None)
+    results = members.deflate_many(arrays, None, None)
     jobs = []
     for a, r in zip(arrays, results):
         assert r.crc == zlib.crc32(a.tobytes())
         stream = b"".join(p.tobytes() for p in r.parts)
         assert len(stream) == r.csize
         assert zlib.decompress(stream, wbits=-15) == a.tobytes()
-        table = codecs.parse_segment_table(r.table, "x") if r.table else None
+        table = members.parse_segment_table(r.table, "x") if r.table else None
         assert (table is not None) == (a.size > SEG)
         if table:
             assert table[0] == SEG and sum(table[1]) == r.csize and len(table[1]) == math.ceil(a.size / SEG)
         jobs.append((f"entry {a.size}", np.frombuffer(stream, np.uint8), a.size, r.crc, table))
-    for a, out in zip(arrays, codecs.inflate_many(jobs, None)):
+    for a, out in zip(arrays, members.inflate_many(jobs, None)):
         assert out.tobytes() == a.tobytes()
     # without the tables (one segment per entry, like foreign zips)
     no_tables = [(w, raw, size, crc, None) for w, raw, size, crc, _ in jobs]
-    for a, out in zip(arrays, codecs.inflate_many(no_tables, 1)):
+    for a, out in zip(arrays, members.inflate_many(no_tables, 1)):
         assert out.tobytes() == a.tobytes()
 
 
 def test_segment_size_grows_to_bound_the_table(small_segments, monkeypatch, tmp_path):
-    monkeypatch.setattr(codecs, "_MAX_SEGMENTS", 3)
-    assert codecs.segment_size_for(3 * SEG, SEG) == SEG
-    assert codecs.segment_size_for(3 * SEG + 1, SEG) == 2 * SEG
-    assert codecs.segment_size_for(5 * SEG, SEG) == 2 * SEG
+    monkeypatch.setattr(members, "_MAX_SEGMENTS", 3)
+    assert members.segment_size_for(3 * SEG, SEG) == SEG
+    assert members.segment_size_for(3 * SEG + 1, SEG) == 2 * SEG
+    assert members.segment_size_for(5 * SEG, SEG) == 2 * SEG
     data = torch.from_numpy(make_bytes("text", 5 * SEG))
     p = tdz_numba.save({"x": data}, tmp_path / "x.tdz", compression="deflate")
     _, version, seg, count, lens = zip_entries(p)["x.memmap"].table()
@@ -538,7 +538,7 @@ def test_compresslevel(compression, level, small_segments, tmp_path):
 
 def test_deflate_default_segment_size(tmp_path):
     """One payload of 4 MiB + 1 byte with the real 4 MiB segments: 2 segments."""
-    assert codecs.SEGMENT_SIZE == 4 << 20
+    assert members.SEGMENT_SIZE == 4 << 20
     n = (4 << 20) + 1
     x = torch.from_numpy(np.arange(n, dtype=np.uint8) % 7)
     p = tdz_numba.save(
@@ -710,7 +710,7 @@ def test_num_threads_must_be_positive(bad, tmp_path):
     with pytest.raises(InvalidArgumentError):
         tdz_numba.load(p, num_threads=bad)
     with pytest.raises(InvalidArgumentError):
-        codecs.inflate_many([("x", np.zeros(1, np.uint8), 0, 0, None)], bad)
+        members.inflate_many([("x", np.zeros(1, np.uint8), 0, 0, None)], bad)
 
 
 # ---------------------------------------------------------------------------
@@ -719,13 +719,13 @@ def test_num_threads_must_be_positive(bad, tmp_path):
 @pytest.fixture
 def inflate_calls(monkeypatch):
     calls: list[list[str]] = []
-    real = codecs.inflate_many
+    real = members.inflate_many
 
     def counting(jobs, num_threads, **kw):
         calls.append([re.search(r"entry '([^']*)'", j[0]).group(1) for j in jobs])
         return real(jobs, num_threads, **kw)
 
-    monkeypatch.setattr(codecs, "inflate_many", counting)
+    monkeypatch.setattr(members, "inflate_many", counting)
     return calls
 
 
@@ -882,11 +882,11 @@ def test_truncated_segment_table_block(small_segments, tmp_path):
     p = tdz_numba.save({"x": data}, tmp_path / "x.tdz", compression="deflate")
     e = zip_entries(p)["x.memmap"]
     off, *_ = e.table()
-    blen = len(e.blocks[e.ids.index(codecs.SEGMENT_EXTRA_ID)][2])
+    blen = len(e.blocks[e.ids.index(records.SEGMENT_EXTRA_ID)][2])
     # shrink the declared length to 8 and turn the rest into an unknown block
     patch_file(p, off - 2, struct.pack("<H", 8))
     patch_file(p, off + 8, struct.pack("<HH", 0x4242, blen - 8 - 4))
-    assert zip_entries(p)["x.memmap"].ids[:2] == [codecs.SEGMENT_EXTRA_ID, 0x4242]
+    assert zip_entries(p)["x.memmap"].ids[:2] == [records.SEGMENT_EXTRA_ID, 0x4242]
     with pytest.raises(BadArchiveError, match=entry_pattern("x.memmap")):
         tdz_numba.load(p)
 
@@ -1022,12 +1022,12 @@ def test_inflate_many_zero_size_entry():
     c = zlib.compressobj(6, zlib.DEFLATED, -15)
     empty = np.frombuffer(c.compress(b"") + c.flush(), np.uint8)
     assert empty.size == 2
-    (out,) = codecs.inflate_many([("entry 'e.memmap'", empty, 0, 0, None)], None)
+    (out,) = members.inflate_many([("entry 'e.memmap'", empty, 0, 0, None)], None)
     assert out.size == 0
     other = make_bytes("text", 100)
     c = zlib.compressobj(6, zlib.DEFLATED, -15)
     raw = np.frombuffer(c.compress(other.tobytes()) + c.flush(), np.uint8)
-    outs = codecs.inflate_many(
+    outs = members.inflate_many(
         [
             ("entry 'e.memmap'", empty, 0, 0, None),
             ("entry 'x.memmap'", raw, 100, zlib.crc32(other.tobytes()), None),

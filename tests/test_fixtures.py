@@ -31,7 +31,7 @@ from ziputil import zero_timestamps  # noqa: E402
 
 import tdz_numba  # noqa: E402
 from tdz_numba.tdz import tree  # noqa: E402
-from tdz_numba.zipfmt import eocd, packers, records, writer  # noqa: E402
+from tdz_numba.zipfmt import eocd, members, packers, records, writer  # noqa: E402
 
 DOS = (0, 33)  # 1980-01-01 00:00:00
 SEGMENT = 4096  # small deflate segments: a segment table in a few KiB
@@ -138,12 +138,11 @@ def test_golden_archives_load_verify_and_parse_with_zipfile(name):
 
 
 def test_deflate_fixture_has_a_segment_table():
-    from tdz_numba.zipfmt import compression as codecs
     from tdz_numba.zipfmt.index import ArchiveIndex
 
     index = ArchiveIndex(FIXTURES / "ours_deflate.tdz")
     e = index.entry("z.memmap")
-    table = codecs.parse_segment_table(index.local_extra(e), "z.memmap")
+    table = members.parse_segment_table(index.local_extra(e), "z.memmap")
     assert e.method == records.DEFLATED and table is not None
     segment, lengths = table
     assert segment == SEGMENT and len(lengths) == 3

@@ -257,6 +257,7 @@ def verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
     bytes into one reused buffer, the others streamed through one
     ``STREAM_CHUNK`` buffer (``stream.stream_member``)."""
     from ..zipfmt import compression as codecs
+    from ..zipfmt import members
     from ..zipfmt.stream import stream_member
 
     limit = 2 * codecs.STREAM_CHUNK
@@ -278,11 +279,11 @@ def verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
                 index.raw(e),
                 e.size,
                 e.crc,
-                codecs.parse_segment_table(index.local_extra(e), f"{index.path}: entry {e.name!r}"),
+                members.parse_segment_table(index.local_extra(e), f"{index.path}: entry {e.name!r}"),
             )
             for e in batch
         ]
-        codecs.inflate_many(jobs, None, into=scratch[0])  # in parallel; checks the CRCs
+        members.inflate_many(jobs, None, into=scratch[0])  # in parallel; checks the CRCs
         bar.update(sum(b.compressed_size for b in batch))
 
     for i in rows:
@@ -296,7 +297,7 @@ def verify_compressed(index: ArchiveIndex, rows: list[int], bar) -> None:
             continue
         where = f"{index.path}: entry {e.name!r}"
         table = (
-            codecs.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
+            members.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
         )
         stream_member(index.raw(e), e.method, e.size, e.crc, table, None, where)
         bar.update(e.compressed_size)

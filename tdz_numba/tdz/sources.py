@@ -304,10 +304,10 @@ def tensor_from_spec(
     check_extent(spec, f.size, where)
     itemsize = spec.dtype.itemsize
     if spec.codec != "stored":
-        from ..zipfmt import compression as codecs
+        from ..zipfmt import members
 
         raw = f.buffer[spec.offset : spec.offset + spec.nbytes]
-        data = codecs.decode_member(
+        data = members.decode_member(
             raw, spec.codec, spec.size, spec.crc, f"{where}: {spec.key!r}", num_threads
         )
         flat = torch.from_numpy(data).view(spec.dtype)

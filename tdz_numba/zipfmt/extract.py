@@ -53,8 +53,7 @@ from ..errors import ArchiveExistsError, BadArchiveError, InvalidArgumentError
 from ..files import tempfiles as _tempfiles
 from ..files.paths import user_errors
 from ..files.progress import progress as _progress
-from . import compression as codecs
-from . import records
+from . import members, records
 from .index import ArchiveIndex
 from .stream import stream_member
 
@@ -209,7 +208,7 @@ def _write_entry(index: ArchiveIndex, name: str, out: int) -> None:
         _write_all(out, index.read(name))  # a view of the mapping; checks size and CRC
         return
     where = f"{index.path}: entry {name!r}"
-    table = codecs.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
+    table = members.parse_segment_table(index.local_extra(e), where) if e.method == records.DEFLATED else None
     stream_member(index.raw(e), e.method, e.size, e.crc, table, lambda piece: _write_all(out, piece), where)
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import BadArchiveError, ChecksumError, UnsupportedError
 from . import compression as codecs
-from . import eocd, records
+from . import eocd, members, records
 from .records import Col, IndexRow, Status
 from .smallindex import (
     SMALL_ENTRIES,
@@ -661,9 +661,9 @@ class ArchiveIndex:
         jobs: list[tuple[str, np.ndarray, int, int | None, tuple[int, list[int]] | None]] = []
         for e in entries:
             where = f"{self.path}: entry {e.name!r}"
-            table = codecs.parse_segment_table(self.local_extra(e), where)
+            table = members.parse_segment_table(self.local_extra(e), where)
             jobs.append((where, self.raw(e), e.size, e.crc, table))
-        return codecs.inflate_many(jobs, num_threads)
+        return members.inflate_many(jobs, num_threads)
 
     def raw(self, e: EntryInfo) -> np.ndarray:
         """The stored (possibly compressed) bytes of an entry: a view into the map."""

@@ -85,6 +85,8 @@ __all__ = [
     "ZIP64_LOCATOR_STRUCT",
     "EXTRA_STRUCT",
     "U64_STRUCT",
+    "SEGMENT_TABLE_STRUCT",
+    "SEGMENT_VERSION",
 ]
 
 #: Payload alignment of ``*.memmap`` entries (tensordict's ``_ALIGNMENT``).
@@ -94,6 +96,8 @@ PAD_EXTRA_ID = 0x6474
 ZIP64_EXTRA_ID = 0x0001
 #: Id of our segment-table extra block of deflated entries (``b"tz"``).
 SEGMENT_EXTRA_ID = 0x7A74
+#: Version of our segment table layout.
+SEGMENT_VERSION = 1
 
 STORED, DEFLATED, BZIP2, LZMA = 0, 8, 12, 14
 METHOD_NAMES = {STORED: "stored", DEFLATED: "deflate", BZIP2: "bzip2", LZMA: "lzma"}
@@ -436,6 +440,8 @@ END_STRUCT = struct.Struct("<4sHHHHIIH")
 #: The zip64 end record's fixed 56 bytes and the zip64 locator's 20 as ``struct`` layouts.
 ZIP64_END_STRUCT = struct.Struct("<4sQHHIIQQQQ")
 ZIP64_LOCATOR_STRUCT = struct.Struct("<4sIQI")
+#: Our segment table's fixed 20 bytes (:class:`SegmentTable`); the uint32 lengths follow.
+SEGMENT_TABLE_STRUCT = struct.Struct("<HHIQI")
 #: An extra block's header (id, length) and a zip64 extra's 8-byte value.
 EXTRA_STRUCT = struct.Struct("<HH")
 U64_STRUCT = struct.Struct("<Q")
@@ -447,6 +453,7 @@ for _st, _rec in (
     (ZIP64_END_STRUCT, Zip64End),
     (ZIP64_LOCATOR_STRUCT, Zip64Locator),
     (EXTRA_STRUCT, Extra),
+    (SEGMENT_TABLE_STRUCT, SegmentTable),
 ):
     if _st.size != _rec.SIZEOF:
         raise InternalError(

@@ -66,7 +66,7 @@ def stream_member(
     crc : int or None
         Recorded CRC-32, checked at the end (None: not checked).
     table : (segment size, compressed lengths) or None
-        The deflate segment table (``codecs.parse_segment_table``), if any.
+        The deflate segment table (``members.parse_segment_table``), if any.
     sink : callable or None
         Called with each decoded piece in order, a uint8 array of <= ``chunk``
         bytes that is only valid during the call (copy it to keep it). None:

@@ -65,7 +65,7 @@ from ..files import tempfiles as _tempfiles
 from ..files.paths import as_local_path
 from ..files.progress import progress as _progress
 from . import compression as codecs
-from . import packers, records
+from . import members, packers, records
 from .entry import Entry, Prepared
 from .layout import plan
 from .payload import write_payloads, write_segments, write_threads
@@ -175,7 +175,7 @@ def prepare(
         seg = {} if segment_size is None else {"segment_size": segment_size}
         for i, d in zip(
             to_deflate,
-            codecs.deflate_many([sources[i] for i in to_deflate], compresslevel, num_threads, **seg),
+            members.deflate_many([sources[i] for i in to_deflate], compresslevel, num_threads, **seg),
         ):
             sources[i], stored_size[i], crc[i], more[i] = d.parts, d.csize, d.crc, d.table
     prep = _planned(entries, sources, size, stored_size, methods, more, align, align_threshold)
@@ -236,7 +236,7 @@ def write_entries(
     payloads (``allocate``) are never written; with ``reserve`` their blocks are
     allocated (``fallocate``), so that a full disk fails here, not on a later write.
     ``segment_size``: uncompressed bytes per deflate segment (default
-    :data:`tdz_numba.zipfmt.compression.SEGMENT_SIZE`). ``align`` and ``align_threshold``: see
+    :data:`tdz_numba.zipfmt.members.SEGMENT_SIZE`). ``align`` and ``align_threshold``: see
     :func:`payload_alignments`. The caller has checked the arguments (:func:`check_write_args`)."""
     from .kernels.dispatch import crc32_zeros  # the kernel or its twin
 

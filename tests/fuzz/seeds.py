@@ -170,17 +170,17 @@ def make_seeds(work: Path) -> list[Seed]:
     import torch
     from tensordict import TensorDict
 
-    from tdz_numba.zipfmt import compression as codecs
+    from tdz_numba.zipfmt import members
 
     work.mkdir(parents=True, exist_ok=True)
     s: dict[str, tuple[bytes, tuple[str, ...]]] = {}
     s["stored"] = (_tdz(_tree(), work / "stored.tdz"), ("obs",))
-    old = codecs.SEGMENT_SIZE
-    codecs.SEGMENT_SIZE = 2048  # several segments per entry: a segment table with many rows
+    old = members.SEGMENT_SIZE
+    members.SEGMENT_SIZE = 2048  # several segments per entry: a segment table with many rows
     try:
         s["deflate_segments"] = (_tdz(_compressible(), work / "defl.tdz", compression="deflate"), ("sub",))
     finally:
-        codecs.SEGMENT_SIZE = old
+        members.SEGMENT_SIZE = old
     s["bzip2"] = (_tdz(_compressible(), work / "bz.tdz", compression="bzip2"), ("sub",))
     s["lzma"] = (_tdz(_compressible(), work / "lz.tdz", compression="lzma"), ("sub",))
     deep = {"l1": {"l2": {"l3": {"x": torch.ones(3), "l4": {"y": torch.arange(4)}}}}, "top": torch.zeros(2)}
