@@ -434,7 +434,7 @@ def clean(directory: PathLike, *, dry_run: bool = False) -> list[Path]:
     --------
     >>> import tempfile, tdz_numba
     >>> with tempfile.TemporaryDirectory() as d:
-    ...     print(tdz_numba.api.clean(d))
+    ...     print(tdz_numba.clean(d))
     []
     """
     from .files import tempfiles as _tempfiles

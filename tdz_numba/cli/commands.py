@@ -444,7 +444,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from ..api import clean
+    from ..saving import clean
 
     removed = clean(args.directory, dry_run=args.dry_run)
     for path in removed:
