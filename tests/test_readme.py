@@ -27,7 +27,18 @@ README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.M | re.S)
 #: Packages a block may need that the base install does not bring (the extras and the peers).
-OPTIONAL = {"safetensors", "tensordict", "h5py", "onnx", "gguf", "fsspec", "s3fs", "aiohttp", "moto", "orjson"}
+OPTIONAL = {
+    "safetensors",
+    "tensordict",
+    "h5py",
+    "onnx",
+    "gguf",
+    "fsspec",
+    "s3fs",
+    "aiohttp",
+    "moto",
+    "orjson",
+}
 MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 #: Optional packages a skipped block lacked (the CLI lines that need its files skip too).
 _skipped: list[str] = []
@@ -69,7 +80,9 @@ def workdir(tmp_path_factory):
 
 def test_readme_has_python_and_cli_blocks():
     assert len(page_blocks(README, "python")) >= 1  # the tour
-    assert any(line.strip().startswith("tdz ") for b in page_blocks(README, "bash") for line in b.splitlines())
+    assert any(
+        line.strip().startswith("tdz ") for b in page_blocks(README, "bash") for line in b.splitlines()
+    )
     assert len(blocks("python")) >= 3
     assert {page for page, _ in blocks("python")} > {"README.md"}  # the docs pages' blocks are collected
 
