@@ -84,7 +84,7 @@ def convert(
     [2] {'tag': '"x"'}
     """
     from . import api, saving
-    from .archive.mapping import nest_flat
+    from .archive.state import nest_flat
 
     if nest is not None and (not isinstance(nest, str) or not nest):
         raise InvalidArgumentError(f"nest must be a non-empty str or None, got {nest!r}")

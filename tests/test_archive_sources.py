@@ -198,10 +198,14 @@ def test_convert_tdz_to_safetensors_and_back(tmp_path):
     assert json.loads(meta["env"]) == "cartpole" and json.loads(meta["n"]) == 3 and meta["run"] == "a"
     slash = tdz_numba.convert(p, tmp_path / "y.safetensors", nest="/")
     assert "obs/depth" in st.load_file(str(slash))
+    # every dtype the safetensors reader names is written (complex64: "C64"), others are refused
+    c64 = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    out = tdz_numba.convert(tdz_numba.save({"c": c64}, tmp_path / "c.tdz"), tmp_path / "c.safetensors")
+    assert torch.equal(st.load_file(str(out))["c"], c64)
     with pytest.raises(tdz_numba.InvalidTreeError, match="safetensors"):
         tdz_numba.convert(
-            tdz_numba.save({"c": torch.ones(2, dtype=torch.complex64)}, tmp_path / "c.tdz"),
-            tmp_path / "c.safetensors",
+            tdz_numba.save({"c": torch.ones(2, dtype=torch.complex32)}, tmp_path / "c32.tdz"),
+            tmp_path / "c32.safetensors",
         )
 
 

@@ -25,8 +25,9 @@ from ..errors import InternalError, MissingKeyError, TdzError, UnsupportedError
 from ..tdz.source import TdzSource, open_tdz
 from ..tdz.sources import Source
 from ..tdz.tree import Level
-from .mapping import Archive, ArchiveState, subpath_prefix
+from .mapping import Archive
 from .options import DEFAULT, OpenOptions
+from .state import ArchiveState, subpath_prefix
 
 if TYPE_CHECKING:  # pragma: no cover
     from .mapping import Archive

@@ -45,8 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from ..archive.mapping import Archive, ArchiveState, subpath_prefix
+from ..archive.mapping import Archive
 from ..archive.options import DEFAULT, OpenOptions
+from ..archive.state import ArchiveState, subpath_prefix
 from ..errors import (
     BadArchiveError,
     ChecksumError,
