@@ -45,8 +45,8 @@ from __future__ import annotations
 import mmap
 import os
 import stat
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..errors import BadArchiveError, UnsafeContentError
 
@@ -247,7 +247,9 @@ def check_regular(fd: int, where: str, entry: str, name: object = None) -> os.st
             else "not a regular file"
         )
         shown = _short(name) if name is not None else "the file"
-        raise NotRegularError(f"{where}: {entry}: {shown} is {kind}, not a regular file", path=where, entry=entry)
+        raise NotRegularError(
+            f"{where}: {entry}: {shown} is {kind}, not a regular file", path=where, entry=entry
+        )
     return st
 
 
@@ -298,7 +300,9 @@ def _closing(fd: int) -> Iterator[int]:
         os.close(fd)
 
 
-def read_inside(root: str | os.PathLike, rel: str, *, where: str, max_bytes: int, entry: str = "file") -> bytes:
+def read_inside(
+    root: str | os.PathLike, rel: str, *, where: str, max_bytes: int, entry: str = "file"
+) -> bytes:
     """The bytes of the regular file ``rel`` inside ``root`` (see :func:`open_inside`);
     a file larger than ``max_bytes`` is refused before anything is read."""
     with _closing(open_inside(root, rel, where=where, entry=entry)) as fd:

@@ -88,7 +88,9 @@ def _has_level(root: Path, sub: str, where: str) -> bool:
 
 def _read_meta(root: Path, prefix: str, where: str) -> Any:
     try:
-        data = read_inside(root, prefix + "meta.json", where=where, entry="meta.json", max_bytes=MAX_META_BYTES)
+        data = read_inside(
+            root, prefix + "meta.json", where=where, entry="meta.json", max_bytes=MAX_META_BYTES
+        )
     except MemberMissingError:
         raise BadArchiveError(f"{where}: no meta.json") from None
     try:
