@@ -253,6 +253,9 @@ def _dataset(dset: Any, key: str, f: MappedFile, where: str, ctx: _Ctx, foreign:
     if other is not None:
         why, names = other
         virtual = plist.get_layout() == _LAYOUT_VIRTUAL
+        if ctx.allow_external:
+            for name in names:
+                _check_inside(ctx, name, f"dataset {dset.name!r}")
         if not ctx.allow_external or (not virtual and tdtype is None):
             if ctx.allow_external:
                 reason = f"{why}, of type {dtype}: only numeric external storage is read"
@@ -269,8 +272,6 @@ def _dataset(dset: Any, key: str, f: MappedFile, where: str, ctx: _Ctx, foreign:
                 dtype.str,
                 loader=_refused(dset.name, reason),
             )
-        for name in names:
-            _check_inside(ctx, name, f"dataset {dset.name!r}")
         if not virtual:
             nbytes = math.prod(shape) * dtype.itemsize
             return TensorSpec(
