@@ -207,6 +207,12 @@ def _walk(root: str | os.PathLike, rel: str, where: str, entry: str, want_dir: b
                     ) from None
                 stack.append(fd)
                 continue
+            if not stat.S_ISREG(st.st_mode):  # refused before any open (a device open can act)
+                raise NotRegularError(
+                    f"{where}: {entry}: {_short(rel)} is {_kind(st.st_mode)}, not a regular file",
+                    path=where,
+                    entry=entry,
+                )
             try:
                 fd = os.open(name, _FILE_FLAGS, dir_fd=cur)
             except OSError as e:
@@ -231,21 +237,23 @@ def _walk(root: str | os.PathLike, rel: str, where: str, entry: str, want_dir: b
             os.close(fd)
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "not a regular file"
+
+
 def check_regular(fd: int, where: str, entry: str, name: object = None) -> os.stat_result:
     """``fstat(fd)``; raises :class:`NotRegularError` unless it is a regular file."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(st.st_mode)
-            else "a socket"
-            if stat.S_ISSOCK(st.st_mode)
-            else "a device"
-            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-            else "a folder"
-            if stat.S_ISDIR(st.st_mode)
-            else "not a regular file"
-        )
+        kind = _kind(st.st_mode)
         shown = _short(name) if name is not None else "the file"
         raise NotRegularError(
             f"{where}: {entry}: {shown} is {kind}, not a regular file", path=where, entry=entry
