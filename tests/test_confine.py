@@ -179,3 +179,101 @@ def test_no_descriptor_leaks(root):
         except TdzError:
             pass
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+# -- the readers that open other files go through the rule ---------------------------------------------
+class _Alarm:
+    """Fails a test that blocks (a FIFO opened blocking) instead of hanging the run."""
+
+    def __enter__(self):
+        import signal
+
+        def fire(signum, frame):
+            raise AssertionError("blocked on open")
+
+        self.old = signal.signal(signal.SIGALRM, fire)
+        signal.alarm(20)
+
+    def __exit__(self, *exc):
+        import signal
+
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.old)
+
+
+def _sharded(tmp_path):
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    save_file({"w1": torch.arange(4.0)}, str(d / "m-1.safetensors"))
+    save_file({"w2": torch.ones(2)}, str(d / "m-2.safetensors"))
+    idx = d / "m.safetensors.index.json"
+    idx.write_text(json.dumps({"weight_map": {"w1": "m-1.safetensors", "w2": "m-2.safetensors"}}))
+    return d, idx
+
+
+def test_sharded_safetensors_shard_symlink_out_refused(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from tdz_numba import formats
+
+    d, idx = _sharded(tmp_path)
+    out = tmp_path / "outside"
+    out.mkdir()
+    save_file({"w2": torch.full((2,), 7.0)}, str(out / "secret.safetensors"))
+    (d / "m-2.safetensors").unlink()
+    (d / "m-2.safetensors").symlink_to(out / "secret.safetensors")
+    with pytest.raises(OutsideError, match="shard 'm-2.safetensors'.*outside"):
+        formats.open_source(idx)
+    (d / "m-2.safetensors").unlink()
+    (d / "store").mkdir()
+    save_file({"w2": torch.ones(2)}, str(d / "store" / "m-2.safetensors"))
+    (d / "m-2.safetensors").symlink_to("store/m-2.safetensors")  # inside: followed
+    src = formats.open_source(idx)
+    assert formats.to_tree(src)["w2"].tolist() == [1.0, 1.0]
+    src.close()
+    (d / "m-2.safetensors").unlink()
+    os.mkfifo(d / "m-2.safetensors")
+    with _Alarm(), pytest.raises(NotRegularError, match="FIFO"):
+        formats.open_source(idx)
+
+
+def _onnx_external(d, location):
+    onnx = pytest.importorskip("onnx")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    t = numpy_helper.from_array(np.zeros(4, np.float32), "w")
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", "0"), ("length", "16")):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    graph = helper.make_graph([], "g", [], [helper.make_tensor_value_info("w", t.data_type, [4])], [t])
+    onnx.save(helper.make_model(graph), d / "m.onnx")
+    return d / "m.onnx"
+
+
+def test_onnx_external_data_fifo_and_symlink(tmp_path):
+    from tdz_numba.formats.onnx import open_onnx
+
+    d = tmp_path / "model"
+    d.mkdir()
+    p = _onnx_external(d, "w.bin")
+    os.mkfifo(d / "w.bin")
+    with _Alarm(), pytest.raises(NotRegularError, match="initializer 'w'.*FIFO"):
+        open_onnx(p)
+    (d / "w.bin").unlink()
+    (d / "w.bin").symlink_to("/dev/zero")
+    with pytest.raises(UnsafeContentError):
+        open_onnx(p)
+    (d / "w.bin").unlink()
+    (d / "w.bin").write_bytes(bytes(range(16)))
+    src = open_onnx(p)
+    assert bytes(src.files[1].buffer) == bytes(range(16))
+    src.close()
