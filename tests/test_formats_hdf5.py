@@ -109,6 +109,30 @@ def test_read_everything(tmp_path):
     assert src._h5 is None
 
 
+def test_storage_described(tmp_path):
+    """Leaves read through h5py say how they are stored (not "stored (0 B stored)")."""
+    p = tmp_path / "a.h5"
+    _sample(p)
+    src = open_hdf5(p)
+    got = {}
+    for k in ("w_gzip", "w_chunked", "w_be", "unallocated", "compact", "empty"):
+        spec = _leaf(src, "model", "layer0", k).leaf
+        got[k] = (spec.codec, spec.nbytes, spec.size)
+    h5 = h5py.File(p, "r")
+    gz = h5["model/layer0/w_gzip"].id.get_storage_size()
+    h5.close()
+    assert got == {
+        "w_gzip": ("chunked+gzip", gz, 80),
+        "w_chunked": ("chunked", 96, 96),
+        "w_be": ("stored", 48, 48),
+        "unallocated": ("unallocated", 0, 16),
+        "compact": ("compact", 16, 16),
+        "empty": ("stored", 0, 0),
+    }
+    assert _read(src, "model", "layer0", "w_gzip").shape == (4, 5)
+    src.close()
+
+
 def test_userblock_detection(tmp_path):
     p = tmp_path / "ub.h5"
     with h5py.File(p, "w", userblock_size=8192) as f:

@@ -2,23 +2,41 @@
 
 The group tree is walked iteratively (depth limited to
 :data:`~tdz_numba.tdz.sources.MAX_DEPTH`, each group visited once even when hard
-or soft links make cycles; external links are not followed). Each dataset
-becomes a leaf:
+or soft links make cycles). Each dataset becomes a leaf:
 
 - contiguous, unfiltered, allocated datasets of a native numeric dtype: a
   :class:`~tdz_numba.tdz.sources.TensorSpec` at ``dset.id.get_offset()`` in the
   mapped file (zero-copy, bounds checked against the file size);
 - chunked, filtered (gzip, ...), compact, not yet allocated, big-endian
-  datasets: a spec whose ``loader`` reads it through h5py (a copy);
+  datasets: a spec whose ``loader`` reads it through h5py (a copy); its
+  ``codec`` says how it is stored (``"chunked+shuffle+gzip"``, ``"compact"``,
+  ``"unallocated"``) and ``nbytes`` the bytes it occupies in the file;
 - scalars and strings: plain Python values (``str`` for strings, lists for
   string arrays); compound/opaque datasets: a numpy array read at open.
 
 Attributes of the root group become ``metadata``, those of other groups the
 level's metadata (numpy values as Python scalars/lists, bytes decoded).
-Virtual datasets and datasets with external raw storage name other files and
-are refused (:class:`~tdz_numba.UnsupportedError` when read). The h5py file
-stays open for the loaders until :meth:`HDF5Source.close`. Errors raised by
-h5py on malformed files become :class:`~tdz_numba.BadArchiveError`.
+
+Other files: virtual datasets, external raw storage and external links name
+other files. None of them is read unless the caller opens with
+``allow_external=True``: a virtual or external-storage dataset of any type
+(numeric, compound, opaque, string, scalar) is a leaf that refuses when read
+(:class:`~tdz_numba.UnsupportedError`), checked before any byte of it is read;
+an external link, and a soft link whose path runs through one, is left out
+of the tree. With ``allow_external=True`` every such file must be a regular
+file inside the input's folder, reached without a symlink that leaves it
+(:mod:`tdz_numba.files.confine`; otherwise
+:class:`~tdz_numba.files.confine.OutsideError` at open): numeric external
+storage is then read by this reader itself through that rule (non-numeric
+external storage stays refused), virtual datasets and objects behind
+external links are read through h5py (copies, never the input's mapping),
+with virtual sources looked up in the input's folder. HDF5 opens those
+files by name after the check (a file swapped in between is a race this
+reader cannot close).
+
+The h5py file stays open for the loaders until :meth:`HDF5Source.close`.
+Errors raised by h5py on malformed files become
+:class:`~tdz_numba.BadArchiveError`.
 
 Examples
 --------
@@ -310,7 +328,49 @@ def _dataset(dset: Any, key: str, f: MappedFile, where: str, ctx: _Ctx, foreign:
         spec = TensorSpec(key, tdtype, shape, None, 0, int(offset), nbytes, dtype.str)
         check_extent(spec, f.size, where)
         return spec
-    return TensorSpec(key, tdtype, shape, None, 0, 0, 0, dtype.str, loader=_loader(dset, native, where))
+    codec, stored = _storage(dset, plist)
+    size = math.prod(shape) * dtype.itemsize
+    return TensorSpec(
+        key, tdtype, shape, None, 0, 0, stored, dtype.str, codec, size, loader=_loader(dset, native, where)
+    )
+
+
+#: HDF5 filter ids and the names shown for them.
+_FILTERS = {
+    1: "gzip",
+    2: "shuffle",
+    3: "fletcher32",
+    4: "szip",
+    5: "nbit",
+    6: "scaleoffset",
+    32001: "blosc",
+    32004: "lz4",
+    32008: "bitshuffle",
+    32015: "zstd",
+}
+_LAYOUTS = {0: "compact", 1: "contiguous", 2: "chunked", 3: "virtual"}
+
+
+def _storage(dset: Any, plist: Any) -> tuple[str, int]:
+    """How a dataset read through h5py is stored: a codec name for ``info``/``tree``
+    (``"chunked+shuffle+gzip"``, ``"compact"``, ``"unallocated"``; ``"stored"`` for a plain
+    contiguous one) and the bytes it occupies in the file."""
+    try:
+        stored = int(dset.id.get_storage_size())
+        layout = plist.get_layout()
+        names = []
+        for i in range(min(plist.get_nfilters(), 32)):
+            code, _flags, _values, name = plist.get_filter(i)
+            names.append(_FILTERS.get(code) or name.decode("ascii", "replace")[:20] or f"filter {code}")
+    except Exception:  # noqa: BLE001 - a description only: h5py reads the data or fails there
+        return "stored", 0
+    if dset.size == 0:
+        return "stored", 0
+    if stored == 0 and layout != 0:
+        return "unallocated", 0
+    if layout == 1 and not names:
+        return "stored", stored
+    return "+".join([_LAYOUTS.get(layout, f"layout {layout}"), *names]), stored
 
 
 def _soft_through_external(ctx: _Ctx, group: Any, path: str) -> Any:
