@@ -360,7 +360,8 @@ def test_hdf5_allow_external_inside(tmp_path):
     assert tree["el"].tolist() == [0, 1, 2, 3, 4] and tree["el_g"]["y"].tolist() == [0.0, 1.0, 2.0]
     assert tree["soft"].tolist() == [0.0, 1.0, 2.0]
     assert tree["el_c"].tolist() == [(1, 2.0), (3, 4.0)]
-    assert _leaf(src, "el").leaf.loader is not None  # another file: read through h5py, never the input mapping
+    # another file: read through h5py, never the input mapping
+    assert _leaf(src, "el").leaf.loader is not None
     src.close()
     pc = folder / "compound.h5"
     with h5py.File(pc, "w") as f:
