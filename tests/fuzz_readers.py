@@ -63,6 +63,7 @@ _CHILD = textwrap.dedent(
         return bytes(b)
 
     path = os.path.join(out_dir, "mutant" + suffix)
+    accepted = 0
     for i in range(n):
         data = mutate(seed)
         with open(path, "wb") as f:
@@ -85,6 +86,7 @@ _CHILD = textwrap.dedent(
                         src.dequantize(k)
             finally:
                 src.close()
+            accepted += 1
         except TdzError:
             pass
         except BaseException:
@@ -93,7 +95,7 @@ _CHILD = textwrap.dedent(
             traceback.print_exc()
             print(f"FUZZ FAILURE at iteration {i}, mutant kept in {keep}", flush=True)
             sys.exit(3)
-    print("FUZZ OK", n)
+    print("FUZZ OK", n, "accepted", accepted)
     """
 )
 
@@ -122,12 +124,14 @@ def run_fuzz(
     timeout: float = 120.0,
     mem_mib: int = 6144,
     suffix: str = "",
-) -> None:
+) -> int:
     """Runs ``n`` mutants of ``seed`` through ``reader`` ("module.function") in a child process.
 
     ``head``: mutate mostly the first ``head`` bytes (the header). Fails with
     the child's output when it crashes, hangs past ``timeout`` seconds, or
-    raises anything but a ``TdzError``.
+    raises anything but a ``TdzError``. Returns how many mutants were accepted
+    (opened and every leaf read), so that a caller can assert the fuzz reaches
+    past the first check.
     """
     env = dict(os.environ)
     env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
@@ -154,3 +158,4 @@ def run_fuzz(
         raise AssertionError(
             f"fuzzing {reader}: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
         )
+    return int(proc.stdout.rsplit("accepted", 1)[1].split()[0])

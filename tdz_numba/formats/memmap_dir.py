@@ -9,6 +9,15 @@ other files (``other.pickle``, ``json_types.json``) as
 :class:`~tdz_numba.tdz.tree.RawFile`/:class:`~tdz_numba.tdz.tree.PickledData` values,
 never unpickled.
 
+Every file and sub-level is opened through :mod:`tdz_numba.files.confine`:
+inside the directory only (a ``.memmap`` leaf, sub-level or ``other.pickle``
+that is a symlink leading outside is refused; a symlink whose target stays
+inside is followed), regular files only (a FIFO or device such as
+``/dev/zero`` is refused before anything is read), other files read up to
+:data:`MAX_FILE_BYTES`. A ``.memmap`` file longer than its tensor is read as
+tensordict reads it (the leading bytes; the rest is ignored); a shorter one is
+refused.
+
 Examples
 --------
 >>> import tempfile, pathlib, torch, tdz_numba
@@ -30,36 +39,62 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadArchiveError, UnsupportedError
+from ..files.confine import (
+    MemberMissingError,
+    NotRegularError,
+    map_inside,
+    open_dir_inside,
+    read_inside,
+)
 from ..tdz.dtypes import torch_dtype
 from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
 from ..tdz.tree import NON_TENSOR_DATA_TYPE, Level, PickledData, RawFile, describe_level
 from ._shape import check_shape
 
-__all__ = ["open_memmap_dir", "MAX_META_BYTES"]
+__all__ = ["open_memmap_dir", "MAX_META_BYTES", "MAX_FILE_BYTES"]
 
 #: Largest meta.json read.
 MAX_META_BYTES = 64 << 20
+#: Largest other file (``other.pickle``, ``json_types.json``) read into memory.
+MAX_FILE_BYTES = 1 << 30
 _PICKLE_SUFFIXES = (".pickle", ".pkl")
 
 
-def _listing(d: Path) -> tuple[set[str], set[str]]:
+def _listing(root: Path, prefix: str, fd: int, where: str) -> tuple[set[str], set[str]]:
+    """Files and folders of the level at ``prefix`` (an open descriptor of it); a symlink
+    counts as what it leads to inside the root (one leading outside is refused)."""
     files: set[str] = set()
     dirs: set[str] = set()
-    with os.scandir(d) as it:
+    with os.scandir(fd) as it:
         for e in it:
-            (dirs if e.is_dir() else files).add(e.name)
+            if e.is_symlink():
+                try:
+                    os.close(open_dir_inside(root, prefix + e.name, where=where, entry=e.name))
+                    dirs.add(e.name)
+                except NotRegularError:
+                    files.add(e.name)
+            else:
+                (dirs if e.is_dir(follow_symlinks=False) else files).add(e.name)
     return files, dirs
 
 
-def _read_meta(path: Path, where: str) -> Any:
+def _has_level(root: Path, sub: str, where: str) -> bool:
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+        os.close(open_dir_inside(root, sub, where=where, entry=sub))
+    except (MemberMissingError, NotRegularError):
+        return False
+    return True
+
+
+def _read_meta(root: Path, prefix: str, where: str) -> Any:
+    try:
+        data = read_inside(
+            root, prefix + "meta.json", where=where, entry="meta.json", max_bytes=MAX_META_BYTES
+        )
+    except MemberMissingError:
         raise BadArchiveError(f"{where}: no meta.json") from None
-    if size > MAX_META_BYTES:
-        raise BadArchiveError(f"{where}: meta.json of {size} bytes (at most {MAX_META_BYTES})")
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise BadArchiveError(f"{where}/meta.json: not valid JSON: {exc}") from None
 
@@ -70,8 +105,12 @@ def open_memmap_dir(path: str | os.PathLike, **options: Any) -> TreeSource:
     Raises
     ------
     BadArchiveError
-        A missing or malformed ``meta.json``, a payload file of the wrong size,
-        a directory reached twice (symlink loops), nesting deeper than ``MAX_DEPTH``.
+        A missing or malformed ``meta.json``, a payload file shorter than its
+        tensor, a directory reached twice (symlink loops), nesting deeper than
+        ``MAX_DEPTH``, a FIFO/device/socket (:class:`~tdz_numba.files.confine.NotRegularError`).
+    UnsafeContentError
+        A file or sub-level reached through a symlink that leaves the directory
+        (:class:`~tdz_numba.files.confine.OutsideError`).
     UnsupportedError
         Nested (jagged) tensor leaves.
     """
@@ -87,28 +126,32 @@ def open_memmap_dir(path: str | os.PathLike, **options: Any) -> TreeSource:
 
 
 def _walk(root: Path, files: list[MappedFile]) -> Level:
-    seen: set[str] = set()
+    seen: set[tuple[int, int]] = set()
     out: Level | None = None
+    top = str(root)
     # (directory prefix, depth, parent level, key in parent)
     stack: list[tuple[str, int, Level | None, str]] = [("", 0, None, "")]
     while stack:
         prefix, depth, parent, pkey = stack.pop()
-        d = root / prefix if prefix else root
-        where = str(d)
+        where = str(root / prefix) if prefix else top
         if depth > MAX_DEPTH:
             raise BadArchiveError(f"{where}: levels nested deeper than {MAX_DEPTH}")
-        real = os.path.realpath(d)
-        if real in seen:
-            raise BadArchiveError(f"{where}: directory reached twice (a symlink loop?)")
-        seen.add(real)
-        meta = _read_meta(d / "meta.json", where)
-        keyed, children = describe_level(
-            meta,
-            prefix,
-            lambda d=d: _listing(d),  # type: ignore[misc]
-            lambda sub: (root / sub).is_dir(),
-            f"{where}/meta.json",
-        )
+        fd = open_dir_inside(root, prefix or ".", where=top, entry=prefix or ".")
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) in seen:
+                raise BadArchiveError(f"{where}: directory reached twice (a symlink loop?)")
+            seen.add((st.st_dev, st.st_ino))
+            meta = _read_meta(root, prefix, where)
+            keyed, children = describe_level(
+                meta,
+                prefix,
+                lambda prefix=prefix, fd=fd: _listing(root, prefix, fd, top),  # type: ignore[misc]
+                lambda sub: _has_level(root, sub, top),
+                f"{where}/meta.json",
+            )
+        finally:
+            os.close(fd)
         if (
             not keyed
             and meta.get("_type") == NON_TENSOR_DATA_TYPE
@@ -134,7 +177,7 @@ def _walk(root: Path, files: list[MappedFile]) -> Level:
                 level[c.key] = None  # keeps the order; filled when its directory is read
                 stack.append((c.path, depth + 1, level, c.key))
             elif c.kind == "file":
-                data = (root / c.path).read_bytes()
+                data = read_inside(root, c.path, where=top, entry=c.path, max_bytes=MAX_FILE_BYTES)
                 level[c.key] = PickledData(data) if c.path.endswith(_PICKLE_SUFFIXES) else RawFile(data)
             else:
                 level[c.key] = _leaf(root, c.leaf, files, where)
@@ -149,16 +192,17 @@ def _leaf(root: Path, leaf: Any, files: list[MappedFile], where: str) -> TensorS
         raise UnsupportedError(f"{entry}: nested (jagged) tensor leaves are not read from memmap directories")
     check_shape(leaf.shape, None, dtype.itemsize, f"{entry}: leaf {leaf.key!r}")
     nbytes = math.prod(leaf.shape) * dtype.itemsize
-    p = root / leaf.entry
     if nbytes == 0:
         return TensorSpec(leaf.key, dtype, leaf.shape, None, 0, 0, 0, leaf.dtype)
-    if not p.is_file():
+    try:
+        mm, size = map_inside(root, leaf.entry, where=str(root), entry=leaf.entry)
+    except MemberMissingError:
         raise BadArchiveError(
             f"{entry}: leaf {leaf.key!r} of shape {list(leaf.shape)} has no file {leaf.entry!r}"
-        )
-    f = MappedFile.open(p)
+        ) from None
+    f = MappedFile(root / leaf.entry, mm, size, False)
     files.append(f)
-    if f.size != nbytes:
+    if f.size < nbytes:  # trailing bytes are not an error (tensordict reads the first nbytes)
         raise BadArchiveError(
             f"{entry}: leaf {leaf.key!r} ({leaf.dtype}, shape {list(leaf.shape)}) needs "
             f"{nbytes} bytes, the file holds {f.size}"

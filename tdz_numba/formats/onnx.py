@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
+from ..files.confine import MemberMissingError, map_inside
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent
 
 __all__ = ["ONNX_DTYPES", "detect_onnx", "open_onnx", "parse_model"]
@@ -465,12 +466,18 @@ def open_onnx(path: str | os.PathLike, **kw: Any) -> TreeSource:
                         f"shape {list(shape)} needs {nbytes}"
                     )
                 if full not in by_location:
-                    try:
-                        mf = MappedFile.open(full)
-                    except FileNotFoundError:
+                    try:  # inside the model's folder, a regular file, no symlink leading out
+                        mm, size = map_inside(
+                            model_dir,
+                            dict(t["external"])["location"],
+                            where=where,
+                            entry=f"initializer {key!r}",
+                        )
+                    except MemberMissingError:
                         raise BadArchiveError(
                             f"{where}: initializer {key!r}: external file {full} is missing"
                         ) from None
+                    mf = MappedFile(Path(full), mm, size, False)
                     by_location[full] = len(files)
                     files.append(mf)
                 spec = TensorSpec(key, dtype, shape, None, by_location[full], offset, nbytes, type_name)

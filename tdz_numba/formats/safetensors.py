@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..errors import BadArchiveError, UnsupportedError
+from ..files.confine import MemberMissingError, map_inside
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource
 from ._shape import MAX_NDIM, check_shape
 from .detect import read_json_file
@@ -244,9 +245,10 @@ def open_sharded(path: str | os.PathLike, **options: Any) -> TreeSource:
         per_shard: dict[str, dict[str, TensorSpec]] = {}
         for i, name in enumerate(shard_names):
             sp = _shard_path(p.parent, name, where)
-            if not sp.is_file():
-                raise BadArchiveError(f"{where}: shard {name!r} does not exist")
-            f = MappedFile.open(sp)
+            try:  # inside the index's folder, a regular file, no symlink leading out
+                f = MappedFile(sp, *map_inside(p.parent, name, where=where, entry=f"shard {name!r}"), False)
+            except MemberMissingError:
+                raise BadArchiveError(f"{where}: shard {name!r} does not exist") from None
             files.append(f)
             specs, smeta = parse_header(f.buffer, f.size, str(sp), file=i)
             metadata.update(smeta)
