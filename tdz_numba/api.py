@@ -46,6 +46,7 @@ def open(
     dtype: Any = None,
     storage_options: dict[str, Any] | None = None,
     direct: bool = False,
+    allow_external: bool = False,
 ) -> Archive:
     """Opens a tensor file lazily as a read-only :class:`~tdz_numba.Archive` mapping.
 
@@ -90,6 +91,10 @@ def open(
         page ``align``) are read with ``O_DIRECT`` into page-aligned buffers,
         bypassing the page cache (nothing of the file stays cached); other leaves,
         and file systems that refuse ``O_DIRECT``, use buffered reads.
+    allow_external : bool
+        HDF5 only: read virtual datasets, external raw storage and external links, from regular
+        files inside the input's own folder (never through a symlink that leaves it); refused
+        by default. See ``docs/formats.md``.
     device : str or torch.device, optional
         Where leaves go: ``"cpu"``, ``"cuda"`` (through pinned staging memory),
         ``"meta"`` (dtype and shape only: no payload is read), ...
@@ -127,6 +132,7 @@ def open(
         device=device,
         dtype=dtype,
         direct=direct,
+        allow_external=allow_external,
     )
     local = _plain_local_path(path) if storage_options is None else None
     if local is None:
@@ -165,6 +171,7 @@ def load(
     nest: str | None = None,
     storage_options: dict[str, Any] | None = None,
     direct: bool = False,
+    allow_external: bool = False,
 ) -> Level:
     """Loads a tensor file (any format :func:`open` reads) as nested dicts of tensors and plain values.
 
@@ -198,6 +205,8 @@ def load(
         Split flat names on this separator into nested dicts.
     direct : bool
         With ``copy=True``: page-aligned leaves read with ``O_DIRECT`` (see :func:`open`).
+    allow_external : bool
+        HDF5 files made of several files (see :func:`open`).
     storage_options : dict, optional
         Options of the fsspec filesystem of a URL.
 
@@ -241,6 +250,7 @@ def load(
         device=device,
         dtype=dtype,
         direct=direct,
+        allow_external=allow_external,
     )
     if storage_options is not None or _remote.is_remote(path):
         return _remote.load_remote(path, options, nest=nest, storage_options=storage_options)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -277,3 +279,25 @@ def test_onnx_external_data_fifo_and_symlink(tmp_path):
     src = open_onnx(p)
     assert bytes(src.files[1].buffer) == bytes(range(16))
     src.close()
+
+
+@pytest.mark.parametrize("op", ["open", "load", "is_archive", "verify"])
+def test_input_fifo_is_refused_without_blocking(tmp_path, op):
+    """The file given to open/load is a FIFO: refused at once (it used to block forever)."""
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    code = (
+        "import sys, tdz_numba\n"
+        f"fn = getattr(tdz_numba, {op!r})\n"
+        "try:\n"
+        "    r = fn(sys.argv[1])\n"
+        "    print('RESULT', r)\n"
+        "except tdz_numba.TdzError as e:\n"
+        "    print('REFUSED', type(e).__name__, e)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    if op == "is_archive":
+        assert "RESULT False" in proc.stdout
+    else:
+        assert "REFUSED" in proc.stdout and "not a regular file" in proc.stdout, proc.stdout

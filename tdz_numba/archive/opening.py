@@ -38,8 +38,15 @@ __all__ = ["open_archive", "load"]
 def open_archive(path: str | os.PathLike, options: OpenOptions = DEFAULT) -> Archive:
     """Opens a local file lazily with checked ``options`` (:func:`~tdz_numba.archive.options.open_options`);
     see :func:`tdz_numba.open`."""
-    mode, subpath, allow_pickle, num_threads, copy, device, dtype, direct = options
-    source = _open_source(path, mode=mode, allow_pickle=allow_pickle, num_threads=num_threads, copy=copy)
+    mode, subpath, allow_pickle, num_threads, copy, device, dtype, direct, allow_external = options
+    source = _open_source(
+        path,
+        mode=mode,
+        allow_pickle=allow_pickle,
+        num_threads=num_threads,
+        copy=copy,
+        allow_external=allow_external,
+    )
     fmt = source.format
     state = ArchiveState(source, copy=copy, device=device, dtype=dtype)
     state.direct = bool(direct)
@@ -63,7 +70,13 @@ def open_archive(path: str | os.PathLike, options: OpenOptions = DEFAULT) -> Arc
 
 
 def _open_source(
-    path: str | os.PathLike, *, mode: str, allow_pickle: bool, num_threads: int | None, copy: bool
+    path: str | os.PathLike,
+    *,
+    mode: str,
+    allow_pickle: bool,
+    num_threads: int | None,
+    copy: bool,
+    allow_external: bool = False,
 ) -> Source:
     """The source of ``path``, one way: :func:`~tdz_numba.formats.detect.sniff` reads its first bytes
     once and names the format (a zip's index parsed on the way), then one reader takes the file (a
@@ -86,7 +99,8 @@ def _open_source(
         raise UnsupportedError(
             f"{path}: mode={mode!r} is for .tdz archives; a {name} file opens with mode='r'"
         )
-    source = formats.open_source(path, copy=copy, sniffed=(name, ctx))  # reuses the parsed zip index
+    extra = {"allow_external": True} if allow_external else {}  # (readers of one file ignore it)
+    source = formats.open_source(path, copy=copy, sniffed=(name, ctx), **extra)  # reuses the parsed zip index
     if source is None:  # pragma: no cover - open_source returns None only for "tdz", handled above
         raise InternalError(f"{path}: detected as {name!r} but no reader opened it")
     return source
@@ -96,6 +110,8 @@ def _plain_zip(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a zip archive of other files (not a TorchScript archive)."""
     from ..zipfmt.index import ArchiveIndex
 
+    if not os.path.isfile(path):  # a FIFO or a device is never opened here
+        return False
     try:
         with builtins_open(path, "rb") as fh:
             if fh.read(4) != b"PK\x03\x04":

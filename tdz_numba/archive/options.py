@@ -32,6 +32,7 @@ class OpenOptions(NamedTuple):
     device: torch.device | None = None
     dtype: torch.dtype | None = None
     direct: bool = False
+    allow_external: bool = False
 
 
 #: The options of a plain ``open(path)``.
@@ -48,6 +49,7 @@ def open_options(
     device: Any = None,
     dtype: Any = None,
     direct: bool = False,
+    allow_external: bool = False,
 ) -> OpenOptions:
     """Checks the open/load keywords (see :func:`tdz_numba.open`) and returns them normalized.
 
@@ -70,9 +72,22 @@ def open_options(
             device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
             raise InvalidArgumentError(f"device: {exc}") from None
-    if mode == "r" and subpath is None and not (allow_pickle or copy or direct) and num_threads is None:
+    if (
+        mode == "r"
+        and subpath is None
+        and not (allow_pickle or copy or direct or allow_external)
+        and num_threads is None
+    ):
         if device is None and dtype is None:
             return DEFAULT
     return OpenOptions(
-        mode, subpath, bool(allow_pickle), num_threads, bool(copy), device, dtype, bool(direct)
+        mode,
+        subpath,
+        bool(allow_pickle),
+        num_threads,
+        bool(copy),
+        device,
+        dtype,
+        bool(direct),
+        bool(allow_external),
     )

@@ -186,13 +186,17 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
     ``"safetensors_index"`` included)."""
     p = path if isinstance(path, Path) else Path(path)
     try:  # one descriptor for the kind, the size, the first bytes and a zip's mapping
-        fd = os.open(p, os.O_RDONLY)
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO never blocks the open
     except IsADirectoryError:  # pragma: no cover - platforms that refuse to open directories
         return _dir_kind(p), None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             return _dir_kind(p), None
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsupportedError(
+                f"{p}: not a regular file (a FIFO, socket or device); tensor files are read from files"
+            )
         size = st.st_size
         head = os.pread(fd, HEAD_BYTES, 0)  # (a zip's index maps the file when it needs to)
         if not head:

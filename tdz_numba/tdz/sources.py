@@ -90,7 +90,7 @@ class MappedFile:
         """Maps ``path``; raises :class:`~tdz_numba.BadArchiveError` for a directory or a device."""
         p = Path(path)
         try:
-            fd = os.open(p, os.O_RDWR if writable else os.O_RDONLY)
+            fd = os.open(p, (os.O_RDWR if writable else os.O_RDONLY) | getattr(os, "O_NONBLOCK", 0))
         except IsADirectoryError:
             raise BadArchiveError(f"{p}: is a directory, not a file") from None
         try:
