@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from ziputil import parse_zip
 
 import tdz_numba
 from tdz_numba import (
@@ -38,9 +39,6 @@ from tdz_numba import (
     UnsafeContentError,
     UnsupportedError,
 )
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from ziputil import parse_zip  # noqa: E402
 
 # ---------------------------------------------------------------------------
 # zip parsing / patching helpers (independent of tdz_numba)

@@ -22,16 +22,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ziputil import zero_timestamps
+
+import tdz_numba
+from tdz_numba.tdz import tree
+from tdz_numba.zipfmt import eocd, members, packers, records, writer
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
-sys.path.insert(0, str(HERE))
-
-from ziputil import zero_timestamps  # noqa: E402
-
-import tdz_numba  # noqa: E402
-from tdz_numba.tdz import tree  # noqa: E402
-from tdz_numba.zipfmt import eocd, members, packers, records, writer  # noqa: E402
 
 DOS = (0, 33)  # 1980-01-01 00:00:00
 SEGMENT = 4096  # small deflate segments: a segment table in a few KiB

@@ -22,15 +22,11 @@ import gzip
 import io
 import json
 import os
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fuzz.runner import Case, make_cases, prepare_seeds, run_cases, summarize  # noqa: E402
+from fuzz.runner import Case, make_cases, prepare_seeds, run_cases, summarize
 
 HOSTILE = Path(__file__).resolve().parent / "fixtures" / "hostile"
 TIMEOUT = 10.0

@@ -6,20 +6,17 @@ sharing a text and levels that do not, the cache bound, and CRC errors of meta.j
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ziputil import parse_zip
 
 import tdz_numba
 from tdz_numba.errors import BadArchiveError, ChecksumError
 from tdz_numba.tdz import plainlevel
 from tdz_numba.tdz import source as tdzsource
 from tdz_numba.tdz.plainlevel import plain_level
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ziputil import parse_zip  # noqa: E402
 
 META = "<class 'tensordict._td.TensorDict'>"
 

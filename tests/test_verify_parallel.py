@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import threading
 import zlib
 from pathlib import Path
@@ -22,8 +21,6 @@ from tdz_numba.archive import verify_pass
 from tdz_numba.errors import BadArchiveError, ChecksumError
 from tdz_numba.zipfmt.index import ArchiveIndex
 from tdz_numba.zipfmt.kernels import verify as vk
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 # -- kernels against oracles ---------------------------------------------------------------
