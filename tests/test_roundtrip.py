@@ -356,6 +356,7 @@ def test_public_api_is_pinned():
         "refresh_checksums",
         "allocate",
         "convert",
+        "clean",
         "Archive",
         "LeafInfo",
         "LevelInfo",
@@ -377,6 +378,8 @@ def test_public_api_is_pinned():
         "FileMissingError",
         "AccessDeniedError",
         "DiskFullError",
+        "RemoteError",
+        "InternalError",
     ]
     for name in tdz_numba.__all__:
         assert getattr(tdz_numba, name) is not None
@@ -386,6 +389,7 @@ def test_public_api_is_pinned():
             assert issubclass(obj, tdz_numba.TdzError)
     assert issubclass(tdz_numba.BadArchiveError, ValueError)
     assert issubclass(tdz_numba.UnsupportedError, NotImplementedError)
+    assert issubclass(tdz_numba.RemoteError, OSError) and issubclass(tdz_numba.InternalError, RuntimeError)
 
 
 def test_import_is_cheap_and_second_process_uses_kernel_cache(tmp_path):
