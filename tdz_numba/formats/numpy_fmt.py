@@ -24,9 +24,11 @@ Examples
 from __future__ import annotations
 
 import ast
+import io
 import math
 import os
 import struct
+import tokenize
 import zlib
 from typing import Any, NamedTuple
 
@@ -37,6 +39,7 @@ from ..tdz.dtypes import from_numpy_dtype
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent
 from ..zipfmt.index import ArchiveIndex
 from ..zipfmt.records import DEFLATED, STORED
+from ._common import as_tensor, quote
 from ._shape import check_shape
 
 __all__ = ["open_npy", "open_npz", "parse_npy_header", "NpyHeader", "MAX_HEADER"]
@@ -77,35 +80,58 @@ def parse_npy_header(head: bytes, where: str) -> NpyHeader:
         raise BadArchiveError(f"{where}: .npy header of {hlen} bytes runs past the end of the data")
     raw = head[start : start + hlen]
     try:
-        text = raw.decode("utf-8" if major == 3 else "latin-1")
-        d = ast.literal_eval(text)
+        d = _literal(raw.decode("utf-8" if major == 3 else "latin-1"), major)
     except (UnicodeDecodeError, ValueError, SyntaxError, MemoryError, RecursionError, TypeError) as exc:
         raise BadArchiveError(f"{where}: .npy header is not a Python literal: {type(exc).__name__}") from None
     if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
         raise BadArchiveError(f"{where}: .npy header must be a dict of descr, fortran_order, shape")
     shape, fortran, descr = d["shape"], d["fortran_order"], d["descr"]
     if not isinstance(shape, tuple) or not all(type(s) is int and s >= 0 for s in shape):
-        raise BadArchiveError(f"{where}: .npy header shape {shape!r:.80} is not a tuple of non-negative ints")
+        raise BadArchiveError(f"{where}: .npy header shape {quote(shape)} is not a tuple of non-negative ints")
     if type(fortran) is not bool:
-        raise BadArchiveError(f"{where}: .npy header fortran_order {fortran!r:.40} is not a bool")
+        raise BadArchiveError(f"{where}: .npy header fortran_order {quote(fortran)} is not a bool")
     if not isinstance(descr, str):
         if isinstance(descr, list):
             raise UnsupportedError(f"{where}: structured dtype (record arrays) are not read")
-        raise BadArchiveError(f"{where}: .npy header descr {descr!r:.80} is not a dtype string")
+        raise BadArchiveError(f"{where}: .npy header descr {quote(descr)} is not a dtype string")
     if len(descr) > 64:
         raise BadArchiveError(f"{where}: .npy header descr of {len(descr)} characters")
     try:
         dtype = np.dtype(descr)
     except (TypeError, ValueError, SyntaxError) as exc:
-        raise BadArchiveError(f"{where}: .npy header descr {descr!r}: {exc}") from None
+        raise BadArchiveError(f"{where}: .npy header descr {quote(descr)}: {quote(str(exc), 200)}") from None
     if dtype.hasobject:
         raise UnsafeContentError(f"{where}: object array (descr {descr!r}) holds pickles; not read")
     if dtype.fields is not None or dtype.subdtype is not None:
         raise UnsupportedError(f"{where}: structured or sub-array dtype {descr!r} is not read")
     if from_numpy_dtype(dtype.newbyteorder("=")) is None:
         raise UnsupportedError(f"{where}: dtype {descr!r} has no torch equivalent")
-    check_shape(tuple(shape), None, dtype.itemsize, where)
-    return NpyHeader(dtype, fortran, tuple(shape), start + hlen)
+    check_shape(shape, None, dtype.itemsize, where)
+    return NpyHeader(dtype, fortran, shape, start + hlen)
+
+
+def _literal(text: str, major: int) -> Any:
+    """The header's dict, read with :func:`ast.literal_eval` (never ``eval``).
+
+    As numpy does, a version 1 or 2 header that is not a Python 3 literal gets
+    one more try with the Python 2 long suffix dropped from its numbers
+    (``(2L, 3L)`` -> ``(2, 3)``): the text is only tokenized, then rejoined.
+    """
+    try:
+        return ast.literal_eval(text)
+    except SyntaxError:
+        if major > 2:
+            raise
+    kept: list[tokenize.TokenInfo] = []
+    after_number = False
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if not (after_number and tok.type == tokenize.NAME and tok.string == "L"):
+                kept.append(tok)
+            after_number = tok.type == tokenize.NUMBER
+    except tokenize.TokenError as exc:
+        raise SyntaxError(str(exc)) from None
+    return ast.literal_eval(tokenize.untokenize(kept))
 
 
 def _strides(shape: tuple[int, ...], fortran: bool) -> tuple[int, ...] | None:
@@ -119,10 +145,10 @@ def _strides(shape: tuple[int, ...], fortran: bool) -> tuple[int, ...] | None:
 
 
 def _swapped_loader(f: MappedFile, offset: int, h: NpyHeader) -> Any:
-    def load() -> np.ndarray:
+    def load() -> Any:
         n = math.prod(h.shape) * h.dtype.itemsize
         arr = f.buffer[offset : offset + n].view(h.dtype).astype(h.dtype.newbyteorder("="))
-        return arr.reshape(h.shape, order="F" if h.fortran else "C")
+        return as_tensor(arr.reshape(h.shape, order="F" if h.fortran else "C"))
 
     return load
 
@@ -134,7 +160,7 @@ def _spec(
     need = math.prod(h.shape) * h.dtype.itemsize
     if avail < need:
         raise BadArchiveError(
-            f"{where}: array {key!r} ({h.dtype.str}, shape {list(h.shape)}) needs {need} bytes, "
+            f"{where}: array {quote(key)} ({h.dtype.str}, shape {list(h.shape)}) needs {need} bytes, "
             f"{avail} follow its header"
         )
     loader = None
@@ -173,17 +199,17 @@ def _inflate_head(raw: np.ndarray, where: str) -> bytes:
 
 
 def _deflated_loader(index: ArchiveIndex, name: str, h: NpyHeader, where: str) -> Any:
-    def load() -> np.ndarray:
+    def load() -> Any:
         data = index.read(name)  # inflated in parallel, CRC checked
         n = math.prod(h.shape) * h.dtype.itemsize
         if data.size != h.data_offset + n:
             raise BadArchiveError(
-                f"{where}: member {name!r} inflates to {data.size} bytes, expected {h.data_offset + n}"
+                f"{where}: member {quote(name)} inflates to {data.size} bytes, expected {h.data_offset + n}"
             )
         arr = data[h.data_offset :].view(h.dtype)
         if not h.dtype.isnative:
             arr = arr.astype(h.dtype.newbyteorder("="))
-        return arr.reshape(h.shape, order="F" if h.fortran else "C")
+        return as_tensor(arr.reshape(h.shape, order="F" if h.fortran else "C"))
 
     return load
 
@@ -207,10 +233,10 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
         tree: dict[str, TensorSpec] = {}
         for name in index.names:
             if not name.endswith(".npy"):
-                raise UnsupportedError(f"{where}: member {name!r} is not a .npy array")
+                raise UnsupportedError(f"{where}: member {quote(name)} is not a .npy array")
             key = name[: -len(".npy")]
             e = index.entry(name)
-            what = f"{where}: member {name!r}"
+            what = f"{where}: member {quote(name)}"
             if e.method == STORED:
                 if e.size != e.compressed_size:
                     raise BadArchiveError(f"{what}: stored with sizes {e.compressed_size} and {e.size}")
@@ -249,7 +275,7 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
                     f"{what}: compression method {e.method} (numpy writes stored or deflate)"
                 )
             if key in tree:
-                raise BadArchiveError(f"{where}: two members named {name!r}")
+                raise BadArchiveError(f"{where}: two members named {quote(name)}")
             tree[key] = spec
     except BaseException:
         f.close()
