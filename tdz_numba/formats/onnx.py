@@ -10,11 +10,18 @@ symlink out) raises :class:`~tdz_numba.UnsafeContentError`. Initializers in
 typed fields (``float_data``, ``int32_data``, ``int64_data``, ``double_data``,
 ``uint64_data``, packed or not) are decoded on read (copies), with
 ``onnx.numpy_helper``'s conventions (float16/bfloat16/float8 bit patterns in
-``int32_data``); STRING initializers become lists of ``str``. 4-, 2- and
-6-bit types and segmented tensors are refused when read
-(:class:`~tdz_numba.UnsupportedError`); sparse initializers and the
-initializers of subgraphs (If/Loop bodies) are not listed. The onnx package
-is not needed to read.
+``int32_data``); STRING initializers become nested lists of ``str`` of their
+shape (a 0-dim one: the ``str``). 4-, 2- and 6-bit types and segmented
+tensors are refused when read (:class:`~tdz_numba.UnsupportedError`); sparse
+initializers and the initializers of subgraphs (If/Loop bodies) are not
+listed. The onnx package is not needed to read.
+
+A bare serialized ``TensorProto`` (the ``.pb`` files of ONNX's test data)
+opens as one leaf keyed by its name (``"tensor"`` when unnamed); a
+``SequenceProto``, ``MapProto`` or ``OptionalProto`` file is refused. Limits
+(refused at open): more than :data:`~tdz_numba.formats._shape.MAX_NDIM` (64)
+dimensions, more than :data:`MAX_INITIALIZERS` initializers, more than
+:data:`MAX_ENTRIES` fields in the model and its graph.
 
 ``metadata``: ``ir_version``, ``producer_name``, ``producer_version``,
 ``domain``, ``model_version``, ``doc_string``, ``opset_import`` (domain ->
@@ -49,8 +56,10 @@ import numpy as np
 from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
 from ..files.confine import MemberMissingError, map_inside
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent
+from ._common import as_tensor, no_gc, quote
+from ._shape import MAX_NDIM, check_shape
 
-__all__ = ["ONNX_DTYPES", "detect_onnx", "open_onnx", "parse_model"]
+__all__ = ["ONNX_DTYPES", "detect_onnx", "open_onnx", "parse_model", "parse_tensor", "MAX_INITIALIZERS"]
 
 #: ONNX TensorProto.DataType -> (torch dtype name, ONNX name)
 ONNX_DTYPES: dict[int, tuple[str, str]] = {
@@ -111,8 +120,10 @@ _TYPED_FIELD = {
 # ModelProto fields that may come first (tag bytes): ir_version, producer_name/version, domain,
 # model_version, doc_string, graph, opset_import, metadata_props, training_info, functions
 _MODEL_TAGS = {0x08, 0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42, 0x72, 0x7A, 0x82}
-#: Most initializers / opset entries / metadata props accepted in one model.
-MAX_ENTRIES = 10_000_000
+#: Most fields (nodes, inputs, opset entries, metadata props, ...) read in a model and its graph.
+MAX_ENTRIES = 2_000_000
+#: Most initializers listed (a model of more is refused as soon as the count passes it).
+MAX_INITIALIZERS = 250_000
 
 
 class _Bad(BadArchiveError):
@@ -120,6 +131,8 @@ class _Bad(BadArchiveError):
 
 
 def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    if pos < end and buf[pos] < 0x80:  # one byte: tags, small lengths and dims
+        return buf[pos], pos + 1
     value = shift = 0
     for _ in range(10):
         if pos >= end:
@@ -191,16 +204,22 @@ def _tensor(buf: memoryview, start: int, end: int) -> dict[str, Any]:
         "typed": {},
         "strings": [],
         "segment": False,
+        "ndim": 0,
     }
+    dims = t["dims"]
     for f, w, v in _fields(buf, start, end):
-        if f == 1:  # dims: packed or one varint each
+        if f == 1:  # dims: packed or one varint each; past MAX_NDIM only counted
             if w == 2:
                 pos, stop = v[0], v[0] + v[1]
                 while pos < stop:
                     d, pos = _varint(buf, pos, stop)
-                    t["dims"].append(_signed(d))
+                    t["ndim"] += 1
+                    if len(dims) <= MAX_NDIM:
+                        dims.append(_signed(d))
             elif w == 0:
-                t["dims"].append(_signed(v))
+                t["ndim"] += 1
+                if len(dims) <= MAX_NDIM:
+                    dims.append(_signed(v))
         elif f == 2 and w == 0:
             t["data_type"] = v
         elif f == 3:
@@ -235,9 +254,12 @@ def parse_model(buf: memoryview, where: str = "<onnx>") -> tuple[dict[str, Any],
         "metadata_props": {},
     }
     inits: list[dict[str, Any]] = []
-    graphs = 0
+    graphs = entries = 0
     try:
         for f, w, v in _fields(buf, 0, len(buf)):
+            entries += 1
+            if entries > MAX_ENTRIES:
+                raise UnsupportedError(f"{where}: more than {MAX_ENTRIES:,} fields in the model")
             if w == 0 and f in (1, 5):
                 info["ir_version" if f == 1 else "model_version"] = _signed(v)
             elif w == 2 and f in (2, 3, 4, 6):
@@ -258,6 +280,9 @@ def parse_model(buf: memoryview, where: str = "<onnx>") -> tuple[dict[str, Any],
             elif w == 2 and f == 7:
                 graphs += 1
                 for f2, w2, v2 in _fields(buf, v[0], v[0] + v[1]):
+                    entries += 1
+                    if entries > MAX_ENTRIES:
+                        raise UnsupportedError(f"{where}: more than {MAX_ENTRIES:,} fields in the graph")
                     if w2 != 2:
                         continue
                     if f2 == 2:
@@ -265,6 +290,10 @@ def parse_model(buf: memoryview, where: str = "<onnx>") -> tuple[dict[str, Any],
                     elif f2 == 10:
                         info["graph_doc_string"] = _str(buf, v2)
                     elif f2 == 5:
+                        if len(inits) >= MAX_INITIALIZERS:
+                            raise UnsupportedError(
+                                f"{where}: more than {MAX_INITIALIZERS:,} initializers (the reader's limit)"
+                            )
                         inits.append(_tensor(buf, v2[0], v2[0] + v2[1]))
     except _Bad as e:
         raise BadArchiveError(f"{where}: not a valid ONNX model: {e}") from None
@@ -273,6 +302,29 @@ def parse_model(buf: memoryview, where: str = "<onnx>") -> tuple[dict[str, Any],
     if not graphs and not info["ir_version"]:
         raise BadArchiveError(f"{where}: not an ONNX model (no graph, no ir_version)")
     return info, inits
+
+
+def _is_bare_tensor(buf: memoryview) -> bool:
+    """Whether the file is a serialized ``TensorProto`` (field 2 a varint: ``data_type``;
+    in a ``ModelProto`` field 2 is ``producer_name``, a string), as ONNX's test data are."""
+    try:
+        return any(f == 2 and w == 0 for f, w, _ in _fields(buf, 0, len(buf)))
+    except _Bad:
+        return False
+
+
+def parse_tensor(buf: memoryview, where: str = "<onnx>") -> dict[str, Any]:
+    """The initializer dict of a bare serialized ``TensorProto`` (a ``.pb`` file)."""
+    try:
+        t = _tensor(buf, 0, len(buf))
+    except _Bad as e:
+        raise BadArchiveError(f"{where}: not a valid ONNX TensorProto: {e}") from None
+    if t["segment"]:  # field 3: a segment, or the values of a Sequence/Map/OptionalProto
+        raise UnsupportedError(
+            f"{where}: a segmented TensorProto (or a SequenceProto, MapProto or OptionalProto) is not read"
+        )
+    t["name"] = t["name"] or "tensor"
+    return t
 
 
 def detect_onnx(head: bytes, path: str | os.PathLike | None = None) -> bool:
@@ -285,6 +337,9 @@ def detect_onnx(head: bytes, path: str | os.PathLike | None = None) -> bool:
     True
     """
     head = bytes(head)
+    if str(path or "").endswith(".pb") and len(head) >= 2:  # a bare TensorProto: dims or data_type first
+        if head[0] in (0x08, 0x0A) or (head[0] == 0x10 and 1 <= head[1] <= 28):
+            return True
     if len(head) < 3 or head[0] != 0x08 or not 1 <= head[1] <= 64:
         return False
     return head[2] in _MODEL_TAGS
@@ -292,7 +347,7 @@ def detect_onnx(head: bytes, path: str | os.PathLike | None = None) -> bool:
 
 def _refused(key: str, why: str):
     def load() -> None:
-        raise UnsupportedError(f"initializer {key!r}: {why}")
+        raise UnsupportedError(f"initializer {quote(key)}: {why}")
 
     return load
 
@@ -302,7 +357,7 @@ def _typed_loader(buf: memoryview, t: dict[str, Any], dtype: Any, where: str):
     dt, shape, field = t["data_type"], tuple(t["dims"]), _TYPED_FIELD.get(t["data_type"])
     parts = t["typed"].get(field, []) if field is not None else []
 
-    def load() -> np.ndarray:
+    def load() -> Any:
         numel = math.prod(shape)
         values: list[Any] = []
         chunks: list[np.ndarray] = []
@@ -312,7 +367,7 @@ def _typed_loader(buf: memoryview, t: dict[str, Any], dtype: Any, where: str):
                 if w == 2:
                     if v[1] % np.dtype(fixed).itemsize:
                         raise BadArchiveError(
-                            f"{where}: initializer {t['name']!r}: packed field of {v[1]} bytes"
+                            f"{where}: initializer {quote(t['name'])}: packed field of {v[1]} bytes"
                         )
                     chunks.append(np.frombuffer(buf[v[0] : v[0] + v[1]], fixed))
                 elif w == (5 if field == 4 else 1):
@@ -324,7 +379,7 @@ def _typed_loader(buf: memoryview, t: dict[str, Any], dtype: Any, where: str):
                     x, pos = _varint(buf, pos, stop)
                     values.append(x)
                     if len(values) > numel * 2 + 16:
-                        raise BadArchiveError(f"{where}: initializer {t['name']!r}: too many values")
+                        raise BadArchiveError(f"{where}: initializer {quote(t['name'])}: too many values")
             elif w == 0:
                 values.append(v)
         if fixed is not None:
@@ -334,7 +389,7 @@ def _typed_loader(buf: memoryview, t: dict[str, Any], dtype: Any, where: str):
         want = numel * (2 if dt in (14, 15) else 1)
         if flat.size != want:
             raise BadArchiveError(
-                f"{where}: initializer {t['name']!r}: {flat.size} values for shape {list(shape)}"
+                f"{where}: initializer {quote(t['name'])}: {flat.size} values for shape {list(shape)}"
             )
         np_name = {
             1: "<f4",
@@ -364,7 +419,7 @@ def _typed_loader(buf: memoryview, t: dict[str, Any], dtype: Any, where: str):
                 if dtype.itemsize > 1
                 else out.view(np.uint8)
             )
-        return out.reshape(shape)
+        return as_tensor(out.reshape(shape))
 
     return load
 
@@ -373,26 +428,32 @@ def _external(t: dict[str, Any], model_dir: Path, where: str) -> tuple[str, int,
     info = dict(t["external"])
     key, location = t["name"], info.get("location", "")
     if not location:
-        raise BadArchiveError(f"{where}: initializer {key!r}: external data without a location")
+        raise BadArchiveError(f"{where}: initializer {quote(key)}: external data without a location")
     rel = Path(location)
+    if not rel.parts:
+        raise BadArchiveError(
+            f"{where}: initializer {quote(key)}: external data location {quote(location)} names no file"
+        )
     if rel.is_absolute() or ".." in rel.parts or location.startswith(("/", "\\")) or ":" in rel.parts[0]:
         raise UnsafeContentError(
-            f"{where}: initializer {key!r}: external data location {location!r} "
+            f"{where}: initializer {quote(key)}: external data location {quote(location)} "
             f"is outside the model's directory"
         )
     full = (model_dir / rel).resolve()
     if not full.is_relative_to(model_dir.resolve()):
         raise UnsafeContentError(
-            f"{where}: initializer {key!r}: external data location {location!r} "
+            f"{where}: initializer {quote(key)}: external data location {quote(location)} "
             f"resolves outside the model's directory"
         )
     try:
         offset = int(info.get("offset", "0"))
         length = int(info["length"]) if "length" in info else None
     except ValueError:
-        raise BadArchiveError(f"{where}: initializer {key!r}: bad external offset/length {info}") from None
+        raise BadArchiveError(
+            f"{where}: initializer {quote(key)}: bad external offset/length {quote(info)}"
+        ) from None
     if offset < 0 or (length is not None and length < 0):
-        raise BadArchiveError(f"{where}: initializer {key!r}: negative external offset/length")
+        raise BadArchiveError(f"{where}: initializer {quote(key)}: negative external offset/length")
     return str(full), offset, length
 
 
@@ -403,102 +464,117 @@ def open_onnx(path: str | os.PathLike, **kw: Any) -> TreeSource:
     inconsistent initializers, :class:`~tdz_numba.UnsafeContentError` for
     external data outside the model's directory.
     """
-    import torch
 
     where = str(path)
     model_dir = Path(path).parent
     files = [MappedFile.open(path)]
     try:
-        buf = memoryview(files[0].buffer.data)
-        metadata, inits = parse_model(buf, where)
-        by_location: dict[str, int] = {}
-        tree: dict[str, Any] = {}
-        for t in inits:
-            key = t["name"]
-            if key in tree:
-                raise BadArchiveError(f"{where}: duplicate initializer name {key!r}")
-            shape = tuple(t["dims"])
-            if any(d < 0 for d in shape) or math.prod(max(d, 1) for d in shape) * 16 >= 2**63:
-                raise BadArchiveError(f"{where}: initializer {key!r}: bad dimensions {list(shape)}")
-            numel = math.prod(shape)
-            dt = t["data_type"]
-            if dt == _STRING:
-                if len(t["strings"]) != numel:
-                    raise BadArchiveError(
-                        f"{where}: initializer {key!r}: {len(t['strings'])} strings for shape {list(shape)}"
-                    )
-                tree[key] = [_str(buf, s) for s in t["strings"]]
-                continue
-            if dt not in ONNX_DTYPES:
-                name = _PACKED_BITS.get(dt, f"data type {dt}")
-                tree[key] = TensorSpec(
-                    key,
-                    torch.uint8,
-                    shape,
-                    None,
-                    0,
-                    0,
-                    0,
-                    name,
-                    loader=_refused(key, f"{name} elements are not supported"),
-                )
-                continue
-            dtype = getattr(torch, ONNX_DTYPES[dt][0])
-            type_name = ONNX_DTYPES[dt][1]
-            nbytes = numel * dtype.itemsize
-            if t["segment"]:
-                spec = TensorSpec(
-                    key,
-                    dtype,
-                    shape,
-                    None,
-                    0,
-                    0,
-                    0,
-                    type_name,
-                    loader=_refused(key, "segmented tensors are not supported"),
-                )
-            elif t["location"] == 1:  # EXTERNAL
-                full, offset, length = _external(t, model_dir, where)
-                if length is not None and length != nbytes:
-                    raise BadArchiveError(
-                        f"{where}: initializer {key!r}: external length {length}, "
-                        f"shape {list(shape)} needs {nbytes}"
-                    )
-                if full not in by_location:
-                    try:  # inside the model's folder, a regular file, no symlink leading out
-                        mm, size = map_inside(
-                            model_dir,
-                            dict(t["external"])["location"],
-                            where=where,
-                            entry=f"initializer {key!r}",
-                        )
-                    except MemberMissingError:
-                        raise BadArchiveError(
-                            f"{where}: initializer {key!r}: external file {full} is missing"
-                        ) from None
-                    mf = MappedFile(Path(full), mm, size, False)
-                    by_location[full] = len(files)
-                    files.append(mf)
-                spec = TensorSpec(key, dtype, shape, None, by_location[full], offset, nbytes, type_name)
-                check_extent(spec, files[by_location[full]].size, full)
-            elif t["raw"] is not None:
-                off, n = t["raw"]
-                if n != nbytes:
-                    raise BadArchiveError(
-                        f"{where}: initializer {key!r}: raw_data holds {n} bytes, "
-                        f"shape {list(shape)} of {type_name} needs {nbytes}"
-                    )
-                spec = TensorSpec(key, dtype, shape, None, 0, off, nbytes, type_name)
-                check_extent(spec, files[0].size, where)
-            else:
-                spec = TensorSpec(
-                    key, dtype, shape, None, 0, 0, 0, type_name, loader=_typed_loader(buf, t, dtype, where)
-                )
-            tree[key] = spec
-        src = TreeSource("onnx", path, tree, files=files, metadata=metadata)
+        with no_gc():  # a model of millions of initializers: several times faster
+            src = _open(path, where, model_dir, files)
     except BaseException:
         for f in files:
             f.close()
         raise
     return src
+
+
+def _open(path: str | os.PathLike, where: str, model_dir: Path, files: list[MappedFile]) -> TreeSource:
+    import torch
+
+    buf = memoryview(files[0].buffer.data)
+    if _is_bare_tensor(buf):
+        metadata: dict[str, Any] = {}
+        inits = [parse_tensor(buf, where)]
+    else:
+        metadata, inits = parse_model(buf, where)
+    by_location: dict[str, int] = {}
+    tree: dict[str, Any] = {}
+    for t in inits:
+        key = t["name"]
+        if key in tree:
+            raise BadArchiveError(f"{where}: duplicate initializer name {quote(key)}")
+        shape = tuple(t["dims"])
+        what = f"{where}: initializer {quote(key)}"
+        if t["ndim"] > MAX_NDIM:
+            raise BadArchiveError(f"{what}: {t['ndim']} dimensions (at most {MAX_NDIM})")
+        if any(d < 0 for d in shape):
+            raise BadArchiveError(f"{what}: negative dimension in {list(shape)}")
+        check_shape(shape, None, 16, what)
+        numel = math.prod(shape)
+        dt = t["data_type"]
+        if dt == _STRING:
+            if len(t["strings"]) != numel:
+                raise BadArchiveError(f"{what}: {len(t['strings'])} strings for shape {list(shape)}")
+            # nested lists of the tensor's shape (numpy_helper's array .tolist()); 0-dim: the str
+            strings = np.empty(numel, object)
+            strings[:] = [_str(buf, s) for s in t["strings"]]
+            tree[key] = strings.reshape(shape).tolist()
+            continue
+        if dt not in ONNX_DTYPES:
+            name = _PACKED_BITS.get(dt, f"data type {dt}")
+            tree[key] = TensorSpec(
+                key,
+                torch.uint8,
+                shape,
+                None,
+                0,
+                0,
+                0,
+                name,
+                loader=_refused(key, f"{name} elements are not supported"),
+            )
+            continue
+        dtype = getattr(torch, ONNX_DTYPES[dt][0])
+        type_name = ONNX_DTYPES[dt][1]
+        nbytes = numel * dtype.itemsize
+        if t["segment"]:
+            spec = TensorSpec(
+                key,
+                dtype,
+                shape,
+                None,
+                0,
+                0,
+                0,
+                type_name,
+                loader=_refused(key, "segmented tensors are not supported"),
+            )
+        elif t["location"] == 1:  # EXTERNAL
+            full, offset, length = _external(t, model_dir, where)
+            if length is not None and length != nbytes:
+                raise BadArchiveError(
+                    f"{where}: initializer {quote(key)}: external length {length}, "
+                    f"shape {list(shape)} needs {nbytes}"
+                )
+            if full not in by_location:
+                try:  # inside the model's folder, a regular file, no symlink leading out
+                    mm, size = map_inside(
+                        model_dir,
+                        dict(t["external"])["location"],
+                        where=where,
+                        entry=f"initializer {quote(key)}",
+                    )
+                except MemberMissingError:
+                    raise BadArchiveError(
+                        f"{where}: initializer {quote(key)}: external file {quote(full, 200)} is missing"
+                    ) from None
+                mf = MappedFile(Path(full), mm, size, False)
+                by_location[full] = len(files)
+                files.append(mf)
+            spec = TensorSpec(key, dtype, shape, None, by_location[full], offset, nbytes, type_name)
+            check_extent(spec, files[by_location[full]].size, full)
+        elif t["raw"] is not None:
+            off, n = t["raw"]
+            if n != nbytes:
+                raise BadArchiveError(
+                    f"{where}: initializer {quote(key)}: raw_data holds {n} bytes, "
+                    f"shape {list(shape)} of {type_name} needs {nbytes}"
+                )
+            spec = TensorSpec(key, dtype, shape, None, 0, off, nbytes, type_name)
+            check_extent(spec, files[0].size, where)
+        else:
+            spec = TensorSpec(
+                key, dtype, shape, None, 0, 0, 0, type_name, loader=_typed_loader(buf, t, dtype, where)
+            )
+        tree[key] = spec
+    return TreeSource("onnx", path, tree, files=files, metadata=metadata)
