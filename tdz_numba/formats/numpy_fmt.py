@@ -87,7 +87,9 @@ def parse_npy_header(head: bytes, where: str) -> NpyHeader:
         raise BadArchiveError(f"{where}: .npy header must be a dict of descr, fortran_order, shape")
     shape, fortran, descr = d["shape"], d["fortran_order"], d["descr"]
     if not isinstance(shape, tuple) or not all(type(s) is int and s >= 0 for s in shape):
-        raise BadArchiveError(f"{where}: .npy header shape {quote(shape)} is not a tuple of non-negative ints")
+        raise BadArchiveError(
+            f"{where}: .npy header shape {quote(shape)} is not a tuple of non-negative ints"
+        )
     if type(fortran) is not bool:
         raise BadArchiveError(f"{where}: .npy header fortran_order {quote(fortran)} is not a bool")
     if not isinstance(descr, str):
