@@ -537,8 +537,7 @@ class Archive(LeafMemory, Mapping):
         return archive_html(self, max_rows)
 
 
-_QUANT_PREFIXES = ("Q", "IQ", "TQ")
-
-
 def _is_quant(type_name: str) -> bool:
-    return bool(type_name) and type_name.upper().startswith(_QUANT_PREFIXES) and "_" in type_name
+    from ..formats.gguf import is_quantized  # every GGML block type (MXFP4 and NVFP4 too)
+
+    return is_quantized(type_name)
