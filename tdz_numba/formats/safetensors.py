@@ -38,6 +38,7 @@ import torch
 from ..errors import BadArchiveError, UnsupportedError
 from ..files.confine import MemberMissingError, map_inside
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource
+from ._common import no_gc, quote
 from ._shape import MAX_NDIM, check_shape
 from .detect import read_json_file
 
@@ -83,7 +84,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(out) != len(pairs):
         seen: set[str] = set()
         dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise ValueError(f"key {dup!r} appears twice")
+        raise ValueError(f"key {quote(dup)} appears twice")
     return out
 
 
@@ -92,7 +93,7 @@ _FIELDS = {"dtype": 0, "shape": 0, "data_offsets": 0}.keys()
 
 def _explain(name: str, info: Any, where: str, data_len: int | None = None) -> None:
     """Raises the error that names what is wrong with header entry ``name``."""
-    what = f"{where}: tensor {name!r}"
+    what = f"{where}: tensor {quote(name)}"
     if not isinstance(info, dict):
         raise BadArchiveError(f"{what}: entry must be an object, found {type(info).__name__}")
     extra = set(info) - set(_FIELDS)
@@ -106,15 +107,13 @@ def _explain(name: str, info: Any, where: str, data_len: int | None = None) -> N
     if isinstance(tname, str) and tname in _UNSUPPORTED:
         raise UnsupportedError(f"{what}: dtype {tname} has no torch {torch.__version__} equivalent")
     if not isinstance(tname, str) or tname not in DTYPES:
-        raise BadArchiveError(
-            f"{what}: dtype: unknown {str(tname)[:40]!r} (expected one of {sorted(DTYPES)})"
-        )
+        raise BadArchiveError(f"{what}: dtype: unknown {quote(tname, 40)} (expected one of {sorted(DTYPES)})")
     shape = info["shape"]
     if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
-        raise BadArchiveError(f"{what}: shape: {str(shape)[:100]} is not a list of non-negative ints")
+        raise BadArchiveError(f"{what}: shape: {quote(shape, 100)} is not a list of non-negative ints")
     offs = info["data_offsets"]
     if type(offs) is not list or len(offs) != 2 or not all(type(o) is int and o >= 0 for o in offs):
-        raise BadArchiveError(f"{what}: data_offsets: {str(offs)[:100]} is not [begin, end]")
+        raise BadArchiveError(f"{what}: data_offsets: {quote(offs, 100)} is not [begin, end]")
     begin, end = offs
     if end < begin:
         raise BadArchiveError(f"{what}: data_offsets: end {end} < begin {begin}")
@@ -129,6 +128,11 @@ def parse_header(
     ``buf`` supports slicing to bytes-like objects (a numpy uint8 array or ``bytes``).
     Specs keep the header's order; their offsets are absolute in the file.
     """
+    with no_gc():  # a header of 100k+ entries: the collector's passes would triple the time
+        return _parse_header(buf, size, where, file)
+
+
+def _parse_header(buf: Any, size: int, where: str, file: int) -> tuple[dict[str, TensorSpec], dict[str, str]]:
     if size < 8:
         raise _fail(where, f"{size} bytes: too short for the 8-byte header length")
     (n,) = struct.unpack("<Q", bytes(buf[:8]))
@@ -149,7 +153,9 @@ def parse_header(
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise _fail(where, f"__metadata__ must be an object of strings to strings, found {metadata!r:.200}")
+        raise _fail(
+            where, f"__metadata__ must be an object of strings to strings, found {quote(metadata, 200)}"
+        )
     data_start = 8 + n
     data_len = size - data_start
     specs: dict[str, TensorSpec] = {}
@@ -175,12 +181,12 @@ def parse_header(
             numel *= d
         if end - begin != numel * dtype.itemsize:
             raise BadArchiveError(
-                f"{where}: tensor {name!r}: data_offsets: {end - begin} bytes, but "
+                f"{where}: tensor {quote(name)}: data_offsets: {end - begin} bytes, but "
                 f"{info['dtype']} of shape {shape} needs {numel * dtype.itemsize}"
             )
         shape = tuple(shape)
         if not numel or len(shape) > MAX_NDIM:  # else the bytes, inside the file, bound the shape
-            check_shape(shape, None, dtype.itemsize, f"{where}: tensor {name!r}")
+            check_shape(shape, None, dtype.itemsize, f"{where}: tensor {quote(name)}")
         specs[name] = TensorSpec(
             name, dtype, shape, None, file, data_start + begin, end - begin, info["dtype"]
         )
@@ -190,7 +196,7 @@ def parse_header(
     for begin, end, name in extents:
         if begin != pos:
             why = "overlaps the previous tensor" if begin < pos else f"leaves a gap after offset {pos}"
-            raise BadArchiveError(f"{where}: tensor {name!r}: data_offsets: begins at {begin}, {why}")
+            raise BadArchiveError(f"{where}: tensor {quote(name)}: data_offsets: begins at {begin}, {why}")
         pos = end
     if pos != data_len:
         raise BadArchiveError(
@@ -214,7 +220,7 @@ def open_safetensors(path: str | os.PathLike, **options: Any) -> TreeSource:
 def _shard_path(root: Path, name: Any, where: str) -> Path:
     if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
         raise BadArchiveError(
-            f"{where}: weight_map names shard {name!r}: not a file name in the same directory"
+            f"{where}: weight_map names shard {quote(name)}: not a file name in the same directory"
         )
     return root / name
 
@@ -234,9 +240,15 @@ def open_sharded(path: str | os.PathLike, **options: Any) -> TreeSource:
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         raise BadArchiveError(f"{where}: an index must be a JSON object with a 'weight_map' object")
     wmap: dict[str, Any] = index["weight_map"]
+    for key, shard in wmap.items():
+        if not isinstance(shard, str):
+            raise BadArchiveError(
+                f"{where}: weight_map value for {quote(key)} must be a shard file name, "
+                f"found {type(shard).__name__} {quote(shard)}"
+            )
     meta = index.get("metadata") or {}
     if not isinstance(meta, dict):
-        raise BadArchiveError(f"{where}: 'metadata' must be an object, found {meta!r:.100}")
+        raise BadArchiveError(f"{where}: 'metadata' must be an object, found {quote(meta, 100)}")
     shard_names = list(dict.fromkeys(wmap.values()))
     files: list[MappedFile] = []
     tree: dict[str, TensorSpec] = {}
@@ -246,9 +258,11 @@ def open_sharded(path: str | os.PathLike, **options: Any) -> TreeSource:
         for i, name in enumerate(shard_names):
             sp = _shard_path(p.parent, name, where)
             try:  # inside the index's folder, a regular file, no symlink leading out
-                f = MappedFile(sp, *map_inside(p.parent, name, where=where, entry=f"shard {name!r}"), False)
+                f = MappedFile(
+                    sp, *map_inside(p.parent, name, where=where, entry=f"shard {quote(name)}"), False
+                )
             except MemberMissingError:
-                raise BadArchiveError(f"{where}: shard {name!r} does not exist") from None
+                raise BadArchiveError(f"{where}: shard {quote(name)} does not exist") from None
             files.append(f)
             specs, smeta = parse_header(f.buffer, f.size, str(sp), file=i)
             metadata.update(smeta)
@@ -257,19 +271,21 @@ def open_sharded(path: str | os.PathLike, **options: Any) -> TreeSource:
         for name, specs in per_shard.items():
             for key in specs:
                 if key in owner:
-                    raise BadArchiveError(f"{where}: tensor {key!r} is in shards {owner[key]!r} and {name!r}")
+                    raise BadArchiveError(
+                        f"{where}: tensor {quote(key)} is in shards {quote(owner[key])} and {quote(name)}"
+                    )
                 owner[key] = name
         for key, shard in wmap.items():
             spec = per_shard[shard].get(key)
             if spec is None:
                 raise BadArchiveError(
-                    f"{where}: weight_map puts {key!r} in {shard!r}, which does not hold it"
+                    f"{where}: weight_map puts {quote(key)} in {quote(shard)}, which does not hold it"
                 )
             tree[key] = spec
         extra = [k for k in owner if k not in wmap]
         if extra:
             raise BadArchiveError(
-                f"{where}: shard {owner[extra[0]]!r} holds {extra[0]!r}, which weight_map does not list"
+                f"{where}: shard {quote(owner[extra[0]])} holds {quote(extra[0])}, which weight_map does not list"
             )
     except BaseException:
         for f in files:
