@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,18 @@ import torch
 from .errors import InvalidArgumentError, InvalidTreeError, UnsupportedError
 from .files.memory import evict_span
 
-__all__ = ["convert", "write_safetensors"]
+__all__ = ["convert", "write_safetensors", "TENSORDICT_DTYPES"]
 
 _BATCH = 64 << 20
+#: dtypes tensordict 0.15.3 can load from a memmap directory (``tensordict.utils._TORCH_DTYPES``);
+#: it raises ``KeyError: 'torch.float8_e4m3fn'`` for the others (float8, float4, ...).
+TENSORDICT_DTYPES = frozenset(
+    "torch." + n
+    for n in (
+        "bfloat16 bool complex128 complex32 complex64 float16 float32 float64 int16 int32 int64 int8 "
+        "qint32 qint8 quint4x2 quint8 uint8 uint16 uint32 uint64"
+    ).split()
+)
 
 
 def convert(
@@ -103,6 +113,7 @@ def convert(
         tree: Any = ar.to_dict()
         if nest is not None and ar.format != "tdz":
             tree = nest_flat(tree, nest)
+        _warn_tensordict_dtypes(tree, dst)
         metadata = ar.metadata or None
         if metadata is not None:
             try:
@@ -112,6 +123,30 @@ def convert(
         return saving.save(tree, dst, compression=compression, progress=progress, metadata=metadata)
     finally:
         ar.close()
+
+
+def _warn_tensordict_dtypes(tree: Any, dst: Any) -> None:
+    """A :class:`UserWarning` naming the leaves whose dtype tensordict 0.15.3 cannot load."""
+    bad: dict[str, list[str]] = {}
+    stack: list[tuple[str, Any]] = [("", tree)]
+    while stack:
+        prefix, node = stack.pop()
+        for key, value in node.items():
+            if isinstance(value, dict):
+                stack.append((f"{prefix}{key}/", value))
+            elif isinstance(value, torch.Tensor) and str(value.dtype) not in TENSORDICT_DTYPES:
+                bad.setdefault(str(value.dtype).removeprefix("torch."), []).append(prefix + str(key))
+    if bad:
+        keys = sorted(k for ks in bad.values() for k in ks)
+        shown = ", ".join(repr(k[:80]) for k in keys[:8]) + (
+            f" and {len(keys) - 8} more" if len(keys) > 8 else ""
+        )
+        warnings.warn(
+            f"{dst}: leaves {shown} are {', '.join(sorted(bad))}, which tensordict 0.15.3 cannot load "
+            f"(TensorDict.load_memmap raises KeyError); tdz_numba reads them",
+            UserWarning,
+            stacklevel=4,  # the caller of tdz_numba.convert
+        )
 
 
 def _walk(ar: Any, sep: str) -> tuple[list[tuple[str, Any]], dict[str, str]]:
