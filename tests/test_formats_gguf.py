@@ -10,6 +10,7 @@ import pytest
 import torch
 from fuzz_readers import LONG_ITERATIONS, fuzz_iterations, require_fuzz_selected, run_fuzz
 from naive_gguf import NAIVE_TYPES, naive_dequantize
+from test_readers_hostile import run_counted_fuzz
 
 from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError, UnsupportedError
 from tdz_numba.formats.gguf import GGML_TYPES, dequantize, detect_gguf, open_gguf
@@ -354,7 +355,7 @@ def test_every_truncation_is_an_error(tmp_path):
             open_gguf(cut)
 
 
-def test_fuzz_gguf(tmp_path):
+def test_fuzz_gguf(tmp_path, monkeypatch):
     rng = np.random.default_rng(6)
     seed = _write(
         tmp_path / "seed.gguf",
@@ -365,8 +366,13 @@ def test_fuzz_gguf(tmp_path):
         },
     )
     head = open_gguf(seed).data_start
-    run_fuzz(
-        seed, "tdz_numba.formats.gguf.open_gguf", fuzz_iterations(1000), tmp_path, head=head, suffix=".gguf"
+    n = fuzz_iterations(1000)
+    accepted = run_counted_fuzz(
+        seed, "tdz_numba.formats.gguf.open_gguf", n, tmp_path, monkeypatch, head=head, suffix=".gguf"
+    )
+    print("accepted", accepted, "of", n)
+    assert accepted >= n // 20, (
+        f"only {accepted} of {n} mutants read in full: a reader refusing all would pass"
     )
 
 
