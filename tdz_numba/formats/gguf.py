@@ -15,7 +15,14 @@ bytes_per_row)`` where ``rows`` are the reversed ``ne[1:]`` and
 ``GGUFReader`` gives the same shape); ``TensorSpec.type_name`` names the ggml
 type (``"Q4_K"``) and :meth:`GGUFSource.dequantize` / :func:`dequantize`
 decode them to float32 with the Numba kernels of
-:mod:`~tdz_numba.formats.gguf_kernels`.
+:mod:`~tdz_numba.formats.gguf_kernels` (the other block types, MXFP4 and
+NVFP4 included, through the ``gguf`` package; Q8_1, Q8_K and Q1_0, which it
+cannot decode either, raise :class:`~tdz_numba.UnsupportedError`).
+
+Limits (refused at open): big-endian files and version 1; more than
+:data:`MAX_DIMS` dimensions; metadata arrays nested deeper than
+:data:`MAX_ARRAY_DEPTH`; more than :data:`MAX_METADATA` metadata keys or
+arrays. Quoted keys and names in error messages are cut to 80 characters.
 
 Examples
 --------

@@ -3,7 +3,9 @@
 A ``.npy`` header (magic, version 1/2/3, length, a Python dict literal with
 ``descr``, ``fortran_order`` and ``shape``) is read with
 :func:`ast.literal_eval` on a length-bounded string, then every field's type
-is checked. ``.npy`` files and STORED ``.npz`` members are mapped zero-copy
+is checked; as in numpy, a version 1 or 2 header written by Python 2
+(``'shape': (2L,)``) is tokenized and read again without the ``L``
+suffixes. ``.npy`` files and STORED ``.npz`` members are mapped zero-copy
 (Fortran order as strided views); ``savez_compressed`` members are inflated
 on access (CRC checked). Byte-swapped data is copied and swapped on access;
 object arrays raise :class:`~tdz_numba.UnsafeContentError`, structured and
