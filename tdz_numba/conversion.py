@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,17 @@ def _warn_tensordict_dtypes(tree: Any, dst: Any) -> None:
             f"{dst}: leaves {shown} are {', '.join(sorted(bad))}, which tensordict 0.15.3 cannot load "
             f"(TensorDict.load_memmap raises KeyError); tdz_numba reads them",
             UserWarning,
-            stacklevel=4,  # the caller of tdz_numba.convert
+            stacklevel=_outside_level(),
         )
+
+
+def _outside_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package, seen from the caller."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _walk(ar: Any, sep: str) -> tuple[list[tuple[str, Any]], dict[str, str]]:
