@@ -290,7 +290,11 @@ def tensor_from_spec(
     where = where or (str(files[spec.file].path) if 0 <= spec.file < len(files) else "<file>")
     if spec.loader is not None:
         value = spec.loader()
-        t = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+        t = (
+            torch.from_numpy(np.ascontiguousarray(value).reshape(value.shape))
+            if isinstance(value, np.ndarray)
+            else value
+        )  # 0-d stays 0-d
         if t.dtype != spec.dtype and t.element_size() == spec.dtype.itemsize:
             t = t.view(spec.dtype)
         if tuple(t.shape) != tuple(spec.shape):
