@@ -1,19 +1,24 @@
 """A restricted pickle VM for ``torch.save`` files: it interprets opcodes and runs nothing.
 
 Python's unpickler imports every global a pickle names and calls it. This VM
-does neither: it interprets the opcodes of protocols 2-5 itself, and a global
-is looked up in a fixed table of what ``torch.save`` writes for tensors and
-containers (the tensor and parameter rebuild functions, the typed and untyped
-storage classes, ``collections.OrderedDict``, ``torch.Size``,
-``torch.device``, the dtypes, ``set``/``frozenset`` and the ``_codecs.encode``
-that protocol 2 uses for bytes). Any other global raises
-:class:`~tdz_numba.UnsafeContentError` naming it, before anything else
-happens. Tensors come back as :class:`TensorRef` descriptions (storage,
-offset, shape, strides), never as tensors: the caller maps them.
+does neither: it interprets the binary opcodes of protocols 1-5 itself (the
+text opcodes of protocol 0 are refused, as ``torch.load(weights_only=True)``
+refuses them), and a global is looked up in the fixed table of
+:mod:`.pickle_ops` (tensor and storage reconstruction, containers, scalars).
+Any other global raises :class:`~tdz_numba.UnsafeContentError` naming it,
+before anything else happens. Tensors come back as :class:`TensorRef`
+descriptions (storage, offset, shape, strides, conjugate / negative bits),
+never as tensors: the caller maps them.
 
-Resources are bounded: the pickle's size, the memo, the stack and every
-container's length are checked, and nothing recurses on file-controlled depth.
-Malformed input raises :class:`~tdz_numba.BadArchiveError`.
+Resources are bounded before they are spent: the pickle's size, the number of
+opcodes run (:data:`MAX_OPS`, so a pickle of any size is read or refused in
+seconds), the memo, the stack and every container's length are checked, and
+containers nest at most :data:`MAX_NESTING` deep: a tuple or frozenset is
+refused when it is built too deep (so hashing a dict key or a set element
+never recurses past the bound), and the finished object is walked once,
+without recursion, for lists and dicts that grew deep after they were built.
+Nothing recurses on file-controlled depth. Malformed input raises
+:class:`~tdz_numba.BadArchiveError`.
 
 Examples
 --------
@@ -34,272 +39,40 @@ import gc
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, NamedTuple
-
-import torch
+from itertools import chain
+from typing import Any
 
 from ..errors import BadArchiveError, TdzError, UnsafeContentError, UnsupportedError
-from ..tdz.dtypes import dtype_table
+from .pickle_ops import GLOBALS, StorageType, TensorRef, _Fn, _Storage, call, lookup, short
 
 __all__ = [
     "load",
     "TensorRef",
     "StorageType",
     "MAX_PICKLE_BYTES",
+    "MAX_OPS",
     "MAX_MEMO",
     "MAX_STACK",
     "MAX_ITEMS",
+    "MAX_NESTING",
     "GLOBALS",
 ]
 
-#: Largest pickle this VM reads (tensor data lives outside the pickle). Every opcode pushes at
-#: most one item, so this also bounds the stack between MARKs.
+#: Largest pickle this VM reads (tensor data lives outside the pickle).
 MAX_PICKLE_BYTES = 64 << 20
-#: Most memo entries.
-MAX_MEMO = 1 << 22
+#: Most opcodes run. A state dict takes about 35 per tensor (so this is over 200,000 tensors);
+#: at a few hundred ns each, the worst pickle is refused in seconds, whatever its size.
+MAX_OPS = 8 << 20
+#: Most memo entries (a state dict stores about 12 per tensor).
+MAX_MEMO = 1 << 21
 #: Most items on the stack (all frames) and nested MARKs.
 MAX_STACK = 1 << 22
 #: Most items in one container.
 MAX_ITEMS = 1 << 24
+#: Deepest nesting of containers (tuples, lists, dicts, sets) in the object built.
+MAX_NESTING = 2000
 #: Longest LONG4 integer, in bytes.
 MAX_LONG_BYTES = 1 << 16
-
-
-class StorageType(NamedTuple):
-    """A storage class named by the pickle: its element dtype (uint8 for untyped storage)."""
-
-    name: str
-    dtype: torch.dtype
-    untyped: bool
-
-
-class TensorRef:
-    """A tensor the pickle rebuilds: ``storage`` is what ``persistent_load`` returned."""
-
-    __slots__ = ("storage", "offset", "shape", "stride", "dtype", "requires_grad", "parameter")
-
-    def __init__(
-        self,
-        storage: Any,
-        offset: int,
-        shape: tuple[int, ...],
-        stride: tuple[int, ...],
-        dtype: torch.dtype,
-        requires_grad: bool,
-        parameter: bool = False,
-    ) -> None:
-        self.storage = storage
-        self.offset = offset
-        self.shape = shape
-        self.stride = stride
-        self.dtype = dtype
-        self.requires_grad = requires_grad
-        self.parameter = parameter
-
-    def __repr__(self) -> str:
-        kind = "Parameter" if self.parameter else "Tensor"
-        return f"{kind}Ref({self.dtype}, shape={list(self.shape)}, stride={list(self.stride)}, offset={self.offset})"
-
-
-class _Fn(NamedTuple):
-    """An allowed callable global: ``kind`` selects our own handler."""
-
-    name: str
-    kind: str
-
-
-# -- the allowlist ---------------------------------------------------------------------------------
-_DTYPES = {str(v)[len("torch.") :]: v for v in dtype_table().values()}
-_STORAGES = {
-    "DoubleStorage": torch.float64,
-    "FloatStorage": torch.float32,
-    "HalfStorage": torch.float16,
-    "LongStorage": torch.int64,
-    "IntStorage": torch.int32,
-    "ShortStorage": torch.int16,
-    "CharStorage": torch.int8,
-    "ByteStorage": torch.uint8,
-    "BoolStorage": torch.bool,
-    "BFloat16Storage": torch.bfloat16,
-    "ComplexDoubleStorage": torch.complex128,
-    "ComplexFloatStorage": torch.complex64,
-}
-#: (module, name) -> what it stands for: a dtype, a StorageType or an _Fn.
-GLOBALS: dict[tuple[str, str], Any] = {}
-for _n, _dt in _STORAGES.items():
-    GLOBALS[("torch", _n)] = StorageType(_n, _dt, False)
-for _mod in ("torch", "torch.storage"):
-    GLOBALS[(_mod, "UntypedStorage")] = StorageType("UntypedStorage", torch.uint8, True)
-    GLOBALS[(_mod, "TypedStorage")] = StorageType("TypedStorage", torch.uint8, True)
-for _n, _dt in _DTYPES.items():
-    GLOBALS[("torch", _n)] = _dt
-for _n in (
-    "_rebuild_tensor",
-    "_rebuild_tensor_v2",
-    "_rebuild_tensor_v3",
-    "_rebuild_parameter",
-    "_rebuild_parameter_with_state",
-):
-    GLOBALS[("torch._utils", _n)] = _Fn(f"torch._utils.{_n}", _n)
-GLOBALS[("torch._tensor", "_rebuild_from_type_v2")] = _Fn("torch._tensor._rebuild_from_type_v2", "from_type")
-GLOBALS[("torch._tensor", "Tensor")] = GLOBALS[("torch", "Tensor")] = _Fn("torch.Tensor", "tensor_type")
-GLOBALS[("torch.nn.parameter", "Parameter")] = _Fn("torch.nn.parameter.Parameter", "parameter_type")
-GLOBALS[("collections", "OrderedDict")] = _Fn("collections.OrderedDict", "ordered_dict")
-GLOBALS[("torch", "Size")] = _Fn("torch.Size", "size")
-GLOBALS[("torch", "device")] = _Fn("torch.device", "device")
-for _mod in ("builtins", "__builtin__"):
-    GLOBALS[(_mod, "set")] = _Fn("builtins.set", "set")
-    GLOBALS[(_mod, "frozenset")] = _Fn("builtins.frozenset", "frozenset")
-    GLOBALS[(_mod, "complex")] = _Fn("builtins.complex", "complex")
-GLOBALS[("_codecs", "encode")] = _Fn("_codecs.encode", "encode")
-#: torch reconstructions that are safe but not read here (sparse, quantized, nested, ...).
-_KNOWN_UNSUPPORTED = {
-    "_rebuild_qtensor": "quantized tensors",
-    "_rebuild_sparse_tensor": "sparse tensors",
-    "_rebuild_nested_tensor": "nested tensors",
-    "_rebuild_meta_tensor_no_storage": "meta tensors",
-    "_rebuild_wrapper_subclass": "tensor subclasses",
-    "_rebuild_device_tensor_from_numpy": "numpy-backed tensors",
-    "_rebuild_device_tensor_from_cpu_tensor": "device tensors",
-    "_rebuild_xla_tensor": "XLA tensors",
-    "_rebuild_mps_tensor": "MPS tensors",
-    "_rebuild_sparse_csr_tensor": "sparse tensors",
-}
-_QUANTIZED_STORAGES = {"QUInt8Storage", "QInt8Storage", "QInt32Storage", "QUInt4x2Storage", "QUInt2x4Storage"}
-_LATIN1 = ("latin1", "latin-1", "iso-8859-1", "iso8859-1", "l1")
-
-
-def _lookup(module: str, name: str, where: str) -> Any:
-    value = GLOBALS.get((module, name))
-    if value is not None:
-        return value
-    if module == "torch" and name in _QUANTIZED_STORAGES:
-        raise UnsupportedError(
-            f"{where}: the pickle holds quantized storage (torch.{name}), which tdz_numba "
-            f"does not read; dequantize the tensors first"
-        )
-    if module == "torch._utils" and name in _KNOWN_UNSUPPORTED:
-        raise UnsupportedError(
-            f"{where}: the pickle holds {_KNOWN_UNSUPPORTED[name]} (torch._utils.{name}), "
-            f"which tdz_numba does not read; convert them to dense tensors first"
-        )
-    raise UnsafeContentError(
-        f"{where}: the pickle names {module}.{name}, which is not tensor data; refusing to run it "
-        f"(only torch tensor/storage reconstruction, containers and scalars are read)"
-    )
-
-
-# -- handlers of the allowed callables (our code, never the file's) --------------------------------
-def _ints(v: Any, what: str, where: str) -> tuple[int, ...]:
-    if not isinstance(v, tuple) or not all(type(x) is int for x in v):
-        raise BadArchiveError(f"{where}: {what} must be a tuple of ints, found {_short(v)}")
-    return tuple(v)
-
-
-def _tensor(args: tuple, where: str, dtype: torch.dtype | None = None) -> TensorRef:
-    if len(args) < 4:
-        raise BadArchiveError(
-            f"{where}: a tensor rebuild needs (storage, offset, size, stride), found {len(args)} args"
-        )
-    storage, offset, size, stride = args[:4]
-    if type(storage) is not _Storage:
-        raise BadArchiveError(
-            f"{where}: a tensor rebuild's storage is {_short(storage)}, not a persistent storage"
-        )
-    if type(offset) is not int or offset < 0:
-        raise BadArchiveError(f"{where}: storage offset {_short(offset)} is not a non-negative int")
-    shape = _ints(size, "a tensor's size", where)
-    strides = _ints(stride, "a tensor's stride", where)
-    if len(strides) != len(shape):
-        raise BadArchiveError(f"{where}: stride {list(strides)} does not match size {list(shape)}")
-    requires_grad = bool(args[4]) if len(args) > 4 and type(args[4]) is bool else False
-    return TensorRef(storage.ref, offset, shape, strides, dtype or storage.type.dtype, requires_grad)
-
-
-def _call(fn: _Fn, args: Any, where: str) -> Any:
-    if not isinstance(args, tuple):
-        raise BadArchiveError(f"{where}: REDUCE arguments of {fn.name} are not a tuple")
-    kind = fn.kind
-    if kind == "_rebuild_tensor_v2" or kind == "_rebuild_tensor":
-        return _tensor(args, where)
-    if kind == "_rebuild_tensor_v3":
-        if len(args) < 7 or not isinstance(args[6], torch.dtype):
-            raise BadArchiveError(f"{where}: _rebuild_tensor_v3 needs a dtype as 7th argument")
-        return _tensor(args, where, args[6])
-    if kind in ("_rebuild_parameter", "_rebuild_parameter_with_state"):
-        if len(args) < 2 or not isinstance(args[0], TensorRef):
-            raise BadArchiveError(f"{where}: {fn.name} needs a tensor as first argument")
-        t = args[0]
-        return TensorRef(
-            t.storage,
-            t.offset,
-            t.shape,
-            t.stride,
-            t.dtype,
-            bool(args[1]) if type(args[1]) is bool else False,
-            True,
-        )
-    if kind == "from_type":  # (func, new_type, args, state): plain Tensor/Parameter only
-        if len(args) != 4 or not isinstance(args[0], _Fn) or not isinstance(args[1], _Fn):
-            raise BadArchiveError(f"{where}: malformed _rebuild_from_type_v2 arguments")
-        if args[1].kind not in ("tensor_type", "parameter_type"):
-            raise UnsupportedError(f"{where}: tensor subclass {args[1].name} is not read")
-        t = _call(args[0], args[2], where)
-        if not isinstance(t, TensorRef):
-            raise BadArchiveError(f"{where}: _rebuild_from_type_v2 did not rebuild a tensor")
-        if args[1].kind == "parameter_type":
-            t.parameter = True
-        return t
-    if kind == "ordered_dict":
-        if args == ():
-            return OrderedDict()
-        if (
-            len(args) == 1
-            and isinstance(args[0], list)
-            and all(isinstance(p, tuple) and len(p) == 2 for p in args[0])
-        ):
-            try:
-                return OrderedDict(args[0])
-            except TypeError as exc:
-                raise BadArchiveError(f"{where}: OrderedDict: {exc}") from None
-        raise BadArchiveError(f"{where}: unexpected OrderedDict arguments")
-    if kind == "size":
-        if len(args) == 1 and isinstance(args[0], (tuple, list)) and all(type(x) is int for x in args[0]):
-            return torch.Size(args[0])
-        raise BadArchiveError(f"{where}: torch.Size arguments must be one tuple of ints")
-    if kind == "device":
-        ok = 1 <= len(args) <= 2 and isinstance(args[0], str) and (len(args) == 1 or type(args[1]) is int)
-        if ok and len(args[0]) < 64:
-            try:
-                return torch.device(*args)
-            except (RuntimeError, ValueError) as exc:
-                raise BadArchiveError(f"{where}: bad torch.device({_short(args[0])}): {exc}") from None
-        raise BadArchiveError(f"{where}: torch.device arguments must be (str[, int])")
-    if kind in ("set", "frozenset"):
-        items = args[0] if args else ()
-        if len(args) > 1 or not isinstance(items, (list, tuple)):
-            raise BadArchiveError(f"{where}: {fn.name} needs one list")
-        try:
-            return set(items) if kind == "set" else frozenset(items)
-        except TypeError as exc:
-            raise BadArchiveError(f"{where}: {fn.name}: {exc}") from None
-    if kind == "complex":
-        if 1 <= len(args) <= 2 and all(type(x) in (int, float) for x in args):
-            return complex(*args)
-        raise BadArchiveError(f"{where}: complex() needs numbers")
-    if kind == "encode":  # protocol 2 bytes: _codecs.encode(str, "latin1")
-        if (
-            len(args) == 2
-            and isinstance(args[0], str)
-            and isinstance(args[1], str)
-            and args[1].lower() in _LATIN1
-        ):
-            try:
-                return args[0].encode("latin-1")
-            except UnicodeEncodeError:
-                raise BadArchiveError(f"{where}: _codecs.encode of a non-latin-1 string") from None
-        raise BadArchiveError(f"{where}: _codecs.encode is only read as (str, 'latin1')")
-    raise UnsupportedError(f"{where}: {fn.name} cannot be called with REDUCE here")
 
 
 # -- the VM ------------------------------------------------------------------------------------------
@@ -320,24 +93,6 @@ def _name(op: int) -> str:
     return f"0x{op:02x}"
 
 
-def _short(v: Any) -> str:
-    """A bounded description of a value from the file (never a repr of a container)."""
-    if v is None or isinstance(v, (bool, int, float, torch.dtype)):
-        return repr(v)[:60]
-    if isinstance(v, (str, bytes)):
-        return repr(v[:40])
-    if isinstance(v, (tuple, list)):
-        return f"a {type(v).__name__} of {len(v)} items"
-    return f"a {type(v).__name__}"
-
-
-class _Storage(NamedTuple):
-    """What BINPERSID pushes: ``persistent_load``'s result and the storage class named."""
-
-    ref: Any
-    type: StorageType
-
-
 def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pickle>") -> Any:
     """The object a pickle describes, built only from allowed parts.
 
@@ -356,10 +111,11 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pick
     UnsafeContentError
         A global outside the allowlist.
     UnsupportedError
-        Opcodes of protocols 0/1 that torch does not write, out-of-band buffers,
+        The text opcodes of protocol 0, out-of-band buffers,
         extension codes, tensor kinds that are not read.
     BadArchiveError
-        Truncated or malformed pickles, limits exceeded.
+        Truncated or malformed pickles, limits exceeded (:data:`MAX_OPS`,
+        :data:`MAX_MEMO`, :data:`MAX_NESTING`, ...), a container that holds itself.
     """
     data = bytes(data)
     n = len(data)
@@ -369,7 +125,9 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pick
     if paused:
         gc.disable()
     try:
-        return _run(data, n, persistent_load, where)
+        root = _run(data, n, persistent_load, where)
+        _check_nesting(root, where)
+        return root
     except IndexError:
         raise BadArchiveError(
             f"{where}: truncated or malformed pickle (stack underflow or a read past the end)"
@@ -427,9 +185,27 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
         except UnicodeDecodeError:
             raise BadArchiveError(f"{where}: GLOBAL name at byte {start} is not ASCII") from None
 
+    nest: dict[int, tuple[int, Any]] = {}  # id -> (depth, tuple or frozenset) of those that hold one
+
+    def deep(obj: Any) -> Any:
+        """``obj`` (a new tuple or frozenset), its depth checked: hashing it recurses that deep."""
+        d = 0
+        for x in obj:
+            tx = type(x)
+            if tx is tuple or tx is frozenset:
+                e = nest.get(id(x))
+                e = 1 if e is None else e[0]  # the ones not kept hold no tuple
+                if e > d:
+                    d = e
+        if d:
+            if d >= MAX_NESTING:
+                raise BadArchiveError(f"{where}: tuples or frozensets nested deeper than {MAX_NESTING}")
+            nest[id(obj)] = (d + 1, obj)  # kept alive: its id is not reused while the VM runs
+        return obj
+
     memo_put = memo.__setitem__  # BINPUT keys are one byte; the wider puts check the size
     push = stack.append
-    while True:
+    for _ in range(MAX_OPS):
         op = data[pos]
         pos += 1
         # the opcodes of a torch state dict first, most frequent first (an if-chain is the dispatch)
@@ -461,10 +237,10 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
             stack = metastack.pop()
             below -= len(stack)
             push = stack.append
-            push(tuple(items))
+            push(deep(tuple(items)))
         elif op == 0x86:  # TUPLE2
             b = stack.pop()
-            stack[-1] = (stack[-1], b)
+            stack[-1] = deep((stack[-1], b))
         elif op == 0x58:  # X BINUNICODE
             (length,) = _U(data, pos)
             pos += 4
@@ -478,18 +254,19 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
             fn = stack[-1]
             if type(fn) is not _Fn:
                 raise BadArchiveError(f"{where}: REDUCE of a {type(fn).__name__}, not an allowed callable")
-            stack[-1] = _call(fn, args, where)
+            value = call(fn, args, where)
+            stack[-1] = deep(value) if type(value) is frozenset else value
         elif op == 0x51:  # Q BINPERSID
             pid = stack[-1]
             if type(pid) is not tuple or len(pid) < 2 or type(pid[1]) is not StorageType:
-                raise BadArchiveError(f"{where}: persistent id {_short(pid)} is not a storage id")
+                raise BadArchiveError(f"{where}: persistent id {short(pid)} is not a storage id")
             stack[-1] = _Storage(persistent_load(pid), pid[1])
         elif op == 0x89:  # NEWFALSE
             push(False)
         elif op == 0x29:  # ) EMPTY_TUPLE
             push(())
         elif op == 0x85:  # TUPLE1
-            stack[-1] = (stack[-1],)
+            stack[-1] = deep((stack[-1],))
         elif op == 0x8C:  # SHORT_BINUNICODE
             length = data[pos]
             push(text(pos + 1, length))
@@ -528,7 +305,7 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
                 if len(target) > MAX_ITEMS:
                     raise BadArchiveError(f"{where}: a list of more than {MAX_ITEMS} items")
             elif op == 0x91:
-                push(frozenset(items))
+                push(deep(frozenset(items)))
             else:
                 target = stack[-1]
                 if type(target) is not set:
@@ -539,7 +316,7 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
         elif op == 0x87:  # TUPLE3
             c = stack.pop()
             b = stack.pop()
-            stack[-1] = (stack[-1], b, c)
+            stack[-1] = deep((stack[-1], b, c))
         elif op == 0x88:  # NEWTRUE
             push(True)
         elif op == 0x4E:  # N NONE
@@ -597,13 +374,13 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
         elif op == 0x63:  # c GLOBAL
             module, pos = line(pos)
             name, pos = line(pos)
-            push(_lookup(module, name, where))
+            push(lookup(module, name, where))
         elif op == 0x93:  # STACK_GLOBAL
             name = stack.pop()
             module = stack.pop()
             if not isinstance(module, str) or not isinstance(name, str):
                 raise BadArchiveError(f"{where}: STACK_GLOBAL of non-strings")
-            push(_lookup(module, name, where))
+            push(lookup(module, name, where))
         elif op == 0x62:  # b BUILD
             state = stack.pop()
             inst = stack[-1]
@@ -621,8 +398,9 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
             args = stack.pop()
             cls = stack[-1]
             if not isinstance(cls, _Fn) or cls.kind not in ("ordered_dict", "set", "frozenset", "size"):
-                raise BadArchiveError(f"{where}: NEWOBJ of {_short(cls)}, not an allowed class")
-            stack[-1] = _call(cls, args, where)
+                raise BadArchiveError(f"{where}: NEWOBJ of {short(cls)}, not an allowed class")
+            value = call(cls, args, where)
+            stack[-1] = deep(value) if type(value) is frozenset else value
         elif op == 0x2E:  # . STOP
             if len(stack) != 1 or metastack:
                 raise BadArchiveError(f"{where}: STOP with {len(stack)} items on the stack")
@@ -672,7 +450,10 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
                 length, skip = _I(data, pos)[0], 4
                 if length < 0:
                     raise BadArchiveError(f"{where}: negative BINSTRING length")
-            push(blob(pos + skip, length).decode("latin-1"))
+            try:  # torch.load decodes them as UTF-8 (its default encoding)
+                push(blob(pos + skip, length).decode("utf-8"))
+            except UnicodeDecodeError:
+                raise BadArchiveError(f"{where}: Python 2 string at byte {pos - 1} is not UTF-8") from None
             pos += skip + length
         elif op == 0x8D:  # BINUNICODE8
             (length,) = _Q(data, pos)
@@ -682,7 +463,7 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
             if op == 0x69:
                 module, pos = line(pos)
                 name, pos = line(pos)
-                _lookup(module, name, where)
+                lookup(module, name, where)
             raise UnsupportedError(f"{where}: INST/OBJ opcodes are not read")
         elif op in (0x82, 0x83, 0x84):  # EXT1/2/4: the copyreg extension registry
             raise UnsafeContentError(
@@ -695,3 +476,50 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
             raise UnsupportedError(f"{where}: text opcode {_name(op)} (pickle protocol 0) is not read")
         else:
             raise BadArchiveError(f"{where}: unknown pickle opcode 0x{op:02x} at byte {pos - 1}")
+    raise BadArchiveError(
+        f"{where}: more than {MAX_OPS} pickle opcodes (a state dict needs about 35 per tensor); "
+        f"refused as a resource limit"
+    )
+
+
+_FLAT = (list, tuple, set, frozenset)
+
+
+def _check_nesting(root: Any, where: str) -> None:
+    """Raises BadArchiveError when containers in ``root`` nest deeper than MAX_NESTING or hold
+    themselves. Iterative (post-order, each container visited once)."""
+    if type(root) not in _FLAT and not isinstance(root, dict):
+        return
+    height: dict[int, int] = {}  # id -> height of a finished container
+    on_path: set[int] = {id(root)}
+    frames: list[list[Any]] = [[root, _children(root), 0]]
+    while frames:
+        frame = frames[-1]
+        for child in frame[1]:
+            tc = type(child)
+            if tc in _FLAT or tc is dict or tc is OrderedDict:
+                cid = id(child)
+                h = height.get(cid)
+                if h is None:
+                    if cid in on_path:
+                        raise BadArchiveError(f"{where}: the pickle holds a container that contains itself")
+                    if len(frames) >= MAX_NESTING:
+                        raise BadArchiveError(f"{where}: containers nested deeper than {MAX_NESTING}")
+                    on_path.add(cid)
+                    frames.append([child, _children(child), 0])
+                    break
+                if len(frames) + h > MAX_NESTING:
+                    raise BadArchiveError(f"{where}: containers nested deeper than {MAX_NESTING}")
+                if h > frame[2]:
+                    frame[2] = h
+        else:
+            frames.pop()
+            node = frame[0]
+            on_path.discard(id(node))
+            h = height[id(node)] = frame[2] + 1
+            if frames and h > frames[-1][2]:
+                frames[-1][2] = h
+
+
+def _children(node: Any) -> Any:
+    return chain(node.keys(), node.values()) if isinstance(node, dict) else iter(node)
