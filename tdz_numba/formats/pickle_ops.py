@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..tdz.dtypes import dtype_table
 from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
+from ..tdz.dtypes import dtype_table
 
 __all__ = ["TensorRef", "StorageType", "GLOBALS", "lookup", "call", "short"]
 
@@ -324,5 +324,3 @@ class _Storage(NamedTuple):
 
     ref: Any
     type: StorageType
-
-

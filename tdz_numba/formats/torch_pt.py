@@ -9,6 +9,21 @@ offsets and strides are kept, so transposes and offset slices come back as
 correct strided views, and tensors that share a storage are views of the same
 bytes. Every view is checked to stay inside its storage record.
 
+A tensor saved with its conjugate or negative bit set (``x.conj()`` of a
+complex tensor, ``torch._neg_view``) stores the unresolved values; its leaf is
+read as a copy with the bits applied (``conj_physical``, ``neg``), so it holds
+the values ``torch.load`` gives. Views whose strides overlap (``expand``,
+stride 0) materialize more bytes than they span: at most
+:data:`MAX_EXPANSION` bytes more in all, per file, or the file is refused
+(``convert`` would have to write them out).
+
+Refused, with what to do: legacy (non-zip) files, TorchScript archives,
+big-endian files, compressed storage records, sparse / quantized / nested
+tensors and tensor subclasses, sets of tensors, dict keys that are not str,
+int, float, bool, None or a dtype, keys that are not valid Unicode (a lone
+surrogate: no file name can hold it), two keys of a level that read as the
+same string.
+
 Dicts become levels (non-str keys as ``str(key)``), lists and tuples that hold
 tensors become levels keyed ``"0"``, ``"1"``, ...; other values (ints, floats,
 strings, None, bools, ``torch.Size``, ``torch.device``, dtypes, and containers
@@ -38,7 +53,15 @@ import torch
 
 from ..errors import BadArchiveError, UnsupportedError
 from ..tdz.dtypes import dtype_table
-from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
+from ..tdz.sources import (
+    MAX_DEPTH,
+    MappedFile,
+    TensorSpec,
+    TreeSource,
+    check_extent,
+    span_bytes,
+    tensor_from_spec,
+)
 from ..tdz.tree import Level
 from ..zipfmt.index import ArchiveIndex
 from ..zipfmt.records import STORED
@@ -46,7 +69,11 @@ from . import pickle_vm
 from ._shape import MAX_NDIM, check_shape
 from .detect import zip_kind
 
-__all__ = ["open_torch", "open_torch_legacy"]
+__all__ = ["open_torch", "open_torch_legacy", "MAX_EXPANSION"]
+
+#: Most bytes the views of one file with overlapping strides may add when materialized
+#: (element count x size minus the bytes they span).
+MAX_EXPANSION = 1 << 30
 
 
 class _Record(NamedTuple):
@@ -145,14 +172,42 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
     try:
         if f.size != size:
             raise BadArchiveError(f"{where}: the file changed while it was opened")
-        tree = _to_tree(root, where, size)
+        tree = _to_tree(root, where, size, [f])
     except BaseException:
         f.close()
         raise
     return TreeSource("torch", path, tree, files=[f], metadata={})
 
 
-def _spec(ref: pickle_vm.TensorRef, key: str, where: str, size: int, contiguous: dict) -> TensorSpec:
+class _Ctx(NamedTuple):
+    """What every leaf of one file needs: the file's size and mapping, caches, the expansion budget."""
+
+    where: str
+    size: int
+    files: list[MappedFile]
+    contiguous: dict
+    expanded: list[int]
+
+
+def _spec(ref: pickle_vm.TensorRef, key: str, ctx: _Ctx) -> TensorSpec:
+    spec = _view(ref, key, ctx)
+    if ref.conj or ref.neg:  # torch stores the unresolved values: apply the bits, as a copy
+        spec = spec._replace(loader=_resolver(spec, ctx.files, ref.conj, ref.neg))
+    return spec
+
+
+def _resolver(spec: TensorSpec, files: list[MappedFile], conj: bool, neg: bool) -> Any:
+    def load() -> torch.Tensor:
+        t = tensor_from_spec(spec, files)
+        if conj:
+            t = t.conj_physical()
+        return t.neg() if neg else t
+
+    return load
+
+
+def _view(ref: pickle_vm.TensorRef, key: str, ctx: _Ctx) -> TensorSpec:
+    where, size, contiguous = ctx.where, ctx.size, ctx.contiguous
     rec = ref.storage
     if type(rec) is not _Record:
         raise BadArchiveError(f"{where}: tensor {key!r} is not backed by a storage record")
@@ -178,6 +233,15 @@ def _spec(ref: pickle_vm.TensorRef, key: str, where: str, size: int, contiguous:
         shape, stride if all(s >= 0 for s in stride) else None, itemsize, f"{where}: tensor {key!r}"
     )  # negative strides are refused by check_extent
     check_extent(spec, size, f"{where}: storage {rec.key!r}")
+    extra = spec.numel * itemsize - span_bytes(shape, stride, itemsize)
+    if extra > 0:  # overlapping strides (expand, stride 0): copies are larger than the file
+        ctx.expanded[0] += extra
+        if ctx.expanded[0] > MAX_EXPANSION:
+            raise UnsupportedError(
+                f"{where}: tensor {key!r} (shape {list(shape)}, stride {list(stride)}) repeats "
+                f"the bytes of its storage; the file's overlapping views would materialize "
+                f"{ctx.expanded[0]} bytes more than they span (limit {MAX_EXPANSION})"
+            )
     return spec
 
 
@@ -243,22 +307,29 @@ def _holds_tensor(root: Any, where: str) -> dict[int, bool]:
 
 def _key(k: Any, where: str) -> str:
     if isinstance(k, str):
+        try:
+            k.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UnsupportedError(
+                f"{where}: dict key {ascii(k[:60])} is not valid Unicode (a lone surrogate); "
+                f"no .tdz entry name can hold it"
+            ) from None
         return k
     if k is None or isinstance(k, (int, float, bool, torch.dtype)):
         return str(k)
-    raise UnsupportedError(f"{where}: a dict key of type {type(k).__name__}")
+    raise UnsupportedError(f"{where}: a dict key of type {type(k).__name__} ({pickle_vm.short(k)})")
 
 
-def _to_tree(root: Any, where: str, size: int) -> Level:
+def _to_tree(root: Any, where: str, size: int, files: list[MappedFile]) -> Level:
     """The level tree of the unpickled object (containers with tensors -> levels)."""
+    ctx = _Ctx(where, size, files, {}, [0])
     if isinstance(root, pickle_vm.TensorRef):
-        return Level({"0": _spec(root, "0", where, size, {})}, meta={"_torch_type": "Tensor"})
+        return Level({"0": _spec(root, "0", ctx)}, meta={"_torch_type": "Tensor"})
     if isinstance(root, _INTERNAL):
         raise UnsupportedError(f"{where}: the pickle holds {_what(root)}, not tensor data")
     if not isinstance(root, _CONTAINERS):
         return Level({"0": root}, meta={"_torch_type": type(root).__name__})
     holds = _holds_tensor(root, where)
-    contiguous: dict[tuple[int, ...], tuple[int, ...]] = {}
     out = Level(meta={"_torch_type": type(root).__name__})
     stack: list[tuple[Any, Level, str]] = [(root, out, "")]
     while stack:
@@ -272,7 +343,7 @@ def _to_tree(root: Any, where: str, size: int) -> Level:
             if key in level:
                 raise UnsupportedError(f"{where}: two keys of {path or '<root>'} both read as {key!r}")
             if isinstance(value, pickle_vm.TensorRef):
-                level[key] = _spec(value, path + key, where, size, contiguous)
+                level[key] = _spec(value, path + key, ctx)
             elif isinstance(value, dict) or (isinstance(value, _CONTAINERS) and holds.get(id(value))):
                 level[key] = sub = Level(meta={"_torch_type": type(value).__name__})
                 stack.append((value, sub, path + key + "/"))
