@@ -163,6 +163,10 @@ def lookup(module: str, name: str, where: str) -> Any:
             f"{where}: the pickle holds {_KNOWN_UNSUPPORTED[name]} (torch._utils.{name}), "
             f"which tdz_numba does not read; convert them to dense tensors first"
         )
+    if module == "torch" and isinstance(vars(torch).get(name), torch.dtype):  # no lazy import
+        raise UnsupportedError(
+            f"{where}: the pickle holds tensors of dtype torch.{name}, which tdz_numba does not read"
+        )
     raise UnsafeContentError(
         f"{where}: the pickle names {module}.{name}, which is not tensor data; refusing to run it "
         f"(only torch tensor/storage reconstruction, containers and scalars are read)"

@@ -47,6 +47,7 @@ from .pickle_ops import GLOBALS, StorageType, TensorRef, _Fn, _Storage, call, lo
 
 __all__ = [
     "load",
+    "load_at",
     "TensorRef",
     "StorageType",
     "MAX_PICKLE_BYTES",
@@ -60,11 +61,11 @@ __all__ = [
 
 #: Largest pickle this VM reads (tensor data lives outside the pickle).
 MAX_PICKLE_BYTES = 64 << 20
-#: Most opcodes run. A state dict takes about 35 per tensor (so this is over 200,000 tensors);
-#: at a few hundred ns each, the worst pickle is refused in seconds, whatever its size.
-MAX_OPS = 8 << 20
-#: Most memo entries (a state dict stores about 12 per tensor).
-MAX_MEMO = 1 << 21
+#: Most opcodes run. ``torch.save`` of a state dict writes about 30 per tensor (so this is over
+#: 130,000 tensors); at well under a microsecond each, any pickle is read or refused in seconds.
+MAX_OPS = 4 << 20
+#: Most memo entries (``torch.save`` stores about 8 per tensor).
+MAX_MEMO = 1 << 20
 #: Most items on the stack (all frames) and nested MARKs.
 MAX_STACK = 1 << 22
 #: Most items in one container.
@@ -94,17 +95,31 @@ def _name(op: int) -> str:
 
 
 def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pickle>") -> Any:
-    """The object a pickle describes, built only from allowed parts.
+    """The object a pickle describes, built only from allowed parts (see :func:`load_at`)."""
+    return load_at(data, persistent_load, where)[0]
+
+
+def load_at(
+    data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pickle>", start: int = 0
+) -> tuple[Any, int]:
+    """The object of the pickle that starts at byte ``start`` of ``data``, and where it ends.
 
     Parameters
     ----------
     data : bytes
-        The pickle.
+        The pickle (or several in a row, as in a legacy ``torch.save`` file).
     persistent_load : callable
         Called with each persistent id (a tuple of plain values); its result
         stands for the storage (``_rebuild_*`` receive ``(result, StorageType)``).
     where : str
         Prefix of error messages.
+    start : int
+        Where the pickle starts.
+
+    Returns
+    -------
+    tuple
+        The object and the offset just past the pickle's STOP.
 
     Raises
     ------
@@ -117,7 +132,7 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pick
         Truncated or malformed pickles, limits exceeded (:data:`MAX_OPS`,
         :data:`MAX_MEMO`, :data:`MAX_NESTING`, ...), a container that holds itself.
     """
-    data = bytes(data)
+    data = data if type(data) is bytes else bytes(data)
     n = len(data)
     if n > MAX_PICKLE_BYTES:
         raise BadArchiveError(f"{where}: pickle of {n} bytes exceeds the limit of {MAX_PICKLE_BYTES}")
@@ -125,9 +140,9 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pick
     if paused:
         gc.disable()
     try:
-        root = _run(data, n, persistent_load, where)
+        root, end = _run(data, n, persistent_load, where, start)
         _check_nesting(root, where)
-        return root
+        return root, end
     except IndexError:
         raise BadArchiveError(
             f"{where}: truncated or malformed pickle (stack underflow or a read past the end)"
@@ -147,11 +162,12 @@ def load(data: bytes, persistent_load: Callable[[Any], Any], where: str = "<pick
             gc.enable()
 
 
-def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str) -> Any:  # noqa: C901
+def _run(  # noqa: C901
+    data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str, pos: int
+) -> tuple[Any, int]:
     stack: list[Any] = []
     metastack: list[list[Any]] = []
     memo: dict[int, Any] = {}
-    pos = 0
     below = 0  # items in the frames below the current one
 
     def text(start: int, length: int) -> str:
@@ -404,7 +420,7 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
         elif op == 0x2E:  # . STOP
             if len(stack) != 1 or metastack:
                 raise BadArchiveError(f"{where}: STOP with {len(stack)} items on the stack")
-            return stack[0]
+            return stack[0], pos
         elif op == 0x80:  # PROTO
             if data[pos] > 5:
                 raise UnsupportedError(f"{where}: pickle protocol {data[pos]} (expected 2 to 5)")
@@ -477,7 +493,7 @@ def _run(data: bytes, n: int, persistent_load: Callable[[Any], Any], where: str)
         else:
             raise BadArchiveError(f"{where}: unknown pickle opcode 0x{op:02x} at byte {pos - 1}")
     raise BadArchiveError(
-        f"{where}: more than {MAX_OPS} pickle opcodes (a state dict needs about 35 per tensor); "
+        f"{where}: more than {MAX_OPS} pickle opcodes (torch.save writes about 30 per tensor); "
         f"refused as a resource limit"
     )
 

@@ -1,6 +1,8 @@
-"""``torch.save`` files (the zip format) as zero-copy sources, read without unpickling.
+"""``torch.save`` files (the zip format, and the legacy one of torch < 1.6) as zero-copy sources,
+read without unpickling.
 
-The pickle (``<archive>/data.pkl``) runs in :mod:`.pickle_vm`, which interprets
+The pickle (``<archive>/data.pkl``; in a legacy file, the fourth of the pickles
+that precede the storages) runs in :mod:`.pickle_vm`, which interprets
 opcodes and recognizes only tensor and storage reconstruction, containers and
 scalars; it imports and calls nothing from the file. Each tensor becomes a
 :class:`~tdz_numba.tdz.sources.TensorSpec` over its storage record
@@ -17,7 +19,7 @@ stride 0) materialize more bytes than they span: at most
 :data:`MAX_EXPANSION` bytes more in all, per file, or the file is refused
 (``convert`` would have to write them out).
 
-Refused, with what to do: legacy (non-zip) files, TorchScript archives,
+Refused, with what to do: TorchScript archives, legacy files of the tar era,
 big-endian files, compressed storage records, sparse / quantized / nested
 tensors and tensor subclasses, sets of tensors, dict keys that are not str,
 int, float, bool, None or a dtype, keys that are not valid Unicode (a lone
@@ -45,6 +47,7 @@ Examples
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -76,18 +79,112 @@ __all__ = ["open_torch", "open_torch_legacy", "MAX_EXPANSION"]
 MAX_EXPANSION = 1 << 30
 
 
-class _Record(NamedTuple):
-    key: str
-    offset: int
-    nbytes: int
+class _Record:
+    """A storage's bytes in the file: ``offset`` and ``nbytes`` (a legacy file's are set once
+    the pickles that come before the data have been read)."""
+
+    __slots__ = ("key", "offset", "nbytes", "numel", "dtype", "root", "start")
+
+    def __init__(self, key: str, offset: int, nbytes: int, numel: int = 0, dtype: Any = None) -> None:
+        self.key, self.offset, self.nbytes, self.numel, self.dtype = key, offset, nbytes, numel, dtype
+        self.root: _Record | None = None  # a legacy storage view: its root and first element
+        self.start = 0
+
+
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_LEGACY_PROTOCOL = 1001
+_I64 = struct.Struct("<q")
 
 
 def open_torch_legacy(path: str | os.PathLike, **options: Any) -> TreeSource:
-    """Refuses a legacy (pre-1.6, non-zip) ``torch.save`` file with what to do."""
-    raise UnsupportedError(
-        f"{path}: a legacy (non-zip) torch.save file; re-save it with a current torch "
-        f"(torch.save(torch.load(path, weights_only=True), new_path)) to read it here"
-    )
+    """A legacy (torch < 1.6, non-zip) ``torch.save`` file as a :class:`~tdz_numba.sources.TreeSource`.
+
+    The file is five pickles in a row (magic number, protocol version, system
+    info, the object, the storage keys), then each storage's element count and
+    bytes, in the keys' order: the storages are mapped where they lie, as in
+    the zip format. ``options`` are ignored.
+
+    Raises
+    ------
+    UnsafeContentError, UnsupportedError, BadArchiveError
+        As :func:`open_torch`; also big-endian files and old module pickles.
+    """
+    where = str(path)
+    f = MappedFile.open(path)
+    try:
+        tree = _open_legacy(f, where)
+    except BaseException:
+        f.close()
+        raise
+    return TreeSource("torch", Path(path), tree, files=[f], metadata={})
+
+
+def _open_legacy(f: MappedFile, where: str) -> Level:
+    data = bytes(f.buffer[: min(f.size, pickle_vm.MAX_PICKLE_BYTES)])
+    nop = lambda pid: None  # noqa: E731 - the header pickles hold no storage
+    magic, pos = pickle_vm.load_at(data, nop, f"{where}: magic number pickle", 0)
+    if magic != _LEGACY_MAGIC:
+        raise BadArchiveError(f"{where}: legacy torch file with magic number {pickle_vm.short(magic)}")
+    version, pos = pickle_vm.load_at(data, nop, f"{where}: protocol version pickle", pos)
+    if version != _LEGACY_PROTOCOL:
+        raise BadArchiveError(f"{where}: legacy protocol version {pickle_vm.short(version)}, expected 1001")
+    info, pos = pickle_vm.load_at(data, nop, f"{where}: system info pickle", pos)
+    if not isinstance(info, dict) or info.get("little_endian", True) is not True:
+        raise UnsupportedError(f"{where}: saved on a big-endian machine (or no system info); not read")
+    roots: dict[str, _Record] = {}
+    views: list[_Record] = []
+
+    def persistent_load(pid: tuple) -> _Record:
+        if pid and pid[0] == "module":
+            raise UnsupportedError(f"{where}: the file pickles a whole module (an old torch.save of a model)")
+        if len(pid) != 6 or pid[0] != "storage":
+            raise BadArchiveError(
+                f"{where}: persistent id of {len(pid)} fields, expected "
+                f"('storage', type, key, location, numel, view)"
+            )
+        _, stype, key, location, numel, view = pid
+        if not isinstance(key, str) or not isinstance(location, str) or type(numel) is not int or numel < 0:
+            raise BadArchiveError(f"{where}: malformed storage id (key, location, numel)")
+        rec = roots.get(key)
+        if rec is None:
+            rec = roots[key] = _Record(key, -1, numel * stype.dtype.itemsize, numel, stype.dtype)
+        if view is None:
+            return rec
+        ok = isinstance(view, tuple) and len(view) == 3 and isinstance(view[0], str)
+        if not ok or not all(type(x) is int and x >= 0 for x in view[1:]):
+            raise BadArchiveError(f"{where}: malformed storage view {pickle_vm.short(view)}")
+        v = _Record(view[0], -1, view[2] * rec.dtype.itemsize)
+        v.root, v.start = rec, view[1] * rec.dtype.itemsize
+        views.append(v)
+        return v
+
+    root, pos = pickle_vm.load_at(data, persistent_load, f"{where}: object pickle", pos)
+    keys, pos = pickle_vm.load_at(data, nop, f"{where}: storage keys pickle", pos)
+    if (
+        not isinstance(keys, list)
+        or len(keys) != len(roots)
+        or not all(type(k) is str and k in roots for k in keys)
+    ):
+        raise BadArchiveError(f"{where}: the storage keys pickle does not list the storages the object uses")
+    for key in keys:  # each: int64 element count, then the bytes
+        rec = roots[key]
+        if pos + 8 > f.size:
+            raise BadArchiveError(f"{where}: storage {key!r} starts past the end of the file")
+        (count,) = _I64.unpack_from(f.buffer, pos)
+        if count != rec.numel or pos + 8 + rec.nbytes > f.size:
+            raise BadArchiveError(
+                f"{where}: storage {key!r}: {count} elements at byte {pos}, the pickle says "
+                f"{rec.numel} ({rec.nbytes} bytes; the file has {f.size})"
+            )
+        rec.offset = pos + 8
+        pos += 8 + rec.nbytes
+    for v in views:
+        r = v.root
+        assert r is not None
+        if v.start + v.nbytes > r.nbytes:
+            raise BadArchiveError(f"{where}: storage view {v.key!r} runs past its storage {r.key!r}")
+        v.offset = r.offset + v.start
+    return _to_tree(root, where, f.size, [f])
 
 
 def _prefix(index: ArchiveIndex, where: str) -> str:
@@ -160,6 +257,7 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
                     f"{where}: stored record {name!r} has sizes {e.compressed_size} and {e.size}"
                 )
             rec = records[key] = _Record(key, e.payload_offset, e.size)
+            rec.dtype = stype.dtype
         if numel * stype.dtype.itemsize > rec.nbytes:
             raise BadArchiveError(
                 f"{where}: storage {key!r} claims {numel} {stype.name} elements, "
