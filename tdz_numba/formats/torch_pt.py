@@ -418,9 +418,9 @@ def _key(k: Any, where: str) -> str:
     raise UnsupportedError(f"{where}: a dict key of type {type(k).__name__} ({pickle_vm.short(k)})")
 
 
-def _to_tree(root: Any, where: str, size: int, files: list[MappedFile]) -> Level:
+def _to_tree(root: Any, where: str, size: int, files: list[MappedFile] | None = None) -> Level:
     """The level tree of the unpickled object (containers with tensors -> levels)."""
-    ctx = _Ctx(where, size, files, {}, [0])
+    ctx = _Ctx(where, size, files or [], {}, [0])
     if isinstance(root, pickle_vm.TensorRef):
         return Level({"0": _spec(root, "0", ctx)}, meta={"_torch_type": "Tensor"})
     if isinstance(root, _INTERNAL):
