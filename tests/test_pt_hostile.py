@@ -151,16 +151,16 @@ EXPECTED["self_list"] = ("BadArchiveError", "contains itself")
 
 _CHILD = textwrap.dedent(
     r"""
-    import json, resource, sys, traceback
-    limit = int(sys.argv[3]) << 20
+    import json, os, resource, sys, traceback
+    limit = int(sys.argv[1]) << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    path, out_dir, names = sys.argv[1], sys.argv[2], sys.argv[4].split(",")
+    jobs = json.loads(sys.argv[2])  # [[path, out_dir, [op, ...]], ...]
     import torch
     import tdz_numba
     from tdz_numba.errors import TdzError
     from tdz_numba import cli
 
-    def read_all():
+    def read_all(path):
         with tdz_numba.open(path) as ar:
             stack = [ar]
             while stack:
@@ -172,69 +172,87 @@ _CHILD = textwrap.dedent(
                     elif hasattr(v, "keys"):
                         stack.append(v)
 
-    ops = {
-        "open": read_all,
-        "load": lambda: tdz_numba.load(path),
-        "convert": lambda: tdz_numba.convert(path, out_dir + "/out.tdz"),
-        "info": lambda: cli.main(["info", path]),
+    OPS = {
+        "open": lambda path, out: read_all(path),
+        "load": lambda path, out: tdz_numba.load(path),
+        "convert": lambda path, out: tdz_numba.convert(path, os.path.join(out, "out.tdz")),
+        "info": lambda path, out: cli.main(["info", path]),
     }
-    result = {}
-    for name in names:
-        op = ops[name]
-        try:
-            op()
-            result[name] = ["ok", ""]
-        except TdzError as exc:
-            result[name] = [type(exc).__name__, str(exc)[:2000], len(str(exc))]
-        except BaseException:
-            traceback.print_exc()
-            print(f"STRAY EXCEPTION in {name}", flush=True)
-            sys.exit(3)
-    print("RESULT " + json.dumps(result), flush=True)
+    for path, out, names in jobs:
+        result = {}
+        for name in names:
+            print(f"RUNNING {name} on {path}", flush=True)
+            try:
+                OPS[name](path, out)
+                result[name] = ["ok", "", 0]
+            except TdzError as exc:
+                result[name] = [type(exc).__name__, str(exc)[:2000], len(str(exc))]
+            except BaseException:
+                traceback.print_exc()
+                print(f"STRAY EXCEPTION in {name} on {path}", flush=True)
+                sys.exit(3)
+        print("RESULT " + json.dumps([path, result]), flush=True)
     """
 )
-
-
 ALL_OPS = ("open", "load", "convert", "info")
 
 
-def run_ops(path: Path, out_dir: Path, ops=ALL_OPS, *, mem_mib: int = 3072, timeout: float = 180.0) -> dict:
-    """Runs ``ops`` on ``path`` in a child (RLIMIT_AS, timeout); returns op -> [outcome, message]."""
+def run_ops(jobs: list, *, mem_mib: int = 3072, timeout: float = 900.0) -> dict:
+    """Runs each job ``(path, out_dir, ops)`` in one child (RLIMIT_AS, timeout); returns
+    path -> op -> [outcome, message, length]. A crash or a hang fails, naming the op and file."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-c", _CHILD, str(path), str(out_dir), str(mem_mib), ",".join(ops)]
+    cmd = [
+        sys.executable,
+        "-c",
+        _CHILD,
+        str(mem_mib),
+        json.dumps([[str(p), str(o), list(ops)] for p, o, ops in jobs]),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"{path.name}: the ops hung (> {timeout} s)") from None
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert proc.returncode == 0 and line, (
-        f"{path.name}: child exit {proc.returncode} (a negative code is a signal: -11 a segfault)\n"
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        raise AssertionError(f"the ops hung (> {timeout} s): {out.splitlines()[-1:]}") from None
+    assert proc.returncode == 0, (
+        f"child exit {proc.returncode} (a negative code is a signal: -11 a segfault) "
+        f"{[x for x in proc.stdout.splitlines() if x.startswith('RUNNING')][-1:]}\n"
         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
-    return json.loads(line[len("RESULT ") :])
+    rows = [json.loads(x[len("RESULT ") :]) for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    return {path: result for path, result in rows}
+
+
+def _ops_for(name: str) -> tuple[str, ...]:
+    # the seeds that spend a resource budget (a second or more each) run the open only
+    return ("open",) if name.startswith("many") else ALL_OPS
 
 
 @pytest.fixture(scope="module")
-def seeds(tmp_path_factory) -> dict[str, Path]:
-    return make_seeds(tmp_path_factory.mktemp("hostile_pt"))
+def results(tmp_path_factory) -> dict:
+    """Every seed through its ops, in one child: seed name -> (path, op -> outcome)."""
+    d = tmp_path_factory.mktemp("hostile_pt")
+    seeds = make_seeds(d)
+    jobs = []
+    for name, path in seeds.items():
+        (d / f"out_{name}").mkdir()
+        jobs.append((path, d / f"out_{name}", _ops_for(name)))
+    by_path = run_ops(jobs)
+    return {name: (path, by_path[str(path)]) for name, path in seeds.items()}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_hostile_seed_every_op(name, seeds, tmp_path):
-    path = seeds[name]
-    # the seeds that spend a resource budget (seconds each) run the open only
-    ops = ("open",) if name.startswith("many") else ALL_OPS
-    result = run_ops(path, tmp_path, ops)
+def test_hostile_seed_every_op(name, results):
+    path, result = results[name]
     cls, words = EXPECTED[name]
-    for op in ops:
+    for op in _ops_for(name):
         if op == "info":  # prints the error and returns an exit status
             assert result["info"][0] in (cls, "ok"), result["info"]
             continue
         outcome, message, length = result[op]
         assert outcome == cls and words in message, (name, op, result[op])
         assert str(path) in message and length < 1000, (name, op, length)  # names the file, briefly
-    assert not (tmp_path / "out.tdz").exists()  # convert left nothing behind
+    assert not (path.parent / f"out_{name}" / "out.tdz").exists()  # convert left nothing behind
 
 
 def test_legal_stride0_view_is_read(tmp_path):
@@ -263,7 +281,9 @@ def test_vm_bounds_are_checked_before_hashing():
         (key,) = key
     assert key is None
     with pytest.raises(BadArchiveError, match="opcodes"):
-        pickle_vm.load(b"\x80\x02(" + b"N" * (pickle_vm.MAX_OPS + 1) + b"l.", lambda pid: None)
+        pickle_vm.load(b"\x80\x02N" + b"q\x00" * (pickle_vm.MAX_OPS + 1) + b".", lambda pid: None)
+    with pytest.raises(BadArchiveError, match="on the stack"):
+        pickle_vm.load(b"\x80\x02(" + b"N" * (pickle_vm.MAX_STACK + 65536) + b"l.", lambda pid: None)
 
 
 def test_fuzz_accepts_a_share_of_mutants(tmp_path):
