@@ -67,7 +67,8 @@ MAX_OPS = 4 << 20
 #: Most memo entries (``torch.save`` stores about 8 per tensor).
 MAX_MEMO = 1 << 20
 #: Most items on the stack (all frames) and nested MARKs (an empty set, the largest thing one
-#: opcode makes, is 216 bytes: so the stack holds less than a quarter of a GiB).
+#: opcode makes, is 216 bytes: so the stack holds less than a quarter of a GiB). Checked at each
+#: MARK and every ``_CHUNK`` opcodes, so one frame may pass it by up to ``_CHUNK`` items.
 MAX_STACK = 1 << 20
 #: Most items in one container.
 MAX_ITEMS = 1 << 24
