@@ -297,7 +297,24 @@ def test_fuzz_accepts_a_share_of_mutants(tmp_path):
     report = run_fuzz(tmp_path, {"torch": 10.0}, master=23)
     assert not report["failures"], report["failures"][:3]
     counts = report["counts"]["torch"]
+    print("pt fuzz outcomes:", counts)
     total = sum(counts.values())
     assert total >= 50, counts
     assert counts.get("ok", 0) >= 0.05 * total, counts
     assert counts.get("ok", 0) < total, counts
+
+
+def test_fuzz_legacy_files(tmp_path):
+    """Mutants of a legacy (non-zip) file: each opens and reads every leaf, or raises a TdzError."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from fuzz_readers import fuzz_iterations, run_fuzz
+    finally:
+        sys.path.pop(0)
+    seed = tmp_path / "seed.pt"
+    x = torch.arange(12.0).reshape(3, 4)
+    obj = {"x": x, "t": x.t(), "tail": x.reshape(-1)[5:], "b": torch.tensor([True, False]), "n": [1, "s"]}
+    torch.save(obj, seed, _use_new_zipfile_serialization=False)
+    run_fuzz(
+        seed, "tdz_numba.formats.torch_pt.open_torch_legacy", fuzz_iterations(400), tmp_path, suffix=".pt"
+    )
