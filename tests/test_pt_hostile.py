@@ -290,6 +290,7 @@ def test_fuzz_accepts_a_share_of_mutants(tmp_path):
     """The .pt mutation fuzz (tests/test_formats_fuzz.py's worker) finds no stray error, and
     reads a share of its mutants: mutators that only make garbage would test the refusals only."""
     from test_formats_fuzz import run_fuzz  # tests/ is on pytest's pythonpath
+
     report = run_fuzz(tmp_path, {"torch": 10.0}, master=23)
     assert not report["failures"], report["failures"][:3]
     counts = report["counts"]["torch"]
@@ -303,6 +304,7 @@ def test_fuzz_accepts_a_share_of_mutants(tmp_path):
 def test_fuzz_legacy_files(tmp_path):
     """Mutants of a legacy (non-zip) file: each opens and reads every leaf, or raises a TdzError."""
     from fuzz_readers import fuzz_iterations, run_fuzz
+
     seed = tmp_path / "seed.pt"
     x = torch.arange(12.0).reshape(3, 4)
     obj = {"x": x, "t": x.t(), "tail": x.reshape(-1)[5:], "b": torch.tensor([True, False]), "n": [1, "s"]}
