@@ -60,7 +60,7 @@ def open_source(
     Raises
     ------
     UnsupportedError
-        Unknown formats, legacy (non-zip) torch files, TorchScript archives.
+        Unknown formats, TorchScript archives, what a reader does not support.
     BadArchiveError
         Malformed files.
     UnsafeContentError
