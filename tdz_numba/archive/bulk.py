@@ -3,9 +3,13 @@
 :func:`build_tree` walks the levels below an :class:`~tdz_numba.Archive`
 once, collects every leaf, and asks the source for all their tensors in one
 call (for ``.tdz``: one vectorized pass over the index rows, then one
-``as_strided`` view per leaf of a typed view of the whole mapping; measured
-the cheapest of ``set_``, ``as_strided``, ``narrow().view()``, numpy views +
-``from_numpy`` and ``torch.frombuffer``). With ``copy=True`` the payloads are
+``as_strided`` per leaf on a typed view of the whole mapping, made below
+autograd's view tracking (:func:`~tdz_numba.tdz.sources.own_views`): each leaf
+shares the mapping's storage but has its own version counter, so an in-place
+write to one leaf (BatchNorm's running stats) leaves the others' autograd state
+alone. Measured the cheapest of tracked ``as_strided``, ``set_`` on the
+storage, ``.data``, numpy views + ``from_numpy``, ``torch.frombuffer`` and
+``unsafe_split_with_sizes``). With ``copy=True`` the payloads are
 read with :func:`read_into`: ``os.preadv`` calls on a thread pool (they
 release the GIL), each into a preallocated tensor.
 

@@ -7,7 +7,8 @@ Opening parses the end records and the central directory; a level's
 created the first time it is asked for, alone (:meth:`TdzSource.tensor`) or
 together with many others (:meth:`TdzSource.tensors`: one vectorized pass over
 their index rows, then one ``as_strided`` call per leaf on a typed view of the
-whole mapping). :meth:`TdzSource.check_leaf` is the leaf check that
+whole mapping, below autograd's view tracking: each leaf its own tensor with its
+own version counter, see :func:`~tdz_numba.tdz.sources.own_views`). :meth:`TdzSource.check_leaf` is the leaf check that
 :func:`~tdz_numba.verify` runs.
 
 Examples
@@ -37,6 +38,7 @@ from ..errors import BadArchiveError, InvalidArgumentError, UnsupportedError
 from ..zipfmt import records
 from ..zipfmt.index import ArchiveIndex
 from ..zipfmt.records import Col
+from . import sources as _sources
 from .bounds import check_nested_sizes, parse_meta
 from .dtypes import dtype_table, torch_dtype
 from .plainlevel import (
@@ -47,7 +49,7 @@ from .plainlevel import (
     plain_level,
     plain_level_of,
 )
-from .sources import Child, LeafInfo, LevelInfo, Location, Source
+from .sources import Child, LeafInfo, LevelInfo, Location, Source, leaf_view, own_views
 from .tree import LeafSpec, Level, PickledData, RawFile, describe_level
 
 __all__ = ["TdzSource", "METADATA_ENTRY"]
@@ -230,38 +232,45 @@ class TdzSource(Source):
         kinds = self._kinds  # dtype name -> (itemsize, typed view of the mapping)
         out = Level(meta=plain.fields)
         subs: list[tuple[str, str]] = []
-        for key, name, nbytes, dname, shape, strides in plain.items:
-            entry = prefix + name
-            if dname is None:  # a sub-level
-                if entry + "meta.json" not in by_name:
-                    return None
-                out[key] = None
-                subs.append((key, entry))
-                continue
-            t = cache.get(entry) if cache else None
-            if t is None:
-                itemsize, view = kinds.get(dname) or self._kind(dname)
-                row = by_name.get(entry)
-                if row is None:
-                    if nbytes:
+        # each leaf its own tensor on the mapping's storage (own version counter): own_views
+        with own_views():
+            guarded = bool(_sources._GUARD)
+            for key, name, nbytes, dname, shape, strides in plain.items:
+                entry = prefix + name
+                if dname is None:  # a sub-level
+                    if entry + "meta.json" not in by_name:
                         return None
-                    if tensors:  # tensordict writes no file for an empty leaf
-                        cache[entry] = torch.empty(shape, dtype=view.dtype)
-                    out[key] = cache.get(entry)
-                    continue
-                if methods[row] or sizes[row] != nbytes:
-                    return None
-                offset = offsets[row]
-                if offset < 0:  # a part of the archive: its local header read now
-                    offset = index.payload_offset(row)
-                if offset % itemsize:
-                    return None
-                if not tensors:
                     out[key] = None
+                    subs.append((key, entry))
                     continue
-                t = view.as_strided(shape, strides, offset // itemsize)
-                cache[entry] = t
-            out[key] = t
+                t = cache.get(entry) if cache else None
+                if t is None:
+                    itemsize, view = kinds.get(dname) or self._kind(dname)
+                    row = by_name.get(entry)
+                    if row is None:
+                        if nbytes:
+                            return None
+                        if tensors:  # tensordict writes no file for an empty leaf
+                            cache[entry] = torch.empty(shape, dtype=view.dtype)
+                        out[key] = cache.get(entry)
+                        continue
+                    if methods[row] or sizes[row] != nbytes:
+                        return None
+                    offset = offsets[row]
+                    if offset < 0:  # a part of the archive: its local header read now
+                        offset = index.payload_offset(row)
+                    if offset % itemsize:
+                        return None
+                    if not tensors:
+                        out[key] = None
+                        continue
+                    t = (
+                        view.as_strided(shape, strides, offset // itemsize)
+                        if guarded
+                        else leaf_view(view, shape, strides, offset // itemsize)
+                    )
+                    cache[entry] = t
+                out[key] = t
         return out, subs
 
     def _kind(self, name: str) -> tuple[int, torch.Tensor]:
@@ -327,9 +336,13 @@ class TdzSource(Source):
                 offset = index.payload_offset(i)
             itemsize = dtype.itemsize
             if method == 0 and offset % itemsize == 0 and size == math.prod(leaf.shape) * itemsize:
-                return self._typed_view(dtype).as_strided(
-                    leaf.shape, contiguous_strides(leaf.shape), offset // itemsize
-                )
+                with own_views():
+                    return leaf_view(
+                        self._typed_view(dtype),
+                        leaf.shape,
+                        contiguous_strides(leaf.shape),
+                        offset // itemsize,
+                    )
         dtype = torch_dtype(leaf.dtype, entry=self.where(leaf.entry))
         if leaf.nested:
             self._refuse_rw(leaf, "is a nested tensor (materialized in memory)")
@@ -536,6 +549,13 @@ class TdzSource(Source):
             offs = szs = mets = [-1] * n
         dtypes = DTYPES
         typed_cache = self._typed
+        with own_views():
+            self._views(leaves, out, offs, szs, mets, dtypes, typed_cache, cache)
+        return out  # type: ignore[return-value]
+
+    def _views(self, leaves, out, offs, szs, mets, dtypes, typed_cache, cache) -> None:
+        """The loop of :meth:`tensors` (inside :func:`own_views`: each leaf its own tensor)."""
+        guarded = bool(_sources._GUARD)
         for j, leaf in enumerate(leaves):
             t = cache.get(leaf.entry)
             if t is not None:
@@ -550,13 +570,15 @@ class TdzSource(Source):
                     typed = typed_cache.get(dtype)
                     if typed is None:
                         typed = self._typed_view(dtype)
-                    t = cache[leaf.entry] = typed.as_strided(
-                        shape, contiguous_strides(shape), off // itemsize
+                    strides = contiguous_strides(shape)
+                    t = cache[leaf.entry] = (
+                        typed.as_strided(shape, strides, off // itemsize)
+                        if guarded
+                        else leaf_view(typed, shape, strides, off // itemsize)
                     )
                     out[j] = t
                     continue
             out[j] = self.tensor(leaf)
-        return out  # type: ignore[return-value]
 
     def close(self) -> None:
         self.index.close()

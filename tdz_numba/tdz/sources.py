@@ -27,6 +27,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -54,6 +55,8 @@ __all__ = [
     "TreeSource",
     "check_extent",
     "tensor_from_spec",
+    "own_views",
+    "leaf_view",
     "MAX_DEPTH",
 ]
 
@@ -265,6 +268,39 @@ def check_extent(spec: TensorSpec, file_size: int, where: str) -> None:
         )
 
 
+def own_views() -> contextlib.AbstractContextManager:
+    """The context in which leaves are made: ``as_strided`` below autograd's view tracking.
+
+    A leaf made by ``typed.as_strided(...)`` in it shares the mapping's storage (zero-copy)
+    but is not an autograd view of ``typed``: it has its own version counter, so an
+    in-place write to one leaf (BatchNorm's ``running_mean.add_()`` after
+    ``load_state_dict(..., assign=True)``) does not mark every other leaf as modified.
+    Measured at 100,000 leaves: cheaper than a tracked ``as_strided`` (no view record)
+    and about half the cost of ``torch.empty(0).set_(storage, ...)``. Where torch lacks
+    the guard, :func:`leaf_view` falls back to ``set_``.
+    """
+    global _GUARD
+    if _GUARD is None:
+        import torch
+
+        _GUARD = getattr(torch._C, "_AutoDispatchBelowADInplaceOrView", False)
+    return _GUARD() if _GUARD else contextlib.nullcontext()
+
+
+def leaf_view(typed, shape: tuple[int, ...], strides: tuple[int, ...], offset: int):
+    """A tensor of ``shape``/``strides`` at element ``offset`` of ``typed``'s storage, with
+    its own version counter; call it inside :func:`own_views`."""
+    if _GUARD:
+        return typed.as_strided(shape, strides, offset)
+    import torch
+
+    return torch.empty(0, dtype=typed.dtype).set_(typed.untyped_storage(), offset, shape, strides)
+
+
+#: ``torch._C._AutoDispatchBelowADInplaceOrView`` once :func:`own_views` looked (False: torch lacks it).
+_GUARD: Any = None
+
+
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     out = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
@@ -320,10 +356,11 @@ def tensor_from_spec(
     span = span_bytes(spec.shape, strides, itemsize)
     base = f.torch_u8
     if spec.offset % itemsize == 0 and not copy:
-        # element-granular view of the whole mapping: one tensor object, no copy
+        # a tensor on the whole mapping's storage: no copy, its own version counter
         typed = base[spec.offset : spec.offset + span - (span % itemsize)]
         typed = typed.view(spec.dtype) if spec.dtype != torch.uint8 else typed
-        return typed.as_strided(spec.shape, strides, typed.storage_offset())  # offsets count from the mapping
+        with own_views():  # offsets count from the mapping
+            return leaf_view(typed, spec.shape, strides, typed.storage_offset())
     raw = base[spec.offset : spec.offset + span].clone()
     typed = raw.view(spec.dtype) if spec.dtype != torch.uint8 else raw
     return (
