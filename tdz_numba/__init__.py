@@ -53,6 +53,8 @@ __all__ = [
     "allocate",
     "convert",
     "clean",
+    "save_model",
+    "load_model",
     # types
     "Archive",
     "LeafInfo",
@@ -92,6 +94,8 @@ _LAZY = {
     "allocate": "saving",
     "convert": "conversion",
     "clean": "saving",
+    "save_model": "saving",
+    "load_model": "saving",
     "Archive": "archive.mapping",
     "LeafInfo": "tdz.sources",
     "LevelInfo": "tdz.sources",
@@ -108,7 +112,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .archive.mapping import Archive
     from .archive.verify import VerifyReport
     from .conversion import convert
-    from .saving import allocate, clean, pack, save, unpack
+    from .saving import allocate, clean, load_model, pack, save, save_model, unpack
     from .tdz.sources import LeafInfo, LevelInfo, Location
     from .tdz.tree import Level, PickledData, RawFile
 
@@ -123,4 +127,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The package face (``__all__``) and the dunders: no helper or submodule names."""
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__") and n.endswith("__")})

@@ -23,7 +23,8 @@ from typing import Any
 from .archive import opening as _opening
 from .archive import verify as _integrity
 from .archive.mapping import Archive
-from .archive.options import open_options
+from .archive.options import OpenOptions, load_keys, open_options
+from .errors import InvalidArgumentError
 from .files.paths import as_local_path, user_errors
 from .remote import read as _remote
 from .tdz.tree import Level
@@ -47,6 +48,7 @@ def open(
     storage_options: dict[str, Any] | None = None,
     direct: bool = False,
     allow_external: bool = False,
+    map_location: Any = None,
 ) -> Archive:
     """Opens a tensor file lazily as a read-only :class:`~tdz_numba.Archive` mapping.
 
@@ -98,8 +100,11 @@ def open(
     device : str or torch.device, optional
         Where leaves go: ``"cpu"``, ``"cuda"`` (through pinned staging memory),
         ``"meta"`` (dtype and shape only: no payload is read), ...
-    dtype : torch.dtype, optional
-        Floating-point (and complex) leaves are cast to it on access.
+    map_location : str or torch.device, optional
+        ``torch.load``'s name for ``device`` (give one of the two).
+    dtype : torch.dtype or str, optional
+        Floating-point (and complex) leaves are cast to it on access (a name
+        such as ``"float16"`` is accepted).
 
     Returns
     -------
@@ -112,7 +117,8 @@ def open(
     MissingKeyError
         ``subpath`` names no level.
     InvalidArgumentError
-        A bad ``mode``, ``num_threads``, ``device`` or ``dtype``.
+        A bad ``mode``, ``num_threads``, ``device`` or ``dtype``; ``subpath``
+        naming a leaf rather than a level.
 
     Examples
     --------
@@ -133,7 +139,49 @@ def open(
         dtype=dtype,
         direct=direct,
         allow_external=allow_external,
+        map_location=map_location,
     )
+    return _open(path, options, storage_options)
+
+
+def _open(path: PathLike, options: OpenOptions, storage_options: dict[str, Any] | None) -> Archive:
+    """:func:`open` with checked options (a ``subpath`` that names a leaf: a clear error)."""
+    try:
+        return _open_checked(path, options, storage_options)
+    except (KeyError, ValueError) as exc:  # MissingKeyError, BadArchiveError, InvalidArgumentError
+        if options.subpath is None:
+            raise
+        leaf = _subpath_leaf(path, options, storage_options)
+        if leaf is None:
+            raise
+        raise InvalidArgumentError(
+            f"{path}: subpath {leaf!r} names a tensor leaf, not a level; "
+            f"use load(path, keys=[{leaf!r}]) or open(path)[{leaf!r}]"
+        ) from exc
+
+
+def _subpath_leaf(path: PathLike, options: OpenOptions, storage_options: dict[str, Any] | None) -> str | None:
+    """The subpath as a key when it names a leaf of the file (asked after a failed open)."""
+    sub = options.subpath
+    key = sub if isinstance(sub, str) else tuple(sub) if isinstance(sub, (tuple, list)) else None
+    if key is None:
+        return None
+    try:
+        root = _open_checked(path, options._replace(subpath=None), storage_options)
+    except Exception:  # the first error stands
+        return None
+    try:
+        node, spec = root._resolve(key)
+        if spec.kind == "leaf":
+            return key if isinstance(key, str) else "/".join(key)
+        return None
+    except Exception:  # noqa: BLE001 - not a leaf either: the first error stands
+        return None
+    finally:
+        root.close()
+
+
+def _open_checked(path: PathLike, options: OpenOptions, storage_options: dict[str, Any] | None) -> Archive:
     local = _plain_local_path(path) if storage_options is None else None
     if local is None:
         if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: ranged reads
@@ -172,6 +220,8 @@ def load(
     storage_options: dict[str, Any] | None = None,
     direct: bool = False,
     allow_external: bool = False,
+    keys: Any = None,
+    map_location: Any = None,
 ) -> Level:
     """Loads a tensor file (any format :func:`open` reads) as nested dicts of tensors and plain values.
 
@@ -199,10 +249,15 @@ def load(
         Owned tensors, read with parallel ``preadv``, instead of views.
     device : str or torch.device, optional
         Where the leaves go (``"meta"``: shapes and dtypes only).
-    dtype : torch.dtype, optional
-        Floating-point (and complex) leaves are cast to it.
+    map_location : str or torch.device, optional
+        ``torch.load``'s name for ``device`` (give one of the two).
+    dtype : torch.dtype or str, optional
+        Floating-point (and complex) leaves are cast to it (``"float16"`` names one).
     nest : str, optional
         Split flat names on this separator into nested dicts.
+    keys : list of str, optional
+        Load only these leaves or levels (each a key of the root, as the file names it
+        (``"0.weight"``), or a path ``"a/b"``); the others are not touched.
     direct : bool
         With ``copy=True``: page-aligned leaves read with ``O_DIRECT`` (see :func:`open`).
     allow_external : bool
@@ -224,7 +279,8 @@ def load(
     MissingKeyError
         ``subpath`` names no level (also a ``KeyError``).
     InvalidArgumentError
-        A bad ``mode``, ``num_threads``, ``device``, ``dtype`` or ``nest``.
+        A bad ``mode``, ``num_threads``, ``device``, ``dtype``, ``nest`` or ``keys``; a
+        ``subpath`` that names a leaf.
     UnsupportedError
         A leaf this reader cannot produce (e.g. ``mode="r+"`` on a
         compressed leaf), or a file object.
@@ -251,7 +307,16 @@ def load(
         dtype=dtype,
         direct=direct,
         allow_external=allow_external,
+        map_location=map_location,
     )
+    keys = load_keys(keys)
+    if keys is not None or options.subpath is not None:
+        ar = _open(path, options, storage_options)
+        try:
+            with user_errors(path, action="load"):
+                return ar.to_dict(nest=nest, keys=keys)
+        finally:
+            ar.close()
     if storage_options is not None or _remote.is_remote(path):
         return _remote.load_remote(path, options, nest=nest, storage_options=storage_options)
     with user_errors(path, action="load"):

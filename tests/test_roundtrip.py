@@ -357,6 +357,8 @@ def test_public_api_is_pinned():
         "allocate",
         "convert",
         "clean",
+        "save_model",
+        "load_model",
         "Archive",
         "LeafInfo",
         "LevelInfo",

@@ -313,9 +313,32 @@ class Archive(LeafMemory, Mapping):
             node = node._sub(spec.path)
         raise MissingKeyError(f"{self.where()}: empty key")
 
-    def __getitem__(self, key: str | tuple[str, ...]) -> Any:
+    def __getitem__(self, key: Any) -> Any:
+        """The value at ``key`` (a key, a path ``"a/b"``, a tuple of keys); an int, a slice or an
+        integer/bool tensor selects rows of a level with a batch size (a :class:`Level` of the
+        rows of every leaf: views for an int or a slice)."""
+        if not isinstance(key, (str, tuple)):
+            from ..tdz.levelview import is_row_index, select_rows
+
+            if is_row_index(key):
+                return select_rows(self.to_dict(), key, self.where())
         node, spec = self._resolve(key)
         return node._value(spec)
+
+    def __setitem__(self, key: str | tuple[str, ...], value: Any) -> None:
+        """Writes ``value`` into leaf ``key`` in place (``mode="r+"``; the same shape and dtype;
+        then :func:`~tdz_numba.refresh_checksums`). Raises
+        :class:`~tdz_numba.InvalidArgumentError` otherwise."""
+        from .rows import write_leaf
+
+        write_leaf(self, key, value)
+
+    def to_tensordict(self) -> Any:
+        """The level as a ``tensordict.TensorDict`` of the same zero-copy leaves (needs tensordict:
+        :class:`~tdz_numba.UnsupportedError` without it)."""
+        from .rows import to_tensordict
+
+        return to_tensordict(self)
 
     def _value(self, spec: Any) -> Any:
         kind = spec.kind
@@ -506,17 +529,23 @@ class Archive(LeafMemory, Mapping):
         for path, (node, child) in pairs:
             yield path, node._value(child)
 
-    def to_dict(self, *, nest: str | None = None) -> Level:
+    def to_dict(self, *, nest: str | None = None, keys: tuple[str, ...] | list[str] | None = None) -> Level:
         """The whole level as nested :class:`~tdz_numba.tdz.tree.Level` dicts of tensors
         (views, no copy, unless opened with ``copy=True``) and plain values.
 
         Every leaf below the level is resolved in one bulk pass; compressed
         leaves are inflated together, in parallel. ``nest=".."``: flat names
-        are split on that separator into nested dicts (plain dicts).
+        are split on that separator into nested dicts (plain dicts). ``keys``:
+        only these keys or paths (``"a/b"``).
         """
         from .bulk import build_tree
 
-        tree = build_tree(self)
+        if keys is not None:
+            from .rows import select_keys
+
+            tree = select_keys(self, tuple(keys))
+        else:
+            tree = build_tree(self)
         return nest_flat(tree, nest) if nest is not None else tree  # type: ignore[return-value]
 
     def _prefetch_compressed(self) -> None:

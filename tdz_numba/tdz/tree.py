@@ -159,13 +159,22 @@ class Level(dict):
         """The JSON data of a NonTensorData/NonTensorStack level (None otherwise)."""
         return self.meta.get("data")
 
+    def __getitem__(self, key: Any) -> Any:
+        """``level[key]``; an int, a slice or an integer/bool tensor selects rows of a level
+        with a batch size (a Level of the rows of every leaf; views for an int or a slice)."""
+        if key.__class__ is str:
+            return dict.__getitem__(self, key)
+        from .levelview import is_row_index, select_rows
+
+        if is_row_index(key) and not (isinstance(key, int) and dict.__contains__(self, key)):
+            return select_rows(self, key, "Level")
+        return dict.__getitem__(self, key)
+
     def __repr__(self) -> str:
-        extra = f", batch_size={self.batch_size}" if self.batch_size else ""
-        if not self and "data" in self.meta:  # NonTensorData / NonTensorStack: show the value
-            text = " ".join(repr(self.meta["data"]).split())
-            text = text if len(text) <= 200 else text[:197] + "..."
-            return f"Level[{self.type_name}{extra}](data={text})"
-        return f"Level[{self.type_name}{extra}]({dict.__repr__(self)})"
+        """A summary like the Archive tree: keys, dtypes and shapes, at most 40 lines."""
+        from .levelview import level_repr
+
+        return level_repr(self)
 
     def __reduce__(self):
         return (_rebuild_level, (dict(self), self.meta, self.keyed))
