@@ -1,8 +1,10 @@
 """``tdz_numba.convert`` (this module: :mod:`tdz_numba.conversion`): any readable tensor file to ``.tdz``, and ``.tdz`` to ``.safetensors``.
 
+Keys stay as the source names them (flat stays flat; ``nest=`` splits them)
+and the source's metadata (safetensors ``__metadata__``, GGUF key/values, ...)
+becomes the archive's metadata, so ``load(convert(x, "y.tdz")) == load(x)``.
 To ``.tdz``, the source is opened (zero-copy) and its leaves go to the
-parallel writer as views of the source's mapping; flat names are split into
-levels on ``nest``. To ``.safetensors``, nested keys are joined with ``nest``,
+parallel writer as views of the source's mapping. To ``.safetensors``, nested keys are joined with ``nest``,
 non-tensor values go into ``__metadata__`` as JSON, and the payloads are
 written with ``pwritev`` straight from the source's mapping; source pages are
 dropped from memory after each batch (``MADV_DONTNEED``), so peak RSS stays
@@ -33,7 +35,7 @@ import torch
 from .errors import InvalidArgumentError, InvalidTreeError, UnsupportedError
 from .files.memory import evict_span
 
-__all__ = ["convert", "write_safetensors", "TENSORDICT_DTYPES"]
+__all__ = ["convert", "write_safetensors", "jsonable", "TENSORDICT_DTYPES", "WRITES"]
 
 _BATCH = 64 << 20
 #: dtypes tensordict 0.15.3 can load from a memmap directory (``tensordict.utils._TORCH_DTYPES``);
@@ -47,27 +49,32 @@ TENSORDICT_DTYPES = frozenset(
 )
 
 
+#: What convert writes, by the destination's suffix (any other suffix is refused).
+WRITES = {".tdz": "tdz", "": "tdz", ".safetensors": "safetensors"}
+
+
 def convert(
     src: str | os.PathLike,
     dst: str | os.PathLike,
     *,
-    nest: str | None = ".",
+    nest: str | None = None,
     compression: str | None = None,
     progress: bool | None = None,
 ) -> Path:
-    """Converts any readable tensor file to ``.tdz``, or a ``.tdz`` archive to ``.safetensors``.
+    """Converts any readable tensor file to ``.tdz`` or ``.safetensors``, keys and metadata kept.
 
     Parameters
     ----------
     src : str or os.PathLike
         A file :func:`open` reads (safetensors, ``.pt``, npz, GGUF, ``.tdz``, ...).
     dst : str or os.PathLike
-        The file to write: a ``.safetensors`` name writes safetensors, anything
-        else a ``.tdz`` archive (through the parallel writer; leaves go in as
-        views of the source's mapping).
+        The file to write, its format chosen by its suffix: ``.tdz`` (or no suffix) a ``.tdz``
+        archive (through the parallel writer; leaves go in as views of the source's mapping),
+        ``.safetensors`` a safetensors file. Any other suffix is refused.
     nest : str or None
-        To ``.tdz``: flat names are split on ``nest`` into levels (None: kept
-        flat). To ``.safetensors``: nested keys are joined with it (default ".").
+        To ``.tdz``: None (default) keeps the source's keys as they are (``"0.weight"`` stays
+        one key); a separator splits flat names into levels on it. To ``.safetensors``: nested
+        keys are joined with it (default ".").
     compression : str, optional
         Codec of the ``.tdz`` payloads (as for :func:`save`).
     progress : bool, optional
@@ -79,8 +86,10 @@ def convert(
 
     Raises
     ------
+    InvalidArgumentError
+        A destination suffix convert does not write (the message lists what it writes).
     InvalidTreeError
-        A leaf the target format cannot hold (e.g. complex dtypes in safetensors).
+        A leaf the target format cannot hold (e.g. complex32 in safetensors).
 
     Examples
     --------
@@ -103,27 +112,89 @@ def convert(
 
     remote_dst = is_remote(dst)  # an fsspec URL: saving.save streams the .tdz there
     dst = dst if remote_dst else Path(dst)  # type: ignore[assignment]
-    if remote_dst and str(dst).endswith(".safetensors"):
+    target = _target_format(dst)
+    if remote_dst and target == "safetensors":
         raise UnsupportedError(
             f"{dst}: safetensors output goes to a local file; convert to a .tdz URL instead"
         )
     ar = api.open(src)
     try:
-        if not remote_dst and dst.suffix == ".safetensors":  # type: ignore[union-attr]
+        if target == "safetensors":
             return write_safetensors(ar, dst, sep=nest or ".", progress=progress)  # type: ignore[arg-type]
         tree: Any = ar.to_dict()
-        if nest is not None and ar.format != "tdz":
-            tree = nest_flat(tree, nest)
+        if ar.format != "tdz":
+            tree = nest_flat(tree, nest) if nest is not None else _tensordict_levels(tree)
         _warn_tensordict_dtypes(tree, dst)
-        metadata = ar.metadata or None
-        if metadata is not None:
-            try:
-                json.dumps(metadata, allow_nan=False)
-            except (TypeError, ValueError):
-                metadata = {k: repr(v) for k, v in metadata.items()}
+        metadata = {str(k): jsonable(v) for k, v in (ar.metadata or {}).items()} or None
         return saving.save(tree, dst, compression=compression, progress=progress, metadata=metadata)
     finally:
         ar.close()
+
+
+def _tensordict_levels(tree: Any) -> Any:
+    """A foreign file's tree with each level's meta cut to what a tensordict meta.json holds
+    (a reader's own fields, such as the ``.pt`` reader's ``_torch_type``, are not meta.json
+    fields); a level left without a batch ``shape`` becomes a plain dict (saved as a TensorDict)."""
+    from .tdz.tree import RESERVED_FIELDS, Level
+
+    def level(node: Any) -> Any:
+        meta = {k: v for k, v in (getattr(node, "meta", None) or {}).items() if k in RESERVED_FIELDS}
+        if isinstance(meta.get("shape"), list):
+            return Level(meta=meta, keyed=True)
+        return {}
+
+    root = level(tree)
+    stack = [(tree, root)]
+    while stack:  # iterative: no recursion on the file's depth
+        src, out = stack.pop()
+        for key, value in src.items():
+            if isinstance(value, dict):
+                sub = out[key] = level(value)
+                stack.append((value, sub))
+            else:
+                out[key] = value
+    return root
+
+
+def _target_format(dst: Any) -> str:
+    """``"tdz"`` or ``"safetensors"`` from the destination's suffix; anything else refused."""
+    name = str(dst).rstrip("/")
+    base = name.rsplit("/", 1)[-1]
+    suffix = os.path.splitext(base)[1].lower()
+    fmt = WRITES.get(suffix)
+    if fmt is None:
+        raise InvalidArgumentError(
+            f"{name}: convert writes .tdz archives (a .tdz name, or one without a suffix) and "
+            f".safetensors files; {suffix!r} names neither (a .tdz under another format's name "
+            "would mislead that format's tools)"
+        )
+    return fmt
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """A metadata value as JSON can hold it: numpy scalars and arrays as Python numbers and
+    lists, tuples as lists, bytes as text (UTF-8, else ``repr``), non-finite floats as their
+    names (``"nan"``, ``"inf"``), anything else as its ``repr``."""
+    import math
+
+    if depth > 64:
+        return repr(value)[:200]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if hasattr(value, "tolist") and type(value).__module__ == "numpy":
+        return jsonable(value.tolist(), depth + 1)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return repr(bytes(value))
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
+    return repr(value)
 
 
 def _warn_tensordict_dtypes(tree: Any, dst: Any) -> None:

@@ -123,7 +123,7 @@ def test_copy_true_tdz_parallel_preadv(tmp_path, monkeypatch):
 
 
 def test_stub_formats_dispatch_and_convert(flat, tmp_path, monkeypatch):
-    """open/load/verify/info dispatch on tdz_numba.formats.detect/open_source; convert to .tdz nests names."""
+    """open/load/verify/info dispatch on tdz_numba.formats.detect/open_source; convert to .tdz nests names on nest=."""
     path, specs, tensors = flat
     _register_raw(monkeypatch, lambda p, **options: _source(p, specs, {"k": "v"}))
     with tdz_numba.open(path) as ar:
@@ -133,11 +133,11 @@ def test_stub_formats_dispatch_and_convert(flat, tmp_path, monkeypatch):
     assert set(tree) == {"model", "head"}
     report = tdz_numba.verify(path)
     assert report.leaves == 4
-    out = tdz_numba.convert(path, tmp_path / "conv.tdz")
+    out = tdz_numba.convert(path, tmp_path / "conv.tdz", nest=".")  # keys are kept unless nest=
     with tdz_numba.open(out) as ar:
         assert ar.format == "tdz" and ar.metadata == {"k": "v"}
         assert torch.equal(ar["model/layers/0/weight"], tensors["model.layers.0.weight"])
-    flat_out = tdz_numba.convert(path, tmp_path / "flat.tdz", nest=None)
+    flat_out = tdz_numba.convert(path, tmp_path / "flat.tdz")
     assert "model.layers.0.bias" in tdz_numba.load(flat_out)
     from tdz_numba.cli.report import info_dict, tree_dict
 

@@ -551,7 +551,7 @@ def test_cli_reads_every_format_and_converts(tmp_path, capsys):
     code, out, _ = _main(capsys, "verify", src)
     assert code == 0 and "2 leaves" in out
     dst = tmp_path / "m.tdz"
-    code, out, _ = _main(capsys, "convert", src, dst)
+    code, out, _ = _main(capsys, "convert", src, dst, "--nest", ".")  # keys are kept unless --nest
     assert code == 0 and "converted" in out
     with tdz_numba.open(dst) as ar:
         assert list(ar) == ["model"] and torch.equal(ar["model/w"], torch.arange(6.0).reshape(2, 3))

@@ -131,7 +131,7 @@ def check_file(path: Path, tmp_path: Path, convert: str = "both", *, trusted: bo
             tdz_numba.convert(path, dst)
         assert not dst.exists() and list(tmp_path.iterdir()) == [path]
         return n
-    out = tdz_numba.convert(path, dst)  # keys split on "."
+    out = tdz_numba.convert(path, dst)  # keys kept as the file names them (nested levels stay levels)
     want = {".".join(p.strip("/").split("/")) or "0": r for p, r, _ in pairs}
     _check_flat(want, _flat(tdz_numba.load(out)), out)
     if convert != "both":

@@ -418,7 +418,7 @@ def test_convert_warns_for_dtypes_tensordict_cannot_load(tmp_path):
         str(p),
     )
     with pytest.warns(UserWarning, match="tensordict 0.15.3 cannot load") as rec:
-        out = tdz_numba.convert(p, tmp_path / "f8.tdz")
+        out = tdz_numba.convert(p, tmp_path / "f8.tdz", nest=".")
     msg = str(rec[0].message)
     assert "'w/e8'" in msg and "'w/e4'" in msg and "float8_e8m0fnu" in msg and "'b'" not in msg
     assert rec[0].filename == __file__

@@ -193,3 +193,101 @@ def test_save_refuses_another_formats_suffix(tmp_path, suffix):
         tdz_numba.save({"a": torch.ones(1)}, tmp_path / f"x{suffix}")
     assert not (tmp_path / f"x{suffix}").exists()
     assert tdz_numba.save({"a": torch.ones(1)}, tmp_path / "x.ckpt").exists()  # any other name: fine
+
+
+# -- convert round-trips ---------------------------------------------------------------------------
+def _same(a, b, where=""):
+    assert list(a) == list(b), where
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape, where + k
+            assert torch.equal(
+                x.view(torch.uint8) if x.dtype.is_floating_point else x,
+                y.view(torch.uint8) if y.dtype.is_floating_point else y,
+            ), where + k
+        elif isinstance(x, dict):
+            _same(x, y, f"{where}{k}/")
+        else:
+            assert x == y, where + k
+
+
+@pytest.mark.parametrize("fmt", ["tdz", "safetensors", "pt", "npz", "gguf", "hdf5", "onnx", "memmap_dir"])
+def test_convert_round_trips(tmp_path, fmt):
+    from test_training_after_load import _state, _write
+
+    from tdz_numba.conversion import jsonable
+
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        src = tmp_path / "m.safetensors"
+        save_file(_state(), str(src), metadata={"format": "pt", "note": "héllo"})
+    elif fmt == "gguf":
+        gguf = pytest.importorskip("gguf")
+        src = tmp_path / "m.gguf"
+        w = gguf.GGUFWriter(str(src), "llama")
+        w.add_uint32("t.u32", 7)
+        w.add_float32("t.f32", 0.5)
+        w.add_string("t.str", "x")
+        w.add_array("t.arr", [1, 2, 3])
+        for k, v in _state().items():
+            w.add_tensor(k, v.numpy())
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    elif fmt == "tdz":
+        src = tdz_numba.save(_state(), tmp_path / "m.tdz", metadata={"epoch": 3, "tags": ["a", "b"]})
+    else:
+        src = _write(fmt, tmp_path, _state())
+    out = tdz_numba.convert(src, tmp_path / "out.tdz")
+    _same(tdz_numba.load(src), tdz_numba.load(out))
+    assert "0.weight" in tdz_numba.load(out)  # flat stays flat
+    with tdz_numba.open(src) as a, tdz_numba.open(out) as b:
+        want = jsonable(a.metadata)
+        assert b.metadata == want
+        if fmt in ("safetensors", "gguf", "tdz"):
+            assert want  # the metadata that round-trips is not empty
+        if fmt == "gguf":
+            assert want["t.u32"] == 7 and want["t.arr"] == [1, 2, 3] and want["t.str"] == "x"
+    bare = tdz_numba.convert(src, tmp_path / "noext")  # no suffix: .tdz
+    assert tdz_numba.open(bare).format == "tdz"
+
+
+def test_convert_to_safetensors_keeps_metadata(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src = tmp_path / "a.safetensors"
+    save_file({"0.weight": torch.ones(2)}, str(src), metadata={"format": "pt"})
+    mid = tdz_numba.convert(src, tmp_path / "b.tdz")
+    back = tdz_numba.convert(mid, tmp_path / "c.safetensors")
+    with safe_open(str(back), "pt") as f:
+        assert f.metadata() == {"format": "pt"} and list(f.keys()) == ["0.weight"]
+    assert tdz_numba.convert(src, tmp_path / "d.safetensors").exists()
+    nested = tdz_numba.convert(src, tmp_path / "n.tdz", nest=".")
+    assert tdz_numba.load(nested)["0"]["weight"].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("name", ["m2.pt", "x.npz", "x.gguf", "x.h5", "x.bin"])
+def test_convert_refuses_other_suffixes(tmp_path, name):
+    src = tdz_numba.save({"a": torch.ones(1)}, tmp_path / "a.tdz")
+    with pytest.raises(InvalidArgumentError, match=r"convert writes \.tdz archives .* and \.safetensors"):
+        tdz_numba.convert(src, tmp_path / name)
+    assert not (tmp_path / name).exists()
+
+
+def test_cli_convert_keys_and_nest(tmp_path):
+    from safetensors.torch import save_file
+
+    from tdz_numba.cli.command import main
+
+    src = tmp_path / "a.safetensors"
+    save_file({"0.weight": torch.ones(2)}, str(src))
+    assert main(["convert", str(src), str(tmp_path / "flat.tdz")]) == 0
+    assert list(tdz_numba.load(tmp_path / "flat.tdz")) == ["0.weight"]
+    assert main(["convert", "--nest", ".", str(src), str(tmp_path / "n.tdz")]) == 0
+    assert list(tdz_numba.load(tmp_path / "n.tdz")["0"]) == ["weight"]
+    assert main(["convert", str(src), str(tmp_path / "m2.pt")]) != 0
+    assert not (tmp_path / "m2.pt").exists()

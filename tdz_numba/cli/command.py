@@ -166,23 +166,24 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "convert",
         parents=[common],
-        help="convert any tensor file to .tdz (or .tdz to .safetensors)",
+        help="convert any tensor file to .tdz or .safetensors (keys and metadata kept)",
         description="Convert a readable tensor file (safetensors, torch .pt, .npz, GGUF, "
         "HDF5, ONNX, memmap directory, .tdz) to a .tdz archive through the "
-        "parallel writer, or a .tdz archive to .safetensors (DST ending in "
-        ".safetensors: nested keys joined with the separator, non-tensor "
-        "values in __metadata__ as JSON).",
+        "parallel writer (DST ending in .tdz or without a suffix) or to a safetensors "
+        "file (DST ending in .safetensors: nested keys joined with '.' or SEP, non-tensor "
+        "values in __metadata__ as JSON); any other suffix is refused. Keys stay as the "
+        "source names them and its metadata is carried over.",
     )
     s.add_argument("src", metavar="SRC", help="the file to read")
     s.add_argument("dst", metavar="DST", help="the file to write (.tdz, or .safetensors)")
     g = s.add_mutually_exclusive_group()
     g.add_argument(
         "--nest",
-        default=".",
+        default=None,
         metavar="SEP",
-        help="split flat names on SEP into levels (to .safetensors: join with it; default '.')",
+        help="split flat names on SEP into levels (to .safetensors: join with it; default: keys kept)",
     )
-    g.add_argument("--flat", action="store_true", help="keep flat names as they are")
+    g.add_argument("--flat", action="store_true", help="keep flat names as they are (the default)")
     s.add_argument(
         "--compression",
         choices=("stored", "deflate", "bzip2", "lzma"),
