@@ -94,8 +94,8 @@ _LAZY = {
     "allocate": "saving",
     "convert": "conversion",
     "clean": "saving",
-    "save_model": "saving",
-    "load_model": "saving",
+    "save_model": "models",
+    "load_model": "models",
     "Archive": "archive.mapping",
     "LeafInfo": "tdz.sources",
     "LevelInfo": "tdz.sources",
@@ -112,7 +112,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .archive.mapping import Archive
     from .archive.verify import VerifyReport
     from .conversion import convert
-    from .saving import allocate, clean, load_model, pack, save, save_model, unpack
+    from .models import load_model, save_model
+    from .saving import allocate, clean, pack, save, unpack
     from .tdz.sources import LeafInfo, LevelInfo, Location
     from .tdz.tree import Level, PickledData, RawFile
 
