@@ -224,7 +224,8 @@ def _warn_tensordict_dtypes(tree: Any, dst: Any) -> None:
 def _outside_level() -> int:
     """The ``stacklevel`` of the first frame outside this package, seen from the caller."""
     package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
+    frame: Any = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_code.co_filename.startswith(package):
         frame, level = frame.f_back, level + 1
     return level
