@@ -20,6 +20,7 @@ import tdz_numba
 from tdz_numba.errors import BadArchiveError, ChecksumError, MissingKeyError, TdzError
 from tdz_numba.remote import read as remote
 from tdz_numba.remote import write as remote_write
+from tdz_numba.tdz.tree import flatten
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -247,9 +248,7 @@ def test_s3_roundtrip_multipart(s3, wide):
     tree, path, data = wide
     url = "s3://bucket/ckpt/wide.tdz"
     big = {"w": torch.randn(3 << 20), "small": tree["g000"]}  # 12 MiB: multipart with 5 MiB blocks
-    remote_write.save_remote(
-        tdz_numba.tdz.tree.flatten(big), url, storage_options=s3.storage_options, block_size=5 << 20
-    )
+    remote_write.save_remote(flatten(big), url, storage_options=s3.storage_options, block_size=5 << 20)
     back = tdz_numba.load(url, storage_options=s3.storage_options)
     _assert_tree_equal(back, big)
     assert tdz_numba.verify(url, storage_options=s3.storage_options).leaves == 1 + PER_GROUP
@@ -283,7 +282,7 @@ def test_s3_upload_interrupted_leaves_old_object(s3, monkeypatch):
     monkeypatch.setattr(remote_write, "_write", failing)
     with pytest.raises(KeyboardInterrupt):
         remote_write.save_remote(
-            tdz_numba.tdz.tree.flatten({"v": torch.randn(4 << 20)}),
+            flatten({"v": torch.randn(4 << 20)}),
             url,
             storage_options=s3.storage_options,
             block_size=5 << 20,
@@ -302,8 +301,9 @@ def test_s3_upload_killed_process(s3, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(
         textwrap.dedent(f"""
-        import time, torch, tdz_numba
+        import time, torch
         from tdz_numba.remote import write as remote_write
+        from tdz_numba.tdz.tree import flatten
         real = remote_write._write
         def slow(stream, data):
             time.sleep(0.05)
@@ -311,7 +311,7 @@ def test_s3_upload_killed_process(s3, tmp_path):
         remote_write._write = slow
         remote_write.SLICE_BYTES = 1 << 20
         opts = {s3.storage_options!r}
-        remote_write.save_remote(tdz_numba.tdz.tree.flatten({{"v": torch.randn(16 << 20)}}), {url!r},
+        remote_write.save_remote(flatten({{"v": torch.randn(16 << 20)}}), {url!r},
                                  storage_options=opts, block_size=5 << 20)
     """)
     )
@@ -419,7 +419,7 @@ def test_streamed_save_memory_is_bounded():
             return memoryview(b).nbytes
 
     tree = {f"w{i}": torch.ones(4 << 20) for i in range(8)}  # 128 MiB
-    entries = tdz_numba.tdz.tree.flatten(tree)
+    entries = flatten(tree)
     sink = Sink()
     remote_write.stream_entries(entries[:2], Sink())  # warm-up: kernels loaded outside the trace
     tracemalloc.start()

@@ -161,15 +161,14 @@ def select_rows(tree: Mapping[str, Any], key: Any, where: str) -> Any:
             f"{where}: index {_short(key)} does not fit the batch size {batch}: {_first_line(exc)}"
         ) from None
     meta["shape"] = new_batch
-    return _rows(tree, index, meta, where)
+    return _rows(tree, index, meta, where, type(tree))
 
 
-def _rows(tree: Mapping[str, Any], index: Any, meta: dict, where: str) -> Any:
+def _rows(tree: Mapping[str, Any], index: Any, meta: dict, where: str, level_type: type) -> Any:
+    """The rows ``index`` of every leaf below ``tree``, as ``level_type`` (a Level) levels."""
     import torch
 
-    from .tree import Level
-
-    out = Level(meta=meta, keyed=getattr(tree, "keyed", True))
+    out = level_type(meta=meta, keyed=getattr(tree, "keyed", True))
     for k, v in tree.items():
         if isinstance(v, torch.Tensor):
             try:
@@ -187,7 +186,7 @@ def _rows(tree: Mapping[str, Any], index: Any, meta: dict, where: str) -> Any:
                     sub_meta["shape"] = list(torch.empty((), dtype=torch.uint8).expand(shape)[index].shape)
                 except (IndexError, RuntimeError, ValueError, TypeError):
                     pass  # its leaves say what does not fit
-            out[k] = _rows(v, index, sub_meta, f"{where}/{k}")
+            out[k] = _rows(v, index, sub_meta, f"{where}/{k}", level_type)
         else:
             out[k] = v  # non-tensor data: the same for every row
     return out
