@@ -213,8 +213,8 @@ def _run(  # noqa: C901
         for x in obj:
             tx = type(x)
             if tx is tuple or tx is frozenset:
-                e = nest.get(id(x))
-                e = 1 if e is None else e[0]  # the ones not kept hold no tuple
+                held = nest.get(id(x))
+                e = 1 if held is None else held[0]  # the ones not kept hold no tuple
                 if e > d:
                     d = e
         if d:

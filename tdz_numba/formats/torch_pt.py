@@ -170,7 +170,7 @@ def _open_legacy(f: MappedFile, where: str) -> Level:
         rec = roots[key]
         if pos + 8 > f.size:
             raise BadArchiveError(f"{where}: storage {key!r} starts past the end of the file")
-        (count,) = _I64.unpack_from(f.buffer, pos)
+        (count,) = _I64.unpack_from(f.buffer[pos : pos + 8].tobytes())
         if count != rec.numel or pos + 8 + rec.nbytes > f.size:
             raise BadArchiveError(
                 f"{where}: storage {key!r}: {count} elements at byte {pos}, the pickle says "
