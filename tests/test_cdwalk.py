@@ -285,7 +285,10 @@ import random, resource, sys
 import numpy as np
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 sys.path.insert(0, sys.argv[1])
-from tdz_numba.zipfmt.kernels import names as cd_kernels; from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch; from tdz_numba.zipfmt import smallindex
+from tdz_numba.jit import policy
+from tdz_numba.zipfmt import smallindex
+from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
+from tdz_numba.zipfmt.kernels import names as cd_kernels
 seeds = [open(p, "rb").read() for p in sys.argv[3:]]
 rng = random.Random(int(sys.argv[2]))
 ok = accepted = 0
