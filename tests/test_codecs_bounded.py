@@ -415,7 +415,7 @@ def test_leaf_size_claims_checked_before_inflating(tmp_path, monkeypatch):
     calls = []
     real = members.inflate_many
     monkeypatch.setattr(
-        codecs, "inflate_many", lambda jobs, *a, **k: calls.append(jobs) or real(jobs, *a, **k)
+        members, "inflate_many", lambda jobs, *a, **k: calls.append(jobs) or real(jobs, *a, **k)
     )
     with pytest.raises(BadArchiveError, match="4000"):
         tdz_numba.load(p)

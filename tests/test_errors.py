@@ -1002,7 +1002,7 @@ def test_save_failing_midway_is_atomic(exc, existing, tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise exc("injected failure")
 
-    monkeypatch.setattr(tdz_numba.zipfmt.writer.records, "end_records", boom)
+    monkeypatch.setattr(tdz_numba.zipfmt.writer.packers, "end_records", boom)
     with pytest.raises(exc, match="injected failure"):
         tdz_numba.save({"b": torch.ones(10_000), "c": "text"}, path)
     with pytest.raises(exc, match="injected failure"):
@@ -1024,7 +1024,7 @@ def test_failed_pack_is_atomic(tmp_path, monkeypatch):
     target = tdz_numba.save({"keep": torch.ones(1)}, tmp_path / "out" / "t.tdz")
     before = target.read_bytes()
     monkeypatch.setattr(
-        tdz_numba.zipfmt.writer.records,
+        tdz_numba.zipfmt.writer.packers,
         "end_records",
         lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")),
     )

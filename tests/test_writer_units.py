@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import tdz_numba
+from tdz_numba.zipfmt import packers
 from tdz_numba.zipfmt import payload as payload_writer
-from tdz_numba.zipfmt import records
 
 
 @pytest.fixture
 def fixed_time(monkeypatch):
-    monkeypatch.setattr(records, "dos_datetime", lambda timestamp=None: (0, 33))
+    monkeypatch.setattr(packers, "dos_datetime", lambda timestamp=None: (0, 33))
 
 
 def _tree():
