@@ -350,8 +350,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     stored = size(d["stored_nbytes"])
     if d["nbytes"] and d["stored_nbytes"] != d["nbytes"]:
         stored += f", {d['stored_nbytes'] / d['nbytes']:.1%}"
-    shown = ", ".join(_fmt_num(v) for v in d["values"])
-    more = f" ... ({d['numel'] - len(d['values'])} more)" if d["numel"] > len(d["values"]) else ""
+    texts = [_fmt_num(v) for v in d["values"]]
+    while len(texts) > 1 and len(", ".join(texts)) + 30 > WIDTH - 14:  # the row fits 100 columns
+        texts.pop()
+    shown = ", ".join(texts)
+    more = f" ... ({d['numel'] - len(texts)} more)" if d["numel"] > len(texts) else ""
     rows = [
         ["key:", d["key"]],
         ["entry:", d["entry"] or "-"],
