@@ -129,7 +129,8 @@ def test_closed_archive_refuses_everything_naming_the_file(tmp_path):
 def test_checksum_error_after_r_plus_suggests_refresh(tmp_path):
     p = tdz_numba.save({"a": torch.zeros(4)}, tmp_path / "x.tdz")
     with tdz_numba.open(p, mode="r+") as ar:
-        ar["a"].add_(1)
+        a = ar["a"]
+    a.add_(1)  # after close (close re-stamps what was written before it)
     with pytest.raises(tdz_numba.ChecksumError, match="tdz refresh"):
         tdz_numba.verify(p)
     with tdz_numba.open(p, mode="r+") as ar:

@@ -124,8 +124,9 @@ def files(tmp_path_factory):
     f["junk"].write_bytes(b"this is not a zip file at all" * 4)
     f["rw"] = tdz_numba.save(_tree(), d / "rw.tdz")
     with tdz_numba.open(f["rw"], mode="r+") as ar:
-        ar["obs/depth"].add_(1)
-        ar["index"][0] = 42
+        depth, index = ar["obs/depth"], ar["index"]
+    depth.add_(1)  # written after close (close re-stamps what was written before it)
+    index[0] = 42
     f["unpacked"] = d / "unpacked"
     f["packed"] = d / "packed.tdz"
     return f
@@ -308,7 +309,8 @@ def test_refresh_after_rw_write(runs, files, tmp_path, capsys):
     # the same in-process: a write through mode="r+" fails verify until refresh
     p = tdz_numba.save({"a": torch.zeros(8), "b": {"c": torch.ones(3)}}, tmp_path / "w.tdz")
     with tdz_numba.open(p, mode="r+") as ar:
-        ar["b/c"].mul_(3)
+        c = ar["b/c"]
+    c.mul_(3)  # after close: stale until refreshed
     assert cli.main(["verify", str(p)]) == 1
     assert "b/c.memmap" in capsys.readouterr().err
     assert cli.main(["refresh", str(p)]) == 0 and "4 stored entries" in capsys.readouterr().out

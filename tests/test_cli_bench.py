@@ -119,7 +119,8 @@ def test_bench_compressed_quick_json(tmp_path):
         assert r["file_bytes"] > 0 and r["nbytes"] >= 16 * 2**20
         assert r["size_ratio"] == pytest.approx(r["nbytes"] / r["file_bytes"])
         assert r["size_ratio"] > 1.5, r  # image-like data compresses (about 3.5x)
-    err = proc.stderr
+    assert max(len(line) for line in proc.stderr.splitlines()) <= 100  # the report wraps at 100 columns
+    err = proc.stderr.replace("\n  ", " ")  # its prose lines rejoined (continuations are indented by two)
     assert "compressed section (deflate)" in err and "size: 16 MiB" in err and "repeat: 3" in err
     for w in ("images_flat", "images_small"):
         assert f"size ratio {w}" in err and f"scaling {w}: " in err

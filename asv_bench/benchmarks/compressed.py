@@ -26,13 +26,20 @@ import tempfile
 import warnings
 from pathlib import Path
 
+try:
+    from .quick import QUICK
+except ImportError:  # asv imports benchmark files as top-level modules
+    from quick import QUICK
+
 warnings.filterwarnings("ignore")
 
+#: MiB per workload (``asv run --quick``: 1 MiB, a smoke run; see quick.py).
+SIZES = [1] if QUICK else [16, 64]
 IMPLS = ["tdz_numba", "tdz_numba_1t", "td_tdz", "zlib_ng"]
 
 
 class Deflate:
-    params = (["images_flat", "images_small"], [16, 64], IMPLS)
+    params = (["images_flat", "images_small"], SIZES, IMPLS)
     param_names = ["layout", "size_mib", "impl"]
     timeout = 300
 
@@ -53,7 +60,8 @@ class Deflate:
         self.dir = Path(tempfile.mkdtemp(prefix="tdz-asv-deflate-", dir=os.getcwd()))
         # JIT: the deflate and inflate kernels, with an entry cut into several 4 MiB segments
         warm = self.dir / "warm.tdz"
-        tiny = {"a": {"b": torch.arange(9 << 18, dtype=torch.int32) % 251}, "c": torch.ones(100)}
+        n = (1 << 18) if QUICK else (9 << 18)  # 9 << 18 int32: an entry of several 4 MiB segments
+        tiny = {"a": {"b": torch.arange(n, dtype=torch.int32) % 251}, "c": torch.ones(100)}
         for nt in (None, 1):
             tdz_numba.save(tiny, warm, compression="deflate", num_threads=nt)
             sum_tree(tdz_numba.load(warm, num_threads=nt))

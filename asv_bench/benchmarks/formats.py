@@ -1,14 +1,15 @@
 """asv suite: tdz_numba against torch.save, safetensors and tensordict, side by side.
 
 Parameters: layout (``flat``: few large leaves, ``small``: 100 groups x 20 leaves)
-x size (MiB) x format. ``time_*`` for save, lazy open and open + read of every
+x size (MiB: 16 and 64; 1 under ``asv run --quick``, see quick.py) x format. ``time_*`` for save, lazy open and open + read of every
 leaf; ``track_peak_rss_*`` for the memory ONE save or read needs (peak RSS growth
 in a child process, see ``peak.py``: asv's own ``peakmem_*`` is the whole process's
 peak, the same for every format). Numba kernels are compiled (or loaded from
 cache) in ``setup``, never timed.
 
 Run from the repository root (no prompt: ``asv machine --yes`` records this machine first):
-``cd asv_bench && ../.venv/bin/asv machine --yes && ../.venv/bin/asv run --python=same --quick``.
+``cd asv_bench && ../.venv/bin/asv machine --yes && ../.venv/bin/asv run --python=same --quick``
+(every suite in about a minute at quick sizes; without ``--quick`` for measurements).
 """
 
 import os
@@ -20,12 +21,16 @@ import torch
 
 try:
     from .peak import peak_rss_growth
+    from .quick import QUICK
 except ImportError:  # asv imports benchmark files as top-level modules
     from peak import peak_rss_growth
+    from quick import QUICK
 
 warnings.filterwarnings("ignore")
 
 FORMATS = ["tdz_numba", "safetensors", "torch", "td_tdz"]
+#: MiB per workload (``asv run --quick``: 1 MiB, a smoke run; see quick.py).
+SIZES = [1] if QUICK else [16, 64]
 
 
 def make_tree(layout, size_mib):
@@ -52,7 +57,7 @@ def flat_keys(tree):
 
 
 class _Base:
-    params = (["flat", "small"], [16, 64], FORMATS)
+    params = (["flat", "small"], SIZES, FORMATS)
     param_names = ["layout", "size_mib", "format"]
     timeout = 300
 
@@ -133,11 +138,6 @@ class Save(_Base):
     def time_save(self, layout, size_mib, fmt):
         self.save(fmt)
 
-    def track_peak_rss_save(self, layout, size_mib, fmt):
-        return peak_rss_growth("formats", "Save", (layout, size_mib, fmt), "save", (fmt,))
-
-    track_peak_rss_save.unit = "bytes"
-
 
 class Open(_Base):
     def time_open(self, layout, size_mib, fmt):
@@ -147,6 +147,18 @@ class Open(_Base):
 class Read(_Base):
     def time_read_all(self, layout, size_mib, fmt):
         self.read_all(fmt)
+
+
+class Peak(_Base):
+    """Peak RSS growth of one save and one read (a child process each: seconds of imports,
+    so ``--quick`` measures only two formats on one layout)."""
+
+    params = (["small"], SIZES, ["tdz_numba", "safetensors"]) if QUICK else _Base.params
+
+    def track_peak_rss_save(self, layout, size_mib, fmt):
+        return peak_rss_growth("formats", "Save", (layout, size_mib, fmt), "save", (fmt,))
+
+    track_peak_rss_save.unit = "bytes"
 
     def track_peak_rss_read_all(self, layout, size_mib, fmt):
         return peak_rss_growth("formats", "Read", (layout, size_mib, fmt), "read_all", (fmt,))

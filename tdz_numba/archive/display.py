@@ -1,8 +1,9 @@
 """What an :class:`~tdz_numba.Archive` looks like: ``repr`` tree lines and the Jupyter HTML tree.
 
-Nothing here creates a leaf tensor or inflates a payload: only level
-descriptions (meta.json) and the index are read (plus the small size table of
-a nested leaf, for its shape). Non-tensor data shows its value (truncated),
+Nothing here inflates a payload: the text repr reads only level descriptions
+(meta.json) and the index (plus the small size table of a nested leaf, for its
+shape); the HTML repr also previews the first and last values of mapped
+(stored) leaves, a page or two of each. Non-tensor data shows its value (truncated),
 a tensorclass shows its fields (its ``_tensordict`` level is seen through),
 and a nested leaf shows its component shapes (``float32[2, 2..5] nested``).
 
@@ -34,6 +35,8 @@ __all__ = [
     "level_value",
     "shape_text",
     "dtype_text",
+    "value_preview",
+    "level_nbytes",
     "MAX_VALUE_CHARS",
 ]
 
@@ -156,16 +159,69 @@ def archive_repr(ar: Any) -> str:
 
 
 _STYLE = (
-    "<style>.tdz-archive table{border-collapse:collapse;margin:0;font-family:monospace}"
+    "<style>.tdz-archive table{border-collapse:collapse;margin:0.2em 0;font-family:monospace}"
+    ".tdz-archive th{text-align:left;padding:0 0.9em 0 0;color:#555;font-weight:normal;"
+    "border-bottom:1px solid #ccc}"
     ".tdz-archive td{text-align:left;padding:0 0.9em 0 0;white-space:nowrap;"
-    "vertical-align:top}.tdz-archive summary{cursor:pointer}</style>"
+    "vertical-align:top}.tdz-archive td.tdz-n{text-align:right}"
+    ".tdz-archive td.tdz-v{color:#555}.tdz-archive summary{cursor:pointer}"
+    ".tdz-archive .tdz-meta{font-family:monospace;color:#555;margin:0.1em 0}</style>"
+)
+#: Leaves with at most this many values show them all in the preview; larger ones their
+#: first and last :data:`PREVIEW_EDGE` values.
+PREVIEW_ALL = 6
+PREVIEW_EDGE = 3
+_HEAD = (
+    '<thead><tr class="tdz-head"><th>key</th><th>dtype</th><th>shape</th>'
+    '<th style="text-align:right">size</th><th>storage</th><th>values</th></tr></thead>'
 )
 
 
+def _num(x: Any) -> str:
+    if isinstance(x, float):
+        text = f"{x:.4g}"
+        return text if any(c in text for c in ".eni") else text + "."  # 1., 0.5, 1e+20, nan, inf
+    return str(x)
+
+
+def value_preview(t: Any) -> str:
+    """First and last values of a tensor, flattened, like xarray's preview: ``0 1 2 ... 97 98 99``."""
+    flat = t.reshape(-1)
+    n = int(flat.numel())
+    if n == 0:
+        return ""
+    if t.is_complex():
+        return "complex"
+    if n <= PREVIEW_ALL:
+        return " ".join(_num(v) for v in flat.tolist())
+    head = flat[:PREVIEW_EDGE].tolist()
+    tail = flat[n - PREVIEW_EDGE :].tolist()
+    return " ".join(_num(v) for v in head) + " ... " + " ".join(_num(v) for v in tail)
+
+
+def level_nbytes(node: Any, limit: int = 1_000_000) -> int | None:
+    """Bytes of every leaf below a level (uncompressed), or None past ``limit`` leaves."""
+    total = seen = 0
+    stack = [node]
+    while stack:
+        level = stack.pop()
+        for _, spec, owner in children_of(level):
+            if spec.kind == "leaf":
+                seen += 1
+                if seen > limit:
+                    return None
+                total += owner._leaf_info(spec.leaf).nbytes
+            elif spec.kind == "level":
+                stack.append(owner._sub(spec.path))
+    return total
+
+
 def archive_html(ar: Any, max_rows: int = 500) -> str:
-    """A collapsible HTML tree for Jupyter: one ``<details>`` per level (class
-    name, batch size), one row per leaf (key, dtype, shape, size, codec), one
-    row per non-tensor value.
+    """A collapsible HTML tree for Jupyter: one ``<details>`` per level (class name, batch
+    size, keys, the bytes of its leaves, its metadata), one table per level with column
+    headers (key, dtype, shape, size, storage, values): one row per leaf, with its first and
+    last values when it is mapped (a stored leaf: two pages read; compressed ones are not
+    inflated for it), one row per non-tensor value.
 
     At most ``max_rows`` rows are drawn; the rest is summarized as
     "... N more keys" per level. Never raises: on any error the plain
@@ -176,12 +232,49 @@ def archive_html(ar: Any, max_rows: int = 500) -> str:
 
     def level_label(node: Any) -> str:
         bs = node.batch_size
+        n = len(children_of(node))
         text = f'<span style="color:#276">{esc(node.type_name)}</span>'
         if bs is not None:
             text += f' <span style="color:#777">batch_size={esc(str(bs))}</span>'
-        return text + f' <span style="color:#777">&middot; {len(children_of(node))} keys</span>'
+        size = level_nbytes(node)
+        extra = f" &middot; {human(size)}" if size is not None else ""
+        return text + f' <span style="color:#777">&middot; {n} key{"s" if n != 1 else ""}{extra}</span>'
+
+    def metadata_div(node: Any) -> str:
+        try:
+            meta = node.metadata
+        except Exception:  # a description only
+            meta = {}
+        if not meta:
+            return ""
+        items = "; ".join(f"{esc(str(k))} = {esc(value_text(v, 60))}" for k, v in list(meta.items())[:20])
+        more = f"; ... {len(meta) - 20} more" if len(meta) > 20 else ""
+        return f'<div class="tdz-meta">metadata: {items}{more}</div>'
 
     budget = [max_rows]
+
+    def leaf_row(name: str, owner: Any, spec: Any) -> str:
+        leaf = spec.leaf
+        preview = ""
+        try:
+            info = owner._leaf_info(leaf)
+            nested = " nested" if info.nested else ""
+            codec = info.compression
+            if info.stored_nbytes != info.nbytes:
+                codec += f" ({human(info.stored_nbytes)} stored)"
+            cols = [dtype_text(info.dtype) + nested, shape_text(owner, leaf), human(info.nbytes), codec]
+            if info.zero_copy and not info.nested:
+                try:
+                    preview = value_preview(owner._value(spec))
+                except Exception:  # the preview only: the row stays
+                    preview = "?"
+        except Exception as exc:  # one bad leaf does not hide the others
+            cols = [dtype_text(leaf.dtype), str(list(leaf.shape)), "?", f"error: {exc}"]
+        return (
+            f"<tr><td>{name}</td><td>{esc(cols[0])}</td><td>{esc(cols[1])}</td>"
+            f'<td class="tdz-n">{esc(cols[2])}</td><td>{esc(cols[3])}</td>'
+            f'<td class="tdz-v">{esc(preview)}</td></tr>'
+        )
 
     def render(node: Any) -> str:
         rows: list[str] = []
@@ -198,47 +291,28 @@ def archive_html(ar: Any, max_rows: int = 500) -> str:
             budget[0] -= 1
             name = f"<b>{esc(key)}</b>"
             if spec.kind == "leaf":
-                leaf = spec.leaf
-                try:
-                    info = owner._leaf_info(leaf)
-                    nested = " nested" if info.nested else ""
-                    codec = info.compression
-                    if info.stored_nbytes != info.nbytes:
-                        codec += f" ({human(info.stored_nbytes)} stored)"
-                    cols = [
-                        dtype_text(info.dtype) + nested,
-                        shape_text(owner, leaf),
-                        human(info.nbytes),
-                        codec,
-                    ]
-                except Exception as exc:  # one bad leaf does not hide the others
-                    cols = [dtype_text(leaf.dtype), str(list(leaf.shape)), "?", f"error: {exc}"]
-                rows.append(
-                    f"<tr><td>{name}</td><td>{esc(cols[0])}</td><td>{esc(cols[1])}</td>"
-                    f'<td style="text-align:right">{esc(cols[2])}</td>'
-                    f"<td>{esc(cols[3])}</td></tr>"
-                )
+                rows.append(leaf_row(name, owner, spec))
             elif spec.kind == "file":
                 rows.append(
-                    f'<tr><td>{name}</td><td colspan="4" style="color:#777">file {esc(spec.path)}</td></tr>'
+                    f'<tr><td>{name}</td><td colspan="5" style="color:#777">file {esc(spec.path)}</td></tr>'
                 )
             elif spec.kind == "value":
-                rows.append(f'<tr><td>{name}</td><td colspan="4">{esc(value_text(spec.leaf))}</td></tr>')
+                rows.append(f'<tr><td>{name}</td><td colspan="5">{esc(value_text(spec.leaf))}</td></tr>')
             else:
                 sub = owner._sub(spec.path)
                 shown, value = level_value(sub)
                 if shown:
                     label = "" if sub._plain_value()[0] else f"{sub.type_name} "
                     rows.append(
-                        f'<tr><td>{name}</td><td colspan="4">{esc(label + value_text(value))}</td></tr>'
+                        f'<tr><td>{name}</td><td colspan="5">{esc(label + value_text(value))}</td></tr>'
                     )
                 else:
                     inner = render(sub)
                     subs.append(
                         f"<details><summary><b>{esc(key)}/</b> {level_label(sub)}</summary>"
-                        f'<div style="margin-left:1.2em">{inner}</div></details>'
+                        f'<div style="margin-left:1.2em">{metadata_div(sub)}{inner}</div></details>'
                     )
-        table = f"<table>{''.join(rows)}</table>" if rows else ""
+        table = f"<table>{_HEAD}<tbody>{''.join(rows)}</tbody></table>" if rows else ""
         return table + "".join(subs)
 
     try:
@@ -252,13 +326,13 @@ def archive_html(ar: Any, max_rows: int = 500) -> str:
         if not ar._prefix and index is not None and len(index.names):
             extra = (
                 f' <span style="color:#777">&middot; {len(index.names)} entries, '
-                f"{human(int(index.table['size'].sum()))} payload</span>"
+                f"{human(int(index.table['csize'].sum()))} stored</span>"
             )
         fmt = "" if ar.format == "tdz" else f' <span style="color:#777">({esc(ar.format)})</span>'
         return (
             f'<div class="tdz-archive">{_STYLE}<details open><summary><b>Archive</b> {where}{fmt} '
             f"{level_label(ar)}{extra}</summary>"
-            f'<div style="margin-left:1.2em">{body}</div></details></div>'
+            f'<div style="margin-left:1.2em">{metadata_div(ar)}{body}</div></details></div>'
         )
     except Exception:
         try:

@@ -150,10 +150,15 @@ class Archive(LeafMemory, Mapping):
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """The file's own metadata (safetensors ``__metadata__``, GGUF key/values,
-        what ``save(..., metadata=)`` stored, ...); ``{}`` when none."""
+        """The file's own metadata at the root (safetensors ``__metadata__``, GGUF key/values,
+        what ``save(..., metadata=)`` stored, HDF5 root attributes, ...); at a sub-level, that
+        level's own (HDF5 group attributes), ``{}`` when its format keeps none per level."""
         self._check_open()
-        return dict(self._state.source.metadata or {})
+        source = self._state.source
+        if self._prefix:
+            per_level = getattr(source, "level_metadata", None)
+            return dict(per_level(self._prefix) or {}) if per_level is not None else {}
+        return dict(source.metadata or {})
 
     @property
     def mode(self) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ChecksumError, TdzError
+from ..files.progress import human_bytes
 from ..files.progress import progress as _progress
 from ..tdz.bounds import parse_meta
 from ..zipfmt import records
@@ -28,21 +29,62 @@ from ..zipfmt.index import ArchiveIndex
 __all__ = ["VerifyReport", "verify", "verify_compressed", "is_archive"]
 
 
+def _count(n: int, word: str, plural: str | None = None) -> str:
+    """``"1 leaf"``, ``"2 leaves"``."""
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
 @dataclass(frozen=True)
 class VerifyReport:
-    """What :func:`verify` checked."""
+    """What :func:`verify` checked.
+
+    ``payload_bytes``: the leaves' bytes (uncompressed); ``checksummed_bytes``: those whose
+    checksum was computed and compared (every payload of a ``.tdz``; the zip members of a
+    ``.pt`` or ``.npz``; none of a safetensors or GGUF file, whose formats have no checksum);
+    ``decoded``: compressed leaves decoded (their codec's own checks ran).
+    """
 
     path: Path
     entries: int
     levels: int
     leaves: int
     payload_bytes: int
+    format: str = "tdz"
+    checksummed_bytes: int | None = None  # None: every payload byte (a .tdz)
+    decoded: int = 0
+
+    @property
+    def unchecked_bytes(self) -> int:
+        """Payload bytes no checksum covers (0 for a ``.tdz``): only their place and size were checked."""
+        if self.checksummed_bytes is None:
+            return 0
+        return max(0, self.payload_bytes - self.checksummed_bytes)
+
+    def describe(self, size: Any = None) -> str:
+        """The report as text: a first line, then what was checked and what was not (one line each);
+        ``size`` formats byte counts (default: human sizes, "12.5 MiB")."""
+        size = size or human_bytes
+        counts = f"{_count(self.levels, 'level')}, {_count(self.leaves, 'leaf', 'leaves')}"
+        if self.checksummed_bytes is None:
+            return (
+                f"{self.path}: OK (tdz): {_count(self.entries, 'entry', 'entries')}, {counts}\n"
+                f"  checked: the CRC-32 of every entry ({size(self.payload_bytes)} of payload), the structure"
+            )
+        done = ["the bounds and size of every leaf"]
+        if self.checksummed_bytes:
+            done.append(f"the CRC-32 of {size(self.checksummed_bytes)}")
+        if self.decoded:
+            done.append(f"{_count(self.decoded, 'compressed leaf', 'compressed leaves')} decoded")
+        lines = [f"{self.path}: OK ({self.format}): {counts}", f"  checked: {', '.join(done)}"]
+        if self.unchecked_bytes:
+            lines.append(
+                f"  not checked: the values of {size(self.unchecked_bytes)} of payload "
+                f"({self.format} files have no checksums)"
+            )
+        return "\n".join(lines)
 
     def __str__(self) -> str:
-        return (
-            f"{self.path}: OK: {self.entries} entries, {self.levels} levels, "
-            f"{self.leaves} leaves, {self.payload_bytes} payload bytes checked"
-        )
+        return self.describe()
 
 
 def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
@@ -160,19 +202,22 @@ def _after_stored_crcs(
 
 
 def _crc_error(index: ArchiveIndex, row: int, found: int) -> ChecksumError:
-    """The ChecksumError of entry ``row``; a stored payload suggests ``tdz refresh``
-    (in-place writes through ``mode="r+"`` leave its CRC-32 stale)."""
+    """The ChecksumError of entry ``row``. The file alone cannot tell damage from in-place
+    writes whose CRCs were not re-stamped, so a stored payload's message says both: damaged,
+    unless it was written in place (then, and only then, ``tdz refresh``)."""
     table = index.table
     name = index.names[row]
     expected = int(table["crc"][row])
-    hint = ""
+    hint = ": the file is damaged"
     if name.endswith(".memmap") and int(table["method"][row]) == records.STORED:
         hint = (
-            " (after in-place writes through mode='r+', re-stamp the CRCs with `tdz refresh FILE`, "
-            "tdz_numba.refresh_checksums(path) or Archive.close(refresh=True))"
+            ": the file is damaged, unless this leaf was written in place without re-stamping its CRC "
+            "(through a mode='r+' tensor used after close(), or by another program); only in that "
+            "case run `tdz refresh FILE` (re-stamping a damaged file would hide the damage)"
         )
     return ChecksumError(
-        f"{index.path}: entry {name!r}: CRC-32 mismatch: recorded {expected:#010x}, computed {found:#010x}{hint}",
+        f"{index.path}: entry {name!r}: CRC-32 mismatch: recorded {expected:#010x}, "
+        f"computed {found:#010x}{hint}",
         path=str(index.path),
         entry=name,
         offset=int(table["payload_offset"][row]),
@@ -187,10 +232,12 @@ def _verify_other(ar, path: str | os.PathLike, progress: bool | None) -> VerifyR
 
     source = ar.source
     files = source.files
-    levels = leaves = payload = entries = 0
+    levels = leaves = payload = entries = decoded = 0
+    crc_bytes = 0  # bytes of zip members whose CRC-32 was compared
+    zipped: set[int] = set()  # files that are zip containers: every member CRC-checked
     stack = [ar]
     with _progress(None, "verify", enabled=progress) as bar:
-        for f in files:
+        for n, f in enumerate(files):
             with open(f.path, "rb") as fh:
                 magic = fh.read(4)
             if magic == b"PK\x03\x04":  # a zip container (.pt, .npz): its members' CRC-32s
@@ -205,6 +252,7 @@ def _verify_other(ar, path: str | os.PathLike, progress: bool | None) -> VerifyR
                         raise _crc_error(index, int(stored[bad[0]]), int(crcs[bad[0]]))
                     verify_compressed(index, np.nonzero(table["method"] != records.STORED)[0].tolist(), bar)
                     entries += len(index.names)
+                    zipped.add(n)
                 finally:
                     index.close()
         while stack:
@@ -219,12 +267,18 @@ def _verify_other(ar, path: str | os.PathLike, progress: bool | None) -> VerifyR
                             check_extent(leaf, files[leaf.file].size, str(files[leaf.file].path))
                         if leaf.codec != "stored" or leaf.loader is not None:
                             tensor_from_spec(leaf, files, where=str(source.path))
-                        payload += leaf.size if leaf.codec != "stored" else leaf.numel * leaf.dtype.itemsize
+                            decoded += leaf.codec != "stored"
+                        nbytes = leaf.size if leaf.codec != "stored" else leaf.numel * leaf.dtype.itemsize
+                        payload += nbytes
+                        if leaf.file in zipped:
+                            crc_bytes += nbytes
                     else:
                         node.leaf(spec)
                 elif spec.kind == "level":
                     stack.append(node.sublevel(spec))
-    return VerifyReport(Path(path), entries or leaves, levels, leaves, payload)
+    return VerifyReport(
+        Path(path), entries or leaves, levels, leaves, payload, ar.format, min(crc_bytes, payload), decoded
+    )
 
 
 def _walk_structure(ar) -> tuple[int, int]:

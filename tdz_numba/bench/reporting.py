@@ -75,9 +75,14 @@ def _columns(res: BenchResult) -> list[str]:
     return [f for f in order if any(r["format"] == f for r in res.results)]
 
 
-def format_table(res: BenchResult) -> str:
+#: Widest line of the report: wider tables are split by columns, prose is wrapped.
+WIDTH = 100
+
+
+def format_table(res: BenchResult, width: int = WIDTH) -> str:
     """Rows = (workload, op), columns = formats; cells ``"12.3 ms (2.1x)"`` where the
-    ratio is the cell over tdz_numba's cell of the same row."""
+    ratio is the cell over tdz_numba's cell of the same row. A table wider than ``width``
+    is printed as several, each with the workload and op columns and the formats that fit."""
     cols = _columns(res)
     rows = []
     for wname in res.workloads:
@@ -98,17 +103,45 @@ def format_table(res: BenchResult) -> str:
             rows.append([wname, op, *cells])
     header = ["workload", "op", *cols]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    lines = [
-        "  ".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip(),
-        "  ".join("-" * wd for wd in widths),
-    ]
-    for row in rows:
-        lines.append(
-            "  ".join(
-                (c.ljust(wd) if i < 2 else c.rjust(wd)) for i, (c, wd) in enumerate(zip(row, widths))
-            ).rstrip()
+    groups: list[list[int]] = [[]]  # the format columns of each table
+    used = widths[0] + 2 + widths[1]
+    for i in range(2, len(header)):
+        if groups[-1] and used + 2 + widths[i] > width:
+            groups.append([])
+            used = widths[0] + 2 + widths[1]
+        groups[-1].append(i)
+        used += 2 + widths[i]
+    tables = []
+    for group in groups:
+        keep = [0, 1, *group]
+        lines = [
+            "  ".join(header[i].ljust(widths[i]) for i in keep).rstrip(),
+            "  ".join("-" * widths[i] for i in keep),
+        ]
+        for row in rows:
+            lines.append(
+                "  ".join(
+                    (row[i].ljust(widths[i]) if i < 2 else row[i].rjust(widths[i])) for i in keep
+                ).rstrip()
+            )
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
+
+
+def wrap_lines(lines: list[str], width: int = WIDTH) -> list[str]:
+    """Each prose line longer than ``width`` wrapped at spaces, the continuation indented by two."""
+    import textwrap
+
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= width or "\n" in line:
+            out.append(line)
+            continue
+        out.extend(
+            textwrap.wrap(line, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+            or [line]
         )
-    return "\n".join(lines)
+    return out
 
 
 def fastest_lines(res: BenchResult) -> list[str]:
@@ -364,7 +397,7 @@ def report(res: BenchResult, argv: list[str]) -> str:
     lines += _spread_lines(res)
     lines += [f"note: {n}" for n in res.notes]
     lines.append(f"total wall time: {res.wall_s:.1f} s")
-    return "\n".join(lines)
+    return "\n".join(wrap_lines(lines))
 
 
 def human(n: float) -> str:

@@ -51,6 +51,9 @@ from .commands import (
 )
 from .report import SHOW_VALUES
 
+#: Leaves (and values) ``tdz tree`` lists by default.
+MAX_LEAVES = 200
+
 __all__ = ["main", "build_parser"]
 
 
@@ -81,19 +84,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("--json", action="store_true", help="print JSON")
+    _bytes_flag(s)
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser(
         "tree",
         parents=[common],
-        help="the nested tree: key, dtype, shape, bytes, codec",
+        help="the nested tree: key, dtype, shape, size, codec",
         description="Print the nested tree of an archive (or of SUBPATH): key, dtype, "
-        "shape, size in bytes and codec of every leaf.",
+        "shape, size and codec of every leaf (the first --max-leaves of them).",
     )
     s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("subpath", nargs="?", default=None, help='a level or leaf, as "a/b"')
     s.add_argument("--depth", type=int, default=None, help="expand at most N levels (default: all)")
+    s.add_argument(
+        "--max-leaves",
+        type=int,
+        default=MAX_LEAVES,
+        metavar="N",
+        help=f"list at most N leaves and values, then '... K more' (default {MAX_LEAVES}; 0: all)",
+    )
     s.add_argument("--json", action="store_true", help="print JSON")
+    _bytes_flag(s)
     s.set_defaults(func=cmd_tree)
 
     s = sub.add_parser(
@@ -116,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"print the first N values (default {SHOW_VALUES})",
     )
     s.add_argument("--json", action="store_true", help="print JSON")
+    _bytes_flag(s)
     s.set_defaults(func=cmd_show)
 
     s = sub.add_parser(
@@ -127,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("--json", action="store_true", help="print JSON")
+    _bytes_flag(s)
     _progress_flag(s)
     s.set_defaults(func=cmd_verify)
 
@@ -148,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--level", type=int, default=None, help="compression level passed to the codec")
     s.add_argument("--threads", type=int, default=None, help="threads for CRC-32 and deflate (default: all)")
+    _bytes_flag(s)
     _progress_flag(s)
     s.set_defaults(func=cmd_pack)
 
@@ -160,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("file", metavar="FILE", help="the .tdz archive")
     s.add_argument("directory", metavar="DIR", help="the directory to create (or fill)")
+    _bytes_flag(s)
     _progress_flag(s)
     s.set_defaults(func=cmd_unpack)
 
@@ -234,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmark against tensordict, torch, safetensors (tdz bench --help for options)",
     )
     return p
+
+
+def _bytes_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bytes", action="store_true", help="print sizes as raw byte counts (default: human, 1.5 MiB)"
+    )
 
 
 def _progress_flag(parser: argparse.ArgumentParser) -> None:

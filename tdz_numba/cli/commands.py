@@ -56,16 +56,59 @@ def one_line(exc: BaseException) -> str:
 
 
 _human = human_bytes
+#: Widest line the text outputs aim for.
+WIDTH = 100
+#: Formats whose root is a tensordict class (the others' "TensorDict" root is only a container).
+_TD_FORMATS = ("tdz", "memmap_dir")
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``"1 level"``, ``"2 levels"``, ``"1 entry"``, ``"3 entries"`` (``many``: the plural, default ``word + "s"``).
+
+    Examples
+    --------
+    >>> plural(1, "key"), plural(2, "leaf", "leaves")
+    ('1 key', '2 leaves')
+    """
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def sizer(args: argparse.Namespace) -> Any:
+    """How a command prints byte counts: human sizes ("1.5 MiB"), or raw bytes with ``--bytes``."""
+    if getattr(args, "bytes", False):
+        return lambda n: f"{int(n)} B"
+    return _human
 
 
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=1))
 
 
-def _table(rows: list[list[str]], right: Sequence[int] = ()) -> list[str]:
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(1, limit - 3)] + "..."
+
+
+def _table(rows: list[list[str]], right: Sequence[int] = (), width: int = WIDTH) -> list[str]:
+    """Rows as aligned columns; wider than ``width``, the key column is cut first (down to 24
+    characters), then the widest other columns (down to 12), each cut cell ending in "..."."""
     if not rows:
         return []
-    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(max(map(len, rows)))]
+    ncol = max(map(len, rows))
+    widths = [max((len(r[i]) for r in rows if i < len(r)), default=0) for i in range(ncol)]
+    full = list(widths)
+    over = sum(widths) + 2 * (ncol - 1) - width
+    if over > 0 and ncol > 1:
+        cut = min(over, max(0, widths[0] - 24))
+        widths[0] -= cut
+        over -= cut
+        while over > 0:
+            i = max((i for i in range(1, ncol) if i not in right), key=lambda i: widths[i], default=None)
+            if i is None or widths[i] <= 12:
+                break
+            cut = min(over, widths[i] - 12)
+            widths[i] -= cut
+            over -= cut
+        rows = [[_cut(c, widths[i]) if widths[i] < full[i] else c for i, c in enumerate(r)] for r in rows]
     out = []
     for r in rows:
         cells = [(c.rjust(widths[i]) if i in right else c.ljust(widths[i])) for i, c in enumerate(r)]
@@ -76,6 +119,18 @@ def _table(rows: list[list[str]], right: Sequence[int] = ()) -> list[str]:
 # -- info ------------------------------------------------------------------------------------
 
 
+def _codecs(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k} x{v}" for k, v in sorted(d["compression"].items(), key=lambda kv: -kv[1])) or "-"
+
+
+def _root_row(d: dict[str, Any]) -> list[list[str]]:
+    """The ``root:`` row, only for tensordict's own formats (another file's root is a plain container)."""
+    bs = f", batch_size={d['batch_size']}" if d["batch_size"] is not None else ""
+    if d["format"] in _TD_FORMATS:
+        return [["root:", d["root_type"] + bs]]
+    return [["batch size:", str(d["batch_size"])]] if d["batch_size"] is not None else []
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from .report import info_dict
 
@@ -83,57 +138,64 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(d)
         return EXIT_OK
+    size = sizer(args)
     if d["format"] != "tdz":
-        return _print_info_other(d)
-    codecs = ", ".join(f"{k} x{v}" for k, v in sorted(d["compression"].items(), key=lambda kv: -kv[1]))
-    if d["memmap_entries"] == 0:
-        align = "no .memmap payloads"
+        return _print_info_other(d, size)
+    n_mm, n_stored = d["memmap_entries"], d["memmap_stored"]
+    compressed = f"; {n_mm - n_stored} compressed (decoded, not mapped)" if n_mm > n_stored else ""
+    if n_stored == 0:
+        align = "no stored .memmap payloads" + compressed
     elif d["all_aligned"]:
-        align = f"all {d['memmap_entries']} .memmap payloads {d['alignment']}-byte aligned"
+        what = plural(n_stored, "stored .memmap payload" if compressed else ".memmap payload")
+        align = f"all {what} {d['alignment']}-byte aligned{compressed}"
     else:
-        n_bad = d["memmap_entries"] - d["memmap_aligned"]
+        n_bad = n_stored - d["memmap_aligned"]
         align = (
-            f"{n_bad} of {d['memmap_entries']} .memmap payloads NOT {d['alignment']}-byte aligned "
-            f"(first: {d['misaligned'][0]}; {d['misaligned_stored']} of them stored, "
-            f"{n_bad - d['misaligned_stored']} compressed)"
+            f"{n_bad} of {plural(n_stored, 'stored .memmap payload')} NOT {d['alignment']}-byte aligned "
+            f"(first: {d['misaligned'][0]}){compressed}"
         )
-    root = d["root_type"] + (f", batch_size={d['batch_size']}" if d["batch_size"] is not None else "")
     ratio = f" ({d['stored_bytes'] / d['payload_bytes']:.1%} of it)" if d["payload_bytes"] else ""
     rows = [
         ["file:", d["path"]],
-        ["root:", root],
-        ["entries:", f"{d['entries']} ({d['levels']} levels)"],
+        ["format:", "tdz (a zip of a tensordict memmap directory)"],
+        *_root_row(d),
+        ["entries:", f"{d['entries']} ({plural(d['levels'], 'level')})"],
         ["leaves:", str(d["leaves"])],
-        ["file bytes:", f"{d['file_bytes']} ({_human(d['file_bytes'])})"],
-        ["payload bytes:", f"{d['payload_bytes']} ({_human(d['payload_bytes'])}) uncompressed"],
-        ["stored bytes:", f"{d['stored_bytes']} ({_human(d['stored_bytes'])}){ratio}"],
-        ["compression:", codecs or "-"],
+        ["file size:", size(d["file_bytes"])],
+        ["payload:", f"{size(d['payload_bytes'])} uncompressed"],
+        ["stored:", f"{size(d['stored_bytes'])}{ratio}"],
+        ["compression:", _codecs(d)],
+        ["dtypes:", _dtypes(d)],
         ["alignment:", align],
     ]
+    if d["metadata"]:
+        rows.append(["metadata:", _one_line_text(repr(d["metadata"]), WIDTH - 15)])
     print("\n".join(_table(rows)))
     return EXIT_OK
 
 
-def _print_info_other(d: dict[str, Any]) -> int:
-    codecs = ", ".join(f"{k} x{v}" for k, v in sorted(d["compression"].items(), key=lambda kv: -kv[1]))
-    root = d["root_type"] + (f", batch_size={d['batch_size']}" if d["batch_size"] is not None else "")
+def _dtypes(d: dict[str, Any]) -> str:
+    """``float32 x3, uint8 (Q4_K) x2``: torch's names, the format's own in parentheses."""
+    items = sorted(d.get("dtypes", {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    return _one_line_text(", ".join(f"{name} x{n}" for name, n in items), WIDTH - 15) or "-"
+
+
+def _print_info_other(d: dict[str, Any], size: Any) -> int:
+    files = f" in {d['files']} files" if d["files"] > 1 else ""
     rows = [
         ["file:", d["path"]],
         ["format:", d["format"]],
-        ["root:", root],
-        ["leaves:", f"{d['leaves']} ({d['levels']} levels)"],
-        [
-            "file bytes:",
-            f"{d['file_bytes']} ({_human(d['file_bytes'])})"
-            + (f" in {d['files']} files" if d["files"] > 1 else ""),
-        ],
-        ["payload bytes:", f"{d['payload_bytes']} ({_human(d['payload_bytes'])})"],
-        ["stored bytes:", f"{d['stored_bytes']} ({_human(d['stored_bytes'])})"],
-        ["compression:", codecs or "-"],
-        ["zero-copy:", f"{d['zero_copy_leaves']} of {d['leaves']} leaves"],
+        *_root_row(d),
+        ["leaves:", f"{d['leaves']} ({plural(d['levels'], 'level')})"],
+        ["file size:", size(d["file_bytes"]) + files],
+        ["payload:", size(d["payload_bytes"])],
+        ["stored:", size(d["stored_bytes"])],
+        ["compression:", _codecs(d)],
+        ["dtypes:", _dtypes(d)],
+        ["zero-copy:", f"{d['zero_copy_leaves']} of {plural(d['leaves'], 'leaf', 'leaves')}"],
     ]
     if d["metadata"]:
-        rows.append(["metadata:", _one_line_text(repr(d["metadata"]), 100)])
+        rows.append(["metadata:", _one_line_text(repr(d["metadata"]), WIDTH - 15)])
     print("\n".join(_table(rows)))
     return EXIT_OK
 
@@ -146,29 +208,36 @@ def _one_line_text(text: str, limit: int) -> str:
 # -- tree ------------------------------------------------------------------------------------
 
 
-def _tree_rows(d: dict[str, Any], indent: int, rows: list[list[str]]) -> None:
+def leaf_dtype(d: dict[str, Any]) -> str:
+    """A leaf's dtype in torch's words; quantized blocks (uint8) add the file's type: ``uint8 (Q4_K)``."""
+    text = d["dtype"]
+    if d.get("quantized"):
+        text += f" ({d['type_name']})"
+    return text + (" nested" if d["nested"] else "")
+
+
+def _tree_rows(d: dict[str, Any], indent: int, rows: list[list[str]], size: Any) -> None:
     pad = "  " * indent
     name = d["key"] or "<root>"
     kind = d["kind"]
     if kind == "level":
         bs = f" batch_size={d['batch_size']}" if d.get("batch_size") else ""
         if d["children"] is None:
-            rows.append([f"{pad}{name}/", d["type"], f"{d['keys']} keys{bs}", "", "..."])
+            rows.append([f"{pad}{name}/", d["type"], f"{plural(d['keys'], 'key')}{bs}", "", "..."])
             return
         rows.append([f"{pad}{name}/", d["type"], bs.strip(), "", ""])
         for child in d["children"]:
-            _tree_rows(child, indent + 1, rows)
+            _tree_rows(child, indent + 1, rows, size)
+        if d.get("more"):
+            rows.append([f"{pad}  ... {d['more']} more", "", "", "", ""])
     elif kind == "leaf":
         codec = d["codec"]
         if d["stored_nbytes"] != d["nbytes"]:
-            codec += f" ({d['stored_nbytes']} B stored)"
-        dtype = d.get("type_name") or d["dtype"]
-        dtype += " nested" if d["nested"] else ""
-        rows.append(
-            [f"{pad}{name}", dtype, d.get("shape_text") or str(d["shape"]), f"{d['nbytes']} B", codec]
-        )
+            codec += f" ({size(d['stored_nbytes'])} stored)"
+        shape = d.get("shape_text") or str(d["shape"])
+        rows.append([f"{pad}{name}", leaf_dtype(d), shape, size(d["nbytes"]), codec])
     elif kind in ("file", "pickle"):
-        rows.append([f"{pad}{name}", kind, "", f"{d['nbytes']} B", ""])
+        rows.append([f"{pad}{name}", kind, "", size(d["nbytes"]), ""])
     else:
         rows.append([f"{pad}{name}", d.get("type", "value"), _one_line_text(repr(d["value"]), 60), "", ""])
 
@@ -178,21 +247,34 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
     if args.depth is not None and args.depth < 0:
         raise UsageError("--depth must be >= 0")
-    d = tree_dict(args.file, args.subpath, args.depth)
+    if args.max_leaves < 0:
+        raise UsageError("--max-leaves must be >= 0 (0: no limit)")
+    d = tree_dict(args.file, args.subpath, args.depth, args.max_leaves or None)
     if args.json:
         _print_json(d)
         return EXIT_OK
+    size = sizer(args)
     rows: list[list[str]] = []
     if d["kind"] == "level" and not args.subpath:
-        bs = f", batch_size={d['batch_size']}" if d.get("batch_size") is not None else ""
-        print(f"{args.file} ({d['type']}{bs})")
+        what = d["format"]
+        if d["format"] in _TD_FORMATS:
+            what += f": {d['type']}"
+        if d.get("batch_size") is not None:
+            what += f", batch_size={d['batch_size']}"
+        print(f"{args.file} ({what}; {plural(d['keys'], 'key')})")
         for child in d["children"] or []:
-            _tree_rows(child, 0, rows)
+            _tree_rows(child, 0, rows, size)
         if d["children"] is None:
-            rows.append([f"... {d['keys']} keys", "", "", "", ""])
+            rows.append([f"... {plural(d['keys'], 'key')}", "", "", "", ""])
+        elif d.get("more"):
+            rows.append([f"... {d['more']} more", "", "", "", ""])
     else:
-        _tree_rows(d, 0, rows)
+        _tree_rows(d, 0, rows, size)
     print("\n".join(_table(rows, right=(3,))))
+    if d.get("truncated"):
+        print(
+            f"(the first {plural(args.max_leaves, 'leaf', 'leaves')} shown; --max-leaves N for more, 0 for all)"
+        )
     return EXIT_OK
 
 
@@ -216,6 +298,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from .report import json_float, show_dict
 
     d = show_dict(args.file, args.key, args.values)
+    size = sizer(args)
     if args.json:
         if d["kind"] == "leaf":
             d["values"] = [json_float(v) if isinstance(v, float) else v for v in d["values"]]
@@ -241,7 +324,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                         ["key:", d["key"]],
                         ["kind:", "file"],
                         ["entry:", d["entry"]],
-                        ["nbytes:", f"{d['nbytes']} ({_human(d['nbytes'])})"],
+                        ["size:", size(d["nbytes"])],
                     ]
                 )
             )
@@ -254,22 +337,30 @@ def cmd_show(args: argparse.Namespace) -> int:
         )
         shape = f"nested: {n} tensors of {ndim} dims, {d['numel']} values ({shapes})"
     else:
-        shape = f"{d['shape']} ({d['numel']} values)"
+        shape = f"{d['shape']} ({plural(d['numel'], 'value')})"
     if d["offset"] is None:
         offset = "- (no payload entry: empty leaf)"
     else:
-        offset = f"{d['offset']} ({'' if d['aligned'] else 'NOT '}64-byte aligned)"
-    stored = f"{d['stored_nbytes']} ({_human(d['stored_nbytes'])})"
+        stored_payload = d["compression"] == "stored"  # (a compressed one is decoded: alignment n/a)
+        offset = (
+            f"{d['offset']} ({'' if d['aligned'] else 'NOT '}64-byte aligned)"
+            if stored_payload
+            else str(d["offset"])
+        )
+    stored = size(d["stored_nbytes"])
     if d["nbytes"] and d["stored_nbytes"] != d["nbytes"]:
         stored += f", {d['stored_nbytes'] / d['nbytes']:.1%}"
-    shown = ", ".join(_fmt_num(v) for v in d["values"])
-    more = f" ... ({d['numel'] - len(d['values'])} more)" if d["numel"] > len(d["values"]) else ""
+    texts = [_fmt_num(v) for v in d["values"]]
+    while len(texts) > 1 and len(", ".join(texts)) + 30 > WIDTH - 14:  # the row fits 100 columns
+        texts.pop()
+    shown = ", ".join(texts)
+    more = f" ... ({d['numel'] - len(texts)} more)" if d["numel"] > len(texts) else ""
     rows = [
         ["key:", d["key"]],
         ["entry:", d["entry"] or "-"],
-        ["dtype:", d["dtype"]],
+        ["dtype:", leaf_dtype(d)],
         ["shape:", shape],
-        ["nbytes:", f"{d['nbytes']} ({_human(d['nbytes'])})"],
+        ["size:", size(d["nbytes"])],
         ["stored:", stored],
         ["offset:", offset],
         ["compression:", d["compression"]],
@@ -368,10 +459,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 "levels": report.levels,
                 "leaves": report.leaves,
                 "payload_bytes": report.payload_bytes,
+                "format": report.format,
+                "checksummed_bytes": report.checksummed_bytes,
+                "unchecked_bytes": report.unchecked_bytes,
             }
         )
     else:
-        print(report)
+        print(report.describe(sizer(args)))
     return EXIT_OK
 
 
@@ -393,10 +487,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
         num_threads=args.threads,
         progress=want_progress(args),
     )
-    size = os.path.getsize(out)
+    size, nbytes_out = sizer(args), os.path.getsize(out)
     print(
-        f"{out}: packed {files} files ({_human(nbytes)}) from {args.directory}, "
-        f"{args.compression}, {size} bytes ({_human(size)})"
+        f"{out}: packed {plural(files, 'file')} ({size(nbytes)}) from {args.directory}, "
+        f"{args.compression}, {size(nbytes_out)}"
     )
     return EXIT_OK
 
@@ -406,7 +500,11 @@ def cmd_unpack(args: argparse.Namespace) -> int:
 
     sizes = _archive_sizes(args.file)
     out = tdz_numba.unpack(args.file, args.directory, progress=want_progress(args))
-    what = f"{sizes['entries']} entries ({_human(sizes['payload_bytes'])})" if sizes else "entries"
+    what = (
+        f"{plural(sizes['entries'], 'entry', 'entries')} ({sizer(args)(sizes['payload_bytes'])})"
+        if sizes
+        else "entries"
+    )
     print(f"{out}: unpacked {what} from {args.file}")
     return EXIT_OK
 
@@ -438,7 +536,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     with progress(total, "refresh", enabled=want_progress(args)) as bar:
         out = tdz_numba.refresh_checksums(args.file)
         bar.finish()
-    what = f"{sizes['stored_entries']} stored entries" if sizes else "stored entries"
+    what = plural(sizes["stored_entries"], "stored entry", "stored entries") if sizes else "stored entries"
     print(f"{out}: CRC-32 of {what} re-stamped")
     return EXIT_OK
 

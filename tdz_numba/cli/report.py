@@ -60,6 +60,28 @@ def _dtype_name(dtype: Any) -> str:
     return str(dtype).replace("torch.", "")
 
 
+#: The files' own names of plain uint8 (any other name on a uint8 leaf: quantized blocks).
+_UINT8_NAMES = frozenset({"U8", "UINT8", "|U1", "<U1", "UINT8_T", "TORCH.UINT8", "B"})
+
+
+def is_quantized(dtype: Any, type_name: str) -> bool:
+    """Whether a leaf exposed as uint8 holds blocks of another type (GGUF ``Q4_K``, ...).
+
+    Examples
+    --------
+    >>> import torch
+    >>> is_quantized(torch.uint8, "Q4_K"), is_quantized(torch.uint8, "U8"), is_quantized(torch.float32, "F32")
+    (True, False, False)
+    """
+    return _dtype_name(dtype) == "uint8" and bool(type_name) and type_name.upper() not in _UINT8_NAMES
+
+
+def dtype_label(dtype: Any, type_name: str = "") -> str:
+    """torch's name of a dtype; quantized blocks add the file's type: ``uint8 (Q4_K)``."""
+    name = _dtype_name(dtype)
+    return f"{name} ({type_name})" if is_quantized(dtype, type_name) else name
+
+
 # -- info ------------------------------------------------------------------------------------
 
 
@@ -83,12 +105,17 @@ def info_dict(path: str | os.PathLike) -> dict[str, Any]:
             methods[name] = methods.get(name, 0) + 1
         memmaps = [i for i, n in enumerate(names) if n.endswith(".memmap")]
         method, payload = table["method"], table["payload_offset"]
-        misaligned = [names[i] for i in memmaps if int(payload[i]) % records.ALIGNMENT]
-        compressed = sum(1 for i in memmaps if int(method[i]) != records.STORED)
-        misaligned_stored = sum(
-            1 for i in memmaps if int(method[i]) == records.STORED and int(payload[i]) % records.ALIGNMENT
-        )
-        leaves = sum(1 for _ in ar.leaves())
+        # only a STORED payload is mapped in place: a compressed one is decoded into new memory,
+        # so alignment means nothing for it
+        stored_memmaps = [i for i in memmaps if int(method[i]) == records.STORED]
+        misaligned = [names[i] for i in stored_memmaps if int(payload[i]) % records.ALIGNMENT]
+        compressed = len(memmaps) - len(stored_memmaps)
+        misaligned_stored = len(misaligned)
+        dtypes: dict[str, int] = {}
+        for _, spec in ar.leaves():
+            name = dtype_label(getattr(spec, "dtype", "?"))
+            dtypes[name] = dtypes.get(name, 0) + 1
+        leaves = sum(dtypes.values())
         return {
             "path": str(path),
             "format": "tdz",
@@ -103,8 +130,10 @@ def info_dict(path: str | os.PathLike) -> dict[str, Any]:
             "compression": methods,
             "alignment": records.ALIGNMENT,
             "memmap_entries": len(memmaps),
-            "memmap_aligned": len(memmaps) - len(misaligned),
+            "memmap_stored": len(stored_memmaps),
+            "memmap_aligned": len(stored_memmaps) - len(misaligned),
             "all_aligned": not misaligned,
+            "dtypes": dtypes,
             "misaligned": misaligned[:20],
             "misaligned_stored": misaligned_stored,
             "memmap_compressed": compressed,
@@ -116,6 +145,7 @@ def info_dict(path: str | os.PathLike) -> dict[str, Any]:
 
 def _info_other(ar: Any, path: str | os.PathLike) -> dict[str, Any]:
     codecs: dict[str, int] = {}
+    dtypes: dict[str, int] = {}
     leaves = zero = payload = stored = 0
     levels = 0
     stack = [ar]
@@ -130,6 +160,10 @@ def _info_other(ar: Any, path: str | os.PathLike) -> dict[str, Any]:
                 payload += info.nbytes
                 stored += info.stored_nbytes
                 codecs[info.compression] = codecs.get(info.compression, 0) + 1
+                name = dtype_label(info.dtype, info.type_name)  # torch's name, then the file's own
+                if info.type_name and not is_quantized(info.dtype, info.type_name):
+                    name += f" ({info.type_name})"
+                dtypes[name] = dtypes.get(name, 0) + 1
             elif spec.kind == "level":
                 stack.append(node.sublevel(spec))
     file_bytes = sum(int(f.size) for f in ar.source.files) or os.path.getsize(path)
@@ -146,6 +180,7 @@ def _info_other(ar: Any, path: str | os.PathLike) -> dict[str, Any]:
         "payload_bytes": payload,
         "stored_bytes": stored,
         "compression": codecs,
+        "dtypes": dtypes,
         "zero_copy_leaves": zero,
         "metadata": jsonable(ar.metadata),
     }
@@ -155,7 +190,13 @@ def _info_other(ar: Any, path: str | os.PathLike) -> dict[str, Any]:
 
 
 def node_dict(
-    owner: Any, key: str, spec: Any, path: str, depth: int, max_depth: int | None
+    owner: Any,
+    key: str,
+    spec: Any,
+    path: str,
+    depth: int,
+    max_depth: int | None,
+    budget: list[int] | None = None,
 ) -> dict[str, Any]:
     """The JSON-able description of one child ``spec`` (named ``key``) of the level ``owner``."""
     from ..archive.display import level_value, nested_shape_text
@@ -180,6 +221,7 @@ def node_dict(
         }
         if info.type_name and not info.type_name.startswith("torch."):
             d["type_name"] = info.type_name
+            d["quantized"] = is_quantized(info.dtype, info.type_name)
         if info.nested:
             shapes = owner._state.source.nested_shapes(spec.leaf)
             if shapes is not None:
@@ -200,11 +242,16 @@ def node_dict(
         if not sub._plain_value()[0]:
             d["type"] = sub.type_name
         return d
-    return level_dict(sub, key, path, depth, max_depth)
+    return level_dict(sub, key, path, depth, max_depth, budget)
 
 
-def level_dict(level: Any, key: str, path: str, depth: int, max_depth: int | None) -> dict[str, Any]:
-    """The JSON-able description of a level and (up to ``max_depth``) what is below it."""
+def level_dict(
+    level: Any, key: str, path: str, depth: int, max_depth: int | None, budget: list[int] | None = None
+) -> dict[str, Any]:
+    """The JSON-able description of a level and (up to ``max_depth``) what is below it.
+
+    ``budget`` (a one-item list) is how many more children may be described in all: once
+    spent, a level lists the children it got to and ``"more"`` counts the others."""
     from ..archive.display import children_of
 
     children = children_of(level)
@@ -219,17 +266,27 @@ def level_dict(level: Any, key: str, path: str, depth: int, max_depth: int | Non
     if max_depth is not None and depth >= max_depth:
         d["children"] = None  # not expanded (--depth)
         return d
-    d["children"] = [
-        node_dict(owner, k, spec, f"{path}/{k}" if path else k, depth + 1, max_depth)
-        for k, spec, owner in children
-    ]
+    out: list[dict[str, Any]] = []
+    for i, (k, spec, owner) in enumerate(children):
+        if budget is not None:
+            if budget[0] <= 0:
+                d["more"] = len(children) - i
+                break
+            budget[0] -= spec.kind != "level"  # levels are free: the leaves below them count
+        out.append(node_dict(owner, k, spec, f"{path}/{k}" if path else k, depth + 1, max_depth, budget))
+    d["children"] = out
     return d
 
 
 def tree_dict(
-    path: str | os.PathLike, subpath: str | None = None, depth: int | None = None
+    path: str | os.PathLike,
+    subpath: str | None = None,
+    depth: int | None = None,
+    max_leaves: int | None = None,
 ) -> dict[str, Any]:
-    """What ``tdz tree`` reports: the nested description of the file (or of ``subpath``)."""
+    """What ``tdz tree`` reports: the nested description of the file (or of ``subpath``), with at
+    most ``max_leaves`` leaves and values (None: all; each level cut short says how many it has
+    ``"more"``, and the top ``"truncated": True``)."""
     import tdz_numba
 
     if depth is not None and depth < 0:
@@ -237,16 +294,30 @@ def tree_dict(
     ar = tdz_numba.open(path)
     try:
         sub = (subpath or "").strip("/")
+        budget = None if max_leaves is None else [max_leaves]
         if not sub:
-            d = level_dict(ar, "", "", 0, depth)
+            d = level_dict(ar, "", "", 0, depth, budget)
             d["format"] = ar.format
-            return d
-        node, spec = ar._resolve(sub)
-        d = node_dict(node, sub, spec, sub, 0, depth)
-        d["key"] = sub
+        else:
+            node, spec = ar._resolve(sub)
+            d = node_dict(node, sub, spec, sub, 0, depth, budget)
+            d["key"] = sub
+        if budget is not None and budget[0] <= 0 and _cut_short(d):
+            d["truncated"] = True
         return d
     finally:
         ar.close()
+
+
+def _cut_short(d: dict[str, Any]) -> bool:
+    """Whether a level of the description says it has ``"more"`` children than it lists."""
+    stack = [d]
+    while stack:
+        node = stack.pop()
+        if node.get("more"):
+            return True
+        stack.extend(node.get("children") or [])
+    return False
 
 
 # -- show ------------------------------------------------------------------------------------

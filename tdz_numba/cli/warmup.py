@@ -1,18 +1,21 @@
-"""``tdz_numba.warmup()`` / ``tdz warmup``: compiles every kernel family into Numba's cache.
+"""``tdz_numba.warmup()`` / ``tdz warmup``: compiles every kernel signature into Numba's cache.
 
 Kernels are compiled on their first call and cached on disk (``cache=True``),
 so a fresh environment pays 10-30 s of compilation spread over its first
-save, load, verify, compressed save/load, GGUF dequantize and prefetch. This
-module runs each of those paths once on a few bytes in a temporary directory,
-with the argument types the library really uses, so the cache holds exactly
-the signatures later calls look up. Run it in a Docker build, a conda
-post-link script or a CI setup step; a second run only loads from the cache.
+save, load, verify, compressed save/load, GGUF dequantize and prefetch. Every
+signature the package calls a kernel with is listed in one place,
+:data:`tdz_numba.cli.signatures.SIGNATURES`; this module compiles each of them
+(``Dispatcher.compile``: nothing runs), family by family, then runs each
+family's paths once on a few bytes in a temporary directory as a check: a
+signature those paths compile beyond the table is reported as missing from it
+(and compiled all the same). Run it in a Docker build, a conda post-link
+script or a CI setup step; a second run only loads from the cache.
 When every family ran, it writes a marker next to the cache
 (:func:`tdz_numba.zipfmt.kernels.dispatch.write_marker`): from then on saves and
 loads use the kernels (before, small ones use their pure-Python twins, see
 :mod:`tdz_numba.zipfmt.kernels.dispatch`). ``python -m tdz_numba.cli.warmup
 --background`` is the quiet, low-priority run that a first cold save or load
-starts by itself.
+starts when the user opted in (``TDZ_NUMBA_BACKGROUND_WARMUP=1``).
 
 Examples
 --------
@@ -39,7 +42,15 @@ import numpy as np
 
 from ..errors import InternalError
 
-__all__ = ["WarmupReport", "warmup", "kernel_dispatchers", "cache_dirs", "background_main"]
+__all__ = [
+    "WarmupReport",
+    "warmup",
+    "kernel_dispatchers",
+    "kernel_signatures",
+    "signature_table",
+    "cache_dirs",
+    "background_main",
+]
 
 _KERNEL_MODULES = (
     "tdz_numba.zipfmt.kernels.crc",
@@ -65,6 +76,8 @@ class WarmupReport:
 
     families: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
     cache_dirs: list[str] = field(default_factory=list)
+    #: Signatures compiled by the families' paths that the table does not list ("module.name(types)").
+    missing: list[str] = field(default_factory=list)
 
     @property
     def compiled(self) -> list[str]:
@@ -85,6 +98,118 @@ def kernel_dispatchers() -> dict[str, Any]:
             if isinstance(obj, CPUDispatcher):
                 out[f"{modname}.{name}"] = obj
     return out
+
+
+def _family_of(kernel: str) -> str:
+    """The family a kernel ("tdz_numba.module.name") is compiled in (any other module: the first)."""
+    module = kernel.rsplit(".", 1)[0]
+    if module.endswith(".deflate"):
+        return "deflate/inflate"
+    if module.endswith(".gguf_kernels"):
+        return "dequantize"
+    if module.endswith(".page_kernels"):
+        return "memory pages"
+    return "CRC, layout, index"
+
+
+_PARSED: dict[str, Any] = {}
+
+
+def _parse_type(text: str) -> Any:
+    """A Numba type from its text in the table (the package's own source, written by
+    :func:`signature_table`: evaluated with nothing but :mod:`numba.core.types` in scope)."""
+    if text not in _PARSED:
+        from numba.core import types
+
+        names = {k: v for k, v in vars(types).items() if not k.startswith("_")}
+        _PARSED[text] = eval(text, {"__builtins__": {}}, names)  # noqa: S307
+    return _PARSED[text]
+
+
+def _type_text(t: Any) -> str:
+    """The text of a Numba type that :func:`_parse_type` reads back as the same type."""
+    from numba.core import types
+
+    candidates = [repr(t)]
+    if isinstance(t, types.Buffer):  # bytes, bytearray, array.array: their repr is not Python
+        candidates.append(
+            f"{type(t).__name__}({t.dtype!r}, {t.ndim}, {t.layout!r}, readonly={not t.mutable})"
+        )
+    for text in candidates:
+        try:
+            if _parse_type(text) == t:
+                return text
+        except Exception:  # noqa: BLE001 - not a Python expression: the next candidate
+            continue
+    raise InternalError(f"warm-up: the Numba type {t!r} cannot be written in the signature table")
+
+
+def kernel_signatures() -> dict[str, tuple[tuple[Any, ...], ...]]:
+    """:data:`~tdz_numba.cli.signatures.SIGNATURES` as Numba types: kernel -> argument type tuples."""
+    from .signatures import SIGNATURES
+
+    return {
+        kernel: tuple(tuple(map(_parse_type, sig)) for sig in sigs) for kernel, sigs in SIGNATURES.items()
+    }
+
+
+def _sig_text(sig: tuple[Any, ...]) -> tuple[str, ...]:
+    return tuple(_type_text(t) for t in sig)
+
+
+def _held_signatures() -> list[tuple[str, tuple[Any, ...]]]:
+    """``(kernel, argument types)`` of every signature the dispatchers hold, less those with
+    literal types (a helper compiled for the constants another kernel calls it with: never
+    a call from Python)."""
+    from numba.core import types
+
+    return [
+        (name, tuple(sig))
+        for name, disp in kernel_dispatchers().items()
+        for sig in disp.signatures
+        if not any(isinstance(t, types.Literal) for t in sig)
+    ]
+
+
+def signature_table(extra: dict[str, list[tuple[str, ...]]] | None = None) -> str:
+    """The source of :data:`~tdz_numba.cli.signatures.SIGNATURES` for every signature the kernel
+    dispatchers of this process hold (compiled or loaded from the cache), merged with the
+    current table and ``extra``: run the package's workloads first (see that module)."""
+    from .signatures import SIGNATURES
+
+    table: dict[str, set[tuple[str, ...]]] = {k: set(v) for k, v in SIGNATURES.items()}
+    for name, sig in _held_signatures():
+        table.setdefault(name, set()).add(_sig_text(sig))
+    for name, sigs in (extra or {}).items():
+        table.setdefault(name, set()).update(map(tuple, sigs))
+    lines = ["SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {"]
+    for name in sorted(k for k, v in table.items() if v and k in kernel_dispatchers()):
+        lines.append(f"    {name!r}: (")
+        lines += [f"        {sig!r}," for sig in sorted(table[name])]
+        lines.append("    ),")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _compile_table(family: str) -> None:
+    """Compiles (or loads from the cache) every signature of the table in ``family``."""
+    dispatchers = kernel_dispatchers()
+    for kernel, sigs in kernel_signatures().items():
+        disp = dispatchers.get(kernel)
+        if disp is None or _family_of(kernel) != family:
+            continue  # (a kernel gone from the package: the table is regenerated, see signatures.py)
+        for sig in sigs:
+            disp.compile(sig)
+
+
+def _not_in_table() -> list[str]:
+    """Signatures the dispatchers hold that the table does not list."""
+    listed = {k: set(v) for k, v in kernel_signatures().items()}
+    return [
+        f"{name}({', '.join(map(repr, sig))})"
+        for name, sig in _held_signatures()
+        if sig not in listed.get(name, set())
+    ]
 
 
 def cache_dirs() -> list[str]:
@@ -122,6 +247,10 @@ def _crc_layout_index(tmp: Path) -> None:
 
     gather_names(index.buffer, index._cols, index.end.cd_size)  # the names of a large archive
     index.close()
+    lazy = ArchiveIndex(path)  # a lazy open: one entry's local header read on first use
+    for i in range(len(lazy.names)):
+        lazy.payload_offset(i)
+    lazy.close()
 
 
 def _codecs(tmp: Path) -> None:
@@ -157,8 +286,9 @@ def _pages(tmp: Path) -> None:
 
     path = tmp / "pages.bin"
     path.write_bytes(bytes(2 * PAGE_SIZE))
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        prefetch(mm, 0, len(mm), touch=True)
+    for access in (mmap.ACCESS_COPY, mmap.ACCESS_READ):  # an archive's mapping; a caller's read-only one
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=access) as mm:
+            prefetch(mm, 0, len(mm), touch=True)
 
 
 _FAMILIES: dict[str, Callable[[Path], None]] = {
@@ -170,13 +300,15 @@ _FAMILIES: dict[str, Callable[[Path], None]] = {
 
 
 def warmup(*, verbose: bool = True, file: TextIO | None = None) -> WarmupReport:
-    """Compiles every kernel family of tdz_numba into Numba's on-disk cache.
+    """Compiles every kernel signature of tdz_numba into Numba's on-disk cache.
 
-    Runs a save, load, lazy open and verify (CRC, layout and index kernels), a
-    deflate save/load and a serial inflate (codec kernels), a dequantize of
-    every GGML block type and a touching prefetch (page kernels) on a few
-    bytes in a temporary directory. Kernels already in the cache are only
-    loaded. The first-use notice is not printed while it runs.
+    Per family, compiles the signatures :data:`~tdz_numba.cli.signatures.SIGNATURES`
+    lists, then runs the family's paths as a check: a save, load, lazy open and
+    verify (CRC, layout and index kernels), a deflate save/load and a serial
+    inflate (codec kernels), a dequantize of every GGML block type and a
+    touching prefetch (page kernels) on a few bytes in a temporary directory.
+    Kernels already in the cache are only loaded. The first-use notice is not
+    printed while it runs.
 
     Parameters
     ----------
@@ -215,20 +347,40 @@ def warmup(*, verbose: bool = True, file: TextIO | None = None) -> WarmupReport:
         for family, run in _FAMILIES.items():
             before = len(_firstuse.compiled)
             t0 = time.perf_counter()
+            _compile_table(family)
             run(Path(tmpdir))
             seconds = time.perf_counter() - t0
             names = _firstuse.compiled[before:]
             report.families[family] = (seconds, names)
             if verbose:
-                what = f"compiled {len(names)} kernels" if names else "loaded from the cache"
-                shown = ", ".join(n.rsplit(".", 1)[-1] for n in dict.fromkeys(names))
-                print(f"{family:<20} {seconds:6.2f} s  {what}{': ' + shown if shown else ''}", file=out)
+                _print_family(family, seconds, names, out)
+    report.missing = _not_in_table()
     report.cache_dirs = cache_dirs()
+    if verbose and report.missing:
+        print(
+            f"not in tdz_numba.cli.signatures (compiled all the same): {', '.join(report.missing)}", file=out
+        )
     _mark_warm()
     if verbose:
         for d in report.cache_dirs:
             print(f"cache: {d}", file=out)
     return report
+
+
+def _print_family(family: str, seconds: float, names: list[str], out: TextIO) -> None:
+    """``CRC, layout, index   3.20 s  compiled 24 kernels (50 signatures): a, b, ...`` in 100 columns."""
+    import textwrap
+
+    kernels = list(dict.fromkeys(n.rsplit(".", 1)[-1] for n in names))
+    if not names:
+        print(f"{family:<20} {seconds:6.2f} s  loaded from the cache", file=out)
+        return
+    k, s = len(kernels), len(names)
+    what = f"compiled {k} kernel{'s' if k != 1 else ''}"
+    if s != k:
+        what += f" ({s} signature{'s' if s != 1 else ''})"
+    text = f"{family:<20} {seconds:6.2f} s  {what}: {', '.join(kernels)}"
+    print("\n".join(textwrap.wrap(text, 100, subsequent_indent=" " * 32, break_on_hyphens=False)), file=out)
 
 
 def _mark_warm() -> str | None:

@@ -14,8 +14,10 @@ or soft links make cycles). Each dataset becomes a leaf:
 - scalars and strings: plain Python values (``str`` for strings, lists for
   string arrays); compound/opaque datasets: a numpy array read at open.
 
-Attributes of the root group become ``metadata``, those of other groups the
-level's metadata (numpy values as Python scalars/lists, bytes decoded).
+Attributes (numpy values as Python scalars/lists, bytes decoded): the root
+group's are the file's ``metadata``, another group's are its level's
+``metadata`` (``ar["g"].metadata``); :meth:`HDF5Source.attributes` gives any
+group's or dataset's (``ar.source.attributes("g/w")``).
 
 Other files: virtual datasets, external raw storage and external links name
 other files. None of them is read unless the caller opens with
@@ -140,6 +142,18 @@ class HDF5Source(TreeSource):
     """An HDF5 file as a tree; keeps the h5py file open for the loaders until :meth:`close`."""
 
     _h5: Any = None
+    #: Attributes of every group and dataset that has some, by tree path ("" the root, "g", "g/w").
+    _attrs: dict[str, dict[str, Any]]
+    #: A group's attributes by the prefix of its level.
+    _level_attrs: dict[str, dict[str, Any]]
+
+    def attributes(self, path: str) -> dict[str, Any]:
+        """The attributes of the group or dataset at ``path`` (``""``: the root; ``{}`` when none)."""
+        return dict(getattr(self, "_attrs", {}).get(path.strip("/"), {}))
+
+    def level_metadata(self, prefix: str) -> dict[str, Any]:
+        """A group's attributes, the ``metadata`` of its level (``prefix``: the source's level prefix)."""
+        return dict(getattr(self, "_level_attrs", {}).get(prefix, {}))
 
     def close(self) -> None:
         if self._h5 is not None:
@@ -468,11 +482,12 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
         root = _Group()
         root.meta = {}
         metadata = _attrs(h5, where)
+        attrs: dict[str, dict[str, Any]] = {"": metadata} if metadata else {}
         visited = {h5.id}
-        stack: list[tuple[Any, _Group, int]] = [(h5, root, 0)]
+        stack: list[tuple[Any, _Group, int, str]] = [(h5, root, 0, "")]
         count = 0
         while stack:
-            group, node, depth = stack.pop()
+            group, node, depth, prefix = stack.pop()
             if depth > MAX_DEPTH:
                 raise BadArchiveError(f"{where}: groups nested deeper than {MAX_DEPTH}")
             try:
@@ -500,12 +515,20 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
                     visited.add(obj.id)
                     sub = _Group()
                     sub.meta = _attrs(obj, where)
+                    if sub.meta:
+                        attrs[prefix + name] = sub.meta
                     node[name] = sub
-                    stack.append((obj, sub, depth + 1))
+                    stack.append((obj, sub, depth + 1, f"{prefix}{name}/"))
                 elif isinstance(obj, h5py.Dataset):
                     try:
                         foreign = obj.file.id.fileno != h5.id.fileno  # reached by an external link
                         node[name] = _dataset(obj, name, f, where, ctx, foreign)
+                        try:
+                            own = _attrs(obj, where)
+                        except BadArchiveError:  # a description only: the data read or fail on their own
+                            own = {}
+                        if own:
+                            attrs[prefix + name] = own
                     except TdzError:
                         raise
                     except Exception as e:  # noqa: BLE001
@@ -518,6 +541,7 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
         f.close()
         raise
     src._h5 = h5
+    src._attrs = attrs
     _set_level_meta(src, root)
     return src
 
@@ -525,10 +549,13 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
 def _set_level_meta(src: TreeSource, root: _Group) -> None:
     """Copies each group's attributes into its level (the levels' prefixes are the source's)."""
     stack: list[tuple[str, _Group]] = [("", root)]
+    by_level: dict[str, dict[str, Any]] = {}
+    src._level_attrs = by_level  # type: ignore[attr-defined]
     while stack:
         prefix, node = stack.pop()
         info = src.level(prefix)
         if node.meta and prefix:
+            by_level[prefix] = node.meta
             src._levels[prefix] = info._replace(meta={**node.meta, **info.meta})
         for key, child in info.children.items():
             if child.kind == "level":

@@ -9,8 +9,8 @@ per process, for tdz_numba's own kernels only, and not while
 Examples
 --------
 >>> from tdz_numba.jit import firstuse as _firstuse
->>> _firstuse.NOTICE.startswith("tdz_numba: compiling Numba kernels")
-True
+>>> _firstuse.NOTICE.startswith("tdz_numba: compiling Numba kernels"), "tdz warmup" in _firstuse.NOTICE
+(True, True)
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from numba.core import event
 
 __all__ = ["NOTICE", "compiled", "quiet"]
 
-NOTICE = "tdz_numba: compiling Numba kernels for first use (once; `tdz warmup` does it ahead of time)"
+NOTICE = (
+    "tdz_numba: compiling Numba kernels for first use (seconds, once per environment); "
+    "run `tdz warmup` (or `python -m tdz_numba warmup`) once to compile them all ahead of time"
+)
 
 _LOCK = threading.Lock()
 _state: dict[str, Any] = {"shown": False, "quiet": 0}

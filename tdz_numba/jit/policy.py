@@ -13,10 +13,11 @@ values (byte-identical archives, the same index, the same errors):
   entries in all (importing Numba alone costs ~0.4 s, more than the twins take
   below that); with a cold cache from :data:`COLD_ENTRIES` entries, where
   compiling (~3-5 s) pays;
-* the twins otherwise, without importing Numba. On the first cold fallback of a
-  process a background warm-up starts (``python -m tdz_numba.cli.warmup
-  --background``: quiet, ``nice``, one at a time), so later processes find the
-  cache warm.
+* the twins otherwise, without importing Numba. ``tdz warmup`` fills the cache
+  ahead of time; with ``TDZ_NUMBA_BACKGROUND_WARMUP=1`` the first cold fallback of
+  a process also starts a background warm-up (``python -m tdz_numba.cli.warmup
+  --background``: quiet, ``nice``, one at a time, outliving the script that
+  started it), so later processes find the cache warm.
 
 Environment
 -----------
@@ -25,9 +26,9 @@ Environment
     ``never`` (the twins only). The test suite sets ``always`` (tests/conftest.py)
     and runs both paths end to end in ``tests/test_firstuse.py``.
 ``TDZ_NUMBA_BACKGROUND_WARMUP``
-    ``0`` switches the background warm-up off. It is off by default under
-    pytest and when ``CI`` is set (it would compete with the tests for the
-    cores), and when the cache directory is not writable.
+    ``1`` switches the background warm-up on (default off: no process outlives
+    the user's script unless asked). It stays off in mode ``never`` and when the
+    cache directory is not writable.
 
 Examples
 --------
@@ -252,16 +253,18 @@ def write_marker(cache_dir: str, index_files: list[str]) -> str | None:
 
 
 def background_enabled() -> bool:
-    """Whether a cold fallback may start the background warm-up: not with
-    ``TDZ_NUMBA_BACKGROUND_WARMUP=0``, under pytest, with ``CI`` set, nor in mode ``never``."""
+    """Whether a cold fallback may start the background warm-up: only when the user opts in
+    with ``TDZ_NUMBA_BACKGROUND_WARMUP=1`` (off by default: no process outlives the user's
+    script unasked), and not in mode ``never``.
+
+    Examples
+    --------
+    >>> import os
+    >>> background_enabled() == (os.environ.get("TDZ_NUMBA_BACKGROUND_WARMUP", "") in ("1", "true", "yes", "on"))
+    True
+    """
     setting = os.environ.get("TDZ_NUMBA_BACKGROUND_WARMUP", "").strip().lower()
-    if setting in ("0", "false", "no", "off"):
-        return False
-    if setting in ("1", "true", "yes", "on"):
-        return mode() != "never"
-    if "pytest" in sys.modules or os.environ.get("PYTEST_CURRENT_TEST"):
-        return False
-    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+    if setting not in ("1", "true", "yes", "on"):
         return False
     return mode() != "never"
 

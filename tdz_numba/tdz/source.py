@@ -581,6 +581,12 @@ class TdzSource(Source):
             out[j] = self.tensor(leaf)
 
     def close(self) -> None:
+        if self.mode == "r+" and self._tensors and self.index.buffer is not None:
+            # the leaves handed out are all that can have been written through the mapping:
+            # their CRC-32s are re-stamped where the bytes changed (see refresh_entries)
+            from ..zipfmt.checksums import refresh_entries
+
+            refresh_entries(self.index, list(self._tensors))
         self.index.close()
         if self._tensors or self._typed:  # (nothing to drop after a bare open)
             self._typed = {}

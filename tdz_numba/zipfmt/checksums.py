@@ -25,7 +25,7 @@ from ..errors import BadArchiveError
 from . import records
 from .index import ArchiveIndex
 
-__all__ = ["stored_crcs", "refresh_checksums"]
+__all__ = ["stored_crcs", "refresh_checksums", "refresh_entries"]
 
 
 def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
@@ -47,31 +47,61 @@ def refresh_checksums(path: str | os.PathLike) -> Path:
         if "meta.json" not in index:
             raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
         stored = np.nonzero(index.table["method"] == records.STORED)[0]
-        crcs = stored_crcs(index, stored)
-        buf = index.buffer
-        sig = len(records.DESCRIPTOR_SIG)
-        for row, crc in zip(stored.tolist(), crcs.tolist()):
-            r = index.row_at(row)
-            packed = np.frombuffer(struct.pack("<I", crc), np.uint8)
-            if r.flags & records.FLAG_DESCRIPTOR:
-                pos = r.payload_offset + r.csize
-                if buf[pos : pos + sig].tobytes() == records.DESCRIPTOR_SIG:
-                    pos += sig
-                pos += records.Descriptor.CRC
-                if pos + 4 > r.next_offset:
-                    raise BadArchiveError(
-                        f"{path}: entry {index.names[row]!r}: data descriptor past the data area",
-                        path=str(path),
-                        entry=index.names[row],
-                        offset=pos,
-                    )
-                buf[pos : pos + 4] = packed
-            else:
-                pos = r.header_offset + records.Local.CRC
-                buf[pos : pos + 4] = packed
-            pos = r.central_offset + records.Central.CRC
-            buf[pos : pos + 4] = packed
+        _stamp(index, stored, stored_crcs(index, stored))
         index._mmap.flush()
     finally:
         index.close()
     return Path(path)
+
+
+def refresh_entries(index: ArchiveIndex, names: list[str]) -> int:
+    """Re-stamps, in a writable ``index``, the CRC-32 of those STORED entries ``names`` whose
+    bytes changed (their CRC computed now differs from the recorded one); other names are
+    skipped. Returns how many were re-stamped (0: nothing written, the file untouched).
+
+    Used when a ``mode="r+"`` archive closes: only the leaves it handed out can have been
+    written through its mapping, so only those are hashed.
+    """
+    found = [index.row(n) for n in names]
+    picked = [r for r in found if r is not None and index.row_at(r).method == records.STORED]
+    if not picked:
+        return 0
+    for r in picked:
+        index.payload_offset(r)  # (read from its local header when not yet)
+    rows = np.array(picked, np.int64)
+    table = index.table
+    crcs = stored_crcs(index, rows)
+    changed = crcs != table["crc"][rows]
+    if not changed.any():
+        return 0
+    _stamp(index, rows[changed], crcs[changed])
+    index._mmap.flush()
+    return int(changed.sum())
+
+
+def _stamp(index: ArchiveIndex, rows: np.ndarray, crcs: np.ndarray) -> None:
+    """Writes ``crcs`` into the local header (or data descriptor) and central record of ``rows``."""
+    path = index.path
+    buf = index.buffer
+    sig = len(records.DESCRIPTOR_SIG)
+    for row, crc in zip(rows.tolist(), crcs.tolist()):
+        r = index.row_at(row)
+        packed = np.frombuffer(struct.pack("<I", crc), np.uint8)
+        if r.flags & records.FLAG_DESCRIPTOR:
+            pos = r.payload_offset + r.csize
+            if buf[pos : pos + sig].tobytes() == records.DESCRIPTOR_SIG:
+                pos += sig
+            pos += records.Descriptor.CRC
+            if pos + 4 > r.next_offset:
+                raise BadArchiveError(
+                    f"{path}: entry {index.names[row]!r}: data descriptor past the data area",
+                    path=str(path),
+                    entry=index.names[row],
+                    offset=pos,
+                )
+            buf[pos : pos + 4] = packed
+        else:
+            pos = r.header_offset + records.Local.CRC
+            buf[pos : pos + 4] = packed
+        pos = r.central_offset + records.Central.CRC
+        buf[pos : pos + 4] = packed
