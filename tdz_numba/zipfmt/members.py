@@ -52,7 +52,7 @@ def segment_size_for(n: int, segment_size: int | None = None) -> int:
 
     Examples
     --------
-    >>> from tdz_numba.zipfmt import compression as codecs
+    >>> from tdz_numba.zipfmt import members
     >>> members.segment_size_for(10 << 20), members.segment_size_for(10 << 20, 1 << 20)
     (4194304, 1048576)
     """
@@ -306,7 +306,7 @@ def decode_member(
     Examples
     --------
     >>> import zlib, numpy as np
-    >>> from tdz_numba.zipfmt import compression as codecs
+    >>> from tdz_numba.zipfmt import members
     >>> c = zlib.compressobj(6, zlib.DEFLATED, -15)
     >>> raw = np.frombuffer(c.compress(b"ab" * 50) + c.flush(), np.uint8)
     >>> members.decode_member(raw, "deflate", 100, zlib.crc32(b"ab" * 50), "m.npy").tobytes()[:4]

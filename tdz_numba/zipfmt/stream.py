@@ -13,12 +13,12 @@ stream (zipfile, tensordict) is inflated serially by one zlib-ng stream.
 Examples
 --------
 >>> import zlib, numpy as np
->>> from tdz_numba.zipfmt import compression as codecs
+>>> from tdz_numba.zipfmt.stream import stream_member
 >>> c = zlib.compressobj(6, zlib.DEFLATED, -15)
 >>> raw = np.frombuffer(c.compress(bytes(1 << 20)) + c.flush(), np.uint8)
 >>> pieces = []
->>> crc = codecs.stream_member(raw, 8, 1 << 20, zlib.crc32(bytes(1 << 20)), None,
-...                           lambda b: pieces.append(len(b)), "zeros", chunk=256 << 10)
+>>> crc = stream_member(raw, 8, 1 << 20, zlib.crc32(bytes(1 << 20)), None,
+...                     lambda b: pieces.append(len(b)), "zeros", chunk=256 << 10)
 >>> pieces
 [262144, 262144, 262144, 262144]
 """
