@@ -57,9 +57,8 @@ def test_warmup_compiles_everything_ahead(tmp_path: Path) -> None:
     for kernel in (
         "crc32_spans",
         "plan_layout",
-        "parse_central_directory",
-        "walk_central",
-        "gather_names",
+        "parse_central",
+        "resolve_local",
         "check_local_headers",
         "deflate_segments",
         "inflate_segments",
