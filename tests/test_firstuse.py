@@ -23,7 +23,7 @@ import torch
 import tdz_numba
 from tdz_numba.errors import InvalidArgumentError, TdzError
 from tdz_numba.jit import policy
-from tdz_numba.zipfmt import eocd, records
+from tdz_numba.zipfmt import eocd, packers, records
 from tdz_numba.zipfmt.kernels import central, central_twin
 from tdz_numba.zipfmt.kernels import crc as kernels
 from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
@@ -319,7 +319,7 @@ def test_hostile_fixtures_same_decision_on_both_paths(tmp_path):
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kw", [{}, {"align": 4096}, {"compression": "deflate"}])
 def test_save_load_verify_identical_on_both_paths(tmp_path, monkeypatch, small_tree, kw):
-    monkeypatch.setattr(records, "dos_datetime", lambda *a: (0, 33))
+    monkeypatch.setattr(packers, "dos_datetime", lambda *a: (0, 33))
     tree = {**small_tree, "zeros": torch.zeros(1000), "big": torch.arange(300_000, dtype=torch.float32)}
     files = {}
     for m in ("always", "never"):

@@ -12,7 +12,7 @@ from naive import naive_archive, naive_central_record, naive_end_records, naive_
 
 import tdz_numba
 from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError
-from tdz_numba.zipfmt import eocd, records
+from tdz_numba.zipfmt import central, eocd, records
 from tdz_numba.zipfmt.index import ArchiveIndex
 from tdz_numba.zipfmt.kernels import central as kernels
 from tdz_numba.zipfmt.kernels import central_twin
@@ -310,15 +310,13 @@ def _spaced(tmp_path, name="s.tdz"):
 def test_spaced_headers_are_read_with_pread_and_fill_the_same_columns(tmp_path, monkeypatch):
     import os
 
-    from tdz_numba.zipfmt import index as reader
-
     p = _spaced(tmp_path)
     calls = []
     real = os.pread
     monkeypatch.setattr(os, "pread", lambda fd, n, off: calls.append(off) or real(fd, n, off))
     eager = ArchiveIndex(p, check_local=True)
     assert len(calls) == len(eager.names)  # one pread per entry, no page fault per header
-    monkeypatch.setattr(reader, "_PREAD_SPACING", 1 << 62)  # the mapped path
+    monkeypatch.setattr(central, "PREAD_SPACING", 1 << 62)  # the mapped path
     mapped = ArchiveIndex(p, check_local=True)
     assert len(calls) == len(eager.names)
     lazy = ArchiveIndex(p)  # (its open reads the file's tail with one pread)
@@ -337,7 +335,6 @@ def test_spaced_headers_are_read_with_pread_and_fill_the_same_columns(tmp_path, 
     ids=["signature", "name length", "name byte", "extra length past the next record"],
 )
 def test_spaced_bad_local_header_gives_the_mapped_paths_error(tmp_path, monkeypatch, where, value):
-    from tdz_numba.zipfmt import index as reader
 
     p = _spaced(tmp_path)
     idx = ArchiveIndex(p)
@@ -349,7 +346,7 @@ def test_spaced_bad_local_header_gives_the_mapped_paths_error(tmp_path, monkeypa
     p.write_bytes(bytes(raw))
     with pytest.raises(BadArchiveError) as by_pread:
         ArchiveIndex(p, check_local=True)
-    monkeypatch.setattr(reader, "_PREAD_SPACING", 1 << 62)
+    monkeypatch.setattr(central, "PREAD_SPACING", 1 << 62)
     with pytest.raises(BadArchiveError) as by_map:
         ArchiveIndex(p, check_local=True)
     assert str(by_pread.value) == str(by_map.value)

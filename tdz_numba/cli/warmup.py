@@ -114,11 +114,12 @@ def _crc_layout_index(tmp: Path) -> None:
     with api.open(path) as ar:  # (the central directory parsed by kernels.central.parse_central)
         ar["b/c"]
     api.verify(path)
+    from ..zipfmt.central import check_local_by_pread
     from ..zipfmt.index import ArchiveIndex
 
     index = ArchiveIndex(path, check_local=True)  # every local header, in the mapping
     cols = index._cols.copy()
-    index._check_local_by_pread(cols)  # what a check of far-apart headers runs
+    check_local_by_pread(index.buffer, cols, index.end.cd_offset, path, index._ident)  # far-apart headers
     from ..zipfmt.kernels.dispatch import resolve_local
 
     resolve_local(index.buffer, cols, 0, index.end.cd_offset)  # a header read on first use (large archives)

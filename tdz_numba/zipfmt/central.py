@@ -32,6 +32,8 @@ import os
 from collections.abc import Callable, Sequence
 from zlib import crc32
 
+import numpy as np
+
 from ..errors import BadArchiveError, UnsupportedError
 from . import eocd, records
 from .kernels.central_twin import Central, CentralRows
@@ -48,6 +50,9 @@ __all__ = [
     "check_central",
     "status_error",
     "decode_name",
+    "PREAD_SPACING",
+    "check_local_headers",
+    "check_local_by_pread",
     "resolve_small",
     "read_small_entry",
 ]
@@ -224,6 +229,64 @@ def check_central(
 def _names_at(found: Central, i: int, label: str) -> str:
     rows = found.rows
     return decode_name(rows.name_bytes(i), rows[i][Col.FLAGS], i, label, rows[i][Col.NAME_OFFSET])
+
+
+#: Bytes of file per entry from which a whole-archive header check reads the local headers
+#: with ``pread`` rather than through the mapping. A page fault maps the 64 KiB around it
+#: (~2.3 us, fault-around), a ``pread`` of one header costs ~0.45 us: CPU time of the check
+#: of 2,100 headers 32 KiB apart, 4.0 ms mapped against 2.55 ms read (1.1 against 3.4 ms
+#: 128 KiB apart); below ~13 KiB apart the headers share the pages a fault maps.
+PREAD_SPACING = 16 * 1024
+
+
+def check_local_headers(
+    buf, cols, cd_offset: int, path, ident: tuple[int, int, int] | None, spacing: int
+) -> np.ndarray:
+    """Checks every local header of an archive into ``cols`` (payload offsets filled), in entry
+    order, by :func:`tdz_numba.zipfmt.kernels.dispatch.check_local_headers`; the status.
+
+    ``buf``: the whole archive; ``spacing``: its bytes per entry. From :data:`PREAD_SPACING`
+    on, the headers are read with ``pread`` (:func:`check_local_by_pread`) from ``path``
+    while it names the file ``ident`` (``(st_dev, st_ino, st_size)``; None: never), else
+    through ``buf``.
+    """
+    from .kernels.dispatch import check_local_headers as check  # the kernel or its twin
+
+    if ident is not None and spacing >= PREAD_SPACING:
+        local = check_local_by_pread(buf, cols, cd_offset, path, ident)
+        if local is not None:  # (None: the file was replaced: the mapping is what counts)
+            return local
+    return check(buf, cols, cd_offset, buf, np.ascontiguousarray(cols[:, Col.HEADER_OFFSET]))
+
+
+def check_local_by_pread(buf, cols, cd_offset: int, path, ident: tuple[int, int, int]) -> np.ndarray | None:
+    """Checks every local header from copies read with ``pread``: one system call per
+    entry instead of a page fault per entry when the headers are far apart. None when
+    ``path`` no longer names the file ``ident`` that ``buf`` maps."""
+    from .kernels.dispatch import check_local_headers as check  # the kernel or its twin
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino, st.st_size) != ident:
+            return None
+        # entry i's fixed header and name at hdr[hpos[i]:]; the names are in the central
+        # directory, so the copies total at most its size plus 30 bytes per entry
+        lengths = cols[:, Col.NAME_LEN] + _LH_SIZEOF
+        hpos = np.zeros(len(cols), np.int64)
+        np.cumsum(lengths[:-1], out=hpos[1:])
+        pread, sizes = os.pread, lengths.tolist()
+        chunks = [pread(fd, n, h) for h, n in zip(cols[:, Col.HEADER_OFFSET].tolist(), sizes)]
+        data = b"".join(chunks)
+        if len(data) != sum(sizes):  # a short read (past the end): zeros keep the positions
+            data = b"".join(c.ljust(n, b"\0") for c, n in zip(chunks, sizes))
+        hdr = np.frombuffer(data, np.uint8)
+    finally:
+        os.close(fd)
+    return check(buf, cols, cd_offset, hdr, hpos)
 
 
 def resolve_small(

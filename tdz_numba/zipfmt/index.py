@@ -40,6 +40,7 @@ from .central import (
     Central,
     CentralRows,
     check_central,
+    check_local_headers,
     decode_name,
     parse_tail,
     read_central,
@@ -69,12 +70,6 @@ class EntryInfo:
     central_offset: int
 
 
-#: Bytes of file per entry from which a whole-archive header check reads the local headers
-#: with ``pread`` rather than through the mapping. A page fault maps the 64 KiB around it
-#: (~2.3 us, fault-around), a ``pread`` of one header costs ~0.45 us: CPU time of the check
-#: of 2,100 headers 32 KiB apart, 4.0 ms mapped against 2.55 ms read (1.1 against 3.4 ms
-#: 128 KiB apart); below ~13 KiB apart the headers share the pages a fault maps.
-_PREAD_SPACING = 16 * 1024
 #: Entries up to this size are read by :meth:`ArchiveIndex.read_bytes` as a slice of the
 #: mapping with the stdlib CRC-32 (meta.json files); larger ones through zlib-ng.
 _SMALL_READ = 1 << 20
@@ -319,46 +314,15 @@ class ArchiveIndex:
 
     def _check_local(self, cols: np.ndarray) -> np.ndarray:
         """Checks every local header into ``cols`` (payload offsets filled); the status."""
-        from .kernels.dispatch import check_local_headers  # the kernel or its twin
-
         end = self.end
-        if getattr(self, "_ident", None) is not None and self.size // max(1, end.count) >= _PREAD_SPACING:
-            local = self._check_local_by_pread(cols)
-            if local is not None:  # (None: the file was replaced: the mapping is what counts)
-                return local
-        buf = self.buffer
         return check_local_headers(
-            buf, cols, end.cd_offset, buf, np.ascontiguousarray(cols[:, Col.HEADER_OFFSET])
+            self.buffer,
+            cols,
+            end.cd_offset,
+            self.path,
+            getattr(self, "_ident", None),
+            self.size // max(1, end.count),
         )
-
-    def _check_local_by_pread(self, cols: np.ndarray) -> np.ndarray | None:
-        """Checks every local header from copies read with ``pread``: one system call per
-        entry instead of a page fault per entry when the headers are far apart. None when
-        the path no longer names the mapped file."""
-        from .kernels.dispatch import check_local_headers  # the kernel or its twin
-
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino, st.st_size) != self._ident:
-                return None
-            # entry i's fixed header and name at hdr[hpos[i]:]; the names are in the central
-            # directory, so the copies total at most its size plus 30 bytes per entry
-            lengths = cols[:, Col.NAME_LEN] + int(records.Local.SIZEOF)
-            hpos = np.zeros(len(cols), np.int64)
-            np.cumsum(lengths[:-1], out=hpos[1:])
-            pread, sizes = os.pread, lengths.tolist()
-            chunks = [pread(fd, n, h) for h, n in zip(cols[:, Col.HEADER_OFFSET].tolist(), sizes)]
-            data = b"".join(chunks)
-            if len(data) != sum(sizes):  # a short read (past the end): zeros keep the positions
-                data = b"".join(c.ljust(n, b"\0") for c, n in zip(chunks, sizes))
-            hdr = np.frombuffer(data, np.uint8)
-        finally:
-            os.close(fd)
-        return check_local_headers(self.buffer, cols, self.end.cd_offset, hdr, hpos)
 
     def _raise_status(self, status, rows=None) -> None:
         """Raises the error of a kernel's status (:func:`tdz_numba.zipfmt.central.status_error`)."""
