@@ -1,9 +1,11 @@
 """The reader's index: one mapping of the file, one pass over the central directory.
 
-:class:`ArchiveIndex` maps the whole file once (privately for ``mode="r"``,
-shared for ``mode="r+"``), finds the end records, and parses every central
-record and local header with the
-:func:`~tdz_numba.zipfmt.kernels.crc.parse_central_directory` kernel into arrays. It
+:class:`ArchiveIndex` reads the end records and the central directory (from the file's
+tail with one ``pread`` for a plain archive of up to ``SMALL_ENTRIES`` entries, the file
+mapped on first use; else from its mapping, private for ``mode="r"``, shared for
+``mode="r+"``), parses it with the one parser
+(:func:`~tdz_numba.zipfmt.kernels.central.parse_central` or its twin, through
+:mod:`tdz_numba.zipfmt.central`) and reads each local header when first needed. It
 knows, for every entry, where its payload is, how it is compressed and its
 CRC; and for every directory, which files and sub-directories it holds. It
 reads no payload.
@@ -191,7 +193,7 @@ class ArchiveIndex:
     @property
     def _mmap(self) -> mmap.mmap:
         """The private (or shared) mapping of the whole file: made on first use when the open
-        read the index with ``pread`` (:func:`tdz_numba.zipfmt.smallindex.parse_tail`); None once closed."""
+        read the index with ``pread`` (:func:`tdz_numba.zipfmt.central.parse_tail`); None once closed."""
         mapping = self._map
         if mapping is None and self._fd is not None:
             mapping = self._map_now()
