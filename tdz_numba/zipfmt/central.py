@@ -193,16 +193,11 @@ def check_central(
     the local headers), a name that cannot be decoded, the first encrypted entry, the first
     entry of an unknown compression method, a name that appears twice."""
     rows = found.rows
-    error = status_error(
-        found.status if status is None else status,
-        label,
-        end,
-        size,
-        rows,
-        lambda i: _names_at(found, i, label),
-    )
-    if error is not None:
-        raise error
+    status = found.status if status is None else status
+    if status[0]:  # (not OK)
+        error = status_error(status, label, end, size, rows, lambda i: _names_at(found, i, label))
+        if error is not None:
+            raise error
     names = _names(found, label)
     if found.encrypted >= 0:
         name = names[found.encrypted]

@@ -39,6 +39,7 @@ __all__ = [
 
 _CD_SIZEOF = int(records.Central.SIZEOF)
 _NCOLS = len(records.Col)
+_CENTRAL: list = []  # the kernel module, once imported
 
 
 # --------------------------------------------------------------------------
@@ -97,14 +98,17 @@ def parse_central(cd, cd_offset: int, count: int) -> Central:
     """
     if not use_kernels(count):
         return central_twin.parse_central(cd, cd_offset, count)
-    from .central import BAD_ARGUMENTS, OUT_LEN
-    from .central import parse_central as kernel
+    kernels = _CENTRAL
+    if not kernels:  # (imported once: an import statement per open costs ~5 us)
+        from . import central
 
+        kernels.append(central)
+    k = kernels[0]
     n = len(cd)
     cols = np.zeros((count if 0 <= count <= n // _CD_SIZEOF else 0, _NCOLS), np.int64)
     joined = bytearray(n)
-    out = np.zeros(OUT_LEN, np.int64)
-    if kernel(cd, cd_offset, count, cols, joined, out) == BAD_ARGUMENTS:
+    out = np.zeros(k.OUT_LEN, np.int64)
+    if k.parse_central(cd, cd_offset, count, cols, joined, out) == k.BAD_ARGUMENTS:
         raise InternalError(f"kernels.central.parse_central: arguments that do not fit ({count} records)")
     code, i, expected, found, length, encrypted, unknown = out.tolist()
     names = None
