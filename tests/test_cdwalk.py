@@ -1,9 +1,10 @@
-"""The central-directory walk kernel (:mod:`tdz_numba.zipfmt.kernels.names`) against its slow oracles.
+"""The central-directory parser (:mod:`tdz_numba.zipfmt.kernels.central`) against its twin and its oracles.
 
-:func:`tdz_numba.zipfmt.kernels.names.walk_central` either accepts a small archive's central
-directory (then its starts and joined names must give exactly what the Python path
-``smallindex._parse_central`` gives, and stdlib ``zipfile``'s names) or defers to that
-path; so an open gives the same index and the same errors with kernels forced on and off.
+:func:`tdz_numba.zipfmt.kernels.central.parse_central` (compiled, and its pure-Python body
+``py_func``) and its twin :func:`tdz_numba.zipfmt.kernels.central_twin.parse_central` must
+give the same status, columns, names and refusals on every input; the names must be those
+stdlib ``zipfile`` reads; so an open gives the same index and the same errors with kernels
+forced on and off.
 """
 
 from __future__ import annotations
@@ -26,14 +27,17 @@ from ziputil import zip_bytes  # noqa: E402
 
 import tdz_numba  # noqa: E402
 from tdz_numba.errors import TdzError  # noqa: E402
-from tdz_numba.jit import policy
-from tdz_numba.zipfmt import eocd, records, smallindex  # noqa: E402
+from tdz_numba.jit import policy  # noqa: E402
+from tdz_numba.zipfmt import central as cdir  # noqa: E402
+from tdz_numba.zipfmt import eocd, records  # noqa: E402
 from tdz_numba.zipfmt.index import ArchiveIndex  # noqa: E402
-from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
-from tdz_numba.zipfmt.kernels import names as cd_kernels
+from tdz_numba.zipfmt.kernels import central as kernel  # noqa: E402
+from tdz_numba.zipfmt.kernels import central_twin  # noqa: E402
+from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch  # noqa: E402
+from tdz_numba.zipfmt.records import Col, Status  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
+NCOLS = len(Col)
 
 _zip = zip_bytes
 
@@ -43,50 +47,56 @@ def _cd(data: bytes) -> tuple[bytes, int, int]:
     return data[end.cd_offset : end.cd_offset + end.cd_size], end.cd_offset, end.count
 
 
-def _walk(cd, cd_offset: int, count: int, fn=cd_kernels.walk_central):
-    """The kernel's raw answer: (status, starts, joined names)."""
-    starts = np.zeros(max(count, 0), np.int64)
+def _raw(cd, cd_offset: int, count: int, fn=kernel.parse_central):
+    """The kernel's raw answer: (return value, out, columns, joined names)."""
+    rows = count if 0 <= count <= len(cd) // records.Central.SIZEOF else 0
+    cols = np.zeros((rows, NCOLS), np.int64)
     joined = np.zeros(len(cd), np.uint8)
-    n = fn(cd, cd_offset, count, starts, joined)
-    return n, starts.tolist(), joined[: max(n, 0)].tobytes()
+    out = np.zeros(kernel.OUT_LEN, np.int64)
+    code = fn(cd, cd_offset, count, cols, joined, out)
+    n = int(out[kernel.OUT_NAMES])
+    return int(code), out.tolist(), cols.tolist(), joined[: max(n, 0)].tobytes()
 
 
-def _rows(found):
-    if found is None:
-        return None
-    rows, names, by_name = found
-    return [list(r) for r in rows.all()], list(rows._starts), names, by_name
+def _seen(found: central_twin.Central) -> tuple:
+    """A :class:`Central` as plain values (its rows materialized)."""
+    return found.rows.array().tolist(), found.names, found.status, found.encrypted, found.unknown_method
 
 
 def check(
     data: bytes, cd: bytes | None = None, cd_offset: int | None = None, count: int | None = None
 ) -> bool:
-    """Asserts the kernel agrees with its oracles on ``data``; returns whether it accepted."""
+    """Asserts the kernel agrees with its twin and its oracles on ``data``; returns whether the
+    central directory parsed without error (status OK)."""
     if cd is None:
         cd, cd_offset, count = _cd(data)
-    oracle = smallindex._parse_central(cd, cd_offset, count)
+    twin = central_twin.parse_central(cd, cd_offset, count)
     with policy.forced("always"):
-        fast = smallindex._parse_any(cd, cd_offset, count)
-    assert _rows(fast) == _rows(oracle)
-    n, starts, joined = _walk(cd, cd_offset, count)
+        fast = kernel_dispatch.parse_central(cd, cd_offset, count)
+    assert _seen(fast) == _seen(twin)
+    code, out, cols, joined = _raw(cd, cd_offset, count)
     ro = np.frombuffer(cd, np.uint8)  # read-only input, and the pure-Python body of the kernel
-    assert (n, starts, joined) == _walk(ro, cd_offset, count)
-    assert (n, starts, joined) == _walk(ro, cd_offset, count, cd_kernels.walk_central.py_func)
-    if n >= 0:
+    assert (code, out, cols, joined) == _raw(ro, cd_offset, count)
+    assert (code, out, cols, joined) == _raw(ro, cd_offset, count, kernel.parse_central.py_func)
+    assert tuple(out[:4]) == twin.status and code == out[0] and cols == twin.rows.array().tolist()
+    if code == Status.OK:
         names = joined.decode("ascii").split("\0") if count else []
-        if oracle is None:  # the walk accepts a name twice: the names dict refuses it
-            assert len(set(names)) < count and fast is None
-            return True
-        assert names == oracle[1] and starts == list(oracle[0]._starts)
+        if twin.names is not None:
+            assert names == twin.names
+        else:  # a name with a NUL or a byte >= 0x80
+            assert out[kernel.OUT_NAMES] == -1
         with zipfile.ZipFile(io.BytesIO(data)) as z:
-            assert [i.orig_filename for i in z.infolist()] == names
-    return n >= 0
+            zipped = [i.orig_filename for i in z.infolist()]
+        if twin.names is not None and len(zipped) == count:
+            assert zipped == names
+    return code == Status.OK
 
 
 @pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 255, 256])
 def test_plain_zips_accepted(n):
     data = _zip({f"d{i % 7}/k{i}.memmap": bytes(i % 5) for i in range(n)})
     assert check(data)
+    assert central_twin.parse_central(*_cd(data)).names == [f"d{i % 7}/k{i}.memmap" for i in range(n)]
 
 
 def test_tdz_archives_accepted(tmp_path):
@@ -107,29 +117,47 @@ def test_tdz_archives_accepted(tmp_path):
 @pytest.mark.parametrize(
     "entries",
     [
-        {"meta.json": b"{}", "ä/b.memmap": b"x"},  # UTF-8 names: the Python path decodes
+        {"meta.json": b"{}", "ä/b.memmap": b"x"},  # UTF-8 names: decoded by Python
         {"meta.json": b"{}", "a\0b": b"1"},  # a NUL in a name would split wrongly
         {"a": b"1", "\0": b""},
     ],
 )
-def test_unusual_names_deferred(entries):
+def test_unusual_names_decoded_by_python(entries):
     # (zipfile cuts names at a NUL: written with "~" in its place, then patched)
     data = _zip({k.replace("\0", "~"): v for k, v in entries.items()}).replace(b"~", b"\0")
-    assert not check(data)
-    with policy.forced("always"):
-        assert smallindex._parse_any(*_cd(data))[1] == list(entries)
+    assert check(data)
+    for mode in ("always", "never"):
+        with policy.forced(mode):
+            found = kernel_dispatch.parse_central(*_cd(data))
+            assert found.names is None
+            end = eocd.find_end_record(data)
+            assert cdir.check_central(found, "x", end, len(data))[0] == list(entries)
 
 
-def test_zip64_and_out_of_order_deferred(tmp_path):
+def test_zip64_and_out_of_order_accepted(tmp_path):
     from fuzz.zipmodel import to_zip64
     from test_smallindex import _reordered
 
     seed = tdz_numba.save({"a": torch.arange(5), "b": {"c": torch.ones(3)}}, tmp_path / "s.tdz").read_bytes()
     assert check(seed)
-    assert not check(to_zip64(seed))  # zip64 extras: read by the Python path
+    z64 = to_zip64(seed)
+    assert check(z64)  # zip64 extras: read by both
+    plain, wide = central_twin.parse_central(*_cd(seed)), central_twin.parse_central(*_cd(z64))
+    for a, b in zip(plain.rows, wide.rows):
+        assert (a[Col.SIZE], a[Col.CSIZE], a[Col.HEADER_OFFSET]) == (
+            b[Col.SIZE],
+            b[Col.CSIZE],
+            b[Col.HEADER_OFFSET],
+        )
     data = _zip({"meta.json": b"{}", "a": b"1" * 10, "b": b"22", "c": b""})
     assert check(data)
-    assert not check(_reordered(data, [2, 0, 3, 1]))  # accepted by the Python path, out of order
+    shuffled = _reordered(data, [2, 0, 3, 1])
+    assert check(shuffled)  # out of file order: sorted for the overlap check
+    found = central_twin.parse_central(*_cd(shuffled))
+    assert found.names == ["b", "meta.json", "c", "a"]
+    nxt = {n: r[Col.NEXT_OFFSET] for n, r in zip(found.names, found.rows)}
+    hoff = {n: r[Col.HEADER_OFFSET] for n, r in zip(found.names, found.rows)}
+    assert nxt["meta.json"] == hoff["a"] and nxt["a"] == hoff["b"] and nxt["b"] == hoff["c"]
 
 
 def test_duplicate_names_refused():
@@ -137,9 +165,7 @@ def test_duplicate_names_refused():
     cd_offset = eocd.find_end_record(bytes(data)).cd_offset
     third = data.index(b"PK\x01\x02", data.index(b"PK\x01\x02", cd_offset + 1) + 1)
     data[third + 46 : third + 48] = b"ab"
-    assert check(bytes(data))  # the walk accepts; the names dict then refuses
-    with policy.forced("always"):
-        assert smallindex._parse_any(*_cd(bytes(data))) is None
+    assert check(bytes(data))  # the parse accepts; the names dict then refuses
     for mode in ("always", "never"):
         with (
             policy.forced(mode),
@@ -215,8 +241,10 @@ def _outcome(path: Path) -> list:
 def test_corruptions_same_errors(tmp_path):
     seed = tdz_numba.save({"a": torch.arange(5), "b": {"c": torch.ones(3)}}, tmp_path / "s.tdz").read_bytes()
     raised = 0
+    codes = set()
     for name, data in _corrupt(seed).items():
         check(data)
+        codes.add(central_twin.parse_central(*_cd(data)).status[0])
         p = tmp_path / f"{name}.tdz"
         p.write_bytes(data)
         with policy.forced("always"):
@@ -226,10 +254,11 @@ def test_corruptions_same_errors(tmp_path):
         assert fast == slow, name
         raised += fast[0] == "open"
     assert raised >= 8
+    assert len(codes) >= 6, codes  # the corruptions reach several refusal sites
 
 
 def test_mutated_archives_agree(tmp_path):
-    """The fuzz harness's mutated archives: the kernel and the Python path agree, errors included."""
+    """The fuzz harness's mutated archives: the kernel and the twin agree, errors included."""
     from fuzz.runner import make_cases
     from fuzz.seeds import make_seeds
 
@@ -243,7 +272,7 @@ def test_mutated_archives_agree(tmp_path):
         except TdzError:
             cd = None
         if cd is not None and eocd.central_directory_fits(len(case.data), cd_offset, len(cd), count):
-            if count <= smallindex.SMALL_ENTRIES:
+            if count <= cdir.SMALL_ENTRIES:
                 accepted += check(case.data, cd, cd_offset, count)
         with policy.forced("always"):
             fast = _outcome(p)
@@ -256,28 +285,35 @@ def test_mutated_archives_agree(tmp_path):
 def test_bad_arguments_and_bounds():
     cd, cd_offset, count = _cd(_zip({"a": b"1", "b": b"2"}))
     ro = np.frombuffer(cd, np.uint8)
-    assert _walk(ro, cd_offset, count)[0] == 3
-    small = np.zeros(1, np.int64)
+    code, out, _, joined = _raw(ro, cd_offset, count)
+    assert code == Status.OK and out[kernel.OUT_NAMES] == 3 and joined == b"a\0b"
+    cols, out = np.zeros((2, NCOLS), np.int64), np.zeros(kernel.OUT_LEN, np.int64)
+    parse = kernel.parse_central
+    assert parse(ro, cd_offset, 2, cols[:1], np.zeros(len(cd), np.uint8), out) == kernel.BAD_ARGUMENTS
     assert (
-        cd_kernels.walk_central(ro, cd_offset, 2, small, np.zeros(len(cd), np.uint8))
-        == cd_kernels.BAD_ARGUMENTS
+        parse(ro, cd_offset, 2, cols[:, :5].copy(), np.zeros(len(cd), np.uint8), out) == kernel.BAD_ARGUMENTS
     )
-    assert cd_kernels.walk_central(ro, cd_offset, 2, np.zeros(2, np.int64), np.zeros(3, np.uint8)) < 0
-    assert cd_kernels.walk_central(ro, -1, 2, np.zeros(2, np.int64), np.zeros(len(cd), np.uint8)) < 0
-    assert _walk(ro, cd_offset, 3)[0] == cd_kernels.DEFER  # more counted than there are
-    assert _walk(ro, cd_offset, 1)[0] == cd_kernels.DEFER  # fewer
-    assert _walk(ro[:-1], cd_offset, 2)[0] == cd_kernels.DEFER  # a record cut short
-    assert _walk(ro, 10, 2)[0] == cd_kernels.DEFER  # headers past the central directory
-    assert _walk(ro[:0], cd_offset, 0)[0] == 0
+    assert parse(ro, cd_offset, 2, cols, np.zeros(3, np.uint8), out) == kernel.BAD_ARGUMENTS
+    assert parse(ro, cd_offset, 2, cols, np.zeros(len(cd), np.uint8), out[:3]) == kernel.BAD_ARGUMENTS
+    assert _raw(ro, -1, 2)[1][:4] == [Status.CENTRAL_OVERRUN, -1, len(cd), -1]
+    assert _raw(ro, cd_offset, -1)[1][0] == Status.CENTRAL_OVERRUN
+    assert _raw(ro, cd_offset, 3)[1][0] == Status.CENTRAL_OVERRUN  # more counted than 46-byte records fit
+    assert _raw(ro[:-1], cd_offset, 2)[1][:2] == [Status.CENTRAL_OVERRUN, 1]  # a record cut short
+    assert _raw(ro, cd_offset, 1)[1][:4] == [Status.COUNT, 1, 1, -1]  # fewer counted than there are
+    assert _raw(ro, 10, 2)[1][:2] == [Status.HEADER_PAST_END, 0]  # headers past the central directory
+    assert _raw(ro[:0], cd_offset, 0)[:2] == (0, [0, 0, 0, 0, 0, -1, -1])
+    for args in ((ro, -1, 2), (ro, cd_offset, -1), (ro, cd_offset, 3), (ro[:-1], cd_offset, 2), (ro, 10, 2)):
+        assert _raw(*args)[1][:4] == list(central_twin.parse_central(*args).status)
 
 
-def test_dispatch_falls_back_without_kernels():
+def test_dispatch_runs_the_kernel_or_the_twin():
     cd, cd_offset, count = _cd(_zip({"a": b"1"}))
     with policy.forced("never"):
-        assert kernel_dispatch.walk_central(cd, cd_offset, count) is None
+        slow = kernel_dispatch.parse_central(cd, cd_offset, count)
     with policy.forced("always"):
-        starts, text = kernel_dispatch.walk_central(cd, cd_offset, count)
-    assert list(starts) == [0] and text == "a"
+        fast = kernel_dispatch.parse_central(cd, cd_offset, count)
+    assert not slow.rows.kernel_columns and fast.rows.kernel_columns
+    assert _seen(slow) == _seen(fast) and fast.names == ["a"] and fast.rows[0][Col.NEXT_OFFSET] == cd_offset
 
 
 _FUZZ = r"""
@@ -285,10 +321,7 @@ import random, resource, sys
 import numpy as np
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 sys.path.insert(0, sys.argv[1])
-from tdz_numba.jit import policy
-from tdz_numba.zipfmt import smallindex
-from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
-from tdz_numba.zipfmt.kernels import names as cd_kernels
+from tdz_numba.zipfmt.kernels import central as kernel, central_twin
 seeds = [open(p, "rb").read() for p in sys.argv[3:]]
 rng = random.Random(int(sys.argv[2]))
 ok = accepted = 0
@@ -302,21 +335,25 @@ for k in range(3000):
     cd = bytes(cd)
     off = rng.choice((4096, 10**6, 30, 0))
     count = max(0, cd.count(b"PK\x01\x02") + rng.choice((0, 0, 0, -1, 1)))
-    oracle = smallindex._parse_central(cd, off, count) if count <= len(cd) // 46 else None
-    with policy.forced("always"):
-        fast = smallindex._parse_any(cd, off, count)
-    if (oracle is None) != (fast is None) or (fast and (fast[1] != oracle[1] or list(fast[0]._starts) != oracle[0]._starts)):
+    twin = central_twin.parse_central(cd, off, count)
+    rows = count if count <= len(cd) // 46 else 0
+    cols, joined, out = np.zeros((rows, 14), np.int64), np.zeros(len(cd), np.uint8), np.zeros(7, np.int64)
+    code = kernel.parse_central(np.frombuffer(cd, np.uint8), off, count, cols, joined, out)
+    names = joined[: max(out[4], 0)].tobytes().decode("ascii").split("\0") if out[4] > 0 else []
+    same = tuple(out[:4].tolist()) == twin.status and cols.tolist() == twin.rows.array().tolist()
+    same = same and (out[4] < 0) == (twin.names is None) and (twin.names is None or names == twin.names or count == 0)
+    same = same and (int(out[5]), int(out[6])) == (twin.encrypted, twin.unknown_method)
+    if not same:
         print("MISMATCH", k, cd.hex(), off, count)
         sys.exit(1)
-    n = cd_kernels.walk_central(np.frombuffer(cd, np.uint8), off, count, np.zeros(count, np.int64), np.zeros(len(cd), np.uint8))
-    accepted += n >= 0
+    accepted += code == 0
     ok += 1
 print("ok", ok, accepted)
 """
 
 
 def test_fuzz_central_bytes_in_subprocess(tmp_path):
-    """Random byte damage to central directories, walked in a child process (a read out of
+    """Random byte damage to central directories, parsed in a child process (a read out of
     bounds would crash it, not pytest) with a memory limit and a timeout."""
     seeds = []
     for i, entries in enumerate(
@@ -338,7 +375,7 @@ def test_fuzz_central_bytes_in_subprocess(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.split()[:2] == ["ok", "3000"], done.stdout
-    assert int(done.stdout.split()[2]) > 100, done.stdout  # damage the kernel accepts (names, lengths)
+    assert int(done.stdout.split()[2]) > 100, done.stdout  # damage the parser accepts (names, lengths)
 
 
 def _big_index(tmp_path: Path, entries: dict[str, bytes]) -> ArchiveIndex:
@@ -346,17 +383,12 @@ def _big_index(tmp_path: Path, entries: dict[str, bytes]) -> ArchiveIndex:
     p.write_bytes(_zip(entries))
     with policy.forced("always"):
         ix = ArchiveIndex(p)
-    assert ix._small is None  # (more than SMALL_ENTRIES: the kernel path)
+    assert ix._small is None  # (more than SMALL_ENTRIES: the kernel's columns at once)
     return ix
 
 
-def _slow_names(ix: ArchiveIndex) -> list[str]:
-    with policy.forced("never"):
-        return ix._decode_names()
-
-
 @pytest.mark.parametrize("unusual", [None, "ä", "\0", "\x7f"])
-def test_gather_names_against_slicing_and_zipfile(tmp_path, unusual):
+def test_names_of_a_large_archive_against_the_twin_and_zipfile(tmp_path, unusual):
     names = [f"d{i % 7}/k{i}.memmap" for i in range(300)]
     if unusual is not None:
         names[150] = f"x{unusual}y"
@@ -366,32 +398,34 @@ def test_gather_names_against_slicing_and_zipfile(tmp_path, unusual):
         p.write_bytes(ix.path.read_bytes().replace(b"x~y", b"x\0y"))
         with policy.forced("always"):
             ix = ArchiveIndex(p)
-    assert ix.names == names == _slow_names(ix)
-    joined = bytearray(ix.end.cd_size)
-    n = cd_kernels.gather_names(ix.buffer, ix._cols, joined)
-    assert n == (cd_kernels.DEFER if unusual in ("ä", "\0") else len("\0".join(names)))
-    assert n == cd_kernels.gather_names.py_func(ix.buffer, ix._cols, bytearray(ix.end.cd_size))
+    with policy.forced("never"):
+        slow = ArchiveIndex(ix.path)
+    assert ix.names == names == slow.names
+    assert slow._small is not None and slow._cols.tolist() == ix._cols.tolist()
+    cd, cd_offset, count = _cd(ix.path.read_bytes())
+    code, out, _, joined = _raw(cd, cd_offset, count)
+    assert code == Status.OK
+    assert out[kernel.OUT_NAMES] == (-1 if unusual in ("ä", "\0") else len("\0".join(names).encode()))
+    if unusual not in ("ä", "\0"):
+        assert joined.decode("ascii").split("\0") == names
     if unusual != "\0":
         with zipfile.ZipFile(ix.path) as z:
             assert z.namelist() == names
 
 
-def test_gather_names_bounds(tmp_path):
-    ix = _big_index(tmp_path, {f"k{i}": b"" for i in range(300)})
-    cols, buf = ix._cols.copy(), ix.buffer
-    total = len("\0".join(ix.names))
-    assert cd_kernels.gather_names(buf, cols, bytearray(total)) == total
-    assert cd_kernels.gather_names(buf, cols, bytearray(total - 1)) == cd_kernels.BAD_ARGUMENTS
-    assert cd_kernels.gather_names(buf, cols[:, :5].copy(), bytearray(total)) == cd_kernels.BAD_ARGUMENTS
-    for col, value in (
-        (records.Col.NAME_OFFSET, -1),
-        (records.Col.NAME_OFFSET, buf.size),
-        (records.Col.NAME_LEN, -5),
-    ):
-        bad = cols.copy()
-        bad[7, col] = value
-        assert cd_kernels.gather_names(buf, bad, bytearray(buf.size)) == cd_kernels.DEFER
-    bad = cols.copy()
-    bad[7, records.Col.NAME_LEN] = buf.size
-    assert cd_kernels.gather_names(buf, bad, bytearray(2 * buf.size)) == cd_kernels.DEFER
-    assert cd_kernels.gather_names(buf, cols[:0], bytearray(0)) == 0
+def test_refusals_are_noted_once_parsed(tmp_path):
+    """The first encrypted entry and the first of an unknown method, noted by the walk."""
+    base = _zip({f"k{i}": b"1" for i in range(300)})
+    end = eocd.find_end_record(base)
+    starts = [m for m in range(end.cd_offset, len(base)) if base[m : m + 4] == b"PK\x01\x02"]
+    data = bytearray(base)
+    for i in (7, 200):
+        data[starts[i] + 8 : starts[i] + 10] = struct.pack("<H", records.FLAG_ENCRYPTED)
+    for i in (5, 250):
+        data[starts[i] + 10 : starts[i] + 12] = struct.pack("<H", 99)
+    assert check(bytes(data))
+    found = central_twin.parse_central(*_cd(bytes(data)))
+    assert (found.encrypted, found.unknown_method) == (7, 5)
+    for mode in ("always", "never"):
+        with policy.forced(mode), pytest.raises(tdz_numba.UnsupportedError, match="'k7' is encrypted"):
+            ArchiveIndex(_write(bytes(data)))

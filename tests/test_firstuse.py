@@ -24,7 +24,9 @@ import tdz_numba
 from tdz_numba.errors import InvalidArgumentError, TdzError
 from tdz_numba.jit import policy
 from tdz_numba.zipfmt import eocd, packers, records
+from tdz_numba.zipfmt.kernels import central, central_twin
 from tdz_numba.zipfmt.kernels import crc as kernels
+from tdz_numba.zipfmt.kernels import dispatch as kernel_dispatch
 from tdz_numba.zipfmt.kernels import twins as pykernels
 from tdz_numba.zipfmt.records import Col, Status
 
@@ -109,19 +111,33 @@ def test_plan_twin_matches_naive_oracle():
 # Index twins: byte for byte the same decision on every input
 # ---------------------------------------------------------------------------
 def _both_parse(buf, cd_offset, cd_size, count):
+    from test_index import eager_index
+
     for check_local in (False, True):
-        kc, ks = kernels.parse_central_directory(buf, cd_offset, cd_size, count, check_local)
-        pc, ps = pykernels.parse_central_directory(buf, cd_offset, cd_size, count, check_local)
+        kc, ks = eager_index(buf, cd_offset, cd_size, count, check_local)
+        pc, ps = eager_index(buf, cd_offset, cd_size, count, check_local, twin=True)
         assert ps.tolist() == ks.tolist(), (check_local, cd_offset, cd_size, count)
         assert pc.shape == kc.shape and np.array_equal(pc, kc), (check_local, ks.tolist())
-    kc, ks = kernels.parse_central_directory(buf, cd_offset, cd_size, count, False)
+    if eocd.central_directory_fits(buf.size, cd_offset, cd_size, count):  # the whole answer, names included
+        cd = buf[cd_offset : cd_offset + cd_size]
+        with policy.forced("always"):
+            fast = kernel_dispatch.parse_central(cd, cd_offset, count)
+        slow = central_twin.parse_central(cd, cd_offset, count)
+        assert fast.rows.array().tolist() == slow.rows.array().tolist()
+        assert (fast.names, fast.status, fast.encrypted, fast.unknown_method) == (
+            slow.names,
+            slow.status,
+            slow.encrypted,
+            slow.unknown_method,
+        )
+    kc, ks = eager_index(buf, cd_offset, cd_size, count, False)
     if ks[0] == 0 or (ks[0] == Status.COUNT and ks[1] == len(kc)):
         _gathered_equals_eager(buf, kc, ks, cd_offset, cd_size, count)
     if ks[0] == 0:
         pc = kc.copy()
         for i in range(len(kc)):
-            want = kernels.resolve_local(buf, kc, i, cd_offset)
-            got = pykernels.resolve_local(buf, pc, i, cd_offset)
+            want = central.resolve_local(buf, kc, i, cd_offset)
+            got = central_twin.resolve_local(buf, pc, i, cd_offset)
             assert got.tolist() == want.tolist() and np.array_equal(pc, kc), i
     return ks
 
@@ -129,7 +145,9 @@ def _both_parse(buf, cd_offset, cd_size, count):
 def _gathered_equals_eager(buf, cols, lazy_status, cd_offset, cd_size, count):
     """The local headers checked from copies (as the reader's pread path reads them) decide
     exactly as the eager parse does: same status, same columns; kernel and twin alike."""
-    eager_cols, eager_status = kernels.parse_central_directory(buf, cd_offset, cd_size, count, True)
+    from test_index import eager_index
+
+    eager_cols, eager_status = eager_index(buf, cd_offset, cd_size, count, True)
     lengths = cols[:, Col.NAME_LEN] + 30
     hpos = np.zeros(len(cols), np.int64)
     hpos[1:] = np.cumsum(lengths)[:-1]
@@ -137,7 +155,7 @@ def _gathered_equals_eager(buf, cols, lazy_status, cd_offset, cd_size, count):
     for h, p, n in zip(cols[:, Col.HEADER_OFFSET].tolist(), hpos.tolist(), lengths.tolist()):
         piece = buf[h : h + n]  # short past the end: the rest stays zero, as after a short pread
         hdr[p : p + len(piece)] = piece
-    for impl in (kernels, pykernels):
+    for impl in (central, central_twin):
         c = cols.copy()
         status = impl.check_local_headers(buf, c, cd_offset, hdr, hpos)
         if status[0] == 0:

@@ -12,10 +12,11 @@ from naive import naive_archive, naive_central_record, naive_end_records, naive_
 
 import tdz_numba
 from tdz_numba.errors import BadArchiveError, InvalidArgumentError, TdzError
-from tdz_numba.zipfmt import eocd, records
+from tdz_numba.zipfmt import central, eocd, records
 from tdz_numba.zipfmt.index import ArchiveIndex
-from tdz_numba.zipfmt.kernels import crc as kernels
-from tdz_numba.zipfmt.records import Status
+from tdz_numba.zipfmt.kernels import central as kernels
+from tdz_numba.zipfmt.kernels import central_twin
+from tdz_numba.zipfmt.records import Col, Status
 
 DOS = (0, 33)
 META = (
@@ -41,6 +42,31 @@ def _crafted(*, hoff=None, csize=None, size=None) -> bytes:
             h = h if hoff is None else hoff
         central += naive_central_record(name, header_offset=h, **kw)
     return out + central + naive_end_records(2, len(out), len(central))
+
+
+def eager_index(buf, cd_offset: int, cd_size: int, count: int, check_local: bool, twin: bool = False):
+    """``(cols, status)``: the index the central-directory kernels (or, ``twin``, their twins)
+    build over a whole archive ``buf`` (a uint8 array), as an eager open does: the central
+    directory parsed, then (``check_local``) every local header checked in the mapping,
+    before the trailing count is reported."""
+    buf = np.asarray(buf)
+    if not eocd.central_directory_fits(buf.size, cd_offset, cd_size, count):
+        return np.zeros((0, len(Col)), np.int64), np.array([Status.CENTRAL_OVERRUN, -1, buf.size, cd_offset])
+    cd = buf[cd_offset : cd_offset + cd_size]
+    if twin:
+        found = central_twin.parse_central(cd, cd_offset, count)
+        cols, status = found.rows.array(), np.array(found.status, np.int64)
+    else:
+        cols = np.zeros((count, len(Col)), np.int64)
+        out = np.zeros(kernels.OUT_LEN, np.int64)
+        kernels.parse_central(cd, cd_offset, count, cols, np.zeros(cd.size, np.uint8), out)
+        status = out[:4].copy()
+    if check_local and (status[0] == Status.OK or (status[0] == Status.COUNT and status[1] == count)):
+        impl = central_twin if twin else kernels
+        local = impl.check_local_headers(buf, cols, cd_offset, buf, cols[:, Col.HEADER_OFFSET].copy())
+        if local[0] != Status.OK:
+            status = local
+    return cols, status
 
 
 def _write(tmp_path, buf, name="x.tdz"):
@@ -99,7 +125,7 @@ def test_stored_size_must_equal_compressed_size(tmp_path, size):
 
 
 def test_status_codes_are_one_enum():
-    assert kernels.parse_central_directory.__module__ == "tdz_numba.zipfmt.kernels.crc"
+    assert kernels.parse_central.__module__ == "tdz_numba.zipfmt.kernels.central"
     assert not hasattr(kernels, "IndexStatus")
     assert Status(int(Status.STORED_SIZE)) is Status.STORED_SIZE
 
@@ -125,7 +151,7 @@ def test_index_matches_naive_parse_of_zipfile_archives(tmp_path):
         buf = b.getvalue()
         for check_local in (False, True):
             end = eocd.find_end_record(buf)
-            cols, status = kernels.parse_central_directory(
+            cols, status = eager_index(
                 np.frombuffer(buf, np.uint8), end.cd_offset, end.cd_size, end.count, check_local
             )
             assert status[0] == Status.OK
@@ -284,15 +310,13 @@ def _spaced(tmp_path, name="s.tdz"):
 def test_spaced_headers_are_read_with_pread_and_fill_the_same_columns(tmp_path, monkeypatch):
     import os
 
-    from tdz_numba.zipfmt import index as reader
-
     p = _spaced(tmp_path)
     calls = []
     real = os.pread
     monkeypatch.setattr(os, "pread", lambda fd, n, off: calls.append(off) or real(fd, n, off))
     eager = ArchiveIndex(p, check_local=True)
     assert len(calls) == len(eager.names)  # one pread per entry, no page fault per header
-    monkeypatch.setattr(reader, "_PREAD_SPACING", 1 << 62)  # the mapped path
+    monkeypatch.setattr(central, "PREAD_SPACING", 1 << 62)  # the mapped path
     mapped = ArchiveIndex(p, check_local=True)
     assert len(calls) == len(eager.names)
     lazy = ArchiveIndex(p)  # (its open reads the file's tail with one pread)
@@ -311,7 +335,6 @@ def test_spaced_headers_are_read_with_pread_and_fill_the_same_columns(tmp_path, 
     ids=["signature", "name length", "name byte", "extra length past the next record"],
 )
 def test_spaced_bad_local_header_gives_the_mapped_paths_error(tmp_path, monkeypatch, where, value):
-    from tdz_numba.zipfmt import index as reader
 
     p = _spaced(tmp_path)
     idx = ArchiveIndex(p)
@@ -323,7 +346,7 @@ def test_spaced_bad_local_header_gives_the_mapped_paths_error(tmp_path, monkeypa
     p.write_bytes(bytes(raw))
     with pytest.raises(BadArchiveError) as by_pread:
         ArchiveIndex(p, check_local=True)
-    monkeypatch.setattr(reader, "_PREAD_SPACING", 1 << 62)
+    monkeypatch.setattr(central, "PREAD_SPACING", 1 << 62)
     with pytest.raises(BadArchiveError) as by_map:
         ArchiveIndex(p, check_local=True)
     assert str(by_pread.value) == str(by_map.value)
@@ -345,13 +368,11 @@ def test_spaced_check_reads_the_mapped_file_even_after_a_replace(tmp_path):
 
 @pytest.mark.parametrize("impl", ["kernels", "pykernels"])
 def test_check_local_headers_never_reads_outside_its_copies(tmp_path, impl):
-    from tdz_numba.zipfmt.kernels import twins as pykernels
-
-    mod = {"kernels": kernels, "pykernels": pykernels}[impl]
+    mod = {"kernels": kernels, "pykernels": central_twin}[impl]
     p = _spaced(tmp_path)
     buf = np.frombuffer(p.read_bytes(), np.uint8)
     end = eocd.find_end_record(buf)
-    cols, status = kernels.parse_central_directory(buf, end.cd_offset, end.cd_size, end.count, False)
+    cols, status = eager_index(buf, end.cd_offset, end.cd_size, end.count, False)
     assert status[0] == Status.OK
     lengths = cols[:, records.Col.NAME_LEN] + 30
     hpos = np.zeros(len(cols), np.int64)

@@ -204,14 +204,14 @@ def _zip_bytes(tmp_path, n_entries=5, method=zipfile.ZIP_STORED):
 
 
 def _index(buf):
+    from test_index import eager_index
+
     end = eocd.find_end_record(buf)
-    return kernels.parse_central_directory(
-        np.frombuffer(buf, np.uint8), end.cd_offset, end.cd_size, end.count, True
-    )
+    return eager_index(np.frombuffer(buf, np.uint8), end.cd_offset, end.cd_size, end.count, True)
 
 
 @pytest.mark.parametrize("method", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
-def test_parse_central_directory_matches_zipfile(tmp_path, method):
+def test_parse_central_matches_zipfile(tmp_path, method):
     path, buf = _zip_bytes(tmp_path, 7, method)
     fields, status = _index(buf)
     assert status[0] == IndexStatus.OK
@@ -231,17 +231,21 @@ def test_parse_central_directory_matches_zipfile(tmp_path, method):
             assert int(row["payload_offset"]) == info.header_offset + 30 + int(n) + int(e)
 
 
-def test_parse_central_directory_on_read_only_map(tmp_path):
+def test_parse_central_on_read_only_map(tmp_path):
     path, buf = _zip_bytes(tmp_path)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         arr = np.frombuffer(mm, np.uint8)
         end = eocd.find_end_record(arr)
-        fields, status = kernels.parse_central_directory(arr, end.cd_offset, end.cd_size, end.count, True)
+        from test_index import eager_index
+
+        assert not arr.flags.writeable
+        fields, status = eager_index(arr, end.cd_offset, end.cd_size, end.count, True)  # kernels, read-only
         assert status[0] == 0 and fields.shape == (5, len(Col))
+        assert fields[:, Col.PAYLOAD_OFFSET].min() > 0
         del arr
 
 
-def test_parse_central_directory_status_codes(tmp_path):
+def test_parse_central_status_codes(tmp_path):
     _, buf = _zip_bytes(tmp_path)
     end = eocd.find_end_record(buf)
     # bad central signature

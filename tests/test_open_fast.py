@@ -13,7 +13,8 @@ import torch
 
 import tdz_numba
 from tdz_numba.api import _plain_local_path
-from tdz_numba.zipfmt import eocd, records, smallindex
+from tdz_numba.jit import policy
+from tdz_numba.zipfmt import central, eocd, records
 from tdz_numba.zipfmt.index import ArchiveIndex
 
 
@@ -22,22 +23,31 @@ def _archive(tmp_path: Path, n: int = 5) -> Path:
 
 
 def _parsed(data: bytes):
+    """``(end, (rows, names, by_name))``; None for ``(rows, ...)`` when the parse or the names refuse it."""
     end = eocd.find_end_record(data)
-    return end, smallindex.parse_small(data, end.cd_offset, end.cd_size, end.count)
+    found = central.read_central(data, end)
+    try:
+        names, by_name = central.check_central(found, "x", end, len(data))
+    except tdz_numba.TdzError:
+        return end, None
+    return end, (found.rows, names, by_name)
 
 
-def test_rows_are_built_on_first_use(tmp_path):
+@pytest.mark.parametrize("mode", ["always", "never"])
+def test_rows_are_built_on_first_use(tmp_path, mode):
     data = _archive(tmp_path).read_bytes()
-    end, (rows, names, by_name) = _parsed(data)
-    assert isinstance(rows, smallindex.SmallRows) and len(rows) == len(names) == 6
-    assert rows._rows == [None] * 6  # nothing built by the parse
+    with policy.forced(mode):
+        end, (rows, names, by_name) = _parsed(data)
+    assert isinstance(rows, central.CentralRows) and len(rows) == len(names) == 6
+    assert rows.kernel_columns == (mode == "always")
+    assert rows._rows is None  # nothing built by the parse
     row = rows[2]
-    assert rows[2] is row and rows._rows.count(None) == 5  # the same list on every access
+    assert rows[2] is row and rows._rows.count(None) == 5  # type: ignore[union-attr]  # the same list on every access
     assert rows[-1] is rows[5] and rows[-1][records.Col.NEXT_OFFSET] == end.cd_offset
     with pytest.raises(IndexError):
         rows[6]
     every = list(rows)
-    assert every[2] is row and None not in rows._rows
+    assert every[2] is row and None not in rows._rows  # type: ignore[operator]
     with zipfile.ZipFile(tmp_path / "x.tdz") as z:
         infos = z.infolist()
     for i, info in enumerate(infos):  # the values zipfile reads
@@ -57,10 +67,9 @@ def test_rows_come_from_the_checked_copy(tmp_path):
     the (shared, changeable) bytes are now."""
     data = bytearray(_archive(tmp_path).read_bytes())
     end, (rows, _, _) = _parsed(bytes(data))
-    end2 = eocd.find_end_record(data)
-    found = smallindex.parse_small(data, end2.cd_offset, end2.cd_size, end2.count)
-    assert found is not None
-    lazy = found[0]
+    with policy.forced("never"):  # (the kernel's columns are all built at once)
+        lazy = central.read_central(data, eocd.find_end_record(data)).rows
+    assert not lazy.kernel_columns
     data[end.cd_offset : end.cd_offset + end.cd_size] = bytes(end.cd_size)  # wiped after the parse
     assert list(lazy) == list(rows)
 
@@ -73,13 +82,11 @@ def test_index_values_match_the_kernel_path(tmp_path, monkeypatch):
     assert small._small is not None
     got = [tuple(small.row_at(i)) for i in range(len(small.names))]
     assert [small.payload_offset(i) for i in range(len(small.names))]
-    monkeypatch.setattr(reader, "SMALL_ENTRIES", -1)
-    with monkeypatch.context() as m:
-        m.setattr(reader, "_small_enough", lambda count: False)
-        ref = ArchiveIndex(p)
-        assert ref._small is None
-        want = [tuple(ref.row_at(i)) for i in range(len(ref.names))]
-        assert [ref.payload_offset(i) for i in range(len(ref.names))]
+    monkeypatch.setattr(reader, "SMALL_ENTRIES", -1)  # mapped, the kernel's columns at once
+    ref = ArchiveIndex(p)
+    assert ref._small is None
+    want = [tuple(ref.row_at(i)) for i in range(len(ref.names))]
+    assert [ref.payload_offset(i) for i in range(len(ref.names))]
     assert got == want
     assert small._cols.tolist() == ref._cols.tolist()
 
@@ -92,12 +99,14 @@ def test_zip64_values_in_lazy_rows(tmp_path):
 
     seed = _archive(tmp_path, 3)
     data = to_zip64(seed.read_bytes())
-    end, (rows, names, _) = _parsed(data)
-    _, (plain, _, _) = _parsed(seed.read_bytes())
-    assert end.zip64 and rows._zip64
-    for i in range(len(names)):  # sizes and offsets as the plain archive's, read from zip64 extras
-        a, b = rows[i], plain[i]
-        assert a[records.Col.SIZE] == b[records.Col.SIZE] and a[records.Col.CSIZE] == b[records.Col.CSIZE]
+    for mode in ("always", "never"):
+        with policy.forced(mode):
+            end, (rows, names, _) = _parsed(data)
+            _, (plain, _, _) = _parsed(seed.read_bytes())
+        assert end.zip64 and (mode == "always" or rows._zip64)
+        for i in range(len(names)):  # sizes and offsets as the plain archive's, read from zip64 extras
+            a, b = rows[i], plain[i]
+            assert a[records.Col.SIZE] == b[records.Col.SIZE] and a[records.Col.CSIZE] == b[records.Col.CSIZE]
     p = tmp_path / "z64.tdz"
     p.write_bytes(data)
     with tdz_numba.open(p) as ar:
@@ -113,6 +122,8 @@ def test_malformed_records_still_refused(tmp_path, where):
     if where == "records":  # the second record's size runs over the next header
         data[second + 20 : second + 28] = struct.pack("<II", 200, 200)
         assert _parsed(bytes(data))[1] is None
+        end = eocd.find_end_record(bytes(data))
+        assert central.read_central(bytes(data), end).status[:2] == (records.Status.OVERLAP, 1)
         p.write_bytes(bytes(data))
         with pytest.raises(tdz_numba.BadArchiveError, match="overlapping the next record"):
             tdz_numba.open(p)
@@ -283,7 +294,7 @@ def test_unusual_tails_take_the_mapped_path(tmp_path):
     for name, blob in {"comment": comment, "zip64": to_zip64(seed.read_bytes())}.items():
         q = tmp_path / f"{name}.tdz"
         q.write_bytes(blob)
-        assert smallindex.parse_tail(blob[-65536:], len(blob)) is None
+        assert central.parse_tail(blob[-65536:], len(blob)) is None
         ix = ArchiveIndex(q)
         assert ix._fd is None and ix._map is not None and ix._small is not None
         with tdz_numba.open(q) as ar:
@@ -314,13 +325,14 @@ def test_parse_tail_matches_find_end_record(tmp_path):
     data = _archive(tmp_path, 12).read_bytes()
     end, (rows, names, by_name) = _parsed(data)
     for n in (len(data), 4096, end.cd_size + 22, 23):
-        found = smallindex.parse_tail(data[-n:], len(data))
+        found = central.parse_tail(data[-n:], len(data))
         if n < end.cd_size + 22:
             assert found is None
             continue
-        assert found[0] == end and found[2] == names and found[3] == by_name and list(found[1]) == list(rows)
-    assert smallindex.parse_tail(data, len(data), max_count=len(names) - 1) is None
-    assert smallindex.parse_tail(b"", 0) is None and smallindex.parse_tail(data[:-1], len(data) - 1) is None
+        assert found[0] == end and central.check_central(found[1], "x", end, len(data)) == (names, by_name)
+        assert list(found[1].rows) == list(rows)
+    assert central.parse_tail(data, len(data), max_count=len(names) - 1) is None
+    assert central.parse_tail(b"", 0) is None and central.parse_tail(data[:-1], len(data) - 1) is None
 
 
 def test_mutated_archives_read_first_as_the_kernel_path(tmp_path):
@@ -382,10 +394,10 @@ def test_open_and_keys_read_the_file_twice(tmp_path, monkeypatch):
 def test_tail_start():
     data = _zip_bytes()
     end = eocd.find_end_record(data)
-    assert smallindex.tail_start(data[-30:], len(data)) == end.cd_offset
-    assert smallindex.tail_start(data, len(data)) is None  # the whole file: nothing before it
-    assert smallindex.tail_start(data[-30:], len(data), max_count=0) is None
-    assert smallindex.tail_start(b"x" * 30, len(data)) is None and smallindex.tail_start(b"", 10) is None
+    assert central.tail_start(data[-30:], len(data)) == end.cd_offset
+    assert central.tail_start(data, len(data)) is None  # the whole file: nothing before it
+    assert central.tail_start(data[-30:], len(data), max_count=0) is None
+    assert central.tail_start(b"x" * 30, len(data)) is None and central.tail_start(b"", 10) is None
 
 
 def _zip_bytes() -> bytes:

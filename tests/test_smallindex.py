@@ -1,9 +1,11 @@
-"""The small-archive index (:mod:`tdz_numba.zipfmt.smallindex`) against the kernel path.
+"""The lazy index of a small archive (:mod:`tdz_numba.zipfmt.central`) against the mapped one.
 
-An archive of up to ``SMALL_ENTRIES`` entries is indexed in plain Python at open;
-everything it does not accept goes to the kernel, so both paths must give the
-same columns, names, payload offsets and the same errors (type and message), on
-valid archives and on thousands of mutated ones (the fuzz harness's mutators).
+An archive of up to ``SMALL_ENTRIES`` entries is indexed at open from the file's tail
+(one ``pread``), its rows kept as lists built on first use; a larger one (here: every
+one, ``SMALL_ENTRIES = -1``) is mapped and indexed into the kernel's columns. Both
+must give the same columns, names, payload offsets and the same errors (type and
+message), on valid archives and on thousands of mutated ones (the fuzz harness's
+mutators).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ziputil import zip_bytes  # noqa: E402
 
 import tdz_numba  # noqa: E402
 from tdz_numba.errors import TdzError  # noqa: E402
-from tdz_numba.zipfmt import eocd, records, smallindex
+from tdz_numba.zipfmt import central, eocd, records  # noqa: E402
 from tdz_numba.zipfmt import index as reader  # noqa: E402
 from tdz_numba.zipfmt.index import ArchiveIndex  # noqa: E402
 
@@ -143,8 +145,8 @@ def test_plain_zips_agree(tmp_path, entries):
     assert _same(p)
 
 
-def test_unusual_archives_fall_back(tmp_path):
-    """Duplicate names, cp437 names, encrypted flags, unknown methods: the kernel path decides."""
+def test_unusual_archives_agree(tmp_path):
+    """Duplicate names, cp437 names, encrypted flags, unknown methods: both paths decide alike."""
     base = _zip({"meta.json": b"{}", "ab": b"1", "ac": b"2"})
     data = bytearray(base)
     cd = eocd.find_end_record(bytes(data)).cd_offset
@@ -166,11 +168,25 @@ def test_unusual_archives_fall_back(tmp_path):
     method = bytearray(base)
     method[second + 10 : second + 12] = struct.pack("<H", 99)
     cases["method"] = method
+    opens = {"cp437": True}  # (no UTF-8 flag: a legacy cp437 name)
     for name, blob in cases.items():
         p = tmp_path / f"{name}.zip"
         p.write_bytes(bytes(blob))
-        assert not _same(p), name
-        assert smallindex.parse_small(bytes(blob), cd, len(blob) - cd - 22, 3) is None, name
+        assert _same(p) == opens.get(name, False), name
+        found = central.read_central(bytes(blob), eocd.find_end_record(bytes(blob)))
+        assert found.status == (0, 0, 0, 0), name  # the records are sound: the names and flags are not
+        assert (found.names is None) == (name in ("cp437", "utf8_flag")), name
+        assert (found.encrypted, found.unknown_method) == (
+            1 if name == "encrypted" else -1,
+            1 if name == "method" else -1,
+        ), name
+    assert ArchiveIndex(tmp_path / "cp437.zip").names[1] == b"\x81\x82".decode("cp437")
+    with pytest.raises(tdz_numba.BadArchiveError, match="has the UTF-8 flag but its name is not UTF-8"):
+        ArchiveIndex(tmp_path / "utf8_flag.zip")
+    with pytest.raises(tdz_numba.UnsupportedError, match="'ab' is encrypted"):
+        ArchiveIndex(tmp_path / "encrypted.zip")
+    with pytest.raises(tdz_numba.UnsupportedError, match="compression method 99"):
+        ArchiveIndex(tmp_path / "method.zip")
     with pytest.raises(tdz_numba.BadArchiveError, match="'ab' appears twice"):
         ArchiveIndex(tmp_path / "dup.zip")
 
@@ -277,8 +293,8 @@ def test_central_records_out_of_file_order(tmp_path):
         ArchiveIndex(p)
 
 
-def test_twin_mode_takes_the_small_path_at_any_size(tmp_path, monkeypatch):
-    """When the dispatcher would run the pure-Python twin, the small path (leaner) indexes any size."""
+def test_twin_mode_keeps_lazy_rows_at_any_size(tmp_path, monkeypatch):
+    """When the dispatcher runs the pure-Python twin, the rows stay lazy lists at any size."""
     from tdz_numba.jit import policy
 
     p = tdz_numba.save({f"k{i}": torch.zeros(1) for i in range(20)}, tmp_path / "x.tdz")

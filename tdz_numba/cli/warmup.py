@@ -54,7 +54,7 @@ __all__ = [
 
 _KERNEL_MODULES = (
     "tdz_numba.zipfmt.kernels.crc",
-    "tdz_numba.zipfmt.kernels.names",
+    "tdz_numba.zipfmt.kernels.central",
     "tdz_numba.zipfmt.kernels.deflate",
     "tdz_numba.files.page_kernels",
     "tdz_numba.zipfmt.kernels.verify",
@@ -236,16 +236,18 @@ def _crc_layout_index(tmp: Path) -> None:
     crc32_spans(np.array([data.ctypes.data], np.int64), np.array([data.size], np.int64), 1 << 20)
     loaded = api.load(path)
     float(loaded["a"].sum())
-    with api.open(path) as ar:  # (the central directory walked by cd_kernels.walk_central)
+    with api.open(path) as ar:  # (the central directory parsed by kernels.central.parse_central)
         ar["b/c"]
     api.verify(path)
+    from ..zipfmt.central import check_local_by_pread
     from ..zipfmt.index import ArchiveIndex
 
-    index = ArchiveIndex(path)
-    index._check_local_by_pread(index._cols.copy())  # what a check of far-apart headers runs
-    from ..zipfmt.kernels.dispatch import gather_names
+    index = ArchiveIndex(path, check_local=True)  # every local header, in the mapping
+    cols = index._cols.copy()
+    check_local_by_pread(index.buffer, cols, index.end.cd_offset, path, index._ident)  # far-apart headers
+    from ..zipfmt.kernels.dispatch import resolve_local
 
-    gather_names(index.buffer, index._cols, index.end.cd_size)  # the names of a large archive
+    resolve_local(index.buffer, cols, 0, index.end.cd_offset)  # a header read on first use (large archives)
     index.close()
     lazy = ArchiveIndex(path)  # a lazy open: one entry's local header read on first use
     for i in range(len(lazy.names)):

@@ -84,7 +84,7 @@ _SOURCES = tuple(
     os.path.join(*name.split("/"))
     for name in (
         "zipfmt/kernels/crc.py",
-        "zipfmt/kernels/names.py",
+        "zipfmt/kernels/central.py",
         "jit/presets.py",
         "zipfmt/records.py",
         "zipfmt/kernels/deflate.py",

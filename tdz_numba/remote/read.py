@@ -4,7 +4,7 @@ A ``.tdz`` suits object stores: its central directory is at the end and
 small, and every leaf sits at a known offset. :class:`RemoteIndex` fetches
 the tail of the object once (one suffix-range request: the end records and,
 for typical archives, the whole central directory), parses it with the same
-:func:`~tdz_numba.zipfmt.kernels.crc.parse_central_directory` kernel as a local open,
+:func:`~tdz_numba.zipfmt.kernels.central.parse_central` kernel as a local open,
 and keeps the object's bytes in one sparse anonymous mapping the size of the
 object: a range is fetched into its place there before any leaf views it, so
 the whole :class:`~tdz_numba.Archive` machinery (levels, zero-copy leaves

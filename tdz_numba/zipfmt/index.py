@@ -1,9 +1,11 @@
 """The reader's index: one mapping of the file, one pass over the central directory.
 
-:class:`ArchiveIndex` maps the whole file once (privately for ``mode="r"``,
-shared for ``mode="r+"``), finds the end records, and parses every central
-record and local header with the
-:func:`~tdz_numba.zipfmt.kernels.crc.parse_central_directory` kernel into arrays. It
+:class:`ArchiveIndex` reads the end records and the central directory (from the file's
+tail with one ``pread`` for a plain archive of up to ``SMALL_ENTRIES`` entries, the file
+mapped on first use; else from its mapping, private for ``mode="r"``, shared for
+``mode="r+"``), parses it with the one parser
+(:func:`~tdz_numba.zipfmt.kernels.central.parse_central` or its twin, through
+:mod:`tdz_numba.zipfmt.central`) and reads each local header when first needed. It
 knows, for every entry, where its payload is, how it is compressed and its
 CRC; and for every directory, which files and sub-directories it holds. It
 reads no payload.
@@ -32,39 +34,26 @@ from zlib import crc32
 
 import numpy as np
 
-from ..errors import BadArchiveError, ChecksumError, UnsupportedError
+from ..errors import BadArchiveError, ChecksumError
 from . import compression as codecs
 from . import eocd, members, records
-from .records import Col, IndexRow, Status
-from .smallindex import (
+from .central import (
     SMALL_ENTRIES,
-    SmallRows,
-    parse_small,
+    Central,
+    CentralRows,
+    check_central,
+    check_local_headers,
+    decode_name,
     parse_tail,
+    read_central,
     read_small_entry,
     resolve_small,
+    status_error,
     tail_start,
 )
+from .records import Col, IndexRow, Status
 
 __all__ = ["ArchiveIndex", "EntryInfo"]
-
-_U64 = (1 << 64) - 1
-_STATUS_TEXT = {
-    Status.CENTRAL_SIGNATURE: "central record signature: expected {expected:#x}, found {found:#x}",
-    Status.CENTRAL_OVERRUN: "central record runs past the central directory end ({expected}) to {found}",
-    Status.ZIP64_EXTRA: "a 0xFFFFFFFF field has no zip64 extra value ({expected} expected)",
-    Status.HEADER_PAST_END: "local header offset {found} is outside the data area (< {expected})",
-    Status.LOCAL_SIGNATURE: "local header signature: expected {expected:#x}, found {found:#x}",
-    Status.NAME_MISMATCH: "local header name differs from the central directory name "
-    "(central length {expected}, local {found})",
-    Status.PAYLOAD_PAST_END: "payload runs to offset {found}, past the start of the central directory at {expected}",
-    Status.OVERLAP: "payload runs to offset {expected}, overlapping the next record at {found}",
-    Status.COUNT: "the end record lists {expected} entries, the central directory holds {found_text}",
-    Status.SIZE_RANGE: "a size of {found} bytes is out of range (expected < 2**63)",
-    Status.STORED_SIZE: "is stored with {expected} bytes but records an uncompressed size of {found}",
-}
-#: Status codes raised before the entry's name is known.
-_UNNAMED = (Status.CENTRAL_SIGNATURE, Status.CENTRAL_OVERRUN, Status.COUNT)
 
 
 @dataclass(frozen=True)
@@ -83,12 +72,6 @@ class EntryInfo:
     central_offset: int
 
 
-#: Bytes of file per entry from which a whole-archive header check reads the local headers
-#: with ``pread`` rather than through the mapping. A page fault maps the 64 KiB around it
-#: (~2.3 us, fault-around), a ``pread`` of one header costs ~0.45 us: CPU time of the check
-#: of 2,100 headers 32 KiB apart, 4.0 ms mapped against 2.55 ms read (1.1 against 3.4 ms
-#: 128 KiB apart); below ~13 KiB apart the headers share the pages a fault maps.
-_PREAD_SPACING = 16 * 1024
 #: Entries up to this size are read by :meth:`ArchiveIndex.read_bytes` as a slice of the
 #: mapping with the stdlib CRC-32 (meta.json files); larger ones through zlib-ng.
 _SMALL_READ = 1 << 20
@@ -121,21 +104,6 @@ def _release_descriptor() -> None:
         _HELD[0] -= 1
 
 
-_KNOWN_METHOD = np.zeros(1 << 16, np.bool_)
-_KNOWN_METHOD[list(records.METHOD_NAMES)] = True
-
-
-def _small_enough(count: int) -> bool:
-    """Whether an open indexes ``count`` entries with :mod:`tdz_numba.zipfmt.smallindex` (plain Python):
-    up to :data:`~tdz_numba.zipfmt.smallindex.SMALL_ENTRIES`, and whenever the dispatcher would not run
-    the kernel anyway (its pure-Python twin does the same work with numpy on top)."""
-    if count <= SMALL_ENTRIES:
-        return True
-    from ..jit.policy import use_kernels
-
-    return not use_kernels(count)
-
-
 class ArchiveIndex:
     """Index over an archive and the single memory map of its bytes.
 
@@ -151,7 +119,8 @@ class ArchiveIndex:
     _dirs: dict[str, set[str]] | None
     _cols_np: np.ndarray | None  # the index as numpy columns (None: still only in _small)
     _table: np.ndarray | None
-    _small: SmallRows | None  # rows of a small archive as lists (None: in _cols_np)
+    _small: CentralRows | None  # the rows as lists, built on first use (None: in _cols_np)
+    _central: CentralRows | None = None  # the parsed central directory (names are decoded from it)
     _map: mmap.mmap | None = None  # the mapping (None: not made yet, or closed)
     _fd: int | None = None  # a descriptor kept until the file is mapped (an open that read with pread)
     _head: bytes = b""  # the file's first bytes, read by the caller (format detection) with that descriptor
@@ -213,16 +182,18 @@ class ArchiveIndex:
         self._untyped = None
         self._rows: list[IndexRow] | None = None
         if tail is not None:
-            end, rows, self.names, self._by_name = tail
-            self._index_entries(end, False, small=False, rows=rows)
+            try:
+                self._index_entries(tail[0], False, tail[1])
+            except BaseException:
+                self._drop_fd()  # (a bad archive: no descriptor kept)
+                raise
             return
-        end = eocd.find_end_record(self._mmap, label)
-        self._index_entries(end, check_local, small=not check_local and _small_enough(end.count))
+        self._index_entries(eocd.find_end_record(self._mmap, label), check_local)
 
     @property
     def _mmap(self) -> mmap.mmap:
         """The private (or shared) mapping of the whole file: made on first use when the open
-        read the index with ``pread`` (:func:`tdz_numba.zipfmt.smallindex.parse_tail`); None once closed."""
+        read the index with ``pread`` (:func:`tdz_numba.zipfmt.central.parse_tail`); None once closed."""
         mapping = self._map
         if mapping is None and self._fd is not None:
             mapping = self._map_now()
@@ -291,11 +262,10 @@ class ArchiveIndex:
 
     @property
     def _cols(self) -> np.ndarray:
-        """The index as an int64 array ``(count, len(Col))`` (from the small-archive rows
-        when the open took that path: built on first use)."""
+        """The index as an int64 array ``(count, len(Col))`` (from the lazy rows: built on first use)."""
         cols = self._cols_np
         if cols is None:
-            cols = np.array(list(self._small), np.int64).reshape(-1, len(Col))  # type: ignore[arg-type]
+            cols = self._small.array()  # type: ignore[union-attr]
             self._cols_np, self._small = cols, None
         return cols
 
@@ -311,155 +281,68 @@ class ArchiveIndex:
             table = self._table = self._cols.view(records.INDEX_DTYPE)[:, 0]
         return table
 
-    def _index_entries(
-        self, end: eocd.EndRecord, check_local: bool, small: bool = False, rows: SmallRows | None = None
-    ) -> None:
-        """The part of the open that follows the mapping (shared with :class:`tdz_numba.remote.read.RemoteIndex`):
-        parse the central directory, decode the names, refuse what cannot be read.
-
-        ``small``: try :func:`tdz_numba.zipfmt.smallindex.parse_small` first (plain Python lists,
-        no numpy); anything it does not accept takes the kernel path."""
+    def _index_entries(self, end: eocd.EndRecord, check_local: bool, found: Central | None = None) -> None:
+        """The part of the open that follows the end record (shared with
+        :class:`tdz_numba.remote.read.RemoteIndex`): parse the central directory (``found``:
+        parsed already, from the tail), check the local headers (``check_local``), decode the
+        names, refuse what cannot be read (:func:`tdz_numba.zipfmt.central.check_central`)."""
         self.end = end
         self.local_checked = False
         self._files = None  # directory listings, built on first use
         self._dirs = None
         self._cols_np = None
         self._table = None
-        self._small = rows  # (parsed already: names and by_name set by the caller)
-        if rows is not None:
-            return
-        if small:
-            found = parse_small(self._mmap, end.cd_offset, end.cd_size, end.count)
-            if found is not None:
-                self._small, self.names, self._by_name = found
-                return
+        self._small = None
+        if found is None:
+            found = read_central(self._map if self._map is not None else self.buffer, end)
         label = str(self.path)
-        self._parse(check_local)
-        self.names = self._decode_names()
-        self._refuse_entries(self._cols, label)
-        self._by_name = dict(zip(self.names, range(len(self.names))))
-        if len(self._by_name) != len(self.names):
-            seen: set[str] = set()
-            dup = next(n for n in self.names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
-            raise BadArchiveError(f"{label}: entry {dup!r} appears twice", path=label, entry=dup)
+        rows = found.rows
+        status = found.status
+        cols = None
+        if check_local and (status[0] == Status.OK or (status[0] == Status.COUNT and status[1] == end.count)):
+            cols = rows.array()  # the local headers are checked before the trailing count, in entry order
+            local = self._check_local(cols)
+            if local[0] != Status.OK:
+                status = tuple(local.tolist())  # type: ignore[assignment]
+        self._central = rows
+        self.names, self._by_name = check_central(found, label, end, self.size, status)
+        if cols is not None:
+            self._cols = cols
+            self.local_checked = True
+        elif rows.kernel_columns and len(rows) > SMALL_ENTRIES:
+            self._cols = rows.array()
+        else:
+            self._small = rows
 
-    def _refuse_entries(self, cols: np.ndarray, label: str) -> None:
-        """Raises for the first encrypted entry, then for the first of an unknown method."""
-        flags = cols[:, Col.FLAGS] & records.FLAG_ENCRYPTED
-        if flags.any():
-            name = self.names[int(np.argmax(flags != 0))]
-            raise UnsupportedError(f"{label}: entry {name!r} is encrypted", path=label, entry=name)
-        methods = cols[:, Col.METHOD]
-        known = _KNOWN_METHOD[methods & 0xFFFF]  # methods are 16-bit fields: a table lookup
-        if not known.all():
-            i = int(np.argmin(known))
-            raise UnsupportedError(
-                f"{label}: entry {self.names[i]!r} uses compression method {int(methods[i])}, "
-                f"expected one of {sorted(records.METHOD_NAMES)} (stored, deflate, bzip2, lzma)",
-                path=label,
-                entry=self.names[i],
-                expected=sorted(records.METHOD_NAMES),
-                found=int(methods[i]),
-            )
-
-    def _parse(self, check_local: bool) -> None:
-        from .kernels.dispatch import parse_central_directory  # the kernel or its twin
-
+    def _check_local(self, cols: np.ndarray) -> np.ndarray:
+        """Checks every local header into ``cols`` (payload offsets filled); the status."""
         end = self.end
-        spaced = check_local and getattr(self, "_ident", None) is not None
-        spaced = spaced and self.size // max(1, end.count) >= _PREAD_SPACING
-        cols, status = parse_central_directory(
-            self.buffer, end.cd_offset, end.cd_size, end.count, check_local and not spaced
+        return check_local_headers(
+            self.buffer,
+            cols,
+            end.cd_offset,
+            self.path,
+            getattr(self, "_ident", None),
+            self.size // max(1, end.count),
         )
-        if spaced and (status[0] == Status.OK or (status[0] == Status.COUNT and status[1] == len(cols))):
-            # the local headers are checked before the trailing count, as the kernel does
-            local = self._check_local_by_pread(cols)
-            if local is None:  # the file was replaced: the mapping is what counts
-                cols, status = parse_central_directory(
-                    self.buffer, end.cd_offset, end.cd_size, end.count, True
-                )
-            elif local[0] != Status.OK:
-                status = local
-        self._cols = cols
-        self._rows = None
-        self._raise_status(status)
-        self.local_checked = check_local
 
-    def _check_local_by_pread(self, cols: np.ndarray) -> np.ndarray | None:
-        """Checks every local header from copies read with ``pread``: one system call per
-        entry instead of a page fault per entry when the headers are far apart. None when
-        the path no longer names the mapped file."""
-        from .kernels.dispatch import check_local_headers  # the kernel or its twin
-
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino, st.st_size) != self._ident:
-                return None
-            # entry i's fixed header and name at hdr[hpos[i]:]; the names are in the central
-            # directory, so the copies total at most its size plus 30 bytes per entry
-            lengths = cols[:, Col.NAME_LEN] + int(records.Local.SIZEOF)
-            hpos = np.zeros(len(cols), np.int64)
-            np.cumsum(lengths[:-1], out=hpos[1:])
-            pread, sizes = os.pread, lengths.tolist()
-            chunks = [pread(fd, n, h) for h, n in zip(cols[:, Col.HEADER_OFFSET].tolist(), sizes)]
-            data = b"".join(chunks)
-            if len(data) != sum(sizes):  # a short read (past the end): zeros keep the positions
-                data = b"".join(c.ljust(n, b"\0") for c, n in zip(chunks, sizes))
-            hdr = np.frombuffer(data, np.uint8)
-        finally:
-            os.close(fd)
-        return check_local_headers(self.buffer, cols, self.end.cd_offset, hdr, hpos)
-
-    def _raise_status(self, status) -> None:
-        code = int(status[0])
-        if code == Status.OK:
-            return
-        code = Status(code)
-        i = int(status[1])
-        expected, found = int(status[2]), int(status[3])
-        label = str(self.path)
-        if i < 0:
-            raise BadArchiveError(
-                f"{label}: the central directory (offset {self.end.cd_offset}, {self.end.cd_size} bytes, "
-                f"{self.end.count} records) does not fit the file of {self.size} bytes",
-                path=label,
-                offset=self.end.cd_offset,
-                expected=expected,
-                found=found,
-            )
-        name = None if code in _UNNAMED or i >= len(self._cols) else self._name_at(i)
-        who = f"entry #{i}" if name is None else f"entry {name!r}"
-        if code == Status.SIZE_RANGE:
-            found &= _U64
-        text = _STATUS_TEXT[code].format(
-            expected=expected, found=found, found_text="more" if found < 0 else found
+    def _raise_status(self, status, rows=None) -> None:
+        """Raises the error of a kernel's status (:func:`tdz_numba.zipfmt.central.status_error`)."""
+        error = status_error(
+            status, str(self.path), self.end, self.size, self._cols if rows is None else rows, self._name_at
         )
-        offset = None
-        if i < len(self._cols):
-            column = (
-                Col.HEADER_OFFSET
-                if code in (Status.LOCAL_SIGNATURE, Status.NAME_MISMATCH)
-                else Col.CENTRAL_OFFSET
-            )
-            offset = int(self._cols[i, column])
-        raise BadArchiveError(
-            f"{label}: {who}: {text}", path=label, entry=name, offset=offset, expected=expected, found=found
-        )
+        if error is not None:
+            raise error
 
     def check_all(self) -> None:
         """Reads and checks every local header now (an open reads them lazily). On a bad
         header it raises and leaves the index as it was (headers still read per entry)."""
         if not self.local_checked:
-            kept = self._cols_np, self._table, self._small, self._rows
-            try:
-                self._parse(True)  # the kernel (or its twin): every header in one pass
-            except BadArchiveError:
-                self._cols_np, self._table, self._small, self._rows = kept
-                raise
+            cols = self._cols.copy()
+            self._raise_status(self._check_local(cols), cols)  # the kernel (or its twin): every header
+            self._cols = cols
+            self._rows = None
+            self.local_checked = True
 
     def columns_filled(self) -> None:
         """Tells the index that a kernel filled payload offsets into :attr:`table` in place
@@ -505,47 +388,12 @@ class ArchiveIndex:
 
     # -- names and directories -------------------------------------------------
     def _name_at(self, i: int) -> str:
-        row = self._cols[i]
-        start, length, flags = int(row[Col.NAME_OFFSET]), int(row[Col.NAME_LEN]), int(row[Col.FLAGS])
-        raw = self.buffer[start : start + length].tobytes()
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            if flags & records.FLAG_UTF8:
-                raise BadArchiveError(
-                    f"{self.path}: entry #{i} has the UTF-8 flag but its name is not UTF-8: {raw!r}",
-                    path=str(self.path),
-                    offset=start,
-                    found=raw,
-                ) from None
-        # zip's legacy encoding is cp437; but Info-ZIP stores UTF-8 names without
-        # the flag, and meta.json keys are UTF-8, so UTF-8 is tried first
-        return raw.decode("cp437")
-
-    def _decode_names(self) -> list[str]:
-        """All entry names: copied into one NUL-joined text by a kernel and split (ASCII names,
-        when kernels run), else sliced from one decoded copy of the central directory."""
-        if not len(self._cols):
-            return []
-        from .kernels.dispatch import gather_names
-
-        joined = gather_names(self.buffer, self._cols, self.end.cd_size)
-        if joined is not None:
-            return joined.split("\x00")
-        cd0 = self.end.cd_offset
-        data = getattr(self, "_mmap", None)  # (a local file: sliced without numpy)
-        raw = data[cd0 : cd0 + self.end.cd_size] if data is not None else None
-        if raw is None or len(raw) != self.end.cd_size:
-            raw = self.buffer[cd0 : cd0 + self.end.cd_size].tobytes()
-        text = raw.decode("latin-1")  # one char per byte: offsets carry over
-        starts = self._cols[:, Col.NAME_OFFSET] - cd0
-        stops = starts + self._cols[:, Col.NAME_LEN]
-        names = list(map(text.__getitem__, map(slice, starts.tolist(), stops.tolist())))
-        if not "".join(names).isascii():  # names with bytes >= 0x80 are UTF-8 (or legacy cp437)
-            for i, name in enumerate(names):
-                if not name.isascii():
-                    names[i] = self._name_at(i)
-        return names
+        """Entry ``i``'s name decoded from the central directory that was parsed."""
+        r = self.row_at(i)
+        src: CentralRows = self._central  # type: ignore[assignment]
+        start = r.name_offset - src.cd_offset
+        raw = bytes(src.cd[start : start + r.name_len])
+        return decode_name(raw, r.flags, i, str(self.path), r.name_offset)
 
     def _build_listing(self) -> None:
         files: dict[str, set[str]] = {"": set()}

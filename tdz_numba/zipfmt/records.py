@@ -360,7 +360,7 @@ for _f, _d in (
 # The reader's index of the central directory
 # ---------------------------------------------------------------------------
 class Col(IntEnum):
-    """Columns of the index built by :func:`tdz_numba.zipfmt.kernels.crc.parse_central_directory`
+    """Columns of the index built by :func:`tdz_numba.zipfmt.kernels.central.parse_central`
     (an int64 array ``(count, len(Col))``; ``ArchiveIndex.table`` is the same
     memory as a structured array with the lower-case names, :data:`INDEX_DTYPE`)."""
 

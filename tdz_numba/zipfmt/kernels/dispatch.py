@@ -1,5 +1,8 @@
 """The kernels' call sites: each function runs the Numba kernel or its pure-Python twin
-(:mod:`tdz_numba.zipfmt.kernels.twins`: the same values, byte-identical archives, the same errors),
+(:mod:`tdz_numba.zipfmt.kernels.twins` for the CRC and layout kernels of
+:mod:`~tdz_numba.zipfmt.kernels.crc`, :mod:`tdz_numba.zipfmt.kernels.central_twin` for the
+central-directory kernels of :mod:`~tdz_numba.zipfmt.kernels.central`: the same values,
+byte-identical archives, the same errors),
 as :func:`tdz_numba.jit.policy.use_kernels` decides, without importing Numba for the twins.
 
 Examples
@@ -14,24 +17,29 @@ Examples
 from __future__ import annotations
 
 import contextlib
-from array import array
 from typing import Any
 
 import numpy as np
 
+from ...errors import InternalError
 from ...jit.policy import CRC_CHUNK, use_kernels
+from .. import records
+from . import central_twin
 from . import twins as pykernels
+from .central_twin import Central, CentralRows
 
 __all__ = [
     "crc32_spans",
     "crc32_zeros",
     "plan_layout",
-    "parse_central_directory",
+    "parse_central",
     "resolve_local",
     "check_local_headers",
-    "walk_central",
-    "gather_names",
 ]
+
+_CD_SIZEOF = int(records.Central.SIZEOF)
+_NCOLS = len(records.Col)
+_CENTRAL: list = []  # the kernel module, once imported
 
 
 # --------------------------------------------------------------------------
@@ -76,20 +84,46 @@ def plan_layout(header_len, data_size, align, room):
     return kernel(header_len, data_size, align, room)
 
 
-def parse_central_directory(buf, cd_offset: int, cd_size: int, count: int, check_local: bool):
-    """See :func:`tdz_numba.zipfmt.kernels.crc.parse_central_directory`."""
-    if not use_kernels(int(count)):
-        return pykernels.parse_central_directory(buf, cd_offset, cd_size, count, check_local)
-    from .crc import parse_central_directory as kernel
+def parse_central(cd, cd_offset: int, count: int) -> Central:
+    """A central directory ``cd`` (bytes or a uint8 array; ``count`` records, at ``cd_offset``
+    in the file) parsed by :func:`tdz_numba.zipfmt.kernels.central.parse_central` or by its twin
+    :func:`tdz_numba.zipfmt.kernels.central_twin.parse_central`: the same :class:`Central`.
 
-    return kernel(buf, cd_offset, cd_size, count, check_local)
+    Examples
+    --------
+    >>> from tdz_numba.jit.policy import forced
+    >>> with forced("never"):
+    ...     parse_central(b"", 0, 0).status
+    (0, 0, 0, 0)
+    """
+    if not use_kernels(count):
+        return central_twin.parse_central(cd, cd_offset, count)
+    kernels = _CENTRAL
+    if not kernels:  # (imported once: an import statement per open costs ~5 us)
+        from . import central
+
+        kernels.append(central)
+    k = kernels[0]
+    n = len(cd)
+    cols = np.zeros((count if 0 <= count <= n // _CD_SIZEOF else 0, _NCOLS), np.int64)
+    joined = bytearray(n)
+    out = np.zeros(k.OUT_LEN, np.int64)
+    if k.parse_central(cd, cd_offset, count, cols, joined, out) == k.BAD_ARGUMENTS:
+        raise InternalError(f"kernels.central.parse_central: arguments that do not fit ({count} records)")
+    code, i, expected, found, length, encrypted, unknown = out.tolist()
+    names = None
+    if length >= 0:
+        del joined[length:]
+        names = joined.decode("ascii").split("\x00") if count else []
+    rows = CentralRows(cd, cd_offset, len(cols), cols=cols)
+    return Central(rows, names, (code, i, expected, found), encrypted, unknown)
 
 
 def resolve_local(buf, cols: np.ndarray, i: int, cd_offset: int) -> np.ndarray:
-    """See :func:`tdz_numba.zipfmt.kernels.crc.resolve_local`."""
+    """See :func:`tdz_numba.zipfmt.kernels.central.resolve_local`."""
     if not use_kernels():
-        return pykernels.resolve_local(buf, cols, i, cd_offset)
-    from .crc import resolve_local as kernel
+        return central_twin.resolve_local(buf, cols, i, cd_offset)
+    from .central import resolve_local as kernel
 
     return kernel(buf, cols, i, cd_offset)
 
@@ -97,63 +131,9 @@ def resolve_local(buf, cols: np.ndarray, i: int, cd_offset: int) -> np.ndarray:
 def check_local_headers(
     buf, cols: np.ndarray, cd_offset: int, hdr: np.ndarray, hpos: np.ndarray
 ) -> np.ndarray:
-    """See :func:`tdz_numba.zipfmt.kernels.crc.check_local_headers`."""
+    """See :func:`tdz_numba.zipfmt.kernels.central.check_local_headers`."""
     if not use_kernels(len(cols)):
-        return pykernels.check_local_headers(buf, cols, cd_offset, hdr, hpos)
-    from .crc import check_local_headers as kernel
+        return central_twin.check_local_headers(buf, cols, cd_offset, hdr, hpos)
+    from .central import check_local_headers as kernel
 
     return kernel(buf, cols, cd_offset, hdr, hpos)
-
-
-def walk_central(cd: bytes, cd_offset: int, count: int) -> tuple[array, str] | None:
-    """A small archive's central directory ``cd`` (at ``cd_offset``, ``count`` records) checked
-    by :func:`tdz_numba.zipfmt.kernels.names.walk_central`: ``(record starts, names joined by NUL)``.
-
-    None when the kernels do not run or the kernel defers (zip64 values, records out of
-    file order, names that are not plain ASCII, anything wrong): the caller then takes
-    the Python path (:func:`tdz_numba.zipfmt.smallindex._parse_central`), which is this
-    function's twin.
-
-    Examples
-    --------
-    >>> with forced("never"):
-    ...     walk_central(b"", 0, 0) is None
-    True
-    """
-    if not use_kernels(count):
-        return None
-    from .names import walk_central as kernel
-
-    starts = array("q", bytes(8 * count))
-    joined = bytearray(len(cd))
-    n = kernel(cd, cd_offset, count, starts, joined)
-    if n < 0:
-        return None
-    del joined[n:]
-    return starts, joined.decode("ascii")
-
-
-def gather_names(buf: np.ndarray, cols: np.ndarray, room: int) -> str | None:
-    """Every entry's name (``cols`` from :func:`parse_central_directory` over ``buf``), joined by
-    NUL, copied by :func:`tdz_numba.zipfmt.kernels.names.gather_names` into a buffer of ``room`` bytes
-    (the central directory's size holds them all).
-
-    None when the kernels do not run, or a name holds a NUL or a byte >= 0x80 (the caller
-    then decodes each name: :meth:`tdz_numba.zipfmt.index.ArchiveIndex._decode_names`).
-
-    Examples
-    --------
-    >>> with forced("never"):
-    ...     gather_names(np.zeros(1, np.uint8), np.zeros((0, 14), np.int64), 0) is None
-    True
-    """
-    if not use_kernels():
-        return None
-    from .names import gather_names as kernel
-
-    joined = bytearray(room)
-    n = kernel(buf, cols, joined)
-    if n < 0:
-        return None
-    del joined[n:]
-    return joined.decode("ascii")

@@ -9,7 +9,7 @@ share the work whatever each did before, and a call holds no lock and no GIL.
 Work: ``rows`` (entries, in any order), each cut by :func:`plan_pieces` into
 pieces of at most ``chunk`` bytes of its ``crc_len`` (0: header only); pieces are
 grouped into work items of about ``target`` bytes. Each piece checks its entry's
-local header first (``kernels._check_local``: the bytes hashed lie inside the
+local header first (:func:`~tdz_numba.zipfmt.kernels.central.check_entry_header`: the bytes hashed lie inside the
 entry's extent, which lies inside the file) and hashes nothing when it fails.
 
 Examples
@@ -29,7 +29,13 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ...jit.presets import KERNEL
-from .crc import _CSIZE, _PAYLOAD, _check_local, _crc_table, _multmodp, _span_crc, _x2nmodp, crc32_combine
+from .. import records
+from .central import check_entry_header
+from .crc import _crc_table, _multmodp, _span_crc, _x2nmodp, crc32_combine
+
+_CSIZE = int(records.Col.CSIZE)
+_PAYLOAD = int(records.Col.PAYLOAD_OFFSET)
+_HOFF = int(records.Col.HEADER_OFFSET)
 
 __all__ = ["fetch_add", "plan_pieces", "crc_worker", "fold_pieces"]
 
@@ -118,7 +124,7 @@ def crc_worker(
         for j in range(items[w], items[w + 1]):
             k = owner[j]
             i = rows[k]
-            if not _check_local(buf, cols, i, cd_offset, status):
+            if not check_entry_header(buf, cols[i, _HOFF], buf, cols, i, cd_offset, status):
                 failed[k] = status[0]
                 continue
             start = (j - first[k]) * chunk
