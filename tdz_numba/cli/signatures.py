@@ -106,7 +106,58 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(float32, 1, 'C', False, aligned=True)",
         ),
     ),
-    "tdz_numba.zipfmt.kernels.crc.check_local_headers": (
+    "tdz_numba.zipfmt.kernels.central._overlap_check": (
+        (
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "int64",
+            "int64",
+            "int64",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
+    "tdz_numba.zipfmt.kernels.central._sat_add": (("int64", "int64"),),
+    "tdz_numba.zipfmt.kernels.central._u16": (
+        ("Array(uint8, 1, 'C', False, aligned=True)", "int64"),
+        ("Array(uint8, 1, 'C', True, aligned=True)", "int64"),
+        ("Bytes(uint8, 1, 'C', readonly=True)", "int64"),
+    ),
+    "tdz_numba.zipfmt.kernels.central._u32": (
+        ("Array(uint8, 1, 'C', False, aligned=True)", "int64"),
+        ("Array(uint8, 1, 'C', True, aligned=True)", "int64"),
+        ("Bytes(uint8, 1, 'C', readonly=True)", "int64"),
+    ),
+    "tdz_numba.zipfmt.kernels.central._u64": (("Bytes(uint8, 1, 'C', readonly=True)", "int64"),),
+    "tdz_numba.zipfmt.kernels.central._zip64": (
+        ("Bytes(uint8, 1, 'C', readonly=True)", "int64", "int64", "int64", "int64", "int64"),
+    ),
+    "tdz_numba.zipfmt.kernels.central.check_entry_header": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "int64",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "int64",
+            "int64",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+        (
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "int64",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "int64",
+            "int64",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
+    "tdz_numba.zipfmt.kernels.central.check_local_headers": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "int64",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
         (
             "Array(uint8, 1, 'C', False, aligned=True)",
             "Array(int64, 2, 'C', False, aligned=True)",
@@ -115,28 +166,58 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(int64, 1, 'C', False, aligned=True)",
         ),
     ),
-    "tdz_numba.zipfmt.kernels.crc.crc32_combine": (("int64", "uint32", "int64"),),
+    "tdz_numba.zipfmt.kernels.central.parse_central": (
+        (
+            "Bytes(uint8, 1, 'C', readonly=True)",
+            "int64",
+            "int64",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "ByteArray(uint8, 1, 'C', readonly=False)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
+    "tdz_numba.zipfmt.kernels.central.resolve_local": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "int64",
+            "int64",
+        ),
+    ),
+    "tdz_numba.zipfmt.kernels.crc._chunk_plan": (("Array(int64, 1, 'C', False, aligned=True)", "int64"),),
+    "tdz_numba.zipfmt.kernels.crc._crc_table": ((),),
+    "tdz_numba.zipfmt.kernels.crc._fold_chunks": (
+        (
+            "Array(uint32, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "int64",
+        ),
+    ),
+    "tdz_numba.zipfmt.kernels.crc._multmodp": (
+        ("uint32", "uint32"),
+        ("uint64", "uint32"),
+        ("uint64", "uint64"),
+    ),
+    "tdz_numba.zipfmt.kernels.crc._span_crc": (
+        ("int64", "int64", "Array(uint32, 1, 'C', False, aligned=True)"),
+    ),
+    "tdz_numba.zipfmt.kernels.crc.crc32_combine": (
+        ("int64", "uint32", "int64"),
+        ("uint32", "uint32", "int64"),
+        ("uint64", "uint32", "int64"),
+        ("uint64", "uint64", "int64"),
+    ),
     "tdz_numba.zipfmt.kernels.crc.crc32_spans": (
         ("Array(int64, 1, 'C', False, aligned=True)", "Array(int64, 1, 'C', False, aligned=True)", "int64"),
     ),
     "tdz_numba.zipfmt.kernels.crc.crc32_zeros": (("int64",),),
-    "tdz_numba.zipfmt.kernels.crc.parse_central_directory": (
-        ("Array(uint8, 1, 'C', False, aligned=True)", "int64", "int64", "int64", "bool"),
-    ),
     "tdz_numba.zipfmt.kernels.crc.plan_layout": (
         (
             "Array(int64, 1, 'C', False, aligned=True)",
             "Array(int64, 1, 'C', False, aligned=True)",
             "Array(int64, 1, 'C', False, aligned=True)",
             "Array(int64, 1, 'C', False, aligned=True)",
-        ),
-    ),
-    "tdz_numba.zipfmt.kernels.crc.resolve_local": (
-        (
-            "Array(uint8, 1, 'C', False, aligned=True)",
-            "Array(int64, 2, 'C', False, aligned=True)",
-            "int64",
-            "int64",
         ),
     ),
     "tdz_numba.zipfmt.kernels.deflate.deflate_bound": (("int64",),),
@@ -164,23 +245,41 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
     "tdz_numba.zipfmt.kernels.deflate.inflate_step": (
         ("Array(uint64, 1, 'C', False, aligned=True)", "int64", "int64", "int64", "int64", "int64"),
     ),
-    "tdz_numba.zipfmt.kernels.names.gather_names": (
+    "tdz_numba.zipfmt.kernels.verify._crc_table": ((),),
+    "tdz_numba.zipfmt.kernels.verify._multmodp": (
+        ("uint32", "uint32"),
+        ("uint64", "uint32"),
+        ("uint64", "uint64"),
+    ),
+    "tdz_numba.zipfmt.kernels.verify._span_crc": (
+        ("int64", "int64", "Array(uint32, 1, 'C', False, aligned=True)"),
+    ),
+    "tdz_numba.zipfmt.kernels.verify.check_entry_header": (
         (
             "Array(uint8, 1, 'C', False, aligned=True)",
+            "int64",
+            "Array(uint8, 1, 'C', False, aligned=True)",
             "Array(int64, 2, 'C', False, aligned=True)",
-            "ByteArray(uint8, 1, 'C', readonly=False)",
+            "int64",
+            "int64",
+            "Array(int64, 1, 'C', False, aligned=True)",
         ),
-    ),
-    "tdz_numba.zipfmt.kernels.names.walk_central": (
         (
-            "Bytes(uint8, 1, 'C', readonly=True)",
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "int64",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 2, 'C', False, aligned=True)",
             "int64",
             "int64",
-            "PyArray(int64, 1, 'C', readonly=False)",
-            "ByteArray(uint8, 1, 'C', readonly=False)",
+            "Array(int64, 1, 'C', False, aligned=True)",
         ),
     ),
-    "tdz_numba.zipfmt.kernels.verify.crc32_combine": (("int64", "uint32", "int64"),),
+    "tdz_numba.zipfmt.kernels.verify.crc32_combine": (
+        ("int64", "uint32", "int64"),
+        ("uint32", "uint32", "int64"),
+        ("uint64", "uint32", "int64"),
+        ("uint64", "uint64", "int64"),
+    ),
     "tdz_numba.zipfmt.kernels.verify.crc_worker": (
         (
             "Array(uint8, 1, 'C', False, aligned=True)",
