@@ -101,8 +101,10 @@ def test_copy_device_dtype_options(flat, monkeypatch):
     assert tdz_numba.load(p)["a"]["w"][0, 0].item() == 0.0
     with tdz_numba.open(p, dtype=torch.float64) as ar2:
         assert ar2["a/w"].dtype == torch.float64
+    with tdz_numba.open(p, dtype="float64") as ar2:
+        assert ar2["a/w"].dtype == torch.float64
     with pytest.raises(InvalidArgumentError):
-        tdz_numba.open(p, dtype="float32")
+        tdz_numba.open(p, dtype="float33")  # (dtypes by name are accepted: torch's names only)
     with pytest.raises(InvalidArgumentError):
         tdz_numba.open(p, device="nowhere")
 
