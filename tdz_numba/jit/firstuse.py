@@ -1,4 +1,4 @@
-"""A one-line notice the first time a kernel is compiled instead of loaded from the cache.
+"""A short notice the first time a kernel is compiled instead of loaded from the cache.
 
 Numba triggers its ``numba:compile`` event only when a signature is really
 compiled (a load from the on-disk cache does not trigger it), so a listener on
@@ -23,9 +23,10 @@ from numba.core import event
 
 __all__ = ["NOTICE", "compiled", "quiet"]
 
+#: Two lines of at most 100 columns.
 NOTICE = (
-    "tdz_numba: compiling Numba kernels for first use (seconds, once per environment); "
-    "run `tdz warmup` (or `python -m tdz_numba warmup`) once to compile them all ahead of time"
+    "tdz_numba: compiling Numba kernels for first use (seconds, once per environment);\n"
+    "  `tdz warmup` (or `python -m tdz_numba warmup`) compiles them all ahead of time"
 )
 
 _LOCK = threading.Lock()
