@@ -70,13 +70,42 @@ def refresh_entries(index: ArchiveIndex, names: list[str]) -> int:
         index.payload_offset(r)  # (read from its local header when not yet)
     rows = np.array(picked, np.int64)
     table = index.table
-    crcs = stored_crcs(index, rows)
+    crcs = _crcs_by_read(index, rows)
     changed = crcs != table["crc"][rows]
     if not changed.any():
         return 0
     _stamp(index, rows[changed], crcs[changed])
     index._mmap.flush()
     return int(changed.sum())
+
+
+_READ_PIECE = 8 << 20
+
+
+def _crcs_by_read(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
+    """CRC-32 of the STORED entries ``rows`` read with ``pread`` from the file, not through the
+    mapping: the shared mapping's written pages are in the page cache that ``pread`` reads, and a
+    hole of a sparse file (``allocate(..., reserve=False)``) reads as zeros without allocating a
+    page, where touching it through a shared mapping on a full file system raises SIGBUS."""
+    from zlib_ng import zlib_ng
+
+    table = index.table
+    out = np.zeros(rows.size, np.uint32)
+    fd = os.open(index.path, os.O_RDONLY)
+    try:
+        for k, row in enumerate(rows.tolist()):
+            pos, left, crc = int(table["payload_offset"][row]), int(table["csize"][row]), 0
+            while left:
+                piece = os.pread(fd, min(left, _READ_PIECE), pos)
+                if not piece:
+                    raise BadArchiveError(f"{index.path}: entry {index.names[row]!r} ends past the file")
+                crc = zlib_ng.crc32(piece, crc)
+                pos += len(piece)
+                left -= len(piece)
+            out[k] = crc
+    finally:
+        os.close(fd)
+    return out
 
 
 def _stamp(index: ArchiveIndex, rows: np.ndarray, crcs: np.ndarray) -> None:
