@@ -24,7 +24,7 @@ from .archive import opening as _opening
 from .archive import verify as _integrity
 from .archive.mapping import Archive
 from .archive.options import OpenOptions, load_keys, open_options
-from .errors import InvalidArgumentError
+from .errors import MissingKeyError
 from .files.paths import as_local_path, user_errors
 from .remote import read as _remote
 from .tdz.tree import Level
@@ -154,7 +154,7 @@ def _open(path: PathLike, options: OpenOptions, storage_options: dict[str, Any] 
         leaf = _subpath_leaf(path, options, storage_options)
         if leaf is None:
             raise
-        raise InvalidArgumentError(
+        raise MissingKeyError(  # (no level there: a KeyError, as for a missing subpath)
             f"{path}: subpath {leaf!r} names a tensor leaf, not a level; "
             f"use load(path, keys=[{leaf!r}]) or open(path)[{leaf!r}]"
         ) from exc

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, MissingKeyError
 
 __all__ = ["level_repr", "is_row_index", "select_rows", "MAX_LINES"]
 
@@ -149,7 +149,7 @@ def select_rows(tree: Mapping[str, Any], key: Any, where: str) -> Any:
     meta = dict(getattr(tree, "meta", {}) or {})
     batch = meta.get("shape")
     if not isinstance(batch, list) or not batch:
-        raise InvalidArgumentError(
+        raise MissingKeyError(  # (a KeyError: an int is no key of a level without rows)
             f"{where}: [{_short(key)}] selects rows, but this level has no batch size "
             f"(keys are str: {_keys(tree)})"
         )
