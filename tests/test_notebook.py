@@ -88,7 +88,7 @@ def test_explore_archive_notebook(python3_kernel, tmp_path):
     assert any("image/png" in out.get("data", {}) for out in outputs)  # the matplotlib figure
     text = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
     assert "shared storage: True" in text and "64-byte aligned: True" in text
-    assert "tdz_numba" in text and "torch.save" in text and "OK:" in text
+    assert "tdz_numba" in text and "torch.save" in text and "OK (tdz):" in text
     # compression, other formats and memory control sections
     assert "frames deflate" in text and "zero_copy=False" in text
     assert "torch ['model.head.weight'" in text and "model.tdz ['head', 'layers']" in text
