@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 from zlib import crc32
 
 import numpy as np
@@ -125,7 +126,7 @@ def status_error(
     label: str,
     end: eocd.EndRecord,
     size: int,
-    rows: Sequence,
+    rows: Any,  # lists, the lazy CentralRows or a columns array: rows[i][col]
     name_at: Callable[[int], str],
 ) -> BadArchiveError | None:
     """The error a status ``[code, entry, expected, found]`` of the index kernels (or their
