@@ -1,5 +1,6 @@
 """Round trips, bytes on disk, zero-copy mapping semantics, allocate, subpath, API surface."""
 
+import json
 import os
 import shutil
 import struct
@@ -436,3 +437,38 @@ def test_progress_bars_only_when_asked(tmp_path, small_tree, capsys):
     tdz_numba.save(small_tree, tmp_path / "y.tdz")  # stderr is not a terminal under pytest: silent
     tdz_numba.verify(tmp_path / "y.tdz", progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_save_of_a_foreign_level_writes_only_tensordict_fields(tmp_path):
+    """A level read from another format carries that format's fields (HDF5 attributes) in
+    ``meta``: save keeps them out of meta.json, where tensordict would take them for children."""
+    tree = Level(
+        {"g": Level({"w": torch.arange(3.0)}, meta={"lr": 0.1, "shape": []}, keyed=True)},
+        meta={"note": "hi"},
+        keyed=True,
+    )
+    p = tdz_numba.save(tree, tmp_path / "f.tdz")
+    with zipfile.ZipFile(p) as z:
+        root, sub = (json.loads(z.read(n)) for n in ("meta.json", "g/meta.json"))
+    assert "note" not in root and "lr" not in sub
+    assert root["_class"] == sub["_class"] == "tensordict:TensorDict" and sub["shape"] == []
+    assert torch.equal(tdz_numba.load(p)["g"]["w"], torch.arange(3.0))
+    td = pytest.importorskip("tensordict")
+    out = tmp_path / "unzipped"
+    with zipfile.ZipFile(p) as z:
+        z.extractall(out)
+    assert torch.equal(td.TensorDict.load_memmap(out)["g", "w"], torch.arange(3.0))
+
+
+def test_save_of_a_loaded_hdf5_file_loads_in_tensordict(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    td = pytest.importorskip("tensordict")
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.attrs["note"] = "hi"
+        f.create_group("g").attrs["lr"] = 0.1
+        f["g"].create_dataset("w", data=np.arange(3.0))
+    p = tdz_numba.save(tdz_numba.load(tmp_path / "a.h5"), tmp_path / "a.tdz")
+    out = tmp_path / "unzipped"
+    with zipfile.ZipFile(p) as z:
+        z.extractall(out)
+    assert torch.equal(td.TensorDict.load_memmap(out)["g", "w"], torch.arange(3.0, dtype=torch.float64))

@@ -418,6 +418,17 @@ def flatten(tree: Any, *, zeros: bool = False, convert: Converter | None = None)
     return out
 
 
+def _td_level_fields() -> dict[str, Any]:
+    """The fields of a plain TensorDict level's meta.json (no batch size, on cpu)."""
+    return {
+        "shape": [],
+        "device": "cpu",
+        "_type": TD_TYPE,
+        "_format_version": FORMAT_VERSION,
+        "_class": TD_CLASS,
+    }
+
+
 def _flatten_level(
     level: Mapping, prefix: str, out: list[Entry], zeros: bool, convert: Converter | None
 ) -> list[tuple[Any, str]]:
@@ -438,6 +449,11 @@ def _flatten_level(
             raise InvalidTreeError(f"{where}: two children map to the directory {dname!r}")
         dirs[dname] = child
 
+    if keyed and own_meta is not None and "_type" not in own_meta and "_class" not in own_meta:
+        # a level read from another format (HDF5 attributes, a reader's own fields): only the
+        # fields a tensordict meta.json holds are kept, the rest would break tensordict's loader
+        kept = {k: v for k, v in own_meta.items() if k in ("shape", "device", "_names")}
+        own_meta = {**_td_level_fields(), **kept} if kept else None
     if keyed:
         meta: dict[str, Any] = {}
         reserved = set(RESERVED_FIELDS) if own_meta is None else set(own_meta)
@@ -480,15 +496,7 @@ def _flatten_level(
                 meta[key] = {"type": getattr(child, "type_name", "TensorDict")}
                 add_dir(fname, child)
         if own_meta is None:
-            meta.update(
-                {
-                    "shape": [],
-                    "device": "cpu",
-                    "_type": TD_TYPE,
-                    "_format_version": FORMAT_VERSION,
-                    "_class": TD_CLASS,
-                }
-            )
+            meta.update(_td_level_fields())
         else:
             meta.update(own_meta)
         compact = False
