@@ -55,6 +55,7 @@ __all__ = [
     "clean",
     "save_model",
     "load_model",
+    "diff",
     # types
     "Archive",
     "LeafInfo",
@@ -64,6 +65,7 @@ __all__ = [
     "RawFile",
     "PickledData",
     "VerifyReport",
+    "DiffReport",
     # errors
     "TdzError",
     "BadArchiveError",
@@ -96,6 +98,8 @@ _LAZY = {
     "clean": "saving",
     "save_model": "models",
     "load_model": "models",
+    "diff": "diffing",
+    "DiffReport": "diffing",
     "Archive": "archive.mapping",
     "LeafInfo": "tdz.sources",
     "LevelInfo": "tdz.sources",
@@ -112,6 +116,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .archive.mapping import Archive
     from .archive.verify import VerifyReport
     from .conversion import convert
+    from .diffing import DiffReport, diff
     from .models import load_model, save_model
     from .saving import allocate, clean, pack, save, unpack
     from .tdz.sources import LeafInfo, LevelInfo, Location

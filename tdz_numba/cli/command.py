@@ -1,7 +1,7 @@
 """The ``tdz`` command line: its parser and dispatch (the verbs are :mod:`tdz_numba.cli.commands`).
 
 Verbs: ``info``, ``tree``, ``show``, ``verify``, ``convert``, ``pack``, ``unpack``,
-``refresh`` and ``bench`` (``tdz VERB --help`` for each).
+``refresh``, ``diff`` and ``bench`` (``tdz VERB --help`` for each).
 
 Exit codes: 0 success, 1 a check failed (a CRC-32 mismatch), 2 a usage error
 or a file that is not a readable archive. Errors are printed on stderr as one
@@ -19,6 +19,7 @@ Examples
     tdz unpack buffer.tdz buffer_dir   # a tensordict memmap directory
     tdz pack buffer_dir again.tdz --compression deflate
     tdz refresh buffer.tdz             # re-stamp CRCs after mode="r+" writes
+    tdz diff a.tdz b.safetensors       # leaves added, removed, changed
     tdz bench --quick                  # the benchmark harness (see tdz_numba.bench)
 """
 
@@ -39,6 +40,7 @@ from .commands import (
     cmd_bench,
     cmd_clean,
     cmd_convert,
+    cmd_diff,
     cmd_info,
     cmd_pack,
     cmd_refresh,
@@ -208,6 +210,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _progress_flag(s)
     s.set_defaults(func=cmd_convert)
+
+    s = sub.add_parser(
+        "diff",
+        parents=[common],
+        help="compare the tensor leaves of two files (any formats)",
+        description="List the leaves added, removed and changed from A to B (dtype, shape or bytes; "
+        "digests or CRC-32s first where both files have them). Exit code 0 when every leaf is "
+        "the same, 1 when the files differ.",
+    )
+    s.add_argument("a", metavar="A", help="the first file")
+    s.add_argument("b", metavar="B", help="the second file")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.add_argument("--allow-pickle", action="store_true", help="unpickle .pickle entries of both files")
+    s.set_defaults(func=cmd_diff)
 
     s = sub.add_parser(
         "refresh",

@@ -528,6 +528,19 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    import tdz_numba
+
+    report = tdz_numba.diff(args.a, args.b, allow_pickle=args.allow_pickle)
+    if args.json:
+        _print_json(
+            {k: getattr(report, k) for k in ("a", "b", "added", "removed", "changed", "same", "details")}
+        )
+    else:
+        print(report)
+    return EXIT_FAILED if report else EXIT_OK
+
+
 def cmd_refresh(args: argparse.Namespace) -> int:
     import tdz_numba
 
