@@ -53,6 +53,9 @@ __all__ = [
     "allocate",
     "convert",
     "clean",
+    "append",
+    "compact",
+    "repair",
     "save_model",
     "load_model",
     "diff",
@@ -96,6 +99,9 @@ _LAZY = {
     "allocate": "saving",
     "convert": "conversion",
     "clean": "saving",
+    "append": "growing",
+    "compact": "growing",
+    "repair": "growing",
     "save_model": "models",
     "load_model": "models",
     "diff": "diffing",
@@ -117,6 +123,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .archive.verify import VerifyReport
     from .conversion import convert
     from .diffing import DiffReport, diff
+    from .growing import append, compact, repair
     from .models import load_model, save_model
     from .saving import allocate, clean, pack, save, unpack
     from .tdz.sources import LeafInfo, LevelInfo, Location

@@ -216,9 +216,9 @@ class ArchiveIndex:
         label = str(self.path)
         try:
             st = os.fstat(fd)  # type: ignore[arg-type]
-            if st.st_size != self.size:
+            if st.st_size < self.size:  # (grown: an append, which rewrites no byte of the opened size)
                 raise BadArchiveError(
-                    f"{label}: the file changed size since it was opened ({self.size} -> {st.st_size} bytes)",
+                    f"{label}: the file shrank since it was opened ({self.size} -> {st.st_size} bytes)",
                     path=label,
                     expected=self.size,
                     found=st.st_size,
