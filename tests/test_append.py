@@ -429,3 +429,19 @@ def test_open_archive_survives_append(tmp_path):
     got = tdz_numba.load(p)
     assert got["a"].tolist()[:2] == [9, 8] and sorted(got.keys()) == ["a", "b", "c"]
     np.testing.assert_array_equal(got["c"].numpy(), np.zeros(1, np.float32))
+
+
+def test_cli_repair_and_compact(tmp_path, capsys):
+    from tdz_numba.cli import main
+
+    p = tdz_numba.save(BASE, tmp_path / "x.tdz")
+    old = _uncommitted(p)
+    assert main(["repair", str(p)]) == 0
+    assert f"truncated from {len(old) + 100_000 + 22} to {len(old)} bytes" in capsys.readouterr().out
+    assert main(["repair", str(p)]) == 0 and "nothing to repair" in capsys.readouterr().out
+    tdz_numba.append(p, {"a": torch.zeros(10)}, replace=True)
+    grown = p.stat().st_size
+    assert main(["compact", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert f"compacted from {grown} to {p.stat().st_size} bytes" in out and p.stat().st_size < grown
+    assert torch.equal(tdz_numba.load(p)["a"], torch.zeros(10))

@@ -1,7 +1,7 @@
 """The ``tdz`` command line: its parser and dispatch (the verbs are :mod:`tdz_numba.cli.commands`).
 
 Verbs: ``info``, ``tree``, ``show``, ``verify``, ``convert``, ``pack``, ``unpack``,
-``refresh``, ``diff`` and ``bench`` (``tdz VERB --help`` for each).
+``refresh``, ``diff``, ``repair``, ``compact`` and ``bench`` (``tdz VERB --help`` for each).
 
 Exit codes: 0 success, 1 a check failed (a CRC-32 mismatch), 2 a usage error
 or a file that is not a readable archive. Errors are printed on stderr as one
@@ -20,6 +20,8 @@ Examples
     tdz pack buffer_dir again.tdz --compression deflate
     tdz refresh buffer.tdz             # re-stamp CRCs after mode="r+" writes
     tdz diff a.tdz b.safetensors       # leaves added, removed, changed
+    tdz repair buffer.tdz              # undo an append killed before its commit
+    tdz compact buffer.tdz             # drop the bytes appends superseded
     tdz bench --quick                  # the benchmark harness (see tdz_numba.bench)
 """
 
@@ -39,11 +41,13 @@ from .commands import (
     UsageError,
     cmd_bench,
     cmd_clean,
+    cmd_compact,
     cmd_convert,
     cmd_diff,
     cmd_info,
     cmd_pack,
     cmd_refresh,
+    cmd_repair,
     cmd_show,
     cmd_tree,
     cmd_unpack,
@@ -248,6 +252,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("directory", metavar="DIR", help="the directory to clean")
     s.add_argument("--dry-run", action="store_true", help="list what would be removed")
     s.set_defaults(func=cmd_clean)
+
+    s = sub.add_parser(
+        "repair",
+        parents=[common],
+        help="truncate a file an append was killed in to its last committed state",
+        description="After a crash during tdz_numba.append, the file ends with a copy of the old "
+        "end record (tdz_numba reads it, zip tools do not): truncate it back to the old bytes.",
+    )
+    s.add_argument("file", metavar="FILE", help="the .tdz archive (modified in place)")
+    s.set_defaults(func=cmd_repair)
+
+    s = sub.add_parser(
+        "compact",
+        parents=[common],
+        help="rewrite an archive without the bytes appends superseded",
+        description="Rewrite FILE (atomically, as save does) with only its live entries.",
+    )
+    s.add_argument("file", metavar="FILE", help="the .tdz archive (replaced atomically)")
+    s.set_defaults(func=cmd_compact)
 
     s = sub.add_parser(
         "warmup",

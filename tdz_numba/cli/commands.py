@@ -30,6 +30,8 @@ __all__ = [
     "cmd_convert",
     "cmd_refresh",
     "cmd_clean",
+    "cmd_repair",
+    "cmd_compact",
     "cmd_warmup",
     "cmd_bench",
     "one_line",
@@ -563,6 +565,29 @@ def cmd_clean(args: argparse.Namespace) -> int:
     print(
         f"{args.directory}: {len(removed)} stale temporary {'entry' if len(removed) == 1 else 'entries'}"
         f"{' (dry run)' if args.dry_run else ''}"
+    )
+    return EXIT_OK
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    from ..growing import repair
+
+    r = repair(args.file)
+    if r.action == "ok":
+        print(f"{args.file}: committed, nothing to repair ({r.size} bytes)")
+    else:
+        print(f"{args.file}: an uncommitted append removed: truncated from {r.old_size} to {r.size} bytes")
+    return EXIT_OK
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from ..growing import compact
+
+    before = os.path.getsize(args.file)
+    out = compact(args.file)
+    after = os.path.getsize(out)
+    print(
+        f"{out}: compacted from {before} to {after} bytes ({_human(before - after)} of superseded data removed)"
     )
     return EXIT_OK
 
