@@ -382,8 +382,8 @@ def _state_after_kill(p: Path, old: dict, new: dict) -> str:
 
 @pytest.mark.parametrize("step", [1, 2, 3, 4])
 def test_exit_at_each_write_of_an_append(tmp_path, step):
-    """The child dies at its n-th write: after the temporary tail, after the payloads, after the
-    central directory (before the commit), before the commit write."""
+    """The child dies at its n-th write of grow's own: before the temporary tail (1), after the
+    payloads (2), before the commit write (3); 4: no such write, the append completes."""
     p = tdz_numba.save(BASE, tmp_path / "x.tdz")
     tree = _big_tree(1)
     _forked_append(p, tree, None, step_exit=step)

@@ -68,6 +68,8 @@ __all__ = [
     "locked",
     "read_state",
     "append_entries",
+    "Batch",
+    "plan_batch",
     "repair_file",
     "round_up",
     "COMMIT_MAX",
@@ -170,30 +172,54 @@ def _tail_layout(data_end: int, cd_size: int, count: int, keep: int) -> tuple[in
     raise InternalError("no central directory position keeps the end records within one page")
 
 
-def append_entries(
-    fd: int,
-    state: State,
-    kept: list[bytes],
+@dataclass
+class Batch:
+    """Entries planned at a file offset: local headers and payloads to write, then their
+    central records (:meth:`write`)."""
+
+    prep: Any  # writer.Prepared, its plan shifted to the batch's offset
+    fields: dict[str, Any]
+    has_data: np.ndarray
+    start: int  # offset of the first local header
+    data_end: int  # where the batch's last payload ends
+    cd_len: int  # bytes of its central records
+
+    def write(self, fd: int, num_threads: int | None = None, writeback: bool = False) -> bytes:
+        """Writes the local headers and payloads (CRCs computed as they are written); returns
+        the central records."""
+        p = self.prep.plan
+        if self.prep.n:
+            write_payloads(
+                fd, self.prep, self.fields, self.has_data, write_threads(num_threads), _NoBar(), writeback
+            )
+        cd = packers.central_directory(
+            p.names,
+            header_offset=p.header_offset,
+            zip64=p.central_zip64,
+            **{**self.fields, "pad": p.central_pad},
+        )
+        if len(cd) != self.cd_len:
+            raise InternalError(f"central records of {len(cd)} bytes, planned {self.cd_len}")
+        return cd
+
+
+def plan_batch(
     entries: Sequence[Entry],
+    offset: int,
     *,
     compression: str | None = None,
     compresslevel: int | None = None,
     num_threads: int | None = None,
     align: int | str | None = None,
     align_threshold: int | None = None,
-    durable: bool = True,
     dos: tuple[int, int] | None = None,
-) -> Appended:
-    """Writes ``entries`` after the end of the file (``state.size``) and a central directory
-    of ``kept`` (raw central records of the old entries that stay, in order) followed by the
-    new entries' records; commits with one small write (see the module docstring). On an
-    exception before the commit the file is truncated back to its old size."""
+) -> Batch:
+    """Compresses and plans ``entries`` to be written from ``offset`` on (rounded up to their
+    largest payload alignment, so that the plan of :func:`tdz_numba.zipfmt.layout.plan`,
+    made from 0, shifts by a multiple of every alignment)."""
     from .kernels.dispatch import crc32_zeros
     from .writer import prepare
 
-    s0 = state.size
-    if os.fstat(fd).st_size != s0:
-        raise InternalError("the archive changed size while it was being appended to")
     prep = prepare(
         entries,
         compression=compression,
@@ -204,7 +230,7 @@ def append_entries(
     )
     p = prep.plan
     step = max(int(p.align.max()) if prep.n else 1, 1)
-    base = round_up(s0, step)  # alignment is kept: the plan is shifted by a multiple of it
+    base = round_up(offset, step)
     hoff = p.header_offset + base
     p = replace(
         p,
@@ -227,27 +253,53 @@ def append_entries(
         pad=p.pad,
         flags=p.flags,
     )
-    new_cd_len = int(
-        packers.central_record_len([len(b) for b in p.names], p.central_zip64, p.central_pad).sum()
+    cd_len = int(packers.central_record_len([len(b) for b in p.names], p.central_zip64, p.central_pad).sum())
+    return Batch(prep, fields, has_data, base, p.cd_offset if n else offset, cd_len)
+
+
+def append_entries(
+    fd: int,
+    state: State,
+    kept: list[bytes],
+    entries: Sequence[Entry],
+    *,
+    compression: str | None = None,
+    compresslevel: int | None = None,
+    num_threads: int | None = None,
+    align: int | str | None = None,
+    align_threshold: int | None = None,
+    durable: bool = True,
+    dos: tuple[int, int] | None = None,
+) -> Appended:
+    """Writes ``entries`` after the end of the file (``state.size``) and a central directory
+    of ``kept`` (raw central records of the old entries that stay, in order) followed by the
+    new entries' records; commits with one small write (see the module docstring). On an
+    exception before the commit the file is truncated back to its old size."""
+    s0 = state.size
+    if os.fstat(fd).st_size != s0:
+        raise InternalError("the archive changed size while it was being appended to")
+    batch = plan_batch(
+        entries,
+        s0,
+        compression=compression,
+        compresslevel=compresslevel,
+        num_threads=num_threads,
+        align=align,
+        align_threshold=align_threshold,
+        dos=dos,
     )
     old_cd = b"".join(kept)
-    cd_size = len(old_cd) + new_cd_len
-    count = len(kept) + n
+    cd_size = len(old_cd) + batch.cd_len
+    count = len(kept) + batch.prep.n
     temp = state.temp_tail
-    cd_offset, end, k = _tail_layout(p.cd_offset, cd_size, count, len(temp))
+    cd_offset, end, k = _tail_layout(batch.data_end, cd_size, count, len(temp))
     size = cd_offset + cd_size + len(end)
     committed = False
     try:
         write_segments(fd, [(size - len(temp), temp)])  # 1. the old state at the new end
         if durable:
             os.fsync(fd)
-        bar = _NoBar()
-        write_payloads(fd, prep, fields, has_data, write_threads(num_threads), bar, durable)  # 2.
-        new_cd = packers.central_directory(
-            p.names, header_offset=p.header_offset, zip64=p.central_zip64, **{**fields, "pad": p.central_pad}
-        )
-        if len(new_cd) != new_cd_len:
-            raise InternalError(f"central records of {len(new_cd)} bytes, planned {new_cd_len}")
+        new_cd = batch.write(fd, num_threads, durable)  # 2. (every write below the copy)
         tail = old_cd + new_cd + end
         write_segments(fd, [(cd_offset, memoryview(tail)[: len(tail) - k])])
         if durable:
@@ -261,7 +313,7 @@ def append_entries(
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, s0)  # the old file, byte for byte
         raise
-    return Appended(s0, base, cd_offset, cd_size, size, count)
+    return Appended(s0, batch.start, cd_offset, cd_size, size, count)
 
 
 class _NoBar:
