@@ -69,6 +69,7 @@ __all__ = [
     "PickledData",
     "VerifyReport",
     "DiffReport",
+    "Writer",
     # errors
     "TdzError",
     "BadArchiveError",
@@ -114,6 +115,7 @@ _LAZY = {
     "RawFile": "tdz.tree",
     "PickledData": "tdz.tree",
     "VerifyReport": "archive.verify",
+    "Writer": "streaming",
     "warmup": "cli.warmup",  # not in __all__: tdz_numba.warmup()
 }
 
@@ -126,6 +128,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .growing import append, compact, repair
     from .models import load_model, save_model
     from .saving import allocate, clean, pack, save, unpack
+    from .streaming import Writer
     from .tdz.sources import LeafInfo, LevelInfo, Location
     from .tdz.tree import Level, PickledData, RawFile
 

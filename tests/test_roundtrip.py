@@ -374,6 +374,7 @@ def test_public_api_is_pinned():
         "PickledData",
         "VerifyReport",
         "DiffReport",
+        "Writer",
         "TdzError",
         "BadArchiveError",
         "ChecksumError",

@@ -187,11 +187,15 @@ class Batch:
     def write(self, fd: int, num_threads: int | None = None, writeback: bool = False) -> bytes:
         """Writes the local headers and payloads (CRCs computed as they are written); returns
         the central records."""
-        p = self.prep.plan
         if self.prep.n:
             write_payloads(
                 fd, self.prep, self.fields, self.has_data, write_threads(num_threads), _NoBar(), writeback
             )
+        return self.central()
+
+    def central(self) -> bytes:
+        """The central records of the batch (CRCs as :attr:`fields` holds them)."""
+        p = self.prep.plan
         cd = packers.central_directory(
             p.names,
             header_offset=p.header_offset,
