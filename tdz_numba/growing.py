@@ -183,6 +183,75 @@ class _Merge:
             )
 
 
+def _same_payload(index: ArchiveIndex, name: str, data: Any) -> bool:
+    """Whether the archive's entry ``name`` holds ``data``'s bytes: CRC-32 first (from the
+    central directory, no payload read), then the bytes."""
+    import numpy as np
+
+    from .zipfmt.payload import _crc_functions
+
+    e = index.entry(name)
+    new = (
+        np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
+    )
+    if e.size != new.size or _crc_functions()[0](new) != e.crc:
+        return False
+    return bool(np.array_equal(index.read(name, check_crc=False), new))
+
+
+def _drop_unchanged(
+    index: ArchiveIndex, merge: _Merge, entries: list[Entry]
+) -> tuple[list[Entry], list[str]]:
+    """``entries`` without the leaves and plain values whose bytes and records the archive holds
+    already (``only_changed``), and the key paths that remain to be written."""
+    by_name = {e.name: e for e in entries}
+    gone: set[str] = set()
+    prefixes: list[str] = []
+    metas: dict[str, dict[str, Any]] = {}
+    written: list[str] = []
+    for e in entries:
+        directory, _, fname = e.name.rpartition("/")
+        directory = directory + "/" if directory else ""
+        if fname != "meta.json" or any(directory.startswith(p) for p in prefixes):
+            continue
+        new = json.loads(bytes(e.data))  # type: ignore[arg-type]
+        old = merge.old_meta(directory) if isinstance(new, dict) and is_keyed(new) else None
+        if old is None:
+            continue
+        keep = dict(new)
+        for key in _key_fields(new):
+            nv, base = new[key], directory + encode_key(key)
+            if nv.get("type") == "TensorDict":
+                continue
+            same = old.get(key) == nv
+            if same and "dtype" in nv:
+                files = [n for n in (base + ".memmap", base + ".shape.memmap") if n in by_name]
+                same = all(n in merge.live and _same_payload(index, n, by_name[n].data) for n in files)
+                if same:
+                    gone.update(files)
+            elif same:  # a plain value: its level's meta.json, byte for byte
+                sub = base + "/meta.json"
+                same = (
+                    sub in by_name
+                    and sub in merge.live
+                    and merge.index.read_bytes(sub) == bytes(by_name[sub].data)
+                )  # type: ignore[arg-type]
+                if same:
+                    prefixes.append(base + "/")
+            if same:
+                del keep[key]
+            else:
+                written.append(_shown(directory, key))
+        if len(keep) != len(new):
+            metas[e.name] = keep
+    out = []
+    for e in entries:
+        if e.name in gone or any(e.name.startswith(p) for p in prefixes):
+            continue
+        out.append(Entry(e.name, data=_json(metas[e.name])) if e.name in metas else e)
+    return out, written
+
+
 def _plan(index: ArchiveIndex, label: str, entries: list[Entry], replace: bool) -> tuple[list[Entry], _Merge]:
     """The entries to write (merged meta.json files in place) and the merge (what is dropped)."""
     merge = _Merge(index, label, replace)
@@ -220,7 +289,8 @@ def append(
     compresslevel: int | None = None,
     align: int | str | None = None,
     align_threshold: int | None = None,
-) -> Path:
+    only_changed: bool = False,
+) -> Any:
     """Adds the leaves and levels of ``tree`` to an existing archive, without rewriting it.
 
     The new payloads and the ``meta.json`` of every level that gains keys are written
@@ -254,11 +324,15 @@ def append(
         ``fsync`` before and after the commit (a power loss leaves the old or new state).
     num_threads, compression, compresslevel, align, align_threshold
         As for :func:`tdz_numba.save`, for the new payloads.
+    only_changed : bool
+        Incremental checkpoints: leaves and plain values that the archive holds already with
+        the same dtype, shape and bytes (CRC-32 first, from the central directory, then the
+        bytes) are not written. Then the key paths written are returned.
 
     Returns
     -------
-    pathlib.Path
-        The archive (symlinks resolved).
+    pathlib.Path or list of str
+        The archive (symlinks resolved); with ``only_changed``, the key paths written.
 
     Raises
     ------
@@ -295,12 +369,15 @@ def append(
             st = os.fstat(fd)
             index = ArchiveIndex(target, fd=fd, st=st)
             try:
+                written: list[str] = []
+                if only_changed:
+                    entries, written = _drop_unchanged(index, _Merge(index, label, replace), entries)
                 out, merge = _plan(index, label, entries, replace)
                 located = sorted(zip((r.central_offset for r in index.rows), index.names))
             finally:
                 index.close()
             if not out and not merge.drop:
-                return target
+                return written if only_changed else target
             with mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ) as buf:
                 state = _grow.read_state(buf, label)
                 records = _grow.central_records(buf, state, [o for o, _ in located])
@@ -317,7 +394,7 @@ def append(
                 align_threshold=align_threshold,
                 durable=durable,
             )
-        return target
+        return written if only_changed else target
 
 
 def td_order(name: str) -> tuple:

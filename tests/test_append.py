@@ -445,3 +445,26 @@ def test_cli_repair_and_compact(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"compacted from {grown} to {p.stat().st_size} bytes" in out and p.stat().st_size < grown
     assert torch.equal(tdz_numba.load(p)["a"], torch.zeros(10))
+
+
+def test_append_only_changed(tmp_path):
+    tree = {f"l{i}": torch.full((1000,), float(i)) for i in range(50)}
+    tree["cfg"] = {"lr": 0.1, "name": "x"}
+    tree["empty"] = torch.zeros(0)
+    p = tdz_numba.save(tree, tmp_path / "ckpt.tdz")
+    size = p.stat().st_size
+    assert tdz_numba.append(p, tree, replace=True, only_changed=True) == []
+    assert p.stat().st_size == size  # nothing written
+    tree["l7"] = tree["l7"] + 1  # same CRC impossible: bytes differ
+    tree["l9"] = tree["l9"].double()  # another dtype
+    tree["cfg"] = {"lr": 0.2, "name": "x"}
+    written = tdz_numba.append(p, tree, replace=True, only_changed=True)
+    assert written == ["l7", "l9", "cfg/lr"]
+    got = tdz_numba.load(p)
+    assert torch.equal(got["l7"], tree["l7"]) and got["l9"].dtype == torch.float64 and got["cfg"]["lr"] == 0.2
+    full = tdz_numba.load(tdz_numba.save(tree, tmp_path / "full.tdz"))
+    assert _same(tdz_numba.load(p), full)
+    # without replace, only a changed leaf is refused
+    tree["l1"] = tree["l1"] * 2
+    with pytest.raises(tdz_numba.ArchiveExistsError, match="'l1'"):
+        tdz_numba.append(p, tree, only_changed=True)
