@@ -468,3 +468,37 @@ def test_append_only_changed(tmp_path):
     tree["l1"] = tree["l1"] * 2
     with pytest.raises(tdz_numba.ArchiveExistsError, match="'l1'"):
         tdz_numba.append(p, tree, only_changed=True)
+
+
+def test_append_zip64_and_its_repair(tmp_path):
+    """An archive past 4 GiB (a sparse allocate): the append writes zip64 end records, its
+    temporary tail carries the zip64 locator, and repair restores the old bytes."""
+    p = tmp_path / "big.tdz"
+    tdz_numba.allocate(
+        {"z": torch.empty(5 << 30, dtype=torch.uint8, device="meta")}, p, reserve=False
+    ).close()
+    with open(p, "rb") as f:
+        f.seek(-98, 2)
+        old_tail = f.read()
+    old_size = p.stat().st_size
+    state = grow.read_state(np.memmap(p, np.uint8, mode="r"), str(p))
+    assert state.end.zip64 and state.locator  # a zip64 archive: the locator is copied too
+    tdz_numba.append(p, {"a": torch.arange(4)})
+    with zipfile.ZipFile(p) as z:
+        assert sorted(z.namelist()) == ["a.memmap", "meta.json", "z.memmap"]
+        assert z.read("a.memmap") == torch.arange(4).numpy().tobytes()
+    with tdz_numba.open(p) as ar:
+        assert ar["a"].tolist() == [0, 1, 2, 3] and ar["z"].shape == (5 << 30,)
+    # an uncommitted append on top: the zip64 end records are found again by repair
+    committed = p.stat().st_size
+    state = grow.read_state(np.memmap(p, np.uint8, mode="r"), str(p))
+    with open(p, "r+b") as f:
+        f.seek(committed + 4096)
+        f.write(state.temp_tail)
+    with tdz_numba.open(p) as ar:
+        assert ar["a"].tolist() == [0, 1, 2, 3]
+    r = tdz_numba.repair(p)
+    assert (r.action, r.size) == ("truncated", committed)
+    with zipfile.ZipFile(p) as z:
+        assert z.read("a.memmap") == torch.arange(4).numpy().tobytes()
+    assert old_size < committed and len(old_tail) == 98

@@ -334,9 +334,19 @@ class Repaired:
     size: int
 
 
-def _adjacent(buf: Any, end: EndRecord) -> bool:
-    """Whether the central directory ends where the end records start (zipfile's rule)."""
-    return end.cd_offset + end.cd_size == end.end_offset
+def _adjacent(buf: Any, state: State) -> bool:
+    """Whether the central directory and the end records follow each other without a gap up to
+    the end record at the end of the file (zipfile's rule): the central directory, then the zip64
+    end record and its locator when there are, then the end record."""
+    end = state.end
+    if not state.locator:
+        return end.cd_offset + end.cd_size == state.eocd_offset
+    from .records import ZIP64_END_STRUCT
+
+    z_end = end.end_offset
+    record_size = ZIP64_END_STRUCT.unpack_from(buf, z_end)[1]
+    locator_at = state.eocd_offset - ZIP64_LOCATOR_STRUCT.size
+    return end.cd_offset + end.cd_size == z_end and z_end + 12 + record_size == locator_at
 
 
 def _end_of_records(buf: Any, at: int, end: EndRecord, label: str) -> int:
@@ -375,8 +385,9 @@ def repair_file(fd: int, label: str, *, durable: bool = True) -> Repaired:
     if size == 0:
         raise BadArchiveError(f"{label}: empty file, not a zip archive", path=label)
     with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as buf:
-        end = find_end_record(buf, label)
-        if _adjacent(buf, end):
+        state = read_state(buf, label)
+        end = state.end
+        if _adjacent(buf, state):
             return Repaired("ok", size, size)
         stop = _end_of_records(buf, end.cd_offset + end.cd_size, end, label)
     if stop < 0:
