@@ -238,26 +238,7 @@ def make_seeds(work: Path) -> list[Seed]:
     s.update(_td_seeds(work))
     s["deep_levels"] = (_deep_levels(), ("d", "d/d/d"))
     s["long_name"] = (_long_name(s["stored"][0]), ("obs",))
-    s["appended"], s["uncommitted"] = _appended(work)
     return [Seed(name, data, subs) for name, (data, subs) in s.items()]
-
-
-def _appended(work: Path) -> tuple[tuple[bytes, tuple[str, ...]], tuple[bytes, tuple[str, ...]]]:
-    """An archive grown by two appends (dead central directories, merged meta.json files, a
-    superseded leaf), and one an append left uncommitted (the old end record copied at the end)."""
-    import torch
-
-    import tdz_numba
-    from tdz_numba.zipfmt import grow
-
-    p = work / "appended.tdz"
-    tdz_numba.save({"obs": {"x": torch.arange(6.0)}, "k": torch.ones(2)}, p)
-    tdz_numba.append(p, {"obs": {"y": torch.zeros(2, 2)}, "tag": "t"}, durable=False)
-    tdz_numba.append(p, {"k": torch.arange(3, dtype=torch.int8)}, replace=True, durable=False)
-    appended = normalize_times(p.read_bytes())
-    state = grow.read_state(appended, "seed")
-    uncommitted = appended + bytes(300) + state.temp_tail
-    return (appended, ("obs",)), (uncommitted, ("obs",))
 
 
 SEED_NAMES = (
@@ -280,8 +261,6 @@ SEED_NAMES = (
     "td_lazy",
     "deep_levels",
     "long_name",
-    "appended",
-    "uncommitted",
 )
 
 
