@@ -429,6 +429,26 @@ def test_open_archive_survives_append(tmp_path):
     got = tdz_numba.load(p)
     assert got["a"].tolist()[:2] == [9, 8] and sorted(got.keys()) == ["a", "b", "c"]
     np.testing.assert_array_equal(got["c"].numpy(), np.zeros(1, np.float32))
+    # the new central directory copied the CRC of 'a' as it was at the append: stale until a refresh
+    with pytest.raises(tdz_numba.ChecksumError, match="'a.memmap'"):
+        tdz_numba.verify(p)
+    tdz_numba.refresh_checksums(p)
+    tdz_numba.verify(p)
+    _check_zip_tools(p)
+
+
+def test_append_to_an_allocated_buffer(tmp_path):
+    buf = tdz_numba.allocate({"x": torch.zeros(4, 3)}, tmp_path / "b.tdz")
+    offset = buf.info("x").offset
+    buf["x"][:] = 3
+    tdz_numba.append(tmp_path / "b.tdz", {"y": torch.ones(2)})
+    buf["x"][0, 0] = 5  # the old mapping still writes the file
+    buf.close()
+    with tdz_numba.open(tmp_path / "b.tdz") as ar:
+        assert ar.info("x").offset == offset and ar["x"][0].tolist() == [5.0, 3.0, 3.0]
+        assert ar["y"].tolist() == [1.0, 1.0]
+    tdz_numba.refresh_checksums(tmp_path / "b.tdz")
+    _check_zip_tools(tmp_path / "b.tdz")
 
 
 def test_cli_repair_and_compact(tmp_path, capsys):
