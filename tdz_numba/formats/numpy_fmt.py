@@ -32,6 +32,7 @@ import os
 import struct
 import tokenize
 import zlib
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,7 +42,8 @@ from ..tdz.dtypes import from_numpy_dtype
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent
 from ..zipfmt.index import ArchiveIndex
 from ..zipfmt.records import DEFLATED, STORED
-from ._common import as_tensor, quote
+from ._common import as_tensor, no_gc, quote
+from ._flat import flat_source, make_specs
 from ._shape import check_shape
 
 __all__ = ["open_npy", "open_npz", "parse_npy_header", "NpyHeader", "MAX_HEADER"]
@@ -218,6 +220,75 @@ def _deflated_loader(index: ArchiveIndex, name: str, h: NpyHeader, where: str) -
     return load
 
 
+#: Longest version-1 header the bulk path gathers for every member at once (numpy pads
+#: headers to 64 bytes: 118 for a small shape); longer ones take the per-member path.
+_BULK_HEADER = 1024
+
+
+def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, TensorSpec] | None:
+    """Every member's spec when all are STORED, native-endian version-1 ``.npy`` arrays with
+    unique names (``np.savez``'s files): local headers checked in one pass, every member's
+    ``.npy`` header gathered into one array, each distinct header parsed once. None when
+    anything differs; the per-member path then reads the file (and names any error)."""
+    names = index.names
+    n = len(names)
+    if not n or not all(map(str.endswith, names, repeat(".npy", n))):
+        return None
+    index.check_all()  # every local header, in one kernel (or twin) pass: payload offsets filled
+    table = index.table
+    if not (np.all(table["method"] == STORED) and np.array_equal(table["size"], table["csize"])):
+        return None
+    size = table["size"]
+    po = table["payload_offset"]
+    if np.any(size < 10) or np.any(po + size > f.size):
+        return None
+    buf = f.buffer
+    heads = buf[po[:, None] + np.arange(10)]
+    if not (np.all(heads[:, :6] == np.frombuffer(MAGIC, np.uint8)) and np.all(heads[:, 6] == 1)):
+        return None
+    hlen = heads[:, 8].astype(np.int64) | (heads[:, 9].astype(np.int64) << 8)
+    if np.any(hlen > _BULK_HEADER) or np.any(10 + hlen > size):
+        return None
+    headers: list[NpyHeader] = []
+    which = np.empty(n, np.int64)  # member -> its header in `headers`
+    for length in np.unique(hlen).tolist():
+        rows = np.flatnonzero(hlen == length)
+        block = np.ascontiguousarray(buf[po[rows, None] + np.arange(10 + length)])
+        distinct, inverse = np.unique(block.view(np.dtype((np.void, 10 + length)))[:, 0], return_inverse=True)
+        for text in distinct:
+            try:
+                h = parse_npy_header(text.tobytes(), "")
+            except (BadArchiveError, UnsupportedError, UnsafeContentError):
+                return None  # the per-member path names the member and the error
+            if not h.dtype.isnative and h.dtype.itemsize > 1:
+                return None
+            headers.append(h)
+        which[rows] = inverse.reshape(-1) + (len(headers) - len(distinct))
+    need = np.array([math.prod(h.shape) * h.dtype.itemsize for h in headers], dtype=np.int64)
+    data_offset = np.array([h.data_offset for h in headers], dtype=np.int64)
+    if np.any(size - data_offset[which] < need[which]):
+        return None
+    keys = [name[:-4] for name in names]
+    if len(set(keys)) != n:
+        return None
+    with no_gc():
+        dtypes = [from_numpy_dtype(h.dtype.newbyteorder("=")) for h in headers]
+        strides = [_strides(h.shape, h.fortran) for h in headers]
+        w = which.tolist()
+        specs = make_specs(
+            keys,
+            list(map(dtypes.__getitem__, w)),
+            [headers[i].shape for i in w],
+            0,
+            (po + data_offset[which]).tolist(),
+            need[which].tolist(),
+            [headers[i].dtype.str for i in w],
+        )
+        if any(st is not None for st in strides):  # Fortran order: strided views
+            specs = {k: s._replace(strides=strides[i]) for (k, s), i in zip(specs.items(), w)}
+    return specs
+
+
 def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **options: Any) -> TreeSource:
     """An ``.npz`` file: one leaf per ``<name>.npy`` member, keyed ``<name>``.
 
@@ -234,8 +305,9 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
     try:
         if f.size != index.size:
             raise BadArchiveError(f"{where}: the file changed while it was opened")
-        tree: dict[str, TensorSpec] = {}
-        for name in index.names:
+        bulk = _bulk_npz(index, f, where)
+        tree: dict[str, TensorSpec] = bulk if bulk is not None else {}
+        for name in index.names if bulk is None else ():
             if not name.endswith(".npy"):
                 raise UnsupportedError(f"{where}: member {quote(name)} is not a .npy array")
             key = name[: -len(".npy")]
@@ -285,6 +357,6 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
         f.close()
         index.close()
         raise
-    src = TreeSource("npz", path, tree, files=[f], metadata={})
+    src = flat_source("npz", path, tree, files=[f], metadata={})
     src._index = index  # type: ignore[attr-defined]  # deflated members are read through it
     return src
