@@ -78,11 +78,12 @@ def flat_source(
     *,
     files: list[MappedFile],
     metadata: dict[str, Any] | None = None,
+    cls: type[TreeSource] = TreeSource,
 ) -> TreeSource:
-    """The :class:`~tdz_numba.tdz.sources.TreeSource` whose root level holds ``specs`` (keys:
-    the dict's keys, in order), the same source ``TreeSource(format, path, specs, ...)`` builds,
-    its children made in one pass."""
-    src = TreeSource(format, path, {}, files=files, metadata=metadata)
+    """The :class:`~tdz_numba.tdz.sources.TreeSource` (or subclass ``cls``) whose root level holds
+    ``specs`` (keys: the dict's keys, in order), the same source ``cls(format, path, specs, ...)``
+    builds, its children made in one pass."""
+    src = cls(format, path, {}, files=files, metadata=metadata)
     with no_gc():
         names = list(specs)
         children = dict(zip(names, map(_new_child, zip(names, repeat("leaf"), names, specs.values()))))

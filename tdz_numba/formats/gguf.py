@@ -49,8 +49,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BadArchiveError, InvalidArgumentError, MissingKeyError, UnsupportedError
-from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent, tensor_from_spec
+from ..tdz.sources import MappedFile, TreeSource, tensor_from_spec
 from ._common import no_gc, quote
+from ._flat import flat_source, make_specs
+from .gguf_bulk import bulk_infos
 
 __all__ = [
     "GGML_TYPES",
@@ -302,6 +304,9 @@ def _parse(buf: memoryview, where: str) -> tuple[dict[str, Any], list[GGUFTensor
     alignment = meta.get("general.alignment", 32)
     if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
         raise BadArchiveError(f"{where}: general.alignment {quote(alignment)} is not a power of two")
+    bulk = bulk_infos(np.frombuffer(buf, np.uint8), c.pos, n_tensors, alignment)
+    if bulk is not None:
+        return meta, bulk[0], version, bulk[1]
     infos: list[tuple[str, int, tuple[int, ...], int]] = []
     for i in range(n_tensors):
         c.subject = f"tensor #{i} "
@@ -388,33 +393,24 @@ def open_gguf(path: str | os.PathLike, **kw: Any) -> GGUFSource:
     try:
         with no_gc():  # millions of small metadata values: several times faster
             meta, infos, version, data_start = _parse(memoryview(f.buffer.data), where)
-        tree: dict[str, TensorSpec] = {}
-        for info in infos:
-            plain = _PLAIN.get(info.type_name)
+        names, _, tnames, shapes, offsets, nbytes = zip(*infos) if infos else ((),) * 6
+        kinds: dict[tuple[str, tuple[int, ...]], tuple[Any, tuple[int, ...]]] = {}
+        for key in set(zip(tnames, shapes)):
+            tname, shape = key
+            plain = _PLAIN.get(tname)
             if plain is not None:
-                spec = TensorSpec(
-                    info.name,
-                    getattr(torch, plain),
-                    info.shape,
-                    None,
-                    0,
-                    info.offset,
-                    info.nbytes,
-                    info.type_name,
-                )
+                kinds[key] = (getattr(torch, plain), shape)
             else:
-                _, block, tsize = GGML_TYPES[info.ggml_type]
-                shape = (*info.shape[:-1], info.shape[-1] // block * tsize)
-                spec = TensorSpec(
-                    info.name, torch.uint8, shape, None, 0, info.offset, info.nbytes, info.type_name
-                )
-            check_extent(spec, f.size, where)
-            tree[info.name] = spec
-        src = GGUFSource("gguf", path, tree, files=[f], metadata=meta)
+                _, block, tsize = GGML_TYPES[_BY_NAME[tname]]
+                kinds[key] = (torch.uint8, (*shape[:-1], shape[-1] // block * tsize))
+        per = list(map(kinds.__getitem__, zip(tnames, shapes)))
+        # every extent was checked against the file by _parse (or bulk_infos)
+        tree = make_specs(names, [p[0] for p in per], [p[1] for p in per], 0, offsets, nbytes, tnames)
+        src = flat_source("gguf", path, tree, files=[f], metadata=meta, cls=GGUFSource)
     except BaseException:
         f.close()
         raise
-    src.tensor_info = {i.name: i for i in infos}
+    src.tensor_info = dict(zip(names, infos))
     src.version = version
     src.data_start = data_start
     return src

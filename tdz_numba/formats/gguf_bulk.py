@@ -1,0 +1,124 @@
+"""GGUF tensor infos read in bulk: one tight pass finds each record, numpy reads and checks the rest.
+
+A tensor info is ``name length (u64), name, n_dims (u32), n_dims x u64, ggml type (u32), offset
+(u64)``. The pass over the records reads only what locates the next one (the name's length and
+the dimension count); dimensions, types and offsets are then gathered for all records at once
+from the mapped bytes, checked as arrays, and each distinct ``(type, dims)`` pair is checked and
+sized once with Python's unbounded ints. :func:`bulk_infos` returns None when anything is out of
+the ordinary (a bound, an unknown type, a duplicate name, a misaligned offset, ...): the
+per-record parser of :mod:`~tdz_numba.formats.gguf` then reads the file and names the error.
+
+Examples
+--------
+>>> import numpy as np, struct
+>>> from tdz_numba.formats.gguf_bulk import bulk_infos
+>>> rec = struct.pack("<Q", 1) + b"w" + struct.pack("<I2QIQ", 2, 3, 2, 0, 0)   # F32 of ne (3, 2)
+>>> buf = np.frombuffer(rec + bytes(-len(rec) % 32) + bytes(24), np.uint8)
+>>> infos, data_start = bulk_infos(buf, 0, 1, 32)
+>>> infos[0].shape, infos[0].offset, infos[0].nbytes, data_start
+((2, 3), 32, 24, 32)
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from functools import partial
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+__all__ = ["bulk_infos"]
+
+_U64 = struct.Struct("<Q").unpack_from
+_U32 = struct.Struct("<I").unpack_from
+_LIMIT = 1 << 63
+
+
+def _gather(buf: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
+    """``width``-byte little-endian values at the byte offsets ``at`` (in bounds: checked by the caller)."""
+    return np.ascontiguousarray(buf[at[:, None] + np.arange(width)]).view(dtype)[:, 0]
+
+
+def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[Any], int] | None:
+    """``(infos, data_start)`` of the ``n`` tensor infos from byte ``pos`` of ``buf`` (uint8), each a
+    :class:`~tdz_numba.formats.gguf.GGUFTensorInfo` with an absolute offset, or None (see the module)."""
+    from .gguf import GGML_TYPES, MAX_DIMS, GGUFTensorInfo
+
+    size = len(buf)
+    mv = memoryview(buf)
+    starts: list[int] = []
+    ends: list[int] = []
+    ndims: list[int] = []
+    for _ in range(n):  # only what the next record's position depends on
+        if pos + 8 > size:
+            return None
+        (ln,) = _U64(mv, pos)
+        a = pos + 8
+        pos = a + ln
+        if pos + 4 > size:
+            return None
+        (nd,) = _U32(mv, pos)
+        if nd > MAX_DIMS:
+            return None
+        starts.append(a)
+        ends.append(pos)
+        ndims.append(nd)
+        pos += 16 + 8 * nd
+    if pos > size or not n:
+        return None
+    data_start = -(-pos // alignment) * alignment
+    names = list(map(str, map(mv.__getitem__, map(slice, starts, ends)), repeat("utf-8"), repeat("replace")))
+    if len(set(names)) != n:
+        return None
+    at = np.array(ends, dtype=np.int64) + 4  # the first dimension
+    nd_arr = np.array(ndims, dtype=np.int64)
+    types = _gather(buf, at + 8 * nd_arr, 4, "<u4").astype(np.int64)
+    offsets = _gather(buf, at + 8 * nd_arr + 4, 8, "<u8")
+    if np.any(offsets >= np.uint64(size)):
+        return None
+    offsets = offsets.astype(np.int64)
+    if np.any(offsets % alignment):
+        return None
+    dims: list[tuple[int, ...]] = [()] * n
+    for k in np.unique(nd_arr).tolist():  # dimensions, grouped by rank
+        rows = np.flatnonzero(nd_arr == k)
+        if k:
+            block = np.ascontiguousarray(buf[at[rows, None] + np.arange(8 * k)]).view("<u8")
+            values = list(map(tuple, block.tolist()))
+        else:
+            values = [()] * len(rows)
+        for r, v in zip(rows.tolist(), values):
+            dims[r] = v
+    kinds: dict[tuple[int, tuple[int, ...]], tuple[str, tuple[int, ...], int]] = {}
+    for key in set(zip(types.tolist(), dims)):  # each distinct (type, dims): exact checks
+        ggml_type, d = key
+        if ggml_type not in GGML_TYPES:
+            return None
+        tname, block_len, tsize = GGML_TYPES[ggml_type]
+        if block_len > 1 and (not d or d[0] % block_len):
+            return None
+        if math.prod(max(x, 1) for x in d) * 8 >= _LIMIT:
+            return None
+        kinds[key] = (tname, tuple(reversed(d)), math.prod(d) // block_len * tsize)
+    per = list(map(kinds.__getitem__, zip(types.tolist(), dims)))
+    nbytes = np.array([p[2] for p in per], dtype=np.int64)
+    start = offsets + data_start
+    if np.any(start > size - nbytes):
+        return None
+    new = partial(tuple.__new__, GGUFTensorInfo)
+    infos = list(
+        map(
+            new,
+            zip(
+                names,
+                types.tolist(),
+                [p[0] for p in per],
+                [p[1] for p in per],
+                start.tolist(),
+                nbytes.tolist(),
+            ),
+        )
+    )
+    return infos, data_start
