@@ -57,7 +57,9 @@ from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
 from ..files.confine import MemberMissingError, map_inside
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent
 from ._common import as_tensor, no_gc, quote
+from ._flat import flat_source
 from ._shape import MAX_NDIM, check_shape
+from .onnx_bulk import bulk_specs, compact_graph, compact_tensor, torch_dtypes
 
 __all__ = ["ONNX_DTYPES", "detect_onnx", "open_onnx", "parse_model", "parse_tensor", "MAX_INITIALIZERS"]
 
@@ -239,8 +241,13 @@ def _tensor(buf: memoryview, start: int, end: int) -> dict[str, Any]:
     return t
 
 
-def parse_model(buf: memoryview, where: str = "<onnx>") -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(metadata, initializers)`` of a serialized ModelProto (see the module docstring)."""
+def parse_model(
+    buf: memoryview, where: str = "<onnx>", *, compact: bool = False
+) -> tuple[dict[str, Any], list[Any]]:
+    """``(metadata, initializers)`` of a serialized ModelProto (see the module docstring).
+
+    With ``compact``, an initializer as ``numpy_helper.from_array`` writes it is a tuple of
+    :func:`~tdz_numba.formats.onnx_bulk.compact_tensor` instead of a dict."""
     info: dict[str, Any] = {
         "ir_version": 0,
         "producer_name": "",
@@ -279,6 +286,18 @@ def parse_model(buf: memoryview, where: str = "<onnx>") -> tuple[dict[str, Any],
                 info["metadata_props"][key] = value
             elif w == 2 and f == 7:
                 graphs += 1
+                g = compact_graph(buf, v[0], v[0] + v[1]) if compact else None
+                if (
+                    g is not None
+                    and entries + g[3] <= MAX_ENTRIES
+                    and len(inits) + len(g[2]) <= MAX_INITIALIZERS
+                ):
+                    entries += g[3]
+                    for span, field in ((g[0], "graph_name"), (g[1], "graph_doc_string")):
+                        if span is not None:
+                            info[field] = _str(buf, span)
+                    inits += g[2]
+                    continue
                 for f2, w2, v2 in _fields(buf, v[0], v[0] + v[1]):
                     entries += 1
                     if entries > MAX_ENTRIES:
@@ -294,7 +313,8 @@ def parse_model(buf: memoryview, where: str = "<onnx>") -> tuple[dict[str, Any],
                             raise UnsupportedError(
                                 f"{where}: more than {MAX_INITIALIZERS:,} initializers (the reader's limit)"
                             )
-                        inits.append(_tensor(buf, v2[0], v2[0] + v2[1]))
+                        t = compact_tensor(buf, v2[0], v2[0] + v2[1]) if compact else None
+                        inits.append(t if t is not None else _tensor(buf, v2[0], v2[0] + v2[1]))
     except _Bad as e:
         raise BadArchiveError(f"{where}: not a valid ONNX model: {e}") from None
     if graphs > 1:
@@ -486,7 +506,13 @@ def _open(path: str | os.PathLike, where: str, model_dir: Path, files: list[Mapp
         metadata: dict[str, Any] = {}
         inits = [parse_tensor(buf, where)]
     else:
-        metadata, inits = parse_model(buf, where)
+        metadata, inits = parse_model(buf, where, compact=True)
+        if all(type(t) is tuple for t in inits):
+            specs = bulk_specs(inits, torch_dtypes(ONNX_DTYPES), files[0].size)
+            if specs is not None:
+                return flat_source("onnx", path, specs, files=files, metadata=metadata)
+        if any(type(t) is tuple for t in inits):  # the per-initializer path reads every one
+            metadata, inits = parse_model(buf, where)
     by_location: dict[str, int] = {}
     tree: dict[str, Any] = {}
     for t in inits:

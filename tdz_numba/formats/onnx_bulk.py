@@ -1,0 +1,178 @@
+"""ONNX initializers as ``numpy_helper.from_array`` writes them, read with minimal Python per tensor.
+
+Such a ``TensorProto`` holds only ``dims`` (field 1, one varint each), ``data_type`` (2), ``name``
+(8) and ``raw_data`` (9). :func:`compact_tensor` reads one in a tight loop (no generator, no dict)
+into ``(name, data_type, dims, raw_offset, raw_length)``, or returns None for anything else (a
+typed field, external data, a string tensor, a negative or 65th dimension, a truncated varint):
+the general field walker of :mod:`~tdz_numba.formats.onnx` then reads that tensor. When every
+initializer of a model is compact, :func:`bulk_specs` checks them as columns (names unique, each
+distinct shape once, ``raw_data`` sizes against ``numel * itemsize``) and builds the specs in one
+pass; it returns None when a check fails, and the per-initializer path names the error.
+
+Examples
+--------
+>>> from tdz_numba.formats.onnx_bulk import compact_tensor
+>>> pb = bytes([0x08, 2, 0x08, 3, 0x10, 1, 0x42, 1]) + b"w" + bytes([0x4A, 24]) + bytes(24)
+>>> compact_tensor(memoryview(pb), 0, len(pb))
+('w', 1, (2, 3), 12, 24)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..tdz.sources import TensorSpec
+from ._flat import make_specs
+from ._shape import MAX_NDIM, check_shape
+
+__all__ = ["compact_tensor", "compact_graph", "bulk_specs", "torch_dtypes"]
+
+_LIMIT = 1 << 63
+
+
+def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """A varint at ``pos`` (before ``end``); ``(-1, pos)`` when truncated or over 10 bytes."""
+    if pos + 1 < end:  # one or two bytes: tags, names, dims and raw_data lengths below 16 KiB
+        b = buf[pos]
+        if b < 0x80:
+            return b, pos + 1
+        c = buf[pos + 1]
+        if c < 0x80:
+            return (b & 0x7F) | (c << 7), pos + 2
+    value = shift = 0
+    for _ in range(10):
+        if pos >= end:
+            return -1, pos
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value & 0xFFFFFFFFFFFFFFFF, pos
+        shift += 7
+    return -1, pos
+
+
+def compact_tensor(
+    buf: memoryview, start: int, end: int
+) -> tuple[str, int, tuple[int, ...], int, int] | None:
+    """``(name, data_type, dims, raw_offset, raw_length)`` of the ``TensorProto`` in
+    ``buf[start:end]``, or None when it has any other field (see the module docstring).
+    Repeated ``data_type``/``name``/``raw_data`` fields: the last wins, as in protobuf."""
+    pos = start
+    dims: list[int] = []
+    dtype = 0
+    name = ""
+    raw_at = raw_len = -1
+    while pos < end:
+        tag = buf[pos]
+        pos += 1
+        if tag == 0x08 or tag == 0x10:
+            value, pos = _varint(buf, pos, end)
+            if value < 0 or value >= _LIMIT:
+                return None
+            if tag == 0x10:
+                dtype = value
+            elif len(dims) < MAX_NDIM:
+                dims.append(value)
+            else:
+                return None
+        elif tag == 0x42 or tag == 0x4A:
+            n, pos = _varint(buf, pos, end)
+            if n < 0 or n > end - pos:
+                return None
+            if tag == 0x42:
+                name = bytes(buf[pos : pos + n]).decode("utf-8", errors="replace")
+            else:
+                raw_at, raw_len = pos, n
+            pos += n
+        else:
+            return None
+    if raw_at < 0:
+        return None
+    return name, dtype, tuple(dims), raw_at, raw_len
+
+
+def compact_graph(buf: memoryview, start: int, end: int) -> tuple[Any, Any, list[Any], int] | None:
+    """``(name span, doc_string span, compact initializers, field count)`` of the ``GraphProto`` in
+    ``buf[start:end]`` (spans: ``(offset, length)`` or None), read in one tight loop; None when
+    an initializer is not compact or a field is malformed (the general walker then reads it)."""
+    pos = start
+    name = doc = None
+    inits: list[Any] = []
+    count = 0
+    while pos < end:
+        tag, pos = _varint(buf, pos, end)
+        wire = tag & 7
+        if tag < 8:  # truncated, or field number 0
+            return None
+        count += 1
+        if wire == 2:
+            n, pos = _varint(buf, pos, end)
+            if n < 0 or n > end - pos:
+                return None
+            field = tag >> 3
+            if field == 5:
+                t = compact_tensor(buf, pos, pos + n)
+                if t is None:
+                    return None
+                inits.append(t)
+            elif field == 2:
+                name = (pos, n)
+            elif field == 10:
+                doc = (pos, n)
+            pos += n
+        elif wire == 0:
+            value, pos = _varint(buf, pos, end)
+            if value < 0:
+                return None
+        elif wire == 1 or wire == 5:
+            pos += 8 if wire == 1 else 4
+            if pos > end:
+                return None
+        else:
+            return None
+    return name, doc, inits, count
+
+
+def torch_dtypes(table: dict[int, tuple[str, str]]) -> dict[int, tuple[Any, str]]:
+    """ONNX data type -> (torch dtype, ONNX name) from ``table`` (-> (torch name, ONNX name)),
+    for the types this torch has."""
+    import torch
+
+    return {k: (getattr(torch, t), name) for k, (t, name) in table.items() if hasattr(torch, t)}
+
+
+def bulk_specs(
+    inits: list[tuple[str, int, tuple[int, ...], int, int]], dtypes: dict[int, tuple[Any, str]], size: int
+) -> dict[str, TensorSpec] | None:
+    """``{name: spec}`` of compact initializers (``dtypes``: ONNX data type -> (torch dtype, ONNX
+    name)), every extent inside a file of ``size`` bytes; None when any check fails."""
+    if not inits:
+        return None
+    names, types, shapes, offsets, lengths = zip(*inits)
+    if len(set(names)) != len(names) or not set(types) <= dtypes.keys():
+        return None
+    numel_of: dict[tuple[int, ...], int] = {}
+    for shape in set(shapes):
+        try:
+            check_shape(shape, None, 16, "")
+        except Exception:  # noqa: BLE001 - the per-initializer path raises it with the name
+            return None
+        numel_of[shape] = math.prod(shape)
+    itemsize = {t: dtypes[t][0].itemsize for t in set(types)}
+    need = np.array([numel_of[s] * itemsize[t] for s, t in zip(shapes, types)], dtype=np.int64)
+    off = np.array(offsets, dtype=np.int64)
+    if not np.array_equal(need, np.array(lengths, dtype=np.int64)) or np.any(off > size - need):
+        return None
+    return make_specs(
+        names,
+        [dtypes[t][0] for t in types],
+        shapes,
+        0,
+        offsets,
+        need.tolist(),
+        [dtypes[t][1] for t in types],
+    )
