@@ -26,6 +26,7 @@ from functools import partial
 from itertools import repeat
 from typing import Any
 
+from ..errors import InvalidArgumentError
 from ..tdz.sources import Child, LevelInfo, MappedFile, TensorSpec, TreeSource
 from ._common import no_gc
 
@@ -79,13 +80,20 @@ def flat_source(
     files: list[MappedFile],
     metadata: dict[str, Any] | None = None,
     cls: type[TreeSource] = TreeSource,
+    meta: dict[str, Any] | None = None,
 ) -> TreeSource:
     """The :class:`~tdz_numba.tdz.sources.TreeSource` (or subclass ``cls``) whose root level holds
-    ``specs`` (keys: the dict's keys, in order), the same source ``cls(format, path, specs, ...)``
-    builds, its children made in one pass."""
-    src = cls(format, path, {}, files=files, metadata=metadata)
+    ``specs`` (keys: the dict's keys, in order) and ``meta``: the same source
+    ``cls(format, path, specs, ...)`` builds, its children made in one pass. A tree whose
+    values are not all specs (sub-levels, plain values) is handed to ``cls`` as it is."""
     with no_gc():
+        values = list(specs.values())
+        if not all(map(isinstance, values, repeat(TensorSpec))):
+            return cls(format, path, specs, files=files, metadata=metadata)
+        src = cls(format, path, {}, files=files, metadata=metadata)
         names = list(specs)
-        children = dict(zip(names, map(_new_child, zip(names, repeat("leaf"), names, specs.values()))))
-    src._levels[""] = LevelInfo(True, children, {})
+        if not all(map(isinstance, names, repeat(str))):
+            raise InvalidArgumentError(f"{src.path}: level keys must be str")
+        children = dict(zip(names, map(_new_child, zip(names, repeat("leaf"), names, values))))
+    src._levels[""] = LevelInfo(True, children, dict(meta or {}))
     return src

@@ -175,6 +175,8 @@ def lookup(module: str, name: str, where: str) -> Any:
 
 # -- handlers of the allowed callables (our code, never the file's) --------------------------------
 def _ints(v: Any, what: str, where: str) -> tuple[int, ...]:
+    if type(v) is tuple and len(v) == 1 and type(v[0]) is int:  # the common case, without a generator
+        return v
     if not isinstance(v, tuple) or not all(type(x) is int for x in v):
         raise BadArchiveError(f"{where}: {what} must be a tuple of ints, found {short(v)}")
     return tuple(v)

@@ -43,7 +43,7 @@ from itertools import chain
 from typing import Any
 
 from ..errors import BadArchiveError, TdzError, UnsafeContentError, UnsupportedError
-from .pickle_ops import GLOBALS, StorageType, TensorRef, _Fn, _Storage, call, lookup, short
+from .pickle_ops import GLOBALS, StorageType, TensorRef, _Fn, _Storage, _tensor, call, lookup, short
 
 __all__ = [
     "load",
@@ -223,6 +223,7 @@ def _run(  # noqa: C901
             nest[id(obj)] = (d + 1, obj)  # kept alive: its id is not reused while the VM runs
         return obj
 
+    rebuild = _tensor
     memo_put = memo.__setitem__  # BINPUT keys are one byte; the wider puts check the size
     push = stack.append
     for _ in range(MAX_OPS // _CHUNK):
@@ -261,7 +262,10 @@ def _run(  # noqa: C901
                 push(deep(tuple(items)))
             elif op == 0x86:  # TUPLE2
                 b = stack.pop()
-                stack[-1] = deep((stack[-1], b))
+                a = stack[-1]
+                ta, tb = type(a), type(b)
+                flat = ta is not tuple and ta is not frozenset and tb is not tuple and tb is not frozenset
+                stack[-1] = (a, b) if flat else deep((a, b))  # deep() of a flat tuple: no-op
             elif op == 0x58:  # X BINUNICODE
                 (length,) = _U(data, pos)
                 pos += 4
@@ -279,8 +283,14 @@ def _run(  # noqa: C901
                     raise BadArchiveError(
                         f"{where}: REDUCE of a {type(fn).__name__}, not an allowed callable"
                     )
-                value = call(fn, args, where)
-                stack[-1] = deep(value) if type(value) is frozenset else value
+                kind = fn.kind
+                if kind == "_rebuild_tensor_v2" and type(args) is tuple:  # the common calls, direct
+                    stack[-1] = rebuild(args, where)
+                elif kind == "ordered_dict" and args == ():
+                    stack[-1] = OrderedDict()
+                else:
+                    value = call(fn, args, where)
+                    stack[-1] = deep(value) if type(value) is frozenset else value
             elif op == 0x51:  # Q BINPERSID
                 pid = stack[-1]
                 if type(pid) is not tuple or len(pid) < 2 or type(pid[1]) is not StorageType:
@@ -291,7 +301,9 @@ def _run(  # noqa: C901
             elif op == 0x29:  # ) EMPTY_TUPLE
                 push(())
             elif op == 0x85:  # TUPLE1
-                stack[-1] = deep((stack[-1],))
+                a = stack[-1]
+                ta = type(a)
+                stack[-1] = (a,) if ta is not tuple and ta is not frozenset else deep((a,))
             elif op == 0x8C:  # SHORT_BINUNICODE
                 length = data[pos]
                 push(text(pos + 1, length))

@@ -69,6 +69,7 @@ from ..tdz.tree import Level
 from ..zipfmt.index import ArchiveIndex
 from ..zipfmt.records import STORED
 from . import pickle_vm
+from ._flat import flat_source
 from ._shape import MAX_NDIM, check_shape
 from .detect import zip_kind
 
@@ -233,6 +234,10 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
     data = index.read_bytes(prefix + "data.pkl")
     records: dict[str, _Record] = {}
     size = index.size
+    index.check_all()  # every local header in one pass (the kernel or its twin): payload offsets filled
+    table = index.table
+    methods, sizes, csizes = table["method"].tolist(), table["size"].tolist(), table["csize"].tolist()
+    payloads = table["payload_offset"].tolist()
 
     def persistent_load(pid: tuple) -> _Record:
         if len(pid) != 5 or pid[0] != "storage":
@@ -245,18 +250,16 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
         rec = records.get(key)
         if rec is None:
             name = prefix + "data/" + key
-            if "/" in key or name not in index:
+            i = index.row(name)
+            if "/" in key or i is None:
                 raise BadArchiveError(f"{where}: storage {key!r} has no record {name!r}")
-            e = index.entry(name)
-            if e.method != STORED:
+            if methods[i] != STORED:
                 raise UnsupportedError(
                     f"{where}: storage record {name!r} is compressed; torch.save writes them stored"
                 )
-            if e.size != e.compressed_size:
-                raise BadArchiveError(
-                    f"{where}: stored record {name!r} has sizes {e.compressed_size} and {e.size}"
-                )
-            rec = records[key] = _Record(key, e.payload_offset, e.size)
+            if sizes[i] != csizes[i]:
+                raise BadArchiveError(f"{where}: stored record {name!r} has sizes {csizes[i]} and {sizes[i]}")
+            rec = records[key] = _Record(key, payloads[i], sizes[i])
             rec.dtype = stype.dtype
         if numel * stype.dtype.itemsize > rec.nbytes:
             raise BadArchiveError(
@@ -274,7 +277,7 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
     except BaseException:
         f.close()
         raise
-    return TreeSource("torch", path, tree, files=[f], metadata={})
+    return flat_source("torch", path, tree, files=[f], metadata={}, meta=tree.meta)
 
 
 class _Ctx(NamedTuple):
