@@ -46,3 +46,32 @@ def test_torch_state_dict_root_meta(tmp_path):
     src = open_torch(p)
     assert src.level("").meta == {"_torch_type": "dict"}
     assert src.level("").children["b"].leaf.strides == (1, 2)
+
+
+def test_no_gc_restores_the_collector_and_keeps_frozen_objects():
+    import gc
+
+    from tdz_numba.formats._common import no_gc
+
+    assert gc.isenabled()
+    with no_gc():
+        assert not gc.isenabled()
+        made = [(i, str(i)) for i in range(1000)]
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert gc.get_count()[0] < 100  # the new objects went to the oldest generation, no pass pending
+    gc.freeze()  # an application that froze its own objects (a pre-fork server)
+    try:
+        frozen = gc.get_freeze_count()
+        with no_gc():
+            made += [(i,) for i in range(10)]
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+    finally:
+        gc.unfreeze()
+    gc.disable()  # a caller that paused the collector itself: left paused
+    try:
+        with no_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert len(made) == 1010

@@ -51,11 +51,21 @@ def as_tensor(arr: np.ndarray) -> Any:
 def no_gc() -> Iterator[None]:
     """Pauses the cyclic garbage collector while a header of many small containers is
     built (the collector's passes over a growing heap make the build several times
-    slower; nothing built there forms cycles)."""
+    slower; nothing built there forms cycles).
+
+    On the way out, the objects made meanwhile are moved to the oldest generation
+    (``gc.freeze(); gc.unfreeze()``: two list splices) instead of being traversed by the
+    young collection that re-enabling would start at once: ~1 us per object spared at
+    20,000+ specs. Not done when the application froze objects itself
+    (``gc.get_freeze_count()``): ``unfreeze`` would release them.
+    """
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()

@@ -35,7 +35,6 @@ tdz_numba.errors.UnsafeContentError: <pickle>: the pickle names posix.system, wh
 
 from __future__ import annotations
 
-import gc
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from itertools import chain
 from typing import Any
 
 from ..errors import BadArchiveError, TdzError, UnsafeContentError, UnsupportedError
+from ._common import no_gc
 from .pickle_ops import GLOBALS, StorageType, TensorRef, _Fn, _Storage, _tensor, call, lookup, short
 
 __all__ = [
@@ -140,30 +140,25 @@ def load_at(
     n = len(data)
     if n > MAX_PICKLE_BYTES:
         raise BadArchiveError(f"{where}: pickle of {n} bytes exceeds the limit of {MAX_PICKLE_BYTES}")
-    paused = gc.isenabled()  # the VM makes many small containers and no garbage: skip the collector's passes
-    if paused:
-        gc.disable()
-    try:
-        root, end = _run(data, n, persistent_load, where, start)
-        _check_nesting(root, where)
-        return root, end
-    except IndexError:
-        raise BadArchiveError(
-            f"{where}: truncated or malformed pickle (stack underflow or a read past the end)"
-        ) from None
-    except struct.error:
-        raise BadArchiveError(f"{where}: truncated pickle") from None
-    except (TypeError, KeyError, AttributeError, ValueError, RecursionError, OverflowError) as exc:
-        if isinstance(exc, TdzError):
-            raise
-        if type(exc) is KeyError:
+    with no_gc():  # the VM makes many small containers and no garbage: skip the collector's passes
+        try:
+            root, end = _run(data, n, persistent_load, where, start)
+            _check_nesting(root, where)
+            return root, end
+        except IndexError:
             raise BadArchiveError(
-                f"{where}: memo key {exc} was never stored (or an unhashable dict key)"
+                f"{where}: truncated or malformed pickle (stack underflow or a read past the end)"
             ) from None
-        raise BadArchiveError(f"{where}: malformed pickle: {type(exc).__name__}: {exc}") from None
-    finally:
-        if paused:
-            gc.enable()
+        except struct.error:
+            raise BadArchiveError(f"{where}: truncated pickle") from None
+        except (TypeError, KeyError, AttributeError, ValueError, RecursionError, OverflowError) as exc:
+            if isinstance(exc, TdzError):
+                raise
+            if type(exc) is KeyError:
+                raise BadArchiveError(
+                    f"{where}: memo key {exc} was never stored (or an unhashable dict key)"
+                ) from None
+            raise BadArchiveError(f"{where}: malformed pickle: {type(exc).__name__}: {exc}") from None
 
 
 def _run(  # noqa: C901

@@ -69,6 +69,7 @@ from ..tdz.tree import Level
 from ..zipfmt.index import ArchiveIndex
 from ..zipfmt.records import STORED
 from . import pickle_vm
+from ._common import no_gc
 from ._flat import flat_source
 from ._shape import MAX_NDIM, check_shape
 from .detect import zip_kind
@@ -273,7 +274,8 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
     try:
         if f.size != size:
             raise BadArchiveError(f"{where}: the file changed while it was opened")
-        tree = _to_tree(root, where, size, [f])
+        with no_gc():  # 20,000+ specs and levels: no collector passes over them
+            tree = _to_tree(root, where, size, [f])
     except BaseException:
         f.close()
         raise
