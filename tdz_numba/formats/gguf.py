@@ -44,7 +44,7 @@ import math
 import operator
 import os
 import struct
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -406,7 +406,7 @@ def open_gguf(path: str | os.PathLike, **kw: Any) -> GGUFSource:
         per = list(map(kinds.__getitem__, zip(tnames, shapes)))
         # every extent was checked against the file by _parse (or bulk_infos)
         tree = make_specs(names, [p[0] for p in per], [p[1] for p in per], 0, offsets, nbytes, tnames)
-        src = flat_source("gguf", path, tree, files=[f], metadata=meta, cls=GGUFSource)
+        src = cast(GGUFSource, flat_source("gguf", path, tree, files=[f], metadata=meta, cls=GGUFSource))
     except BaseException:
         f.close()
         raise

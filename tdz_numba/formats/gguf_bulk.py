@@ -47,7 +47,7 @@ def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[
     from .gguf import GGML_TYPES, MAX_DIMS, GGUFTensorInfo
 
     size = len(buf)
-    mv = memoryview(buf)
+    mv = buf.data  # a memoryview of the same bytes
     starts: list[int] = []
     ends: list[int] = []
     ndims: list[int] = []

@@ -260,7 +260,7 @@ def parse_model(
         "graph_doc_string": "",
         "metadata_props": {},
     }
-    inits: list[dict[str, Any]] = []
+    inits: list[Any] = []  # dicts (compact: also compact_tensor tuples)
     graphs = entries = 0
     try:
         for f, w, v in _fields(buf, 0, len(buf)):
@@ -504,7 +504,7 @@ def _open(path: str | os.PathLike, where: str, model_dir: Path, files: list[Mapp
     buf = memoryview(files[0].buffer.data)
     if _is_bare_tensor(buf):
         metadata: dict[str, Any] = {}
-        inits = [parse_tensor(buf, where)]
+        inits: list[Any] = [parse_tensor(buf, where)]
     else:
         metadata, inits = parse_model(buf, where, compact=True)
         if all(type(t) is tuple for t in inits):

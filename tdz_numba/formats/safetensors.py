@@ -306,10 +306,11 @@ def _fast_header(
         numel_of[text_] = numel
     begins = np.array(list(map(int, begin_texts)), dtype=np.int64)
     ends = np.array(list(map(int, end_texts)), dtype=np.int64)
-    itemsize = np.array([dtypes_of[t].itemsize for t in tnames], dtype=np.int64)
-    numel = np.array(list(map(numel_of.__getitem__, shape_texts)), dtype=np.int64)
+    sizes = {t: d.itemsize for t, d in dtypes_of.items() if d is not None}
+    itemsize = np.array(list(map(sizes.__getitem__, tnames)), dtype=np.int64)
+    numels = np.array(list(map(numel_of.__getitem__, shape_texts)), dtype=np.int64)
     nbytes = ends - begins
-    if not np.array_equal(nbytes, numel * itemsize):  # numel < 2**62, itemsize <= 16: no overflow
+    if not np.array_equal(nbytes, numels * itemsize):  # numel < 2**62, itemsize <= 16: no overflow
         return None
     order = np.lexsort((ends, begins))
     b_sorted, e_sorted = begins[order], ends[order]
