@@ -68,6 +68,7 @@ Examples
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ from .hdf5_objects import SIGNATURE, Layout
 from .hdf5_walk import MAX_OBJECTS, Walk
 
 __all__ = ["HDF5Source", "detect_hdf5", "open_hdf5", "SIGNATURE", "MAX_OBJECTS", "h5_string"]
+
 
 def detect_hdf5(head: bytes, path: str | os.PathLike | None = None) -> bool:
     """Whether a file holds the HDF5 signature at offset 0, 512, 1024, 2048, ...
@@ -111,6 +113,7 @@ def detect_hdf5(head: bytes, path: str | os.PathLike | None = None) -> bool:
         return False
     return False
 
+
 class HDF5Source(TreeSource):
     """An HDF5 file as a tree; keeps the h5py file open for the loaders until :meth:`close`."""
 
@@ -136,6 +139,7 @@ class HDF5Source(TreeSource):
                 self._h5 = None
         super().close()
 
+
 def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: Any) -> HDF5Source:
     """Opens an HDF5 file (needs h5py): see the module docstring for what each object becomes.
 
@@ -159,7 +163,7 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
         (:class:`~tdz_numba.files.confine.OutsideError`).
     """
     try:
-        import h5py  # type: ignore[import-untyped]
+        import h5py  # type: ignore[import-untyped]  # noqa: F401 - read what the reader does not map
     except ImportError:
         raise UnsupportedError(
             f"{path}: reading HDF5 files needs h5py (pip install 'tdz_numba[hdf5]')"
@@ -171,8 +175,14 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
         lay = Layout.read(f.buffer, where)
         ctx = Ctx(None, Path(os.path.dirname(os.path.abspath(path))), where, allow_external)
         walk = Walk(lay, f, ctx, os.fspath(path))
-        root, metadata = walk.run()
-        src = HDF5Source("hdf5", path, root, files=[f], metadata=metadata)
+        collecting = gc.isenabled()
+        gc.disable()  # tens of thousands of specs, no cycles: the collector's passes would cost more
+        try:
+            root, metadata = walk.run()
+            src = HDF5Source("hdf5", path, root, files=[f], metadata=metadata)
+        finally:
+            if collecting:
+                gc.enable()
     except BaseException:
         if walk is not None and walk.h5 is not None:
             walk.h5.close()

@@ -40,6 +40,7 @@ MAX_OBJECTS = 1_000_000
 _ZERO_COPY_KINDS = "biufc"
 _LAYOUT_CONTIGUOUS, _LAYOUT_VIRTUAL = 1, 3
 
+
 def plain(value: Any) -> Any:
     """An attribute or scalar dataset value as plain Python (arrays become lists)."""
     if isinstance(value, bytes):
@@ -67,12 +68,10 @@ def attrs_of(obj: Any, where: str) -> dict[str, Any]:
     return out
 
 
-
 class Group(dict):
     """A level of the tree with the group's attributes."""
 
     meta: dict[str, Any]
-
 
 
 def _loader(dset: Any, native: np.dtype, where: str):
@@ -345,8 +344,6 @@ def h5_string(dtype: np.dtype) -> bool:
     import h5py  # type: ignore[import-untyped]
 
     return h5py.check_string_dtype(dtype) is not None
-
-
 
 
 def walk_h5py(ctx: Ctx, top: Any, node: Group, depth: int, prefix: str, attrs: dict, f: MappedFile) -> None:

@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import BadArchiveError
 from .hdf5_headers import STATUS_TEXT, header_messages, symbol_table
 
-__all__ = ["Layout", "Header", "SIGNATURE", "MAX_LINKS"]
+__all__ = ["Layout", "Header", "Links", "SIGNATURE", "MAX_LINKS"]
 
 #: The 8-byte HDF5 superblock signature (at offset 0, 512, 1024, 2048, ...).
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -69,6 +69,24 @@ class Header(NamedTuple):
 
     def has(self, mtype: int) -> bool:
         return bool((self.rows[:, 0] == mtype).any())
+
+
+class Links(NamedTuple):
+    """A group's links in order: ``names``, ``addrs`` (absolute object addresses of hard links),
+    ``other``: ``name -> (kind, value)`` for the rest (``"soft"``: the path; ``"external"``:
+    ``(file, path)`` or None; ``"other"``: a user-defined link)."""
+
+    names: list[str]
+    addrs: list[int]
+    other: dict[str, tuple[str, Any]]
+
+    @classmethod
+    def of(cls, items: list[tuple[str, str, Any]]) -> Links:
+        return cls(
+            [n for n, _k, _v in items],
+            [v if k == "hard" else -1 for _n, k, v in items],
+            {n: (k, v) for n, k, v in items if k != "hard"},
+        )
 
 
 class Layout:
@@ -136,7 +154,9 @@ class Layout:
             raise BadArchiveError(f"{where}: HDF5 base address {base} outside the file")
         lay.base = base
         if version in (0, 1):
-            root = lay.addr(off + pos + 4 * osz + osz)  # after base, free-space, EOF, driver; then name offset
+            root = lay.addr(
+                off + pos + 4 * osz + osz
+            )  # after base, free-space, EOF, driver; then name offset
         else:
             root = lay.addr(off + pos + 3 * osz)  # after base, extension, EOF
         if root < 0 or root >= size:
@@ -221,7 +241,10 @@ class Layout:
         if kind == 0:
             if pos + self.osz > end:
                 raise self.bad(f"link {name!r}: address past its message")
-            return name, "hard", self.addr(pos), order
+            target = self.addr(pos)
+            if not 0 <= target < self.size:
+                raise self.bad(f"link {name[:60]!r}: address {target} outside the file")
+            return name, "hard", target, order
         vlen = self.uint(pos, 2)
         if pos + 2 + vlen > end:
             raise self.bad(f"link {name!r}: a value of {vlen} bytes past its message")
@@ -236,7 +259,7 @@ class Layout:
         return name, "other", None, order
 
     # -- groups -------------------------------------------------------------------------------------
-    def links(self, addr: int, path: str, header: Header | None = None) -> list[tuple[str, str, Any]]:
+    def links(self, addr: int, path: str, header: Header | None = None) -> Links | None:
         """The links of the group at ``addr`` in h5py's order (by name, or by creation order when the
         group tracks it); ``None`` when the group keeps them in dense storage (list them with h5py)."""
         h = header or self.header(addr)
@@ -254,13 +277,13 @@ class Layout:
             pos = p + 2 + (8 if b[1] & 1 else 0)
             tracked = bool(b[1] & 1)
             if self.addr(pos) != -1:
-                return None  # type: ignore[return-value]  # dense storage
+                return None  # dense storage
         found = [self.link(p, size) for _f, p, size in h.find(LINK)]
         if tracked:
             found.sort(key=lambda x: x[3])
         else:
             found.sort(key=lambda x: x[0].encode("utf-8", "surrogateescape"))
-        return [(n, k, v) for n, k, v, _o in found]
+        return Links.of([(n, k, v) for n, k, v, _o in found])
 
     def _local_heap(self, addr: int, path: str) -> bytes:
         if addr < 0 or self.bytes_at(addr, 4) != b"HEAP":
@@ -275,29 +298,42 @@ class Layout:
         heap = self._local_heap(heap_addr, path)
         if btree < 0 or btree >= self.size:
             raise self.bad(f"group {path!r}: B-tree address {btree} outside the file")
-        cap = min(MAX_LINKS, self.size // (2 * self.osz + 24) + 1)
-        rows = np.empty((cap, 4), np.int64)
-        got = int(symbol_table(self.buf, btree, self.base, self.osz, self.lsz, rows))
+        bound = min(MAX_LINKS, self.size // (2 * self.osz + 24) + 1)
+        cap = min(bound, 1 << 16)
+        while True:
+            rows = np.empty((cap, 4), np.int64)
+            got = int(symbol_table(self.buf, btree, self.base, self.osz, self.lsz, rows))
+            if got != -3 or cap >= bound:
+                break
+            cap = min(bound, cap * 8)
         if got < 0:
             raise self.bad(f"group {path!r}: its B-tree or symbol table: {STATUS_TEXT.get(got, 'damaged')}")
-        out: list[tuple[str, str, Any]] = []
-        find = heap.find
-        hsize = len(heap)
-        for name_off, oaddr, cache, scratch in rows[:got].tolist():
-            end = find(b"\0", name_off) if 0 <= name_off < hsize else -1
-            if end < 0:
-                raise self.bad(f"group {path!r}: a name at heap offset {name_off} outside its heap")
-            name = heap[name_off:end].decode("utf-8", "surrogateescape")
-            if cache == 2:  # a soft link: its value's offset in the heap
-                vend = find(b"\0", scratch) if 0 <= scratch < hsize else -1
-                if vend < 0:
-                    raise self.bad(f"group {path!r}: soft link {name[:60]!r} outside its heap")
-                out.append((name, "soft", heap[scratch:vend].decode("utf-8", "surrogateescape")))
-            elif oaddr < 0:
+        rows = rows[:got]
+        offs = rows[:, 0]
+        hb = np.frombuffer(heap, np.uint8)
+        zeros = np.flatnonzero(hb == 0)
+        at = np.searchsorted(zeros, offs)
+        if got and (offs.min() < 0 or offs.max() >= len(heap) or at.max() >= zeros.size):
+            raise self.bad(f"group {path!r}: a name outside its local heap")
+        ends = zeros[np.minimum(at, zeros.size - 1)] if got else offs
+        lengths = ends - offs + 1  # each name with its terminating zero
+        total = int(lengths.sum())
+        starts = np.cumsum(lengths) - lengths
+        idx = np.arange(total, dtype=np.int64) + np.repeat(offs - starts, lengths)
+        names = hb[idx].tobytes().decode("utf-8", "surrogateescape").split("\0")[:-1] if got else []
+        addrs = rows[:, 1].tolist()
+        other: dict[str, tuple[str, Any]] = {}
+        for i in np.flatnonzero((rows[:, 2] == 2) | (rows[:, 1] < 0)).tolist():
+            name = names[i]
+            if rows[i, 2] != 2:
                 raise self.bad(f"group {path!r}: {name[:60]!r} at an address outside the file")
-            else:
-                out.append((name, "hard", oaddr))
-        return out
+            voff = int(rows[i, 3])
+            vend = heap.find(b"\0", voff) if 0 <= voff < len(heap) else -1
+            if vend < 0:
+                raise self.bad(f"group {path!r}: soft link {name[:60]!r} outside its heap")
+            other[name] = ("soft", heap[voff:vend].decode("utf-8", "surrogateescape"))
+        return Links(names, addrs, other)
+
 
 def dtype_of(lay: Layout, p: int, size: int) -> np.dtype | None:
     """A datatype message as a numpy dtype (numeric, either byte order; h5py's bool enum and

@@ -25,7 +25,21 @@ from ..files.confine import MAX_SYMLINKS
 from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec
 from .hdf5_h5py import Ctx, Group, attrs_of, described, follow, refused, walk_h5py
 from .hdf5_headers import COLS, DTYPES, FAST, scan_datasets
-from .hdf5_objects import AINFO, ATTR, DATASPACE, DTYPE, EXTERNAL, LAYOUT, LINFO, LINK, SYMTAB, Header, Layout, dtype_of
+from .hdf5_objects import (
+    AINFO,
+    ATTR,
+    DATASPACE,
+    DTYPE,
+    EXTERNAL,
+    LAYOUT,
+    LINFO,
+    LINK,
+    SYMTAB,
+    Header,
+    Layout,
+    Links,
+    dtype_of,
+)
 
 __all__ = ["Walk", "MAX_OBJECTS", "is_group", "probe_in_child", "PROBE_TIMEOUT"]
 
@@ -67,10 +81,14 @@ def probe_in_child(path: str, chain: tuple[tuple[str, int], ...], where: str) ->
         ) from None
     if b"PROBE OK" not in proc.stdout:
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        raise BadArchiveError(f"{where}: virtual dataset {name[:80]!r}: libhdf5 cannot open it: {tail[0][:200]}")
+        raise BadArchiveError(
+            f"{where}: virtual dataset {name[:80]!r}: libhdf5 cannot open it: {tail[0][:200]}"
+        )
 
 
 _SKIP = object()
+#: TensorSpec's fields after ``type_name`` at their defaults (codec, size, crc, loader).
+_TAIL = tuple(TensorSpec._field_defaults[k] for k in TensorSpec._fields[8:])
 
 #: A hop of an object's path from the root: (link name, absolute address).
 Chain = tuple[tuple[str, int], ...]
@@ -97,7 +115,8 @@ class Walk:
         self.where = ctx.where
         self.attrs: dict[str, dict[str, Any]] = {}
         self.h5: Any = None
-        self._links: dict[int, dict[str, tuple[str, Any]]] = {}
+        self._links: dict[int, Links] = {}
+        self._index: dict[int, dict[str, int]] = {}
         self._headers: dict[int, Header] = {}
         self._torch = _torch_dtypes()
 
@@ -162,17 +181,28 @@ class Walk:
             h = self._headers[addr] = self.lay.header(addr)
         return h
 
-    def links(self, addr: int, chain: Chain) -> dict[str, tuple[str, Any]]:
-        """``name -> (kind, value)`` of the group at ``addr`` in h5py's order."""
+    def links(self, addr: int, chain: Chain) -> Links:
+        """The links of the group at ``addr`` in h5py's order."""
         got = self._links.get(addr)
         if got is not None:
             return got
         path = "/" + "/".join(n for n, _a in chain)
         listed = self.lay.links(addr, path, self.header(addr))
         if listed is None:  # dense storage: h5py reads the link index, opens no object
-            listed = self._dense(chain, path)
-        got = self._links[addr] = {n: (k, v) for n, k, v in listed}
-        return got
+            listed = Links.of(self._dense(chain, path))
+        self._links[addr] = listed
+        return listed
+
+    def link(self, addr: int, chain: Chain, name: str) -> tuple[str, Any]:
+        """``(kind, value)`` of the link ``name`` of the group at ``addr`` (``("none", None)``)."""
+        links = self.links(addr, chain)
+        if name in links.other:
+            return links.other[name]
+        index = self._index.get(addr)
+        if index is None:
+            index = self._index[addr] = dict(zip(links.names, links.addrs))
+        target = index.get(name)
+        return ("none", None) if target is None else ("hard", target)
 
     def _dense(self, chain: Chain, path: str) -> list[tuple[str, str, Any]]:
         import h5py  # type: ignore[import-untyped]
@@ -186,7 +216,10 @@ class Walk:
                 raw = name.encode("utf-8", "surrogateescape")
                 info = group.id.links.get_info(raw)
                 if info.type == h5py.h5l.TYPE_HARD:
-                    out.append((name, "hard", info.u + self.lay.base))
+                    target = info.u + self.lay.base
+                    if not 0 <= target < self.lay.size:
+                        raise BadArchiveError(f"{self.where}: link {name[:60]!r}: address outside the file")
+                    out.append((name, "hard", target))
                 elif info.type == h5py.h5l.TYPE_SOFT:
                     out.append((name, "soft", group.id.links.get_val(raw).decode("utf-8", "surrogateescape")))
                 elif info.type == h5py.h5l.TYPE_EXTERNAL:
@@ -209,13 +242,15 @@ class Walk:
             addr = cur[-1][1] if cur else self.lay.root
             if not is_group(self.header(addr)):
                 return None
-            kind, value = self.links(addr, cur).get(name, ("none", None))
+            kind, value = self.link(addr, cur, name)
             if kind == "hard":
                 cur = (*cur, (name, value))
             elif kind == "soft":
                 hops += 1
                 if hops > MAX_SYMLINKS:
-                    raise BadArchiveError(f"{self.where}: soft link {target[:60]!r}: more than {MAX_SYMLINKS} hops")
+                    raise BadArchiveError(
+                        f"{self.where}: soft link {target[:60]!r}: more than {MAX_SYMLINKS} hops"
+                    )
                 if value.startswith("/"):
                     cur = ()
                 todo.extend(reversed([c for c in value.split("/") if c not in ("", ".")]))
@@ -240,57 +275,68 @@ class Walk:
             chain, node, prefix = stack.pop()
             if len(chain) > MAX_DEPTH:
                 raise BadArchiveError(f"{self.where}: groups nested deeper than {MAX_DEPTH}")
-            addr = chain[-1][1] if chain else lay.root
-            hard: list[tuple[str, Chain]] = []
-            for name, (kind, value) in self.links(addr, chain).items():
-                count += 1
-                if count > MAX_OBJECTS:
-                    raise BadArchiveError(f"{self.where}: more than {MAX_OBJECTS} objects")
-                if kind == "hard":
-                    hard.append((name, (*chain, (name, value))))
-                    continue
+            links = self.links(chain[-1][1] if chain else lay.root, chain)
+            count += len(links.names)
+            if count > MAX_OBJECTS:
+                raise BadArchiveError(f"{self.where}: more than {MAX_OBJECTS} objects")
+            node.update(dict.fromkeys(links.names, _SKIP))  # each name's place, in h5py's order
+            names, addrs, resolved = links.names, links.addrs, {}
+            if links.other:
+                names = [n for n in links.names if n not in links.other]
+                addrs = [a for n, a in zip(links.names, links.addrs) if n not in links.other]
+            for name, (kind, value) in links.other.items():
                 if kind == "soft":
                     got = self.resolve(value, chain)
                     if got is None:
                         continue  # dangling
                     if got[0] == "hard":
                         if got[1]:
-                            hard.append((name, got[1]))
+                            resolved[name] = got[1]
+                            names.append(name)
+                            addrs.append(got[1][-1][1])
                         continue
                 if kind in ("soft", "external") and self.ctx.allow_external:
                     self._external(chain, name, node, prefix)
                 # otherwise another file (not followed) or a user-defined link: left out
-            if hard:
-                self._children(hard, node, prefix, visited, stack)
+            if names:
+                self._children(names, addrs, chain, resolved, node, prefix, visited, stack)
+            for k in [k for k, v in node.items() if v is _SKIP]:
+                del node[k]
         return root, root.meta
 
-    def _children(self, hard: list, node: Group, prefix: str, visited: set, stack: list) -> None:
+    def _children(
+        self,
+        names: list,
+        addrs: list,
+        parent: Chain,
+        resolved: dict,
+        node: Group,
+        prefix: str,
+        visited: set,
+        stack: list,
+    ) -> None:
         lay = self.lay
-        for name, chain in hard:
-            if not 0 <= chain[-1][1] < lay.size:
-                raise BadArchiveError(f"{self.where}: link {name[:60]!r}: address {chain[-1][1]} outside the file")
-        addrs = np.fromiter((c[-1][1] - lay.base for _n, c in hard), np.int64, len(hard))
-        out = np.empty((len(hard), COLS), np.int64)
-        scan_datasets(lay.buf, addrs, lay.base, lay.osz, lay.lsz, out)
-        torch_dtypes = self._torch
-        node.update(dict.fromkeys([n for n, _c in hard], _SKIP))  # each name's place, in h5py's order
+        arr = np.array(addrs, np.int64) - lay.base
+        out = np.empty((len(names), COLS), np.int64)
+        scan_datasets(lay.buf, arr, lay.base, lay.osz, lay.lsz, out)
         status = out[:, 0]
         fast = np.flatnonzero(status == FAST)
         if fast.size:
-            shapes: list[Any] = [None] * len(hard)
+            shapes: list[Any] = [None] * len(names)
             ranks = out[fast, 2]
             for r in np.unique(ranks).tolist():
                 sel = fast[ranks == r]
                 for i, dims in zip(sel.tolist(), out[sel, 5 : 5 + r].tolist()):
                     shapes[i] = tuple(dims)
-            cols = out[fast][:, [1, 3, 4]].T.tolist()
-            for i, code, off, nbytes in zip(fast.tolist(), *cols):
-                name = hard[i][0]
-                node[name] = TensorSpec(name, torch_dtypes[code], shapes[i], None, 0, off, nbytes, DTYPES[code])
-        slow = np.flatnonzero(status != FAST).tolist()
-        for i in slow:
-            name, chain = hard[i]
-            addr = chain[-1][1]
+            dtypes, new, spec = self._torch, tuple.__new__, TensorSpec
+            for i, code, off, nbytes in zip(fast.tolist(), *out[fast][:, [1, 3, 4]].T.tolist()):
+                name = names[i]  # TensorSpec(name, dtype, shape, None, 0, off, nbytes, type name)
+                node[name] = new(
+                    spec, (name, dtypes[code], shapes[i], None, 0, off, nbytes, DTYPES[code], *_TAIL)
+                )
+        for i in np.flatnonzero(status != FAST).tolist():
+            name, addr = names[i], addrs[i]
+            chain = resolved.get(name) or (*parent, (name, addr))
             h = self.header(addr)  # a damaged header raises here
             if is_group(h):
                 if addr in visited:
@@ -303,9 +349,6 @@ class Walk:
             elif h.has(LAYOUT):
                 node[name] = self._dataset(h, name, chain, prefix + name)
             # committed datatypes are not data: left out
-        for i in slow:
-            if node.get(hard[i][0]) is _SKIP:
-                del node[hard[i][0]]
 
     def _dataset(self, h: Header, key: str, chain: Chain, tree_path: str) -> Any:
         lay = self.lay
@@ -331,7 +374,15 @@ class Walk:
             tdtype = from_numpy_dtype(dtype.newbyteorder("=")) if dtype is not None else torch.uint8
             name = "/" + "/".join(n for n, _a in chain)
             return TensorSpec(
-                key, tdtype, shape, None, 0, 0, 0, dtype.str if dtype is not None else "", loader=refused(name, reason)
+                key,
+                tdtype,
+                shape,
+                None,
+                0,
+                0,
+                0,
+                dtype.str if dtype is not None else "",
+                loader=refused(name, reason),
             )
         if virtual:  # allowed: libhdf5 loops forever on some damaged ones, so it opens it in a child first
             probe_in_child(self.path, chain, self.where)
@@ -362,4 +413,3 @@ class Walk:
             walk_h5py(self.ctx, obj, sub, len(chain) + 1, f"{prefix}{name}/", self.attrs, self.f)
         elif isinstance(obj, h5py.Dataset):
             node[name] = described(self.ctx, obj, name, self.f, prefix + name, self.attrs, foreign=True)
-
