@@ -241,8 +241,12 @@ def dataset(dset: Any, key: str, f: MappedFile, where: str, ctx: Ctx, foreign: b
             raise BadArchiveError(f"{where}: cannot read dataset {dset.name!r}: {e}") from None
     layout = plist.get_layout()
     offset = dset.id.get_offset() if layout == _LAYOUT_CONTIGUOUS and not foreign else None
+    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    # an unallocated dataset in a file with a userblock: h5py's get_offset() is the undefined
+    # address plus the base (userblock - 1), not None; its storage size says it has no bytes
+    if offset is not None and dset.id.get_storage_size() < nbytes:
+        offset = None
     if offset is not None and dtype.isnative and plist.get_nfilters() == 0:
-        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
         spec = TensorSpec(key, tdtype, shape, None, 0, int(offset), nbytes, dtype.str)
         check_extent(spec, f.size, where)
         return spec
