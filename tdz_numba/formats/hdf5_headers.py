@@ -273,9 +273,16 @@ def scan_datasets(buf, addrs, base, osz, lsz, out):
                 space = m
             elif t == _DTYPE and dtype < 0:
                 dtype = m
-            elif t == _LAYOUT and layout < 0:
+            elif t == _LAYOUT:
+                if layout >= 0:  # two layout messages: for Python (and libhdf5) to judge
+                    other = True
                 layout = m
-            elif t == _EXTERNAL or t == _PIPELINE or t == _ATTR or t == _AINFO or t == _SYMTAB:
+            elif t == _AINFO:  # attribute info: attributes only when its fractal heap is defined
+                p, size = table[m, 2], table[m, 3]
+                at = p + 2 + (2 if size >= 2 and buf[p + 1] & 1 else 0)
+                if at + osz > p + size or _uint(buf, at, osz) != -1:
+                    other = True
+            elif t == _EXTERNAL or t == _PIPELINE or t == _ATTR or t == _SYMTAB:
                 other = True
             elif t == _LINK or t == _LINFO:
                 other = True

@@ -16,6 +16,8 @@ walk did not check).
 from __future__ import annotations
 
 import os
+from functools import partial
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -89,6 +91,8 @@ def probe_in_child(path: str, chain: tuple[tuple[str, int], ...], where: str) ->
 _SKIP = object()
 #: TensorSpec's fields after ``type_name`` at their defaults (codec, size, crc, loader).
 _TAIL = tuple(TensorSpec._field_defaults[k] for k in TensorSpec._fields[8:])
+_NAMES_ARR = np.array(DTYPES, dtype=object)
+_SPEC = partial(tuple.__new__, TensorSpec)
 
 #: A hop of an object's path from the root: (link name, absolute address).
 Chain = tuple[tuple[str, int], ...]
@@ -119,6 +123,7 @@ class Walk:
         self._index: dict[int, dict[str, int]] = {}
         self._headers: dict[int, Header] = {}
         self._torch = _torch_dtypes()
+        self._torch_arr = np.array(self._torch + [None], dtype=object)[:-1]
 
     # -- h5py, reached hop by hop ----------------------------------------------------------------
     def _file(self) -> Any:
@@ -322,18 +327,34 @@ class Walk:
         status = out[:, 0]
         fast = np.flatnonzero(status == FAST)
         if fast.size:
-            shapes: list[Any] = [None] * len(names)
-            ranks = out[fast, 2]
-            for r in np.unique(ranks).tolist():
-                sel = fast[ranks == r]
-                for i, dims in zip(sel.tolist(), out[sel, 5 : 5 + r].tolist()):
-                    shapes[i] = tuple(dims)
-            dtypes, new, spec = self._torch, tuple.__new__, TensorSpec
-            for i, code, off, nbytes in zip(fast.tolist(), *out[fast][:, [1, 3, 4]].T.tolist()):
-                name = names[i]  # TensorSpec(name, dtype, shape, None, 0, off, nbytes, type name)
-                node[name] = new(
-                    spec, (name, dtypes[code], shapes[i], None, 0, off, nbytes, DTYPES[code], *_TAIL)
-                )
+            rows = out[fast]
+            ranks = rows[:, 2]
+            shapes: list[Any]
+            if (ranks == ranks[0]).all():
+                shapes = list(map(tuple, rows[:, 5 : 5 + int(ranks[0])].tolist()))
+            else:
+                shapes = [None] * len(rows)
+                for r in np.unique(ranks).tolist():
+                    sel = np.flatnonzero(ranks == r)
+                    for i, dims in zip(sel.tolist(), rows[sel, 5 : 5 + r].tolist()):
+                        shapes[i] = tuple(dims)
+            codes = rows[:, 1]
+            keys = [names[i] for i in fast.tolist()]
+            specs = map(
+                _SPEC,  # TensorSpec(key, dtype, shape, None, 0, offset, nbytes, type name) in C
+                zip(
+                    keys,
+                    self._torch_arr[codes].tolist(),
+                    shapes,
+                    repeat(None),
+                    repeat(0),
+                    rows[:, 3].tolist(),
+                    rows[:, 4].tolist(),
+                    _NAMES_ARR[codes].tolist(),
+                    *map(repeat, _TAIL),
+                ),
+            )
+            node.update(zip(keys, specs))
         for i in np.flatnonzero(status != FAST).tolist():
             name, addr = names[i], addrs[i]
             chain = resolved.get(name) or (*parent, (name, addr))
@@ -352,9 +373,8 @@ class Walk:
 
     def _dataset(self, h: Header, key: str, chain: Chain, tree_path: str) -> Any:
         lay = self.lay
-        _f, p, s = h.find(LAYOUT)[0]
-        _v, cls, _a, _n = lay.layout(p, s)
-        virtual, external = cls == 3, h.has(EXTERNAL)
+        classes = [lay.layout(p, s)[1] for _f, p, s in h.find(LAYOUT)]
+        virtual, external = 3 in classes, h.has(EXTERNAL)
         if (virtual or external) and not self.ctx.allow_external:
             space = h.find(DATASPACE)
             shape = lay.dataspace(space[0][1], space[0][2]) if space else ()
