@@ -25,10 +25,12 @@ Examples
 ...     p = pathlib.Path(d) / "x.h5"
 ...     with h5py.File(p, "w") as f:
 ...         _ = f.create_dataset("w", data=np.arange(4.0))
+...         f["s"] = h5py.SoftLink("/w")
 ...     buf = np.fromfile(p, np.uint8)
 ...     lay = Layout.read(buf, str(p))
-...     [(name, kind) for name, kind, _ in lay.links(lay.root, "/")]
-[('w', 'hard')]
+...     links = lay.links(lay.root, "/")
+...     links.names, links.other
+(['s', 'w'], {'s': ('soft', '/w')})
 """
 
 from __future__ import annotations
@@ -294,7 +296,7 @@ class Layout:
             raise self.bad(f"group {path!r}: local heap of {size} bytes at {data} past the end of the file")
         return self.bytes_at(data, size)
 
-    def _symbol_table(self, btree: int, heap_addr: int, path: str) -> list[tuple[str, str, Any]]:
+    def _symbol_table(self, btree: int, heap_addr: int, path: str) -> Links:
         heap = self._local_heap(heap_addr, path)
         if btree < 0 or btree >= self.size:
             raise self.bad(f"group {path!r}: B-tree address {btree} outside the file")
