@@ -292,3 +292,14 @@ def test_fast_status_for_plain_dataset(tmp_path):
     out = np.zeros((1, COLS), np.int64)
     scan_datasets(buf, np.array([addr], np.int64), 0, 8, 8, out)
     assert out[0, :7].tolist() == [FAST, 2, 2, off, 12, 2, 3]
+
+
+@pytest.mark.parametrize("keep", [9, 12, 14, 15, 16, 30])
+def test_superblock_cut_short(tmp_path, keep):
+    """A file cut inside its superblock: BadArchiveError (an IndexError before the fix at 12-15)."""
+    p = tmp_path / "a.h5"
+    with h5py.File(p, "w") as f:
+        f["x"] = np.arange(3.0)
+    p.write_bytes(p.read_bytes()[:keep])
+    with pytest.raises(BadArchiveError):
+        open_hdf5(p)

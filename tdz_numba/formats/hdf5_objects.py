@@ -137,7 +137,7 @@ class Layout:
         if off + 8 > size:
             raise BadArchiveError(f"{where}: no HDF5 superblock signature")
         head = buf[off : off + 96].tobytes()
-        if len(head) < 12:
+        if len(head) < 16:
             raise BadArchiveError(f"{where}: the HDF5 superblock is cut short")
         version = head[8]
         if version in (0, 1):
