@@ -1,0 +1,435 @@
+"""The walk of an HDF5 file's group tree, from its own bytes; h5py only for what it must read.
+
+:class:`Walk` lists every group's links itself (:mod:`~tdz_numba.formats.hdf5_objects`),
+reads the object headers of a group's children in one kernel call
+(:func:`~tdz_numba.formats.hdf5_headers.scan_datasets`) and makes a
+:class:`~tdz_numba.tdz.sources.TensorSpec` for each plain contiguous dataset
+without h5py. The rest is decided from the headers before libhdf5 opens
+anything: a virtual dataset or one with external storage is refused (unless
+``allow_external=True``), external links are left out; only then are the other
+datasets (chunked, strings...) and the attributes read through h5py, each
+object reached hop by hop with every link's address checked against the one
+this walk read (so a damaged name index cannot send libhdf5 to an object this
+walk did not check).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadArchiveError, TdzError
+from ..files.confine import MAX_SYMLINKS
+from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec
+from .hdf5_h5py import Ctx, Group, attrs_of, described, follow, refused, walk_h5py
+from .hdf5_headers import COLS, DTYPES, FAST, scan_datasets
+from .hdf5_objects import (
+    AINFO,
+    ATTR,
+    DATASPACE,
+    DTYPE,
+    EXTERNAL,
+    LAYOUT,
+    LINFO,
+    LINK,
+    SYMTAB,
+    Header,
+    Layout,
+    Links,
+    dtype_of,
+)
+
+__all__ = ["Walk", "MAX_OBJECTS", "is_group", "probe_in_child", "PROBE_TIMEOUT"]
+
+#: Most links followed in one file.
+MAX_OBJECTS = 1_000_000
+
+#: Seconds a child process may take to open a virtual dataset (``allow_external=True``) before
+#: the reader gives up on it.
+PROBE_TIMEOUT = 20.0
+
+_PROBE = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+import h5py
+f = h5py.File(sys.argv[1], "r")
+obj = f
+for name in sys.argv[2:]:
+    obj = h5py.h5o.open(obj.id, name.encode("utf-8", "surrogateescape"))
+    obj = h5py.Dataset(obj) if isinstance(obj, h5py.h5d.DatasetID) else h5py.Group(obj)
+obj.id.get_create_plist().get_layout()
+print("PROBE OK")
+"""
+
+
+def probe_in_child(path: str, chain: tuple[tuple[str, int], ...], where: str) -> None:
+    """Opens the dataset at ``chain`` with h5py in a child process (timeout :data:`PROBE_TIMEOUT`,
+    4 GiB of address space): a damaged virtual dataset that sends libhdf5 into a loop or a crash
+    is refused here instead of hanging or killing this process."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", _PROBE, os.fspath(path), *(n for n, _a in chain)]
+    name = "/" + "/".join(n for n, _a in chain)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise BadArchiveError(
+            f"{where}: virtual dataset {name[:80]!r}: libhdf5 did not finish opening it in {PROBE_TIMEOUT:g} s"
+        ) from None
+    if b"PROBE OK" not in proc.stdout:
+        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        raise BadArchiveError(
+            f"{where}: virtual dataset {name[:80]!r}: libhdf5 cannot open it: {tail[0][:200]}"
+        )
+
+
+_SKIP = object()
+#: TensorSpec's fields after ``type_name`` at their defaults (codec, size, crc, loader).
+_TAIL = tuple(TensorSpec._field_defaults[k] for k in TensorSpec._fields[8:])
+_NAMES_ARR = np.array(DTYPES, dtype=object)
+_SPEC = partial(tuple.__new__, TensorSpec)
+
+#: A hop of an object's path from the root: (link name, absolute address).
+Chain = tuple[tuple[str, int], ...]
+
+
+def _torch_dtypes() -> list[Any]:
+    from ..tdz.dtypes import from_numpy_dtype
+
+    return [None] + [from_numpy_dtype(np.dtype(s)) for s in DTYPES[1:]]
+
+
+def is_group(h: Header) -> bool:
+    return h.has(SYMTAB) or h.has(LINFO) or (h.has(LINK) and not h.has(LAYOUT))
+
+
+class Walk:
+    """One file's walk: ``run()`` returns the root :class:`Group` (levels, specs, values)."""
+
+    def __init__(self, lay: Layout, f: MappedFile, ctx: Ctx, path: str) -> None:
+        self.lay = lay
+        self.f = f
+        self.ctx = ctx
+        self.path = path
+        self.where = ctx.where
+        self.attrs: dict[str, dict[str, Any]] = {}
+        self.h5: Any = None
+        self._links: dict[int, Links] = {}
+        self._index: dict[int, dict[str, int]] = {}
+        self._headers: dict[int, Header] = {}
+        self._torch = _torch_dtypes()
+        self._torch_arr = np.array(self._torch + [None], dtype=object)[:-1]
+
+    # -- h5py, reached hop by hop ----------------------------------------------------------------
+    def _file(self) -> Any:
+        if self.h5 is None:
+            import h5py  # type: ignore[import-untyped]
+
+            try:
+                self.h5 = h5py.File(self.path, "r")
+            except Exception as e:  # noqa: BLE001 - OSError for most, others on odd files
+                raise BadArchiveError(f"{self.where}: not a readable HDF5 file: {e}") from None
+            self.ctx.h5 = self.h5
+        return self.h5
+
+    def open_h5(self, chain: Chain) -> Any:
+        """The h5py object at the end of ``chain``, each link's address checked before the object opens."""
+        import h5py  # type: ignore[import-untyped]
+
+        cur = self._file()
+        for name, addr in chain:
+            raw = name.encode("utf-8", "surrogateescape")
+            try:
+                info = cur.id.links.get_info(raw)
+                ok = info.type == h5py.h5l.TYPE_HARD and info.u + self.lay.base == addr
+                nxt = h5py.h5o.open(cur.id, raw) if ok else None
+            except Exception as e:  # noqa: BLE001
+                raise BadArchiveError(f"{self.where}: h5py cannot open {name!r}: {e}") from None
+            if nxt is None:
+                raise BadArchiveError(
+                    f"{self.where}: link {name[:60]!r}: libhdf5 finds another object than the group's links name"
+                )
+            if isinstance(nxt, h5py.h5g.GroupID):
+                cur = h5py.Group(nxt)
+            elif isinstance(nxt, h5py.h5d.DatasetID) and (name, addr) == chain[-1]:
+                cur = h5py.Dataset(nxt)
+            else:
+                raise BadArchiveError(
+                    f"{self.where}: {name[:60]!r}: libhdf5 reads another kind of object than its header says"
+                )
+        return cur
+
+    def _attrs(self, h: Header, chain: Chain, tree_path: str) -> dict[str, Any]:
+        """The attributes of a checked object (h5py reads them), ``{}`` when its header has none."""
+        if not h.has(ATTR):
+            info = h.find(AINFO)
+            if not info:
+                return {}
+            _f, p, _s = info[0]
+            flags = self.lay.bytes_at(p, 2)[1]
+            if self.lay.addr(p + 2 + (2 if flags & 1 else 0)) == -1:
+                return {}
+        own = attrs_of(self.open_h5(chain), self.where)
+        if own:
+            self.attrs[tree_path] = own
+        return own
+
+    # -- links -----------------------------------------------------------------------------------
+    def header(self, addr: int) -> Header:
+        h = self._headers.get(addr)
+        if h is None:
+            h = self._headers[addr] = self.lay.header(addr)
+        return h
+
+    def links(self, addr: int, chain: Chain) -> Links:
+        """The links of the group at ``addr`` in h5py's order."""
+        got = self._links.get(addr)
+        if got is not None:
+            return got
+        path = "/" + "/".join(n for n, _a in chain)
+        listed = self.lay.links(addr, path, self.header(addr))
+        if listed is None:  # dense storage: h5py reads the link index, opens no object
+            listed = Links.of(self._dense(chain, path))
+        self._links[addr] = listed
+        return listed
+
+    def link(self, addr: int, chain: Chain, name: str) -> tuple[str, Any]:
+        """``(kind, value)`` of the link ``name`` of the group at ``addr`` (``("none", None)``)."""
+        links = self.links(addr, chain)
+        if name in links.other:
+            return links.other[name]
+        index = self._index.get(addr)
+        if index is None:
+            index = self._index[addr] = dict(zip(links.names, links.addrs))
+        target = index.get(name)
+        return ("none", None) if target is None else ("hard", target)
+
+    def _dense(self, chain: Chain, path: str) -> list[tuple[str, str, Any]]:
+        import h5py  # type: ignore[import-untyped]
+
+        group = self.open_h5(chain)
+        out: list[tuple[str, str, Any]] = []
+        try:
+            for name in group.keys():
+                if len(out) >= MAX_OBJECTS:
+                    raise BadArchiveError(f"{self.where}: group {path!r}: more than {MAX_OBJECTS} links")
+                raw = name.encode("utf-8", "surrogateescape")
+                info = group.id.links.get_info(raw)
+                if info.type == h5py.h5l.TYPE_HARD:
+                    target = info.u + self.lay.base
+                    if not 0 <= target < self.lay.size:
+                        raise BadArchiveError(f"{self.where}: link {name[:60]!r}: address outside the file")
+                    out.append((name, "hard", target))
+                elif info.type == h5py.h5l.TYPE_SOFT:
+                    out.append((name, "soft", group.id.links.get_val(raw).decode("utf-8", "surrogateescape")))
+                elif info.type == h5py.h5l.TYPE_EXTERNAL:
+                    out.append((name, "external", None))
+        except BadArchiveError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise BadArchiveError(f"{self.where}: cannot list group {path!r}: {e}") from None
+        return out
+
+    def resolve(self, target: str, chain: Chain) -> tuple[str, Chain] | None:
+        """Where a soft link's ``target`` (from the group at the end of ``chain``) leads:
+        ``("hard", chain)``, ``("external", chain so far)``, or None (dangling)."""
+        todo = [c for c in target.split("/") if c not in ("", ".")]
+        todo.reverse()
+        cur: Chain = () if target.startswith("/") else chain
+        hops = 0
+        while todo:
+            name = todo.pop()
+            addr = cur[-1][1] if cur else self.lay.root
+            if not is_group(self.header(addr)):
+                return None
+            kind, value = self.link(addr, cur, name)
+            if kind == "hard":
+                cur = (*cur, (name, value))
+            elif kind == "soft":
+                hops += 1
+                if hops > MAX_SYMLINKS:
+                    raise BadArchiveError(
+                        f"{self.where}: soft link {target[:60]!r}: more than {MAX_SYMLINKS} hops"
+                    )
+                if value.startswith("/"):
+                    cur = ()
+                todo.extend(reversed([c for c in value.split("/") if c not in ("", ".")]))
+            elif kind == "external":
+                return "external", cur
+            else:
+                return None
+        return "hard", cur
+
+    # -- the walk --------------------------------------------------------------------------------
+    def run(self) -> tuple[Group, dict[str, Any]]:
+        lay = self.lay
+        rh = self.header(lay.root)
+        if not is_group(rh):
+            raise BadArchiveError(f"{self.where}: the root object is not a group")
+        root = Group()
+        root.meta = self._attrs(rh, (), "")
+        visited = {lay.root}
+        stack: list[tuple[Chain, Group, str]] = [((), root, "")]
+        count = 0
+        while stack:
+            chain, node, prefix = stack.pop()
+            if len(chain) > MAX_DEPTH:
+                raise BadArchiveError(f"{self.where}: groups nested deeper than {MAX_DEPTH}")
+            links = self.links(chain[-1][1] if chain else lay.root, chain)
+            count += len(links.names)
+            if count > MAX_OBJECTS:
+                raise BadArchiveError(f"{self.where}: more than {MAX_OBJECTS} objects")
+            node.update(dict.fromkeys(links.names, _SKIP))  # each name's place, in h5py's order
+            names, addrs, resolved = links.names, links.addrs, {}
+            if links.other:
+                names = [n for n in links.names if n not in links.other]
+                addrs = [a for n, a in zip(links.names, links.addrs) if n not in links.other]
+            for name, (kind, value) in links.other.items():
+                if kind == "soft":
+                    got = self.resolve(value, chain)
+                    if got is None:
+                        continue  # dangling
+                    if got[0] == "hard":
+                        if got[1]:
+                            resolved[name] = got[1]
+                            names.append(name)
+                            addrs.append(got[1][-1][1])
+                        continue
+                if kind in ("soft", "external") and self.ctx.allow_external:
+                    self._external(chain, name, node, prefix)
+                # otherwise another file (not followed) or a user-defined link: left out
+            if names:
+                self._children(names, addrs, chain, resolved, node, prefix, visited, stack)
+            for k in [k for k, v in node.items() if v is _SKIP]:
+                del node[k]
+        return root, root.meta
+
+    def _children(
+        self,
+        names: list,
+        addrs: list,
+        parent: Chain,
+        resolved: dict,
+        node: Group,
+        prefix: str,
+        visited: set,
+        stack: list,
+    ) -> None:
+        lay = self.lay
+        arr = np.array(addrs, np.int64) - lay.base
+        out = np.empty((len(names), COLS), np.int64)
+        scan_datasets(lay.buf, arr, lay.base, lay.osz, lay.lsz, out)
+        status = out[:, 0]
+        fast = np.flatnonzero(status == FAST)
+        if fast.size:
+            rows = out[fast]
+            ranks = rows[:, 2]
+            shapes: list[Any]
+            if (ranks == ranks[0]).all():
+                shapes = list(map(tuple, rows[:, 5 : 5 + int(ranks[0])].tolist()))
+            else:
+                shapes = [None] * len(rows)
+                for r in np.unique(ranks).tolist():
+                    sel = np.flatnonzero(ranks == r)
+                    for i, dims in zip(sel.tolist(), rows[sel, 5 : 5 + r].tolist()):
+                        shapes[i] = tuple(dims)
+            codes = rows[:, 1]
+            keys = [names[i] for i in fast.tolist()]
+            specs = map(
+                _SPEC,  # TensorSpec(key, dtype, shape, None, 0, offset, nbytes, type name) in C
+                zip(
+                    keys,
+                    self._torch_arr[codes].tolist(),
+                    shapes,
+                    repeat(None),
+                    repeat(0),
+                    rows[:, 3].tolist(),
+                    rows[:, 4].tolist(),
+                    _NAMES_ARR[codes].tolist(),
+                    *map(repeat, _TAIL),
+                ),
+            )
+            node.update(zip(keys, specs))
+        for i in np.flatnonzero(status != FAST).tolist():
+            name, addr = names[i], addrs[i]
+            chain = resolved.get(name) or (*parent, (name, addr))
+            h = self.header(addr)  # a damaged header raises here
+            if is_group(h):
+                if addr in visited:
+                    continue  # a link back to a group already walked
+                visited.add(addr)
+                sub = Group()
+                sub.meta = self._attrs(h, chain, prefix + name)
+                node[name] = sub
+                stack.append((chain, sub, f"{prefix}{name}/"))
+            elif h.has(LAYOUT):
+                node[name] = self._dataset(h, name, chain, prefix + name)
+            # committed datatypes are not data: left out
+
+    def _dataset(self, h: Header, key: str, chain: Chain, tree_path: str) -> Any:
+        lay = self.lay
+        classes = [lay.layout(p, s)[1] for _f, p, s in h.find(LAYOUT)]
+        virtual, external = 3 in classes, h.has(EXTERNAL)
+        if (virtual or external) and not self.ctx.allow_external:
+            space = h.find(DATASPACE)
+            shape = lay.dataspace(space[0][1], space[0][2]) if space else ()
+            if shape is None:  # a null dataspace: no data
+                return None
+            dts = h.find(DTYPE)
+            dtype = dtype_of(lay, dts[0][1], dts[0][2]) if dts and not dts[0][0] & 2 else None
+            why = "a virtual dataset" if virtual else "external raw storage"
+            reason = (
+                f"{why} (its data live in other files): open with allow_external=True to read files "
+                f"inside {str(self.ctx.folder)!r}"
+            )
+            import torch
+
+            from ..tdz.dtypes import from_numpy_dtype
+
+            tdtype = from_numpy_dtype(dtype.newbyteorder("=")) if dtype is not None else torch.uint8
+            name = "/" + "/".join(n for n, _a in chain)
+            return TensorSpec(
+                key,
+                tdtype,
+                shape,
+                None,
+                0,
+                0,
+                0,
+                dtype.str if dtype is not None else "",
+                loader=refused(name, reason),
+            )
+        if virtual:  # allowed: libhdf5 loops forever on some damaged ones, so it opens it in a child first
+            probe_in_child(self.path, chain, self.where)
+        obj = self.open_h5(chain)
+        return described(self.ctx, obj, key, self.f, tree_path, self.attrs, foreign=False)
+
+    def _external(self, chain: Chain, name: str, node: Group, prefix: str) -> None:
+        """An external link, or a soft link through one, with ``allow_external=True``: h5py follows it
+        once its file passed the inside-the-folder rule."""
+        import h5py  # type: ignore[import-untyped]
+
+        group = self.open_h5(chain)
+        try:
+            link = group.get(name, getlink=True)
+            if not follow(self.ctx, group, name, link):
+                return
+            obj = group.get(name)
+        except TdzError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise BadArchiveError(f"{self.where}: cannot open {group.name}/{name}: {e}") from None
+        if isinstance(obj, h5py.Group):
+            sub = Group()
+            sub.meta = attrs_of(obj, self.where)
+            if sub.meta:
+                self.attrs[prefix + name] = sub.meta
+            node[name] = sub
+            walk_h5py(self.ctx, obj, sub, len(chain) + 1, f"{prefix}{name}/", self.attrs, self.f)
+        elif isinstance(obj, h5py.Dataset):
+            node[name] = described(self.ctx, obj, name, self.f, prefix + name, self.attrs, foreign=True)
