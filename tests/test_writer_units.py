@@ -48,6 +48,32 @@ def test_plan_units_cover_every_entry_in_file_order():
     assert [b - a for a, b, _ in many] == [payload_writer.UNIT_ROWS, payload_writer.UNIT_ROWS, 234]
 
 
+def test_plan_units_cut_spans_at_file_multiples_of_span():
+    """Spans end at file offsets that are multiples of SPAN (so no 2 MiB piece of the file is
+    written in two parts, which left the page cache with small folios: issue 27)."""
+    span = payload_writer.SPAN
+    stored = [10, 3 * span, 5, span + 1]
+    offsets = [100, 1000, 1000 + 3 * span + 200, 2 * span - 64]
+    units = payload_writer.plan_units([False, True, False, True], stored, offsets)
+    spans1 = [u for u in units if u[0] == 1 and u[2] > 0]
+    assert spans1 == [
+        (1, 0, span - 1000),
+        (1, span - 1000, span),
+        (1, 2 * span - 1000, span),
+        (1, 3 * span - 1000, 1000),
+    ]
+    assert [u for u in units if u[0] == 3 and u[2] > 0] == [(3, 0, 64), (3, 64, span - 63)]
+    for i, off, length in (u for u in units if u[2] > 0 and u[0] in (1, 3)):
+        end = offsets[i] + off + length
+        assert (
+            end % span == 0 or off + length == stored[i]
+        )  # every span but an entry's last ends on a multiple
+        assert sum(u[2] for u in units if u[0] == i and u[2] > 0) == stored[i]
+    assert payload_writer.plan_units([False, True], [1, span], [0, span])[1:] == [
+        (1, 0, span)
+    ]  # aligned: one span
+
+
 @pytest.mark.parametrize("kw", [{}, {"align": "auto", "align_threshold": 1000}, {"align": 65536}])
 def test_threads_write_the_bytes_of_a_serial_save(fixed_time, tmp_path, kw):
     tree = _tree()

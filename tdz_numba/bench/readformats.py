@@ -1,29 +1,32 @@
-"""``tdz bench --read-formats``: reading every tensor file format, tdz_numba against each format's own
-library and ztensor, warm and cold (the zTensor benchmark page's reading table, reproduced here).
+"""``tdz bench --read-formats``: reading every tensor file format with tdz_numba, ztensor and the format's
+own library (the zTensor benchmark page's reading table, and issue 27's).
 
-Workloads (``--size-mib``, default 512):
+Workloads:
 
-* ``mixed``: the tensors of a Llama-3.2-1B-shaped model (embedding, 16 layers of q/k/v/o and MLP
-  projections, norms), float16, every matrix's first dimension scaled so that the total is the size;
-* ``small``: many float16 tensors of ~10 KB (512 MiB: about 51,000 tensors).
+* ``llama``: the tensors of a Llama-3.2-1B-shaped model (embedding, 16 layers of q/k/v/o and MLP
+  projections, norms), float16, every matrix's first dimension scaled so that the total is
+  ``--size-mib`` (default 512);
+* ``small``: ``--small-count`` (default 20,000) distinct float16 tensors of 10 KiB.
 
-Each file is written by its format's own library (safetensors, ``torch.save``, ``np.savez``, the
-``gguf`` package's ``GGUFWriter``, h5py, onnx, and tdz_numba for ``.tdz``), then read in full, every
-tensor summed (``t.sum(dtype=float32)``), by:
+Every format is written by its own library (safetensors, ``torch.save``, ``np.savez``, ``gguf``'s
+``GGUFWriter``, h5py, onnx; ``.tdz`` by tdz_numba, with tensordict's ``load_memmap`` as its own reader,
+safetensors as its flat peer and ztensor reading its own ``.zt``). Modes, each timed from nothing open
+to every tensor touched:
 
-* ``tdz_numba``: ``tdz_numba.open(p)`` and its leaves, zero-copy where the file allows;
-* ``tdz_numba_copy``: ``tdz_numba.open(p, copy=True)``: owned tensors;
-* ``own``: the format's own reader (``safetensors.torch.load_file``,
-  ``torch.load(mmap=True, weights_only=True)``, ``np.load``, ``gguf.GGUFReader``, h5py, ``onnx.load`` +
-  ``numpy_helper``; for ``.tdz`` tensordict's ``TensorDict.load_memmap``);
-* ``ztensor``: ``ztensor.open(p)`` and ``torch.from_dlpack`` of each tensor (formats it reads).
+* ``view``: open + a zero-copy view of every tensor (where the reader has one: see
+  :mod:`.readers`) + one byte of every 4 KiB page of each tensor read (no sum);
+* ``cold``: the same after ``posix_fadvise(DONTNEED)`` of the file (fsynced once, when written);
+* ``copy``: every tensor into owned memory, then the same touch.
 
-Warm (page cache kept) and cold (``fsync`` + ``posix_fadvise(DONTNEED)`` before every run), median of
-``--repeat`` runs after one warm-up, in GB/s of tensor bytes.
+Readers alternate per round (round r: every reader once, the order rotated by r), after one warm-up
+round; cells are medians of ``--repeat`` rounds, in ms. A ``memcpy`` line gives this machine's copy
+bandwidth (numpy ``copyto`` of a buffer of the workload's size) for the copy column. Every reader's
+tensors are checked (count, bytes and the bytes touched) against what was written.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import statistics
@@ -34,364 +37,380 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .harness import drop_cache
+from .harness import drop_cache, filesystem_of
+from .readers import (
+    FORMATS,
+    SUFFIX,
+    expected_touch,
+    llama_shapes,
+    make_tensors,
+    reader,
+    readers_of,
+    touch,
+    write,
+)
 
-__all__ = ["READ_FORMATS", "READERS", "llama_shapes", "make_tensors", "run_read_formats", "read_table"]
+__all__ = [
+    "READ_FORMATS",
+    "READERS",
+    "MODES",
+    "WORKLOADS",
+    "llama_shapes",
+    "make_tensors",
+    "run_read_formats",
+    "read_table",
+    "ratio_table",
+    "ratios",
+    "plot_read",
+    "main",
+]
 
-READ_FORMATS = ("tdz", "safetensors", "torch", "npz", "gguf", "hdf5", "onnx")
-READERS = ("tdz_numba", "tdz_numba_copy", "own", "ztensor")
-SUFFIX = {
-    "tdz": ".tdz",
-    "safetensors": ".safetensors",
-    "torch": ".pt",
-    "npz": ".npz",
-    "gguf": ".gguf",
-    "hdf5": ".h5",
-    "onnx": ".onnx",
-}
-#: Formats ztensor 2.1 reads.
-ZTENSOR_READS = ("safetensors", "torch", "npz", "gguf", "hdf5", "onnx")
-
-
-def llama_shapes() -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of Llama-3.2-1B (hidden 2048, 16 layers, 8 KV heads, MLP 8192)."""
-    h, inter, kv, vocab = 2048, 8192, 512, 128256
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h)}
-    for i in range(16):
-        p = f"model.layers.{i}."
-        out |= {
-            p + "input_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (h, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, h),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-        }
-    out["model.norm.weight"] = (h,)
-    return out
-
-
-def make_tensors(workload: str, size_mib: float, seed: int = 0) -> dict[str, Any]:
-    """Flat ``name -> float16 tensor`` dict of ``mixed`` or ``small`` at ``size_mib`` MiB."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    target = int(size_mib * 2**20) // 2  # float16 elements
-    if workload == "mixed":
-        shapes = llama_shapes()
-        full = sum(int(torch.Size(s).numel()) for s in shapes.values())
-        scale = target / full
-        out = {}
-        for name, shape in shapes.items():
-            if len(shape) == 2:  # scale the rows: the matrices keep their width
-                shape = (max(1, round(shape[0] * scale)), shape[1])
-            out[name] = torch.randn(shape, generator=g).to(torch.float16)
-        return out
-    if workload == "small":
-        per = 5120  # 10 KiB of float16
-        n = max(1, target // per)
-        # every tensor distinct (a writer that stores identical tensors once, as ztensor's canonical
-        # form does, must not gain from repeats), each with its own storage
-        flat = torch.randn(n * per, generator=g).to(torch.float16)
-        return {
-            f"params.{i // 100:04d}.p{i % 100:02d}": flat[i * per : (i + 1) * per].clone() for i in range(n)
-        }
-    raise ValueError(f"unknown workload {workload!r}; choose mixed or small")
-
-
-# -- writers: each format's own library ----------------------------------------------------------------
-
-
-def _write(fmt: str, tensors: dict[str, Any], path: Path) -> None:
-    import numpy as np
-
-    if fmt == "tdz":
-        import tdz_numba
-
-        tdz_numba.save(tensors, path)
-    elif fmt == "safetensors":
-        from safetensors.torch import save_file
-
-        save_file(tensors, str(path))
-    elif fmt == "torch":
-        import torch
-
-        torch.save(tensors, path)
-    elif fmt == "npz":
-        np.savez(path, **{k: v.numpy() for k, v in tensors.items()})
-    elif fmt == "gguf":
-        import gguf
-
-        w = gguf.GGUFWriter(str(path), "llama")
-        for k, v in tensors.items():
-            w.add_tensor(k, v.numpy())
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-    elif fmt == "hdf5":
-        import h5py
-
-        with h5py.File(path, "w") as f:
-            for k, v in tensors.items():
-                f.create_dataset(k, data=v.numpy())
-    elif fmt == "onnx":
-        import onnx
-        from onnx import helper, numpy_helper
-
-        inits = [numpy_helper.from_array(v.numpy(), k) for k, v in tensors.items()]
-        graph = helper.make_graph([], "weights", [], [], initializer=inits)
-        onnx.save(helper.make_model(graph), str(path))
-    else:  # pragma: no cover
-        raise ValueError(fmt)
-
-
-# -- readers ---------------------------------------------------------------------------------------------
-
-
-def _sum(t: Any) -> float:
-    import torch
-
-    if isinstance(t, torch.Tensor):
-        return float(t.sum(dtype=torch.float32))
-    return float(t.sum(dtype="float32"))
-
-
-def _read_tdz_numba(path: Path, copy: bool) -> float:
-    import tdz_numba
-
-    with tdz_numba.open(path, copy=copy) as ar:
-        return sum(_sum(t) for _, t in ar.iter_leaves())
-
-
-def _read_own(fmt: str, path: Path) -> float:
-    import numpy as np
-
-    if fmt == "tdz":
-        from tensordict import TensorDict
-
-        td = TensorDict.load_memmap(path)
-        return sum(_sum(t) for t in td.values(include_nested=True, leaves_only=True))
-    if fmt == "safetensors":
-        from safetensors.torch import load_file
-
-        return sum(_sum(t) for t in load_file(str(path)).values())
-    if fmt == "torch":
-        import torch
-
-        return sum(_sum(t) for t in torch.load(path, mmap=True, weights_only=True).values())
-    if fmt == "npz":
-        with np.load(path, mmap_mode="r") as z:
-            return sum(_sum(z[k]) for k in z.files)
-    if fmt == "gguf":
-        import gguf
-
-        return sum(_sum(t.data) for t in gguf.GGUFReader(str(path)).tensors)
-    if fmt == "hdf5":
-        import h5py
-
-        with h5py.File(path, "r") as f:
-            return sum(_sum(f[k][...]) for k in f)
-    if fmt == "onnx":
-        import onnx
-        from onnx import numpy_helper
-
-        model = onnx.load(str(path))
-        return sum(_sum(numpy_helper.to_array(t)) for t in model.graph.initializer)
-    raise ValueError(fmt)  # pragma: no cover
-
-
-def _read_ztensor(path: Path) -> float:
-    import torch
-    import ztensor
-
-    src = ztensor.open(str(path))
-    try:
-        return sum(_sum(torch.from_dlpack(t)) for t in src.values())
-    finally:
-        src.close()
-
-
-def reader_fn(fmt: str, reader: str, path: Path) -> Callable[[], float] | None:
-    """The read-all function of one (format, reader) cell, or None when it does not apply."""
-    if reader == "tdz_numba":
-        return lambda: _read_tdz_numba(path, False)
-    if reader == "tdz_numba_copy":
-        return lambda: _read_tdz_numba(path, True)
-    if reader == "own":
-        return lambda: _read_own(fmt, path)
-    if reader == "ztensor" and fmt in ZTENSOR_READS:
-        return lambda: _read_ztensor(path)
-    return None
-
-
-# -- the run -------------------------------------------------------------------------------------------
+READ_FORMATS = FORMATS
+READERS = ("tdz_numba", "ztensor", "own", "safetensors")
+MODES = ("view", "cold", "copy")
+WORKLOADS = ("llama", "small")
+DEFAULT_SIZE_MIB = 512.0
+DEFAULT_SMALL_COUNT = 20_000
+DEFAULT_REPEAT = 5
+QUICK_SIZE_MIB = 8.0
+QUICK_SMALL_COUNT = 200
+QUICK_REPEAT = 1
+SHORT = {"tdz_numba": "ours", "ztensor": "zt", "own": "own", "safetensors": "st"}
 
 
 @dataclass
 class ReadResult:
-    """Rows of ``{"workload", "format", "reader", "cache", "median_ms", "gbps", "runs_ms"}``."""
+    """Rows of ``{"workload", "format", "reader", "file", "mode", "median_ms", "runs_ms", "gbps",
+    "us_per_tensor"}`` and the context (sizes, memcpy bandwidth, notes)."""
 
     rows: list[dict] = field(default_factory=list)
     nbytes: dict[str, int] = field(default_factory=dict)
-    file_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+    file_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
+    memcpy: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    size_mib: float = 512.0
-    repeat: int = 5
+    repeat: int = DEFAULT_REPEAT
+    filesystem: str = ""
+    seconds: float = 0.0
+
+
+def _release(keep: Any) -> None:
+    close = getattr(keep, "close", None)
+    if callable(close):
+        close()
+
+
+def _memcpy(nbytes: int, repeat: int) -> dict[str, float]:
+    """numpy copy bandwidth, GB/s: ``copyto`` between two resident buffers, and ``.copy()`` (allocation
+    + page faults + copy, what a loader that allocates pays)."""
+    import numpy as np
+
+    src = np.ones(nbytes, np.uint8)
+    dst = np.zeros(nbytes, np.uint8)
+    copyto, alloc = [], []
+    for _ in range(max(3, repeat)):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        copyto.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out = src.copy()
+        alloc.append(time.perf_counter() - t0)
+        del out
+    return {
+        "copyto_gbps": nbytes / statistics.median(copyto) / 1e9,
+        "alloc_copy_gbps": nbytes / statistics.median(alloc) / 1e9,
+    }
+
+
+def _drop(path: Path) -> None:
+    """Drops the file's cached pages (``posix_fadvise(DONTNEED)``; it was fsynced once when written)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _rounds(
+    cells: dict[str, tuple[Callable[[Path], tuple[list[Any], Any]], Path]],
+    repeat: int,
+    cold: bool,
+    expect: tuple[int, int, int],
+    fail: Callable[[str, str], None],
+) -> dict[str, list[float]]:
+    """Round 0 warms every reader up (and checks its tensors), then ``repeat`` timed rounds; round r runs
+    every reader once, the order rotated by r. A reader that fails is dropped (``fail(reader, why)``)."""
+    names = list(cells)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeat + 1):
+        live = [n for n in names if n in out]
+        k = r % max(1, len(live))
+        for name in live[k:] + live[:k]:
+            fn, path = cells[name]
+            if cold:
+                _drop(path)
+            gc.collect()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                tensors, keep = fn(path)
+                total = touch(tensors)
+                ms = (time.perf_counter() - t0) * 1e3
+            except Exception as exc:
+                gc.enable()
+                msg = str(exc).splitlines()[0][:160] if str(exc) else ""
+                fail(name, f"{type(exc).__name__}: {msg}")
+                del out[name]
+                continue
+            gc.enable()
+            if r == 0:
+                got = (len(tensors), int(sum(t.nbytes for t in tensors)), total)
+                if got != expect:
+                    fail(name, f"wrong tensors: (count, bytes, touched sum) {got} != {expect}")
+                    del out[name]
+            else:
+                out[name].append(ms)
+            del tensors
+            _release(keep)
+            del keep
+    return out
 
 
 def run_read_formats(
     *,
-    workloads: tuple[str, ...] = ("mixed", "small"),
+    workloads: tuple[str, ...] = WORKLOADS,
     formats: tuple[str, ...] = READ_FORMATS,
     readers: tuple[str, ...] = READERS,
-    size_mib: float = 512.0,
-    repeat: int = 5,
-    caches: tuple[str, ...] = ("warm", "cold"),
+    modes: tuple[str, ...] = MODES,
+    size_mib: float = DEFAULT_SIZE_MIB,
+    small_count: int = DEFAULT_SMALL_COUNT,
+    repeat: int = DEFAULT_REPEAT,
     directory: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ReadResult:
     """Writes every format with its own library, then times every reader on it (see the module doc)."""
-    import torch
-
     say = progress or (lambda s: None)
-    res = ReadResult(size_mib=size_mib, repeat=repeat)
+    started = time.perf_counter()
+    res = ReadResult(repeat=repeat)
     root = Path(tempfile.mkdtemp(prefix=".tdz-bench-read-", dir=directory or Path.cwd()))
+    res.filesystem = filesystem_of(root)
     try:
         for wname in workloads:
-            tensors = make_tensors(wname, size_mib)
-            res.nbytes[wname] = nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-            expected = sum(float(t.sum(dtype=torch.float32)) for t in tensors.values())
-            for fmt in formats:
-                path = root / f"{wname}{SUFFIX[fmt]}"
+            tensors = make_tensors(wname, size_mib, count=small_count)
+            expect = expected_touch(tensors)
+            res.count[wname], res.nbytes[wname] = expect[0], expect[1]
+            res.memcpy[wname] = _memcpy(expect[1], repeat)
+            files: dict[str, Path] = {}
+            needed = dict.fromkeys(f for fmt in formats for rd, f in readers_of(fmt).items() if rd in readers)
+            for f in needed:
+                path = root / f"{wname}{SUFFIX[f]}"
                 try:
-                    _write(fmt, tensors, path)
+                    write(f, tensors, path)
                 except Exception as exc:  # a missing optional package, a writer's limit
                     res.notes.append(
-                        f"{wname}/{fmt}: not written ({type(exc).__name__}: {exc})".splitlines()[0]
+                        f"{wname}/{f}: not written ({type(exc).__name__}: {exc})".splitlines()[0]
                     )
                     continue
-                res.file_bytes[(wname, fmt)] = path.stat().st_size
-                for reader in readers:
-                    fn = reader_fn(fmt, reader, path)
-                    if fn is None:
+                drop_cache(path)  # fsync once (and drop): a cold run then only drops the pages
+                files[f] = path
+                res.file_bytes.setdefault(wname, {})[f] = path.stat().st_size
+                say(f"[{wname}] wrote {path.name}: {path.stat().st_size / 2**20:.1f} MiB")
+            del tensors
+            gc.collect()
+            for fmt in formats:
+                for mode in modes:
+                    cells = {
+                        rd: (reader(fmt, rd, mode == "copy"), files[f])
+                        for rd, f in readers_of(fmt).items()
+                        if rd in readers and f in files
+                    }
+                    if not cells:
                         continue
-                    for cache in caches:
-                        try:
-                            runs, total = _measure(fn, repeat, path if cache == "cold" else None)
-                        except Exception as exc:
-                            res.notes.append(
-                                f"{wname}/{fmt}/{reader}: failed ({type(exc).__name__}: "
-                                f"{str(exc).splitlines()[0] if str(exc) else ''})"
-                            )
-                            break
-                        if abs(total - expected) > 1e-3 * (abs(expected) + nbytes / 2):
-                            res.notes.append(f"{wname}/{fmt}/{reader}: WARNING: sum {total} != {expected}")
-                        med = statistics.median(runs)
+
+                    def fail(rd: str, why: str, w: str = wname, fmt: str = fmt, mode: str = mode) -> None:
+                        res.notes.append(f"{w}/{fmt}/{rd}/{mode}: failed ({why})")
+
+                    runs = _rounds(cells, repeat, mode == "cold", expect, fail)
+                    for rd, ms in runs.items():
+                        if not ms:
+                            continue
+                        med = statistics.median(ms)
                         res.rows.append(
                             {
                                 "workload": wname,
                                 "format": fmt,
-                                "reader": reader,
-                                "cache": cache,
+                                "reader": rd,
+                                "file": readers_of(fmt)[rd],
+                                "mode": mode,
                                 "median_ms": med,
-                                "gbps": nbytes / med / 1e6,
-                                "runs_ms": runs,
+                                "runs_ms": ms,
+                                "gbps": expect[1] / med / 1e6,
+                                "us_per_tensor": med * 1e3 / expect[0],
                             }
                         )
                         say(
-                            f"[{wname}] {fmt:<12} {reader:<15} {cache:<5} {med:9.1f} ms {nbytes / med / 1e6:6.2f} GB/s"
+                            f"[{wname}] {fmt:<12} {mode:<4} {rd:<12} {med:9.2f} ms  {expect[1] / med / 1e6:6.2f} GB/s"
                         )
+            for path in files.values():
                 path.unlink(missing_ok=True)
-            del tensors
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    res.seconds = time.perf_counter() - started
     return res
 
 
-def _measure(fn: Callable[[], float], repeat: int, cold_path: Path | None) -> tuple[list[float], float]:
-    import gc
+# -- tables --------------------------------------------------------------------------------------------
 
-    runs: list[float] = []
-    total = 0.0
-    for i in range(repeat + 1):
-        if cold_path is not None:
-            drop_cache(cold_path)
-        gc.collect()
-        t0 = time.perf_counter()
-        total = fn()
-        ms = (time.perf_counter() - t0) * 1e3
-        if i:
-            runs.append(ms)
-    return runs, total
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def _cell(res: ReadResult, w: str, f: str, rd: str, mode: str) -> dict | None:
+    for r in res.rows:
+        if (r["workload"], r["format"], r["reader"], r["mode"]) == (w, f, rd, mode):
+            return r
+    return None
+
+
+def _grid(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    out = ["  ".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip()]
+    out += ["  ".join(c.ljust(wd) for c, wd in zip(row, widths)).rstrip() for row in rows]
+    return out
 
 
 def read_table(res: ReadResult) -> str:
-    """Rows = (workload, format, cache), columns = readers; cells ``GB/s (ratio to tdz_numba)``."""
-    lines = []
-    header = ["workload", "format", "cache", *READERS]
+    """Per workload: rows = formats, columns = modes, cells ``ours / ztensor / own [/ safetensors]`` in ms."""
+    lines: list[str] = []
+    for w in res.nbytes:
+        fmts = list(dict.fromkeys(r["format"] for r in res.rows if r["workload"] == w))
+        modes = [m for m in MODES if any(r["mode"] == m and r["workload"] == w for r in res.rows)]
+        lines.append(
+            f"{w}: {res.nbytes[w] / 2**20:.1f} MiB in {res.count[w]:,} float16 tensors; ms, median of {res.repeat}"
+        )
+        lines.append("cells: tdz_numba / ztensor / own library (.tdz: own = tensordict, then safetensors)")
+        rows = []
+        for f in fmts:
+            row = [f]
+            for m in modes:
+                cells = [_cell(res, w, f, rd, m) for rd in readers_of(f)]
+                row.append(" / ".join(_ms(c["median_ms"] if c else None) for c in cells))
+            rows.append(row)
+        lines += _grid(["format", *modes], rows)
+        mc = res.memcpy.get(w)
+        if mc and "copy" in modes:
+            ours = [
+                r for r in res.rows if (r["workload"], r["reader"], r["mode"]) == (w, "tdz_numba", "copy")
+            ]
+            best = max((r["gbps"] for r in ours), default=0.0)
+            lines.append(
+                f"memcpy {mc['copyto_gbps']:.2f} GB/s (numpy copyto; alloc + copy {mc['alloc_copy_gbps']:.2f}); "
+                f"tdz_numba copy best {best:.2f} GB/s = {best / mc['copyto_gbps']:.2f}x"
+            )
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def ratios(res: ReadResult) -> list[dict]:
+    """Per (workload, format, mode): tdz_numba's median over the best peer's (every other reader)."""
+    out = []
+    for key in dict.fromkeys((r["workload"], r["format"], r["mode"]) for r in res.rows):
+        cells = {r["reader"]: r for r in res.rows if (r["workload"], r["format"], r["mode"]) == key}
+        ours = cells.get("tdz_numba")
+        peers = [r for rd, r in cells.items() if rd != "tdz_numba"]
+        if ours is None or not peers:
+            continue
+        best = min(peers, key=lambda r: r["median_ms"])
+        out.append(
+            {
+                "workload": key[0],
+                "format": key[1],
+                "mode": key[2],
+                "ratio": ours["median_ms"] / best["median_ms"],
+                "best_peer": best["reader"],
+                "ours_ms": ours["median_ms"],
+                "best_ms": best["median_ms"],
+            }
+        )
+    return out
+
+
+def ratio_table(res: ReadResult) -> str:
+    """Rows = (workload, format), columns = modes, cells ``ours / best peer`` (``*``: > 1.0, a goal missed),
+    plus us per tensor of the view mode (every reader) at the workload's count."""
+    rs = ratios(res)
+    keys = list(dict.fromkeys((r["workload"], r["format"]) for r in rs))
+    modes = [m for m in MODES if any(r["mode"] == m for r in rs)]
     rows = []
-    keys = dict.fromkeys((r["workload"], r["format"], r["cache"]) for r in res.rows)
-    for w, f, c in keys:
-        cells = {r["reader"]: r for r in res.rows if (r["workload"], r["format"], r["cache"]) == (w, f, c)}
-        base = cells.get("tdz_numba")
-        row = [w, f, c]
-        for reader in READERS:
-            r = cells.get(reader)
-            if r is None:
-                row.append("-")
-            else:
-                ratio = f" ({r['median_ms'] / base['median_ms']:.2f}x)" if base else ""
-                row.append(f"{r['gbps']:.2f} GB/s{ratio}")
+    for w, f in keys:
+        row = [w, f]
+        for m in modes:
+            c = [r for r in rs if (r["workload"], r["format"], r["mode"]) == (w, f, m)]
+            row.append(
+                f"{c[0]['ratio']:.2f} {SHORT[c[0]['best_peer']]}{'*' if c[0]['ratio'] > 1 else ''}"
+                if c
+                else "-"
+            )
+        per = [_cell(res, w, f, rd, "view") for rd in readers_of(f)]
+        row.append(" / ".join(f"{c['us_per_tensor']:.1f}" if c else "-" for c in per))
         rows.append(row)
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    lines.append("  ".join(h.ljust(wd) for h, wd in zip(header, widths)).rstrip())
-    lines.append("  ".join("-" * wd for wd in widths))
-    lines += ["  ".join(c.ljust(wd) for c, wd in zip(row, widths)).rstrip() for row in rows]
-    lines.append(
-        "cells: GB/s of tensor bytes read and summed (median), (time relative to tdz_numba's in the "
-        "same row: > 1x = slower than tdz_numba)"
-    )
-    for w, n in res.nbytes.items():
-        sizes = ", ".join(f"{f} {res.file_bytes[(ww, f)] / n:.3f}x" for (ww, f) in res.file_bytes if ww == w)
-        lines.append(f"workload {w}: {n / 2**20:.1f} MiB of tensors; file size / payload: {sizes}")
+    lines = ["ratio: tdz_numba time / best peer's (the peer named; * = slower than it)"]
+    lines += _grid(["workload", "format", *modes, "view us/tensor (ours/zt/own)"], rows)
+    missed = sum(r["ratio"] > 1 for r in rs)
+    lines.append(f"{missed} of {len(rs)} cells slower than the best peer")
+    return "\n".join(lines)
+
+
+def report(res: ReadResult) -> str:
+    """The whole text: context, the ms table, the ratio table, file sizes and notes."""
+    lines = [
+        f"tdz bench --read-formats: readers alternating per round, median of {res.repeat} after a warm-up",
+        f"files on {res.filesystem}",
+        read_table(res),
+        "",
+        ratio_table(res),
+    ]
+    for w, sizes in res.file_bytes.items():
+        text = ", ".join(f"{f} {n / res.nbytes[w]:.3f}x" for f, n in sizes.items())
+        lines.append(f"{w} file size / payload: {text}")
     lines += [f"note: {n}" for n in res.notes]
+    lines.append(f"run time: {res.seconds:.0f} s")
     return "\n".join(lines)
 
 
 def plot_read(res: ReadResult, path: str | os.PathLike) -> Path:
-    """Grouped bars: GB/s per (format, reader), one panel per (workload, cache)."""
+    """Bars of tdz_numba's time over the best peer's per (format, mode), one panel per workload, log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = list(dict.fromkeys((r["workload"], r["cache"]) for r in res.rows))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels) + 0.6), squeeze=False)
-    colors = {"tdz_numba": "#d62728", "tdz_numba_copy": "#ff9896", "own": "#1f77b4", "ztensor": "#2ca02c"}
-    for ax, (w, c) in zip(axes[:, 0], panels):
-        fmts = list(dict.fromkeys(r["format"] for r in res.rows if (r["workload"], r["cache"]) == (w, c)))
-        width = 0.8 / len(READERS)
-        for j, reader in enumerate(READERS):
+    rs = ratios(res)
+    panels = list(dict.fromkeys(r["workload"] for r in rs)) or ["-"]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.4 * len(panels) + 0.4), squeeze=False)
+    colors = {"view": "#d62728", "cold": "#1f77b4", "copy": "#2ca02c"}
+    for ax, w in zip(axes[:, 0], panels):
+        fmts = list(dict.fromkeys(r["format"] for r in rs if r["workload"] == w))
+        width = 0.8 / len(MODES)
+        for j, m in enumerate(MODES):
             xs, ys = [], []
             for i, f in enumerate(fmts):
-                cell = [
-                    r
-                    for r in res.rows
-                    if (r["workload"], r["cache"], r["format"], r["reader"]) == (w, c, f, reader)
-                ]
-                if cell:
-                    xs.append(i + (j - (len(READERS) - 1) / 2) * width)
-                    ys.append(cell[0]["gbps"])
-            ax.bar(xs, ys, width, label=reader, color=colors[reader])
+                c = [r for r in rs if (r["workload"], r["format"], r["mode"]) == (w, f, m)]
+                if c:
+                    xs.append(i + (j - (len(MODES) - 1) / 2) * width)
+                    ys.append(c[0]["ratio"])
+            ax.bar(xs, ys, width, label=m, color=colors[m])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
         ax.set_xticks(range(len(fmts)))
         ax.set_xticklabels(fmts)
-        ax.set_ylabel("GB/s (higher is better)")
-        ax.set_title(f"{w}, {c} cache: read + sum of every tensor", fontsize=9)
-        ax.legend(fontsize=7, ncol=4)
+        ax.set_ylabel("tdz_numba / best peer\n(< 1: tdz_numba faster)")
+        n = res.count.get(w, 0)
+        ax.set_title(f"{w}: {res.nbytes.get(w, 0) / 2**20:.0f} MiB, {n:,} tensors", fontsize=9)
+        ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -406,52 +425,96 @@ def main(argv: list[str], prog: str = "tdz bench --read-formats") -> int:
     import json
     import sys
 
-    def names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    def names(
+        allowed: tuple[str, ...], alias: dict[str, str] | None = None
+    ) -> Callable[[str], tuple[str, ...]]:
         def parse(text: str) -> tuple[str, ...]:
-            got = tuple(s.strip() for s in text.split(",") if s.strip())
+            got = tuple((alias or {}).get(s.strip(), s.strip()) for s in text.split(",") if s.strip())
             bad = [g for g in got if g not in allowed]
             if bad or not got:
                 raise argparse.ArgumentTypeError(f"choose from {', '.join(allowed)}")
-            return got
+            return tuple(dict.fromkeys(got))
 
         return parse
 
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", type=names(("mixed", "small")), default=("mixed", "small"))
+    p.add_argument("--workload", type=names(WORKLOADS, {"mixed": "llama"}), default=WORKLOADS)
     p.add_argument("--format", type=names(READ_FORMATS), default=READ_FORMATS)
     p.add_argument("--reader", type=names(READERS), default=READERS)
-    p.add_argument("--cache", type=names(("warm", "cold")), default=("warm", "cold"))
-    p.add_argument("--size-mib", type=float, default=None, help="MiB of tensors per workload (default 512)")
-    p.add_argument("--repeat", type=int, default=None, help="timed runs per cell after a warm-up (default 5)")
-    p.add_argument("--quick", action="store_true", help="16 MiB, repeat 3")
-    p.add_argument("--dir", type=Path, default=None, help="where files go (default: the current directory)")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON (the table goes to stderr)")
-    p.add_argument("--plot", type=Path, default=None, metavar="OUT.png")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--mode", type=names(MODES), default=MODES)
+    p.add_argument(
+        "--size-mib",
+        type=float,
+        default=None,
+        help=f"MiB of the llama workload (default {DEFAULT_SIZE_MIB:g})",
+    )
+    p.add_argument(
+        "--small-count",
+        type=int,
+        default=None,
+        help=f"tensors of the small workload (default {DEFAULT_SMALL_COUNT:,})",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=None, help=f"timed rounds after a warm-up (default {DEFAULT_REPEAT})"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"llama {QUICK_SIZE_MIB:g} MiB, small {QUICK_SMALL_COUNT:,} tensors, repeat {QUICK_REPEAT} (< 1 minute)",
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where files go (default: the current directory; not tmpfs for cold)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the results as JSON (the report goes to stderr)"
+    )
+    p.add_argument(
+        "--plot", type=Path, default=None, metavar="OUT.png", help="bar chart of the ratios (matplotlib)"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="print each cell to stderr as it is measured")
     args = p.parse_args(argv)
-    size = args.size_mib if args.size_mib is not None else (16.0 if args.quick else 512.0)
-    repeat = args.repeat if args.repeat is not None else (3 if args.quick else 5)
-    if size <= 0 or repeat < 1:
-        p.error("--size-mib must be > 0 and --repeat >= 1")
+    size = (
+        args.size_mib if args.size_mib is not None else (QUICK_SIZE_MIB if args.quick else DEFAULT_SIZE_MIB)
+    )
+    count = (
+        args.small_count
+        if args.small_count is not None
+        else (QUICK_SMALL_COUNT if args.quick else DEFAULT_SMALL_COUNT)
+    )
+    repeat = args.repeat if args.repeat is not None else (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
+    if size <= 0 or count < 1 or repeat < 1:
+        p.error("--size-mib must be > 0, --small-count >= 1 and --repeat >= 1")
     res = run_read_formats(
         workloads=args.workload,
         formats=args.format,
         readers=args.reader,
+        modes=args.mode,
         size_mib=size,
+        small_count=count,
         repeat=repeat,
-        caches=args.cache,
         directory=args.dir,
         progress=(lambda s: print(s, file=sys.stderr, flush=True)) if args.verbose else None,
     )
-    text = (
-        f"tdz_numba read benchmark: {size:g} MiB per workload, median of {repeat} after a warm-up\n"
-        + read_table(res)
-    )
+    text = report(res)
     if args.plot is not None:
         text += f"\nplot: {plot_read(res, args.plot)}"
     if args.json:
         print(text, file=sys.stderr, flush=True)
-        print(json.dumps(res.rows, indent=1))
+        doc = {
+            "rows": res.rows,
+            "ratios": ratios(res),
+            "memcpy": res.memcpy,
+            "nbytes": res.nbytes,
+            "count": res.count,
+            "file_bytes": res.file_bytes,
+            "notes": res.notes,
+            "repeat": res.repeat,
+            "seconds": res.seconds,
+        }
+        print(json.dumps(doc, indent=1))
     else:
         print(text, flush=True)
     return 0
