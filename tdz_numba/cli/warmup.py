@@ -59,6 +59,7 @@ _KERNEL_MODULES = (
     "tdz_numba.files.page_kernels",
     "tdz_numba.zipfmt.kernels.verify",
     "tdz_numba.formats.gguf_kernels",
+    "tdz_numba.formats.hdf5_headers",
 )
 
 
