@@ -21,7 +21,8 @@ torch.Size([2, 3]) 7 ['obs', 'step'] tdz
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import dataclasses
+from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from pathlib import Path
 from typing import Any
 
@@ -257,13 +258,22 @@ class Archive(LeafMemory, Mapping):
         self._check_open()
         return super().keys()
 
-    def values(self):  # noqa: D102 - Mapping.values, refused once closed
+    def values(self):  # noqa: D102 - Mapping.values, refused once closed (leaves made in batches)
         self._check_open()
-        return super().values()
+        return _Values(self)
 
-    def items(self):  # noqa: D102 - Mapping.items (lazy (key, value) pairs), refused once closed
+    def items(self):  # noqa: D102 - Mapping.items (lazy (key, value) pairs, leaves made in batches), refused once closed
         self._check_open()
-        return super().items()
+        return _Items(self)
+
+    def _pairs(self) -> Iterator[tuple[str, Any]]:
+        """``(key, value)`` of this level in order; the leaves of a file of another format
+        than ``.tdz`` made in batches (:mod:`~tdz_numba.archive.leafiter`)."""
+        if not hasattr(self._state.source, "tensors"):
+            from .leafiter import level_pairs
+
+            return level_pairs(self)
+        return ((key, self._value(child)) for key, child in self._level()[1].items())
 
     def __contains__(self, key: object) -> bool:
         try:
@@ -383,7 +393,10 @@ class Archive(LeafMemory, Mapping):
         make = getattr(source, "tensor", None)
         if make is not None:
             return make(leaf)
-        return tensor_from_spec(leaf, source.files, copy=self._state.copy, where=str(source.path))
+        state = self._state
+        return tensor_from_spec(
+            leaf, source.files, copy=state.copy, where=str(source.path), aligned=state.aligned
+        )
 
     def _deliver(self, t: torch.Tensor, copied: bool = False) -> torch.Tensor:
         """Applies the archive's ``copy`` / ``dtype`` / ``device`` options to a leaf."""
@@ -465,11 +478,15 @@ class Archive(LeafMemory, Mapping):
         return node._leaf_info(spec.leaf)
 
     def _leaf_info(self, leaf: Any) -> LeafInfo:
-        source = self._state.source
+        state = self._state
+        source = state.source
         make = getattr(source, "leaf_info", None)
-        if make is not None:
-            return make(leaf)
-        return spec_info(leaf, source)
+        if make is None:
+            return spec_info(leaf, source, aligned=state.aligned, copy=state.copy)
+        info = make(leaf)
+        if state.copy and info.zero_copy:  # the archive hands out owned copies
+            info = dataclasses.replace(info, zero_copy=False)
+        return info
 
     def where_is(self, key: str | tuple[str, ...]) -> Location | None:
         """``Location(file, offset, nbytes)`` of leaf ``key``'s bytes (None: no payload)."""
@@ -518,7 +535,12 @@ class Archive(LeafMemory, Mapping):
         ...         print([(k, t.shape[0]) for k, t in ar.iter_leaves()])
         [('a/b', 1), ('c', 2)]
         """
-        from ..tdz.bounds import walk_leaves
+        if not hasattr(self._state.source, "tensors"):  # other formats: leaves made in batches
+            from .leafiter import leaf_pairs
+
+            yield from leaf_pairs(self)
+            return
+        from ..tdz.bounds import walk_leaves  # .tdz: leaves made (and cached) on access
 
         pairs = walk_leaves(
             self,
@@ -569,6 +591,20 @@ class Archive(LeafMemory, Mapping):
         from .display import archive_html
 
         return archive_html(self, max_rows)
+
+
+class _Items(ItemsView):
+    """``Archive.items()``: a lazy view whose iteration makes the leaves in batches."""
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return self._mapping._pairs()  # type: ignore[attr-defined]  # the mapping is an Archive
+
+
+class _Values(ValuesView):
+    """``Archive.values()``: a lazy view whose iteration makes the leaves in batches."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return (v for _, v in self._mapping._pairs())  # type: ignore[attr-defined]  # an Archive
 
 
 def _is_quant(type_name: str) -> bool:

@@ -28,6 +28,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import mmap
 import os
@@ -58,6 +59,7 @@ __all__ = [
     "copied_leaf",
     "own_views",
     "leaf_view",
+    "paused_gc",
     "MAX_DEPTH",
 ]
 
@@ -138,7 +140,11 @@ class MappedFile:
         if shift == 0:
             base = self.torch_u8
         else:
-            base = torch.from_numpy(self.buffer[shift:]) if shift < self.size else torch.empty(0, dtype=torch.uint8)
+            base = (
+                torch.from_numpy(self.buffer[shift:])
+                if shift < self.size
+                else torch.empty(0, dtype=torch.uint8)
+            )
         itemsize = dtype.itemsize
         if dtype != torch.uint8:
             base = base[: base.numel() - base.numel() % itemsize].view(dtype)
@@ -340,6 +346,20 @@ def leaf_view(typed, shape: tuple[int, ...], strides: tuple[int, ...], offset: i
 _GUARD: Any = None
 
 
+@contextlib.contextmanager
+def paused_gc():
+    """Pauses the cyclic garbage collector while many small objects (children, tensors) are
+    made: nothing made there forms cycles, and each of the collector's passes over the heap
+    (hundreds of thousands of objects once torch is imported) costs more than the work."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     out = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
@@ -470,15 +490,23 @@ class TreeSource(Source):
         self.files = files
         self.metadata = metadata or {}
         self._levels: dict[str, LevelInfo] = {}
-        level_meta = level_meta or {}
+        with paused_gc():
+            self._build(tree, level_meta or {})
+
+    def _build(self, tree: Mapping[str, Any], level_meta: dict[str, dict[str, Any]]) -> None:
+        """The levels of ``tree``, iteratively (no recursion on file-controlled depth)."""
         stack: list[tuple[str, Mapping[str, Any], int]] = [("", tree, 0)]
         counter = 0
-        while stack:  # iterative: no recursion on file-controlled depth
+        new = tuple.__new__
+        while stack:
             prefix, node, depth = stack.pop()
             if depth > MAX_DEPTH:
                 raise BadArchiveError(f"{self.path}: nesting deeper than {MAX_DEPTH} levels")
             children: dict[str, Child] = {}
             for key, value in node.items():
+                if type(value) is TensorSpec and type(key) is str:  # the common case, kept lean
+                    children[key] = new(Child, (key, "leaf", prefix + key, value))
+                    continue
                 if not isinstance(key, str):
                     raise InvalidArgumentError(f"{self.path}: level keys must be str, got {key!r}")
                 if isinstance(value, TensorSpec):
