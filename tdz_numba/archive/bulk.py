@@ -34,7 +34,15 @@ import numpy as np
 import torch
 
 from ..errors import BadArchiveError
-from ..tdz.sources import LeafInfo, Location, Source, TensorSpec, paused_gc, tensor_from_spec
+from ..tdz.sources import (
+    LeafInfo,
+    Location,
+    Source,
+    TensorSpec,
+    needs_alignment,
+    paused_gc,
+    tensor_from_spec,
+)
 from ..tdz.tree import Level
 from .foreign import all_specs, copy_specs, hint, spec_tensors
 
@@ -276,7 +284,7 @@ def spec_info(spec: TensorSpec, source: Source, *, aligned: bool = False, copy: 
     files = source.files
     fname = str(files[spec.file].path) if 0 <= spec.file < len(files) else str(source.path)
     zero = spec.loader is None and spec.codec == "stored" and nbytes > 0 and not copy
-    if zero and aligned and spec.offset % itemsize:
+    if zero and spec.offset % itemsize and (aligned or needs_alignment(spec.dtype)):
         zero = False
     loc = Location(fname, spec.offset, spec.nbytes) if spec.loader is None else None
     return LeafInfo(

@@ -57,6 +57,7 @@ __all__ = [
     "check_extent",
     "tensor_from_spec",
     "copied_leaf",
+    "needs_alignment",
     "own_views",
     "leaf_view",
     "paused_gc",
@@ -417,12 +418,22 @@ def tensor_from_spec(
         return flat.view(spec.shape)
     strides = spec.strides if spec.strides is not None else _contiguous(spec.shape)
     shift = spec.offset % itemsize
-    if not copy and not (aligned and shift):
+    if not copy and not (shift and (aligned or needs_alignment(spec.dtype))):
         # a tensor on the mapping's storage (shifted when unaligned): no copy, its own version counter
         with own_views():
             return leaf_view(f.typed(spec.dtype, shift), spec.shape, strides, spec.offset // itemsize)
     t = copied_leaf(f, spec.dtype, spec.shape, strides, spec.offset)
     return t.clone() if copy else t  # copy: only the elements (a gapped view made dense)
+
+
+def needs_alignment(dtype: Any) -> bool:
+    """Whether torch's CPU kernels need a tensor of ``dtype`` aligned to its element size: the
+    complex dtypes (``c10::complex<double>`` is declared ``alignas(16)``, and the compiler's
+    aligned vector loads of it crash on an unaligned address: ``sum(0)`` and ``where`` of a
+    complex128 tensor 8 bytes off did, measured on torch 2.13). Their misaligned leaves
+    are copies; every other dtype is a view at any byte address (checked op by op in
+    ``tests/test_foreign_bulk.py``)."""
+    return bool(dtype.is_complex)
 
 
 def copied_leaf(f: MappedFile, dtype: Any, shape: Any, strides: Any, offset: int):

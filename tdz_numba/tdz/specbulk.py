@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import sources as _sources
-from .sources import MappedFile, TensorSpec, leaf_view, own_views
+from .sources import MappedFile, TensorSpec, leaf_view, needs_alignment, own_views
 
 __all__ = ["spec_views", "plain_extents", "Extents"]
 
@@ -181,6 +181,8 @@ def spec_views(
         shift = off % isz
         if aligned:
             ok &= shift == 0
+        elif any(d.is_complex for d in set(dtypes)):  # complex leaves need alignment (needs_alignment)
+            ok &= (shift == 0) | ~np.fromiter(map(needs_alignment, dtypes), bool, n)
         rows = np.flatnonzero(ok)
         out: list[Any] = [None] * n
         if not rows.size:
