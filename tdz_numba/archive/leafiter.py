@@ -24,13 +24,13 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import ItemsView, Iterator, ValuesView
 from typing import Any
 
 from ..errors import TdzError
 from ..tdz.sources import paused_gc
 
-__all__ = ["level_pairs", "leaf_pairs", "BATCH", "BATCH_BYTES"]
+__all__ = ["level_pairs", "leaf_pairs", "LevelItems", "LevelValues", "BATCH", "BATCH_BYTES"]
 
 #: Leaves made in one batch (views).
 BATCH = 4096
@@ -116,3 +116,17 @@ def leaf_pairs(root: Any) -> Iterator[tuple[str, Any]]:
                 sub_kinds, sub_stops = _segments(sub_items)
                 stack.append((prefix + key + "/", sub, sub_items, sub_kinds, sub_stops, 0, 0))
                 break
+
+
+class LevelItems(ItemsView):
+    """``Archive.items()``: a lazy view whose iteration makes the leaves in batches."""
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return self._mapping._pairs()  # type: ignore[attr-defined]  # the mapping is an Archive
+
+
+class LevelValues(ValuesView):
+    """``Archive.values()``: a lazy view whose iteration makes the leaves in batches."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return (v for _, v in self._mapping._pairs())  # type: ignore[attr-defined]  # an Archive

@@ -22,7 +22,7 @@ torch.Size([2, 3]) 7 ['obs', 'step'] tdz
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import ItemsView, Iterator, Mapping, ValuesView
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -260,11 +260,15 @@ class Archive(LeafMemory, Mapping):
 
     def values(self):  # noqa: D102 - Mapping.values, refused once closed (leaves made in batches)
         self._check_open()
-        return _Values(self)
+        from .leafiter import LevelValues
+
+        return LevelValues(self)
 
     def items(self):  # noqa: D102 - Mapping.items (lazy (key, value) pairs, leaves made in batches), refused once closed
         self._check_open()
-        return _Items(self)
+        from .leafiter import LevelItems
+
+        return LevelItems(self)
 
     def _pairs(self) -> Iterator[tuple[str, Any]]:
         """``(key, value)`` of this level in order; the leaves of a file of another format
@@ -591,20 +595,6 @@ class Archive(LeafMemory, Mapping):
         from .display import archive_html
 
         return archive_html(self, max_rows)
-
-
-class _Items(ItemsView):
-    """``Archive.items()``: a lazy view whose iteration makes the leaves in batches."""
-
-    def __iter__(self) -> Iterator[tuple[str, Any]]:
-        return self._mapping._pairs()  # type: ignore[attr-defined]  # the mapping is an Archive
-
-
-class _Values(ValuesView):
-    """``Archive.values()``: a lazy view whose iteration makes the leaves in batches."""
-
-    def __iter__(self) -> Iterator[Any]:
-        return (v for _, v in self._mapping._pairs())  # type: ignore[attr-defined]  # an Archive
 
 
 def _is_quant(type_name: str) -> bool:
