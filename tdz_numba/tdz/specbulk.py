@@ -126,9 +126,9 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
     dense = np.ones(n, bool)
     if nstrided:
         span_el = cnt.copy()
-        strides = list(strides)
-        for i in np.flatnonzero(np.fromiter((s is not None for s in strides), bool, n)).tolist():
-            st, shape = strides[i], shapes[i]
+        given: list[Any] = list(strides)
+        for i in np.flatnonzero(np.fromiter((s is not None for s in given), bool, n)).tolist():
+            st, shape = given[i], shapes[i]
             if (
                 not ok[i]
                 or not isinstance(st, (tuple, list))
@@ -136,22 +136,22 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
                 or not all(type(x) is int and 0 <= x < _BIG for x in st)
             ):
                 ok[i] = False
-                strides[i] = ()
+                given[i] = ()
                 continue
-            strides[i] = tuple(st)
+            given[i] = tuple(st)
             span_el[i] = sum((d - 1) * x for d, x in zip(shape, st)) + 1
         contiguous = _contiguous_of(shapes)
-        dense = np.fromiter((s is None or s == c for s, c in zip(strides, contiguous)), bool, n)
-        strides = [c if s is None else s for s, c in zip(strides, contiguous)]
+        dense = np.fromiter((s is None or s == c for s, c in zip(given, contiguous)), bool, n)
+        elements = [c if s is None else s for s, c in zip(given, contiguous)]
         ok &= span_el < _BIG
         need = span_el * isz
     else:
-        strides = _contiguous_of(shapes)
+        elements = _contiguous_of(shapes)
         need = cnt * isz
     file_rows = np.fromiter(fidx, np.int64, n)
     fsize = np.array([f.size for f in files] or [0], np.int64)[file_rows]
     ok &= (nb >= need) & (off + nb <= fsize)
-    return Extents(ok, dense, list(dtypes), list(shapes), strides, off, isz, cnt, file_rows)
+    return Extents(ok, dense, list(dtypes), list(shapes), elements, off, isz, cnt, file_rows)
 
 
 def spec_views(
