@@ -49,6 +49,7 @@ def open(
     direct: bool = False,
     allow_external: bool = False,
     map_location: Any = None,
+    aligned: bool = False,
 ) -> Archive:
     """Opens a tensor file lazily as a read-only :class:`~tdz_numba.Archive` mapping.
 
@@ -93,6 +94,12 @@ def open(
         page ``align``) are read with ``O_DIRECT`` into page-aligned buffers,
         bypassing the page cache (nothing of the file stays cached); other leaves,
         and file systems that refuse ``O_DIRECT``, use buffered reads.
+    aligned : bool
+        Leaves whose file offset is not a multiple of their element size (every npz member,
+        ONNX ``raw_data``, many HDF5 and some safetensors tensors) are views of the mapping at
+        that unaligned address by default (CPU kernels read them correctly); ``aligned=True``
+        copies exactly those leaves into aligned memory, for code that needs it
+        (``info(k).aligned`` tells which they are).
     allow_external : bool
         HDF5 only: read virtual datasets, external raw storage and external links, from regular
         files inside the input's own folder (never through a symlink that leaves it); refused
@@ -140,6 +147,7 @@ def open(
         direct=direct,
         allow_external=allow_external,
         map_location=map_location,
+        aligned=aligned,
     )
     return _open(path, options, storage_options)
 
@@ -222,6 +230,7 @@ def load(
     allow_external: bool = False,
     keys: Any = None,
     map_location: Any = None,
+    aligned: bool = False,
 ) -> Level:
     """Loads a tensor file (any format :func:`open` reads) as nested dicts of tensors and plain values.
 
@@ -262,6 +271,8 @@ def load(
         With ``copy=True``: page-aligned leaves read with ``O_DIRECT`` (see :func:`open`).
     allow_external : bool
         HDF5 files made of several files (see :func:`open`).
+    aligned : bool
+        Copy the leaves not aligned for their dtype instead of viewing them (see :func:`open`).
     storage_options : dict, optional
         Options of the fsspec filesystem of a URL.
 
@@ -308,6 +319,7 @@ def load(
         direct=direct,
         allow_external=allow_external,
         map_location=map_location,
+        aligned=aligned,
     )
     keys = load_keys(keys)
     if keys is not None or options.subpath is not None:

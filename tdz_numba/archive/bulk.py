@@ -34,8 +34,17 @@ import numpy as np
 import torch
 
 from ..errors import BadArchiveError
-from ..tdz.sources import LeafInfo, Location, Source, TensorSpec, tensor_from_spec
+from ..tdz.sources import (
+    LeafInfo,
+    Location,
+    Source,
+    TensorSpec,
+    needs_alignment,
+    paused_gc,
+    tensor_from_spec,
+)
 from ..tdz.tree import Level
+from .foreign import all_specs, copy_specs, hint, spec_tensors
 
 __all__ = ["build_tree", "materialize", "read_into", "spec_info", "meta_tensor", "COPY_PIECE"]
 
@@ -152,43 +161,13 @@ def _copy_tdz(
     return out
 
 
-def _copy_specs(source: Any, leaves: list[TensorSpec], num_threads: int | None) -> list[torch.Tensor]:
-    """Owned tensors of :class:`TensorSpec` leaves: contiguous stored ones read with parallel preadv."""
-    out: list[torch.Tensor] = []
-    jobs: dict[int, list[tuple[int, np.ndarray]]] = {}
-    total = sum(s.nbytes for s in leaves)
-    for spec in leaves:
-        plain = (
-            total >= _SMALL_COPY
-            and spec.loader is None
-            and spec.codec == "stored"
-            and spec.numel
-            and 0 <= spec.file < len(source.files)
-        )
-        if plain:
-            shape = tuple(spec.shape)
-            strides = [1] * len(shape)
-            for i in range(len(shape) - 2, -1, -1):
-                strides[i] = strides[i + 1] * max(shape[i + 1], 1)
-            if spec.strides is None or tuple(spec.strides) == tuple(strides):
-                f = source.files[spec.file]
-                need = math.prod(shape) * spec.dtype.itemsize
-                if spec.offset < 0 or spec.offset + need > f.size or spec.nbytes < need:
-                    tensor_from_spec(spec, source.files, where=str(source.path))  # raises the reader's error
-                owned = torch.empty(shape, dtype=spec.dtype)
-                jobs.setdefault(spec.file, []).append((spec.offset, _u8(owned)))
-                out.append(owned)
-                continue
-        out.append(
-            tensor_from_spec(spec, source.files, copy=True, where=str(source.path), num_threads=num_threads)
-        )
-    for i, file_jobs in jobs.items():
-        read_into(source.files[i].path, file_jobs, num_threads)
-    return out
+def materialize(ar: Any, leaves: list[Any], *, hint_ahead: bool = True) -> list[torch.Tensor]:
+    """The delivered tensors of many leaf specs of one archive (options applied).
 
-
-def materialize(ar: Any, leaves: list[Any]) -> list[torch.Tensor]:
-    """The delivered tensors of many leaf specs of one archive (options applied)."""
+    Leaves of every other format than ``.tdz`` are made in bulk
+    (:mod:`~tdz_numba.archive.foreign`): views checked and built in one pass, or, with
+    ``copy=True``, owned tensors read by scatter ``preadv`` in file order. With
+    ``hint_ahead`` (views) the kernel is asked to read their bytes ahead, in file order."""
     state = ar._state
     source = state.source
     if not leaves:
@@ -202,15 +181,19 @@ def materialize(ar: Any, leaves: list[Any]) -> list[torch.Tensor]:
             tensors, copied = _copy_tdz(source, leaves, threads, getattr(state, "direct", False)), True
         else:
             tensors = source.tensors(leaves)
+    elif getattr(source, "tensor", None) is not None:
+        tensors = [source.tensor(leaf) for leaf in leaves]  # type: ignore[attr-defined]  # a source of its own leaves
+    elif not all_specs(leaves):  # pragma: no cover - every reader's leaves are TensorSpec
+        files, where = source.files, str(source.path)
+        tensors = [tensor_from_spec(leaf, files, copy=state.copy, where=where) for leaf in leaves]
+        copied = state.copy
     elif state.copy:
-        tensors, copied = _copy_specs(source, leaves, threads), True
+        tensors, copied = copy_specs(source, leaves, threads), True
     else:
-        make = getattr(source, "tensor", None)
-        if make is not None:
-            tensors = [make(leaf) for leaf in leaves]
-        else:
-            files, where = source.files, str(source.path)
-            tensors = [tensor_from_spec(leaf, files, where=where) for leaf in leaves]
+        aligned = getattr(state, "aligned", False)
+        tensors = spec_tensors(source, leaves, aligned=aligned)
+        if hint_ahead:
+            hint(source, leaves)
     if state.dtype is None and state.device is None:
         return tensors
     return [ar._deliver(t, copied=copied) for t in tensors]
@@ -230,7 +213,7 @@ def build_tree(ar: Any) -> Level:
     quick = getattr(state.source, "quick_level", None)
     if state.copy or state.dtype is not None or state.device is not None:
         quick = None
-    slots: list[tuple[Level, str]] = []
+    slots: list[tuple[Level, list[str]]] = []
     leaves: list[Any] = []
     root = Level()
     stack: list[tuple[str, Level | None, str]] = [(ar._prefix, None, "")]  # (level, parent, key in parent)
@@ -250,23 +233,27 @@ def build_tree(ar: Any) -> Level:
                     continue
             keyed, children, _ = node._level()
             out = Level(meta=node.meta, keyed=keyed)
-            for key, spec in children.items():
-                kind = spec.kind
-                if kind == "leaf":
-                    out[key] = None  # keeps the key order; filled below
-                    slots.append((out, key))
-                    leaves.append(spec.leaf)
-                elif kind == "level":
-                    out[key] = None
-                    stack.append((spec.path, out, key))
-                else:
-                    out[key] = node._value(spec)
+            with paused_gc():  # a level of many leaves: lists of them, not one step per leaf
+                out.update(dict.fromkeys(children))  # keeps the key order; filled below
+                kinds = [spec.kind for spec in children.values()]
+                keys = [k for k, kind in zip(children, kinds) if kind == "leaf"]
+                leaves.extend(children[k].leaf for k in keys)
+            slots.append((out, keys))
+            if len(keys) < len(kinds):
+                for key, kind in zip(children, kinds):
+                    if kind == "level":
+                        stack.append((children[key].path, out, key))
+                    elif kind != "leaf":
+                        out[key] = node._value(children[key])
         if parent is None:
             root = out
         else:
             parent[name] = out
-    for (lvl, key), t in zip(slots, materialize(ar, leaves)):
-        lvl[key] = t
+    made = materialize(ar, leaves)
+    pos = 0
+    for lvl, keys in slots:
+        lvl.update(zip(keys, made[pos : pos + len(keys)]))
+        pos += len(keys)
     return root
 
 
@@ -287,15 +274,18 @@ def meta_tensor(source: Source, leaf: Any) -> torch.Tensor:
     return torch.empty(leaf.shape, dtype=dtype, device="meta")
 
 
-def spec_info(spec: TensorSpec, source: Source) -> LeafInfo:
-    """The :class:`LeafInfo` of a :class:`~tdz_numba.tdz.sources.TensorSpec` leaf."""
-    import math
+def spec_info(spec: TensorSpec, source: Source, *, aligned: bool = False, copy: bool = False) -> LeafInfo:
+    """The :class:`LeafInfo` of a :class:`~tdz_numba.tdz.sources.TensorSpec` leaf: ``zero_copy``
+    says whether the archive's tensor is a view of the mapping (a STORED leaf with elements at
+    any offset; not with ``copy``, nor with ``aligned`` for a misaligned one)."""
 
     itemsize = spec.dtype.itemsize
     nbytes = spec.size if spec.codec != "stored" else math.prod(spec.shape) * itemsize
     files = source.files
     fname = str(files[spec.file].path) if 0 <= spec.file < len(files) else str(source.path)
-    zero = spec.loader is None and spec.codec == "stored" and spec.offset % itemsize == 0 and nbytes > 0
+    zero = spec.loader is None and spec.codec == "stored" and nbytes > 0 and not copy
+    if zero and spec.offset % itemsize and (aligned or needs_alignment(spec.dtype)):
+        zero = False
     loc = Location(fname, spec.offset, spec.nbytes) if spec.loader is None else None
     return LeafInfo(
         spec.key,

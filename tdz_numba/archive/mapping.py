@@ -21,6 +21,7 @@ torch.Size([2, 3]) 7 ['obs', 'step'] tdz
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -257,13 +258,26 @@ class Archive(LeafMemory, Mapping):
         self._check_open()
         return super().keys()
 
-    def values(self):  # noqa: D102 - Mapping.values, refused once closed
+    def values(self):  # noqa: D102 - Mapping.values, refused once closed (leaves made in batches)
         self._check_open()
-        return super().values()
+        from .leafiter import LevelValues
 
-    def items(self):  # noqa: D102 - Mapping.items (lazy (key, value) pairs), refused once closed
+        return LevelValues(self)
+
+    def items(self):  # noqa: D102 - Mapping.items (lazy (key, value) pairs, leaves made in batches), refused once closed
         self._check_open()
-        return super().items()
+        from .leafiter import LevelItems
+
+        return LevelItems(self)
+
+    def _pairs(self) -> Iterator[tuple[str, Any]]:
+        """``(key, value)`` of this level in order; the leaves of a file of another format
+        than ``.tdz`` made in batches (:mod:`~tdz_numba.archive.leafiter`)."""
+        if not hasattr(self._state.source, "tensors"):
+            from .leafiter import level_pairs
+
+            return level_pairs(self)
+        return ((key, self._value(child)) for key, child in self._level()[1].items())
 
     def __contains__(self, key: object) -> bool:
         try:
@@ -383,7 +397,10 @@ class Archive(LeafMemory, Mapping):
         make = getattr(source, "tensor", None)
         if make is not None:
             return make(leaf)
-        return tensor_from_spec(leaf, source.files, copy=self._state.copy, where=str(source.path))
+        state = self._state
+        return tensor_from_spec(
+            leaf, source.files, copy=state.copy, where=str(source.path), aligned=state.aligned
+        )
 
     def _deliver(self, t: torch.Tensor, copied: bool = False) -> torch.Tensor:
         """Applies the archive's ``copy`` / ``dtype`` / ``device`` options to a leaf."""
@@ -465,11 +482,15 @@ class Archive(LeafMemory, Mapping):
         return node._leaf_info(spec.leaf)
 
     def _leaf_info(self, leaf: Any) -> LeafInfo:
-        source = self._state.source
+        state = self._state
+        source = state.source
         make = getattr(source, "leaf_info", None)
-        if make is not None:
-            return make(leaf)
-        return spec_info(leaf, source)
+        if make is None:
+            return spec_info(leaf, source, aligned=state.aligned, copy=state.copy)
+        info = make(leaf)
+        if state.copy and info.zero_copy:  # the archive hands out owned copies
+            info = dataclasses.replace(info, zero_copy=False)
+        return info
 
     def where_is(self, key: str | tuple[str, ...]) -> Location | None:
         """``Location(file, offset, nbytes)`` of leaf ``key``'s bytes (None: no payload)."""
@@ -518,7 +539,12 @@ class Archive(LeafMemory, Mapping):
         ...         print([(k, t.shape[0]) for k, t in ar.iter_leaves()])
         [('a/b', 1), ('c', 2)]
         """
-        from ..tdz.bounds import walk_leaves
+        if not hasattr(self._state.source, "tensors"):  # other formats: leaves made in batches
+            from .leafiter import leaf_pairs
+
+            yield from leaf_pairs(self)
+            return
+        from ..tdz.bounds import walk_leaves  # .tdz: leaves made (and cached) on access
 
         pairs = walk_leaves(
             self,

@@ -38,7 +38,7 @@ __all__ = ["open_archive", "load"]
 def open_archive(path: str | os.PathLike, options: OpenOptions = DEFAULT) -> Archive:
     """Opens a local file lazily with checked ``options`` (:func:`~tdz_numba.archive.options.open_options`);
     see :func:`tdz_numba.open`."""
-    mode, subpath, allow_pickle, num_threads, copy, device, dtype, direct, allow_external = options
+    mode, subpath, allow_pickle, num_threads, copy, device, dtype, direct, allow_external = options[:9]
     source = _open_source(
         path,
         mode=mode,
@@ -50,6 +50,7 @@ def open_archive(path: str | os.PathLike, options: OpenOptions = DEFAULT) -> Arc
     fmt = source.format
     state = ArchiveState(source, copy=copy, device=device, dtype=dtype)
     state.direct = bool(direct)
+    state.aligned = bool(options.aligned)
     try:
         if subpath is None:
             return Archive(state, "")

@@ -35,6 +35,7 @@ class OpenOptions(NamedTuple):
     dtype: torch.dtype | None = None
     direct: bool = False
     allow_external: bool = False
+    aligned: bool = False
 
 
 #: The options of a plain ``open(path)``.
@@ -53,6 +54,7 @@ def open_options(
     direct: bool = False,
     allow_external: bool = False,
     map_location: Any = None,
+    aligned: bool = False,
 ) -> OpenOptions:
     """Checks the open/load keywords (see :func:`tdz_numba.open`) and returns them normalized.
 
@@ -91,7 +93,7 @@ def open_options(
     if (
         mode == "r"
         and subpath is None
-        and not (allow_pickle or copy or direct or allow_external)
+        and not (allow_pickle or copy or direct or allow_external or aligned)
         and num_threads is None
     ):
         if device is None and dtype is None:
@@ -106,6 +108,7 @@ def open_options(
         dtype,
         bool(direct),
         bool(allow_external),
+        bool(aligned),
     )
 
 

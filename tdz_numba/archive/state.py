@@ -33,6 +33,7 @@ class ArchiveState:
         self.device = None if device is None else torch.device(device)
         self.dtype = dtype
         self.direct = False  # copy=True leaves read with O_DIRECT where page-aligned
+        self.aligned = False  # leaves not aligned for their dtype are copies (not views)
         self.views: dict[str, Any] = {}  # prefix -> the Archive view of that level
 
 

@@ -495,7 +495,7 @@ def open_remote(
     >>> print(ar["x"].tolist(), ar._index.requests)
     [1.0, 1.0, 1.0] 1
     """
-    mode, subpath, allow_pickle, num_threads, copy, device, dtype, _, _ = options
+    mode, subpath, allow_pickle, num_threads, copy, device, dtype = options[:7]
     if mode != "r":
         raise InvalidArgumentError(f"{target}: remote archives are read-only: mode must be 'r', got {mode!r}")
     if not isinstance(tail_bytes, int) or tail_bytes < records.End.SIZEOF:

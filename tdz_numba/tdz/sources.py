@@ -28,6 +28,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import mmap
 import os
@@ -55,8 +56,11 @@ __all__ = [
     "TreeSource",
     "check_extent",
     "tensor_from_spec",
+    "copied_leaf",
+    "needs_alignment",
     "own_views",
     "leaf_view",
+    "paused_gc",
     "MAX_DEPTH",
 ]
 
@@ -87,6 +91,7 @@ class MappedFile:
         self._mmap = mm
         self.buffer = np.frombuffer(mm, dtype=np.uint8) if mm is not None else np.empty(0, np.uint8)
         self._torch = None
+        self._typed: dict[tuple[Any, int], Any] = {}
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, writable: bool = False) -> MappedFile:
@@ -117,10 +122,41 @@ class MappedFile:
             self._torch = torch.from_numpy(self.buffer) if self.size else torch.empty(0, dtype=torch.uint8)
         return self._torch
 
+    def typed(self, dtype: Any, shift: int = 0):
+        """The mapping from byte ``shift`` on as one tensor of ``dtype`` (cached per dtype and shift).
+
+        A leaf at byte ``offset`` is element ``(offset - shift) // itemsize`` of the view
+        whose ``shift`` is ``offset % itemsize``: a leaf at any byte address is a view of
+        the mapping (``shift == 0``: on :attr:`torch_u8`'s storage; otherwise on a storage
+        that starts ``shift`` bytes in, made by ``torch.from_numpy`` of the shifted buffer,
+        which keeps the mapping alive). CPU kernels read such unaligned tensors correctly
+        (x86-64 and ARM64 load unaligned vectors), checked for every dtype in the tests.
+        """
+        key = (dtype, shift)
+        found = self._typed.get(key)
+        if found is not None:
+            return found
+        import torch
+
+        if shift == 0:
+            base = self.torch_u8
+        else:
+            base = (
+                torch.from_numpy(self.buffer[shift:])
+                if shift < self.size
+                else torch.empty(0, dtype=torch.uint8)
+            )
+        itemsize = dtype.itemsize
+        if dtype != torch.uint8:
+            base = base[: base.numel() - base.numel() % itemsize].view(dtype)
+        self._typed[key] = base
+        return base
+
     def close(self) -> None:
         """Drops this object's references; tensors already made keep the mapping alive."""
         self.buffer = np.empty(0, np.uint8)
         self._torch = None
+        self._typed = {}
         self._mmap = None
 
 
@@ -189,6 +225,16 @@ class LeafInfo:
     zero_copy: bool = False
     location: Location | None = None
     type_name: str = ""
+
+    @property
+    def aligned(self) -> bool:
+        """Whether the leaf's tensor starts on a multiple of its element size in memory: a
+        STORED leaf whose file offset is element-aligned, or a leaf decoded into its own
+        buffer (compressed, or read by a loader). An unaligned STORED leaf is still a view
+        of the mapping; ``open/load(..., aligned=True)`` copies those leaves."""
+        if self.offset is None or self.compression != "stored":
+            return True
+        return self.offset % max(self.dtype.itemsize, 1) == 0
 
     @property
     def evictable(self) -> bool:
@@ -301,6 +347,20 @@ def leaf_view(typed, shape: tuple[int, ...], strides: tuple[int, ...], offset: i
 _GUARD: Any = None
 
 
+@contextlib.contextmanager
+def paused_gc():
+    """Pauses the cyclic garbage collector while many small objects (children, tensors) are
+    made: nothing made there forms cycles, and each of the collector's passes over the heap
+    (hundreds of thousands of objects once torch is imported) costs more than the work."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     out = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
@@ -315,11 +375,15 @@ def tensor_from_spec(
     copy: bool = False,
     where: str = "",
     num_threads: int | None = None,
+    aligned: bool = False,
 ):
     """The tensor a spec describes: a view of the mapping (zero-copy), or a new tensor.
 
-    A copy is made when ``copy=True``, when the offset is not a multiple of the
-    dtype's size, for compressed members (inflated) and for ``loader`` leaves.
+    A STORED leaf is a view at any byte offset (:meth:`MappedFile.typed`), with its own
+    version counter (:func:`own_views`). A copy is made when ``copy=True``, when
+    ``aligned=True`` and the offset is not a multiple of the dtype's size, for
+    compressed members (inflated) and for ``loader`` leaves. Many specs at once:
+    :func:`~tdz_numba.tdz.specbulk.spec_views` (the same tensors, checked in bulk).
     """
     import torch
 
@@ -353,21 +417,34 @@ def tensor_from_spec(
         flat = torch.from_numpy(data).view(spec.dtype)
         return flat.view(spec.shape)
     strides = spec.strides if spec.strides is not None else _contiguous(spec.shape)
-    span = span_bytes(spec.shape, strides, itemsize)
-    base = f.torch_u8
-    if spec.offset % itemsize == 0 and not copy:
-        # a tensor on the whole mapping's storage: no copy, its own version counter
-        typed = base[spec.offset : spec.offset + span - (span % itemsize)]
-        typed = typed.view(spec.dtype) if spec.dtype != torch.uint8 else typed
-        with own_views():  # offsets count from the mapping
-            return leaf_view(typed, spec.shape, strides, typed.storage_offset())
-    raw = base[spec.offset : spec.offset + span].clone()
-    typed = raw.view(spec.dtype) if spec.dtype != torch.uint8 else raw
-    return (
-        typed.as_strided(spec.shape, strides, 0)
-        if not copy
-        else typed.as_strided(spec.shape, strides, 0).clone()
-    )
+    shift = spec.offset % itemsize
+    if not copy and not (shift and (aligned or needs_alignment(spec.dtype))):
+        # a tensor on the mapping's storage (shifted when unaligned): no copy, its own version counter
+        with own_views():
+            return leaf_view(f.typed(spec.dtype, shift), spec.shape, strides, spec.offset // itemsize)
+    t = copied_leaf(f, spec.dtype, spec.shape, strides, spec.offset)
+    return t.clone() if copy else t  # copy: only the elements (a gapped view made dense)
+
+
+def needs_alignment(dtype: Any) -> bool:
+    """Whether torch's CPU kernels need a tensor of ``dtype`` aligned to its element size: the
+    complex dtypes (``c10::complex<double>`` is declared ``alignas(16)``, and the compiler's
+    aligned vector loads of it crash on an unaligned address: ``sum(0)`` and ``where`` of a
+    complex128 tensor 8 bytes off did, measured on torch 2.13). Their misaligned leaves
+    are copies; every other dtype is a view at any byte address (checked op by op in
+    ``tests/test_foreign_bulk.py``)."""
+    return bool(dtype.is_complex)
+
+
+def copied_leaf(f: MappedFile, dtype: Any, shape: Any, strides: Any, offset: int):
+    """An owned copy of the leaf of ``shape``/``strides`` (elements) at byte ``offset`` of ``f``:
+    the bytes it spans copied into a new (aligned) buffer, the same strides on it."""
+    span = span_bytes(tuple(shape), tuple(strides), dtype.itemsize)
+    raw = f.torch_u8[offset : offset + span].clone()
+    import torch
+
+    typed = raw.view(dtype) if dtype != torch.uint8 else raw
+    return typed.as_strided(shape, strides, 0)
 
 
 class Source:
@@ -424,15 +501,23 @@ class TreeSource(Source):
         self.files = files
         self.metadata = metadata or {}
         self._levels: dict[str, LevelInfo] = {}
-        level_meta = level_meta or {}
+        with paused_gc():
+            self._build(tree, level_meta or {})
+
+    def _build(self, tree: Mapping[str, Any], level_meta: dict[str, dict[str, Any]]) -> None:
+        """The levels of ``tree``, iteratively (no recursion on file-controlled depth)."""
         stack: list[tuple[str, Mapping[str, Any], int]] = [("", tree, 0)]
         counter = 0
-        while stack:  # iterative: no recursion on file-controlled depth
+        new = tuple.__new__
+        while stack:
             prefix, node, depth = stack.pop()
             if depth > MAX_DEPTH:
                 raise BadArchiveError(f"{self.path}: nesting deeper than {MAX_DEPTH} levels")
             children: dict[str, Child] = {}
             for key, value in node.items():
+                if type(value) is TensorSpec and type(key) is str:  # the common case, kept lean
+                    children[key] = new(Child, (key, "leaf", prefix + key, value))
+                    continue
                 if not isinstance(key, str):
                     raise InvalidArgumentError(f"{self.path}: level keys must be str, got {key!r}")
                 if isinstance(value, TensorSpec):

@@ -1,0 +1,225 @@
+"""Leaves of every other format (:class:`~tdz_numba.tdz.sources.TensorSpec` leaves) in bulk:
+zero-copy views, owned copies at memory speed, and read-ahead in file order.
+
+:func:`spec_tensors` gives many leaves' views in one pass
+(:func:`~tdz_numba.tdz.specbulk.spec_views`; what it leaves out is made one by one by
+:func:`~tdz_numba.tdz.sources.tensor_from_spec`, which raises the reader's errors).
+:func:`copy_specs` gives owned tensors: one ``torch.empty`` per leaf, filled by
+``os.preadv`` calls on a thread pool (they release the GIL) that go forward through
+the file: leaves that follow each other in the file are read by one call into many
+buffers (a scatter read, padding between them into a scratch buffer), large leaves in
+8 MiB pieces. :func:`hint` asks the kernel to read the leaves' byte ranges ahead, in
+file order (``MADV_WILLNEED`` on the merged ranges), whatever order the keys come in.
+
+Examples
+--------
+>>> import tempfile, pathlib, torch
+>>> from safetensors.torch import save_file
+>>> from tdz_numba import formats
+>>> from tdz_numba.archive.foreign import copy_specs, spec_tensors
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = pathlib.Path(d) / "x.safetensors"
+...     save_file({"a": torch.arange(4.0), "b": torch.ones(2, 2)}, str(p))
+...     src = formats.open_source(p)
+...     specs = [c.leaf for c in src.level("").children.values()]
+...     views, owned = spec_tensors(src, specs), copy_specs(src, specs)
+...     print([t.tolist() for t in owned], views[0].data_ptr() == owned[0].data_ptr())
+[[0.0, 1.0, 2.0, 3.0], [[1.0, 1.0], [1.0, 1.0]]] False
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import BadArchiveError
+from ..files.memory import readahead
+from ..tdz.sources import Source, TensorSpec, tensor_from_spec
+from ..tdz.specbulk import plain_extents, spec_views
+
+__all__ = ["spec_tensors", "copy_specs", "hint", "all_specs", "PIECE", "MAX_GAP"]
+
+#: Bytes one ``preadv`` call reads at most (larger leaves are split; runs of small ones end there).
+PIECE = 8 << 20
+#: Padding between two leaves that a scatter read skips into a scratch buffer (larger: a new call).
+MAX_GAP = 64 << 10
+#: Buffers in one ``preadv`` call (Linux's ``IOV_MAX`` is 1024; gaps take one each).
+_IOVECS = 500
+
+
+def all_specs(leaves: list[Any]) -> bool:
+    """Whether every leaf is a :class:`~tdz_numba.tdz.sources.TensorSpec` (what this module takes)."""
+    return bool(leaves) and set(map(type, leaves)) == {TensorSpec}
+
+
+def spec_tensors(source: Source, leaves: list[TensorSpec], *, aligned: bool = False) -> list[torch.Tensor]:
+    """The zero-copy tensors of many leaves of ``source``, as ``tensor_from_spec`` makes them
+    (``aligned=True``: misaligned leaves copied); its errors, for the first bad leaf in order."""
+    files, where = source.files, str(source.path)
+    out = spec_views(leaves, files, aligned=aligned)
+    for i in [i for i, t in enumerate(out) if t is None]:
+        out[i] = tensor_from_spec(leaves[i], files, where=where, aligned=aligned)
+    return out
+
+
+def hint(source: Source, leaves: list[TensorSpec]) -> int:
+    """Asks the kernel to read the STORED leaves' bytes ahead, in file order, merged into few
+    ranges (:func:`~tdz_numba.files.memory.readahead`: nothing below 1 MiB, never more than
+    half the free memory). Returns the bytes hinted."""
+    files = source.files
+    if not leaves or not files:
+        return 0
+    try:
+        n = len(leaves)
+        fidx = np.fromiter((s.file for s in leaves), np.int64, n)
+        off = np.fromiter((s.offset for s in leaves), np.int64, n)
+        nb = np.fromiter((s.nbytes if s.loader is None else 0 for s in leaves), np.int64, n)
+    except (OverflowError, TypeError, ValueError):  # a claim beyond int64: the leaves say what is wrong
+        return 0
+    done = 0
+    for i, f in enumerate(files):
+        mm = getattr(f, "_mmap", None)
+        if mm is None:
+            continue
+        mine = fidx == i
+        if mine.any():
+            done += readahead(mm, off[mine], nb[mine])
+    return done
+
+
+def _dest(t: torch.Tensor, nbytes: int) -> memoryview:
+    """A writable memoryview of an owned, contiguous tensor's bytes."""
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(t.data_ptr())).cast("B")
+
+
+def _read_full(fd: int, views: list[memoryview], offset: int, path: Any) -> None:
+    """``preadv`` of ``views`` at ``offset`` until all are full (a short read continues where it
+    stopped); :class:`~tdz_numba.BadArchiveError` when the file ends first."""
+    first = 0
+    while first < len(views):
+        n = os.preadv(fd, views[first:] if first else views, offset)
+        if n <= 0:
+            raise BadArchiveError(f"{path}: short read at offset {offset} (file truncated?)")
+        offset += n
+        while first < len(views) and n >= len(views[first]):
+            n -= len(views[first])
+            first += 1
+        if n:  # a read that stopped inside a buffer: the rest of it next
+            views = views[:first] + [views[first][n:]] + views[first + 1 :]
+
+
+def _jobs(
+    offsets: np.ndarray, sizes: np.ndarray, dests: list[memoryview]
+) -> list[tuple[int, list[memoryview]]]:
+    """``(file offset, buffers)`` scatter reads of leaves sorted by offset: consecutive leaves
+    (padding up to :data:`MAX_GAP` between them, at most :data:`PIECE` bytes and
+    :data:`_IOVECS` leaves per read) share one read; larger leaves are split in pieces."""
+    jobs: list[tuple[int, list[memoryview]]] = []
+    n = len(dests)
+    if n == 0:
+        return jobs
+    ends = offsets + sizes
+    gaps = np.empty(n, np.int64)
+    gaps[0] = -1
+    gaps[1:] = offsets[1:] - ends[:-1]
+    big = sizes > PIECE
+    start = (gaps < 0) | (gaps > MAX_GAP) | big | np.r_[False, big[:-1]]
+    cum = np.cumsum(sizes)
+    start[1:] |= (cum[1:] - 1) // PIECE != (cum[:-1] - 1) // PIECE
+    start[1:] |= np.arange(1, n) % _IOVECS == 0
+    start[0] = True
+    bounds = np.flatnonzero(start).tolist() + [n]
+    max_gap = int(gaps[1:][~start[1:]].max()) if n > 1 and (~start[1:]).any() else 0
+    scratch = memoryview(bytearray(max(max_gap, 1))) if max_gap > 0 else None
+    offs, gap_list = offsets.tolist(), gaps.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if b - a == 1 and big[a]:
+            view, off = dests[a], offs[a]
+            for s in range(0, len(view), PIECE):
+                jobs.append((off + s, [view[s : s + PIECE]]))
+            continue
+        views: list[memoryview] = []
+        for k in range(a, b):
+            gap = gap_list[k]
+            if k > a and gap > 0:
+                views.append(scratch[:gap])  # type: ignore[index]  # scratch exists when a gap does
+            views.append(dests[k])
+        jobs.append((offs[a], views))
+    return jobs
+
+
+def copy_specs(
+    source: Source, leaves: list[TensorSpec], num_threads: int | None = None
+) -> list[torch.Tensor]:
+    """Owned tensors of many leaves of ``source`` (what ``tensor_from_spec(..., copy=True)``
+    gives, read in bulk; see the module). Leaves the bulk path does not take (strided,
+    compressed, loaders, bad bounds) are made one by one first, in order, so the first bad
+    leaf raises its reader's error before anything is read."""
+    files, where = source.files, str(source.path)
+    n = len(leaves)
+    if n == 0:
+        return []
+    ext = plain_extents(leaves, files)
+    take = ext.ok & ext.dense
+    out: list[Any] = [None] * n
+    for i in np.flatnonzero(~take).tolist():
+        out[i] = tensor_from_spec(leaves[i], files, copy=True, where=where, num_threads=num_threads)
+    rows = np.flatnonzero(take)
+    if not rows.size:
+        return out
+    was = gc.isenabled()
+    gc.disable()  # many new tensors, no cycles among them
+    try:
+        nbytes = ext.numels[rows] * ext.itemsizes[rows]
+        shapes, dtypes = ext.shapes, ext.dtypes
+        made = [torch.empty(shapes[i], dtype=dtypes[i]) for i in rows.tolist()]
+        dests = list(map(_dest, made, nbytes.tolist()))
+        for i, t in zip(rows.tolist(), made):
+            out[i] = t
+        work: list[tuple[int, int, list[memoryview]]] = []
+        for fi in np.unique(ext.files[rows]).tolist():
+            mine = np.flatnonzero(ext.files[rows] == fi)
+            order = mine[np.argsort(ext.offsets[rows][mine], kind="stable")]
+            offs = ext.offsets[rows][order]
+            sizes = nbytes[order]
+            mm = getattr(files[fi], "_mmap", None)
+            if mm is not None:
+                readahead(mm, offs, sizes)  # cold: the kernel reads ahead in file order
+            work.extend(
+                (fi, off, views) for off, views in _jobs(offs, sizes, [dests[k] for k in order.tolist()])
+            )
+    finally:
+        if was:
+            gc.enable()
+    _run(files, work, num_threads)
+    return out
+
+
+def _run(files: list[Any], work: list[tuple[int, int, list[memoryview]]], num_threads: int | None) -> None:
+    """Runs the scatter reads on a thread pool (in file order: each worker takes the next)."""
+    fds: dict[int, int] = {}
+    try:
+        for fi in {w[0] for w in work}:
+            fds[fi] = os.open(files[fi].path, os.O_RDONLY)
+
+        def one(job: tuple[int, int, list[memoryview]]) -> None:
+            fi, off, views = job
+            _read_full(fds[fi], views, off, files[fi].path)
+
+        total = sum(len(v) for w in work for v in w[2])
+        workers = min(num_threads or os.cpu_count() or 1, len(work))
+        if workers <= 1 or total < (4 << 20):
+            for job in work:
+                one(job)
+        else:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(one, work))
+    finally:
+        for fd in fds.values():
+            os.close(fd)

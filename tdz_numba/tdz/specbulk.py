@@ -1,0 +1,236 @@
+"""Many :class:`~tdz_numba.tdz.sources.TensorSpec` leaves turned into tensors at once.
+
+:func:`spec_views` is the bulk form of :func:`~tdz_numba.tdz.sources.tensor_from_spec`
+for the leaves every foreign reader emits most (STORED, no loader): the specs'
+fields are taken apart column by column (``zip(*specs)``), every bound is checked
+once over numpy arrays of offsets, sizes and spans (per file), and each leaf is one
+``as_strided`` on a typed view of its file's mapping (:meth:`MappedFile.typed`, one
+per dtype and byte shift, so an unaligned leaf is a view too), made below
+autograd's view tracking (:func:`~tdz_numba.tdz.sources.own_views`): each leaf is its
+own tensor with its own version counter, as the ``.tdz`` reader's
+:meth:`~tdz_numba.tdz.source.TdzSource.tensors` makes them. The tensors are the ones
+:func:`~tdz_numba.tdz.sources.tensor_from_spec` makes (same storage, offset, shape and
+strides). A spec the fast path does not take (a loader, a codec, a bound that does
+not hold, a malformed shape) comes back as None: the caller makes it one by one with
+:func:`~tdz_numba.tdz.sources.tensor_from_spec`, which raises the reader's error (file,
+key, what is wrong) exactly as before.
+
+Examples
+--------
+>>> import tempfile, pathlib, numpy as np, torch
+>>> from tdz_numba.tdz.sources import MappedFile, TensorSpec
+>>> from tdz_numba.tdz.specbulk import spec_views
+>>> with tempfile.TemporaryDirectory() as d:
+...     p = pathlib.Path(d) / "raw.bin"
+...     _ = p.write_bytes(b"\\0" + np.arange(6, dtype=np.float32).tobytes())
+...     f = MappedFile.open(p)
+...     specs = [TensorSpec("a", torch.float32, (2,), None, 0, 1, 8),     # offset 1: unaligned
+...              TensorSpec("b", torch.float32, (9,), None, 0, 1, 36)]    # past the end: None
+...     a, b = spec_views(specs, [f])
+...     print(a.tolist(), b, a.data_ptr() - f.buffer.ctypes.data)
+[0.0, 1.0] None 1
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from collections.abc import Sequence
+from itertools import chain
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import sources as _sources
+from .sources import MappedFile, TensorSpec, leaf_view, needs_alignment, own_views
+
+__all__ = ["spec_views", "plain_extents", "Extents"]
+
+#: Beyond this many elements (or bytes) a claim is checked one by one with Python ints
+#: (numpy's int64 sums could wrap): no real tensor comes near it.
+_BIG = 1 << 56
+
+
+def _contiguous_of(shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """C-contiguous element strides of each shape (computed once per distinct shape)."""
+    table: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for shape in set(shapes):
+        out = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            out[i] = out[i + 1] * max(shape[i + 1], 1)
+        table[shape] = tuple(out)
+    return list(map(table.__getitem__, shapes))
+
+
+class Extents(NamedTuple):
+    """What :func:`plain_extents` found, one row per spec (placeholders where ``ok`` is False)."""
+
+    ok: np.ndarray  # bool: the bulk path takes it
+    dense: np.ndarray  # bool: C-contiguous (strides None or the contiguous ones)
+    dtypes: list[Any]
+    shapes: list[tuple[int, ...]]
+    strides: list[tuple[int, ...]]  # element strides, contiguous ones filled in
+    offsets: np.ndarray  # int64 byte offsets
+    itemsizes: np.ndarray  # int64
+    numels: np.ndarray  # int64
+    files: np.ndarray  # int64 file indices
+
+
+def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> Extents:
+    """The leaves of ``specs`` the bulk path takes, checked in bulk (see :class:`Extents`).
+
+    ``ok[i]`` is True for a STORED spec without loader whose shape and strides are
+    well formed, that has elements, and whose bytes lie inside its file and cover what
+    its shape and strides span: when it is, :func:`~tdz_numba.tdz.sources.check_extent`
+    passes too; when not, :func:`~tdz_numba.tdz.sources.tensor_from_spec` says why.
+    """
+    n = len(specs)
+    _, dtypes, shapes, strides, fidx, offsets, nbytes, _, codecs, _, _, loaders = zip(*specs)
+    ok = np.ones(n, bool)
+    if loaders.count(None) != n or codecs.count("stored") != n:
+        ok &= np.fromiter((ld is None and c == "stored" for ld, c in zip(loaders, codecs)), bool, n)
+    if set(map(type, shapes)) != {tuple}:
+        ok &= np.fromiter((isinstance(s, (tuple, list)) for s in shapes), bool, n)
+        shapes = tuple(s if type(s) is tuple else tuple(s) if isinstance(s, list) else () for s in shapes)
+    flat = list(chain.from_iterable(shapes))
+    if flat and (set(map(type, flat)) != {int} or min(flat) < 0):
+        ok &= np.fromiter((all(type(d) is int and d >= 0 for d in s) for s in shapes), bool, n)
+        shapes = tuple(s if good else () for s, good in zip(shapes, ok.tolist()))
+    prods = list(map(math.prod, shapes))
+    sizes = {d: d.itemsize for d in set(dtypes)}
+    isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, n)
+    nfiles = len(files)
+    if set(fidx) - set(range(nfiles)):
+        ok &= np.fromiter((type(i) is int and 0 <= i < nfiles for i in fidx), bool, n)
+        fidx = tuple(i if good else 0 for i, good in zip(fidx, ok.tolist()))
+    try:
+        off = np.fromiter(offsets, np.int64, n)
+        nb = np.fromiter(nbytes, np.int64, n)
+        cnt = np.fromiter(prods, np.int64, n)
+    except (OverflowError, TypeError, ValueError):  # a claim beyond int64 (or not an int): one by one
+        big = np.fromiter(
+            (
+                not (type(o) is int and type(b) is int and type(c) is int)
+                or max(abs(o), abs(b), abs(c)) >= _BIG
+                for o, b, c in zip(offsets, nbytes, prods)
+            ),
+            bool,
+            n,
+        )
+        ok &= ~big
+        off = np.fromiter((0 if x else o for o, x in zip(offsets, big.tolist())), np.int64, n)
+        nb = np.fromiter((0 if x else b for b, x in zip(nbytes, big.tolist())), np.int64, n)
+        cnt = np.fromiter((0 if x else c for c, x in zip(prods, big.tolist())), np.int64, n)
+    ok &= (cnt > 0) & (cnt < _BIG) & (off >= 0) & (off < _BIG) & (nb >= 0) & (nb < _BIG)
+    nstrided = n - strides.count(None)
+    dense = np.ones(n, bool)
+    if nstrided:
+        span_el = cnt.copy()
+        given: list[Any] = list(strides)
+        for i in np.flatnonzero(np.fromiter((s is not None for s in given), bool, n)).tolist():
+            st, shape = given[i], shapes[i]
+            if (
+                not ok[i]
+                or not isinstance(st, (tuple, list))
+                or len(st) != len(shape)
+                or not all(type(x) is int and 0 <= x < _BIG for x in st)
+            ):
+                ok[i] = False
+                given[i] = ()
+                continue
+            given[i] = tuple(st)
+            span_el[i] = sum((d - 1) * x for d, x in zip(shape, st)) + 1
+        contiguous = _contiguous_of(shapes)
+        dense = np.fromiter((s is None or s == c for s, c in zip(given, contiguous)), bool, n)
+        elements = [c if s is None else s for s, c in zip(given, contiguous)]
+        ok &= span_el < _BIG
+        need = span_el * isz
+    else:
+        elements = _contiguous_of(shapes)
+        need = cnt * isz
+    file_rows = np.fromiter(fidx, np.int64, n)
+    fsize = np.array([f.size for f in files] or [0], np.int64)[file_rows]
+    ok &= (nb >= need) & (off + nb <= fsize)
+    return Extents(ok, dense, list(dtypes), list(shapes), elements, off, isz, cnt, file_rows)
+
+
+def spec_views(
+    specs: Sequence[TensorSpec], files: Sequence[MappedFile], *, aligned: bool = False
+) -> list[Any]:
+    """Zero-copy tensors of many specs: ``out[i]`` is what ``tensor_from_spec(specs[i], files,
+    aligned=aligned)`` returns, or None where that call must make it (see the module).
+
+    With ``aligned=True`` leaves whose offset is not a multiple of their element size
+    come back as None too (the one-by-one path copies them).
+    """
+    n = len(specs)
+    if n == 0:
+        return []
+    was = gc.isenabled()
+    gc.disable()  # tens of thousands of new tensors: no cycles among them, the collector's passes cost
+    try:
+        ext = plain_extents(specs, files)
+        ok, dtypes, shapes, strides, off, isz = (
+            ext.ok,
+            ext.dtypes,
+            ext.shapes,
+            ext.strides,
+            ext.offsets,
+            ext.itemsizes,
+        )
+        shift = off % isz
+        if aligned:
+            ok &= shift == 0
+        elif any(d.is_complex for d in set(dtypes)):  # complex leaves need alignment (needs_alignment)
+            ok &= (shift == 0) | ~np.fromiter(map(needs_alignment, dtypes), bool, n)
+        rows = np.flatnonzero(ok)
+        out: list[Any] = [None] * n
+        if not rows.size:
+            return out
+        fidx = ext.files if len(files) > 1 else None
+        # one typed view per (file, dtype, shift): a small table, looked up per leaf
+        codes = {d: i for i, d in enumerate(set(dtypes))}
+        dcode = np.fromiter(map(codes.__getitem__, dtypes), np.int64, n)
+        key = dcode * 64 + shift
+        if fidx is not None:
+            key = key + fidx * (64 * len(codes))
+        every = rows.size == n
+        sel = key if every else key[rows]
+        first = int(sel[0])
+        if (sel == first).all():  # one dtype, one file, one shift: the common case
+            kinds, inverse = np.array([first]), None
+        else:
+            kinds, inverse = np.unique(sel, return_inverse=True)
+        by_code = {i: d for d, i in codes.items()}
+        table = []
+        for k in kinds.tolist():
+            f = files[k // (64 * len(codes))] if fidx is not None else files[0]
+            table.append(f.typed(by_code[(k // 64) % len(codes)], k % 64))
+        views = [table[0]] * rows.size if inverse is None else list(map(table.__getitem__, inverse.tolist()))
+        if every:
+            elem = (off // isz).tolist()
+            sel_shapes, sel_strides = shapes, strides
+        else:
+            elem = (off[rows] // isz[rows]).tolist()
+            pick = rows.tolist()
+            sel_shapes = [shapes[i] for i in pick]
+            sel_strides = [strides[i] for i in pick]
+        with own_views():
+            if _sources._GUARD:
+                made = list(map(_AS_STRIDED(), views, sel_shapes, sel_strides, elem))
+            else:
+                made = list(map(leaf_view, views, sel_shapes, sel_strides, elem))
+        if every:
+            return made
+        for i, t in zip(pick, made):
+            out[i] = t
+        return out
+    finally:
+        if was:
+            gc.enable()
+
+
+def _AS_STRIDED() -> Any:
+    import torch
+
+    return torch.Tensor.as_strided
