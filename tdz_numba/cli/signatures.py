@@ -106,6 +106,42 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(float32, 1, 'C', False, aligned=True)",
         ),
     ),
+    "tdz_numba.formats.hdf5_headers._dtype_code": (
+        ("Array(uint8, 1, 'C', False, aligned=True)", "int64", "int64"),
+    ),
+    "tdz_numba.formats.hdf5_headers._uint": (
+        ("Array(uint8, 1, 'C', False, aligned=True)", "int64", "int64"),
+    ),
+    "tdz_numba.formats.hdf5_headers.header_messages": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "int64",
+            "int64",
+            "int64",
+            "int64",
+            "Array(int64, 2, 'C', False, aligned=True)",
+        ),
+    ),
+    "tdz_numba.formats.hdf5_headers.scan_datasets": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "int64",
+            "int64",
+            "int64",
+            "Array(int64, 2, 'C', False, aligned=True)",
+        ),
+    ),
+    "tdz_numba.formats.hdf5_headers.symbol_table": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "int64",
+            "int64",
+            "int64",
+            "int64",
+            "Array(int64, 2, 'C', False, aligned=True)",
+        ),
+    ),
     "tdz_numba.zipfmt.kernels.central._overlap_check": (
         (
             "Array(int64, 2, 'C', False, aligned=True)",
