@@ -73,7 +73,7 @@ def _shown(directory: str, key: str | None = None) -> str:
     return "/".join(parts) or "<root>"
 
 
-def _batch_prefix_ok(batch: list[int], shape: Any) -> bool:
+def _batch_prefix_ok(batch: Any, shape: Any) -> bool:
     return isinstance(shape, list) and shape[: len(batch)] == list(batch)
 
 
@@ -234,8 +234,8 @@ def _drop_unchanged(
                 same = (
                     sub in by_name
                     and sub in merge.live
-                    and merge.index.read_bytes(sub) == bytes(by_name[sub].data)
-                )  # type: ignore[arg-type]
+                    and merge.index.read_bytes(sub) == bytes(by_name[sub].data)  # type: ignore[arg-type]
+                )
                 if same:
                     prefixes.append(base + "/")
             if same:

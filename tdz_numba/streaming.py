@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -73,9 +73,9 @@ def _as_bytes(chunk: Any, key: str) -> memoryview:
         t = chunk.detach()
         if not t.is_cpu:
             t = t.cpu()
-        return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+        return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
     if isinstance(chunk, np.ndarray):
-        return memoryview(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
+        return memoryview(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     if isinstance(chunk, (bytes, bytearray, memoryview)):
         return memoryview(chunk).cast("B")
     raise InvalidArgumentError(
@@ -222,7 +222,7 @@ class Writer:
         self._dos = packers.dos_datetime()
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         cm, self._cm = self._cm, None
         if cm is None:
             return False
