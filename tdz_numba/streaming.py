@@ -18,8 +18,8 @@ Examples
 ...     with tdz_numba.Writer(pathlib.Path(d) / "x.tdz") as w:
 ...         w.add("a", torch.ones(2))
 ...         with w.stream("big", (4,), torch.int32) as sink:
-...             sink.write(torch.arange(2, dtype=torch.int32))
-...             sink.write(b"\\x02\\x00\\x00\\x00\\x03\\x00\\x00\\x00")
+...             _ = sink.write(torch.arange(2, dtype=torch.int32))
+...             _ = sink.write(b"\\x02\\x00\\x00\\x00\\x03\\x00\\x00\\x00")
 ...     print(tdz_numba.load(pathlib.Path(d) / "x.tdz")["big"].tolist())
 [0, 1, 2, 3]
 """
