@@ -409,3 +409,24 @@ def test_spaced_short_read_keeps_the_other_headers_in_place(tmp_path, monkeypatc
     with pytest.raises(BadArchiveError, match="local header name differs") as info:
         ArchiveIndex(p, check_local=True)
     assert info.value.entry == idx.names[last]  # every earlier header was read in its place
+
+
+def test_zip64_locator_naming_another_disk_is_refused_as_zipfile_does(tmp_path):
+    """A zip64 end locator whose disk field is not 0 describes a spanned archive: zipfile refuses
+    it ("span multiple disks"), so do we (it was accepted: a parser/zipfile disagreement)."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).parent / "fixtures" / "ours_zip64_end.tdz"
+    data = bytearray(src.read_bytes())
+    loc = data.rfind(b"PK\x06\x07")
+    assert loc > 0
+    p = tmp_path / "spanned.tdz"
+    shutil.copy(src, p)
+    data[loc + 4 : loc + 8] = (0x7FFFFFFF).to_bytes(4, "little")
+    p.write_bytes(bytes(data))
+    with pytest.raises(zipfile.BadZipFile, match="multiple disks"):
+        zipfile.ZipFile(p)
+    with pytest.raises(tdz_numba.UnsupportedError, match="multi-disk"):
+        tdz_numba.open(p)
+    assert tdz_numba.load(src) is not None  # the untouched fixture still reads

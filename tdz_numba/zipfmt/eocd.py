@@ -143,7 +143,7 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
     zip64 = False
     loc = end_offset - _ZIP64_LOCATOR.size
     if loc >= 0 and bytes(buf[loc : loc + 4]) == ZIP64_LOCATOR_SIG:
-        _, _, z_end, n_disks = _ZIP64_LOCATOR.unpack_from(buf, loc)
+        _, z_disk, z_end, n_disks = _ZIP64_LOCATOR.unpack_from(buf, loc)
         if z_end > loc - Zip64End.SIZEOF:  # also: the locator left no room for the record
             raise BadArchiveError(
                 f"{name}: the zip64 end locator at offset {loc} points to offset "
@@ -176,8 +176,8 @@ def find_end_record(buf, name: str = "archive") -> EndRecord:
             )
         _, _, _, _, disk, cd_disk, n_disk, count, cd_size, cd_offset = z
         zip64 = True
-        if n_disks > 1:
-            disk = 1
+        if n_disks > 1 or z_disk != 0:  # as zipfile: the locator names another disk
+            disk = max(disk, 1)
         end_offset = z_end
     if disk != 0 or cd_disk != 0 or n_disk != count:
         raise UnsupportedError(
