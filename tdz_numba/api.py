@@ -50,6 +50,7 @@ def open(
     allow_external: bool = False,
     map_location: Any = None,
     aligned: bool = False,
+    dequantize: bool = False,
 ) -> Archive:
     """Opens a tensor file lazily as a read-only :class:`~tdz_numba.Archive` mapping.
 
@@ -100,6 +101,10 @@ def open(
         that unaligned address by default (CPU kernels read them correctly); ``aligned=True``
         copies exactly those leaves into aligned memory, for code that needs it
         (``info(k).aligned`` tells which they are).
+    dequantize : bool
+        GGUF: leaves of GGML quantized blocks (``Q4_0``, ``Q8_0``, ``Q4_K``, ...) come back
+        decoded to float32 (as :meth:`Archive.dequantize` gives them) instead of as uint8
+        block views; other leaves are unchanged.
     allow_external : bool
         HDF5 only: read virtual datasets, external raw storage and external links, from regular
         files inside the input's own folder (never through a symlink that leaves it); refused
@@ -148,6 +153,7 @@ def open(
         allow_external=allow_external,
         map_location=map_location,
         aligned=aligned,
+        dequantize=dequantize,
     )
     return _open(path, options, storage_options)
 
@@ -231,6 +237,7 @@ def load(
     keys: Any = None,
     map_location: Any = None,
     aligned: bool = False,
+    dequantize: bool = False,
 ) -> Level:
     """Loads a tensor file (any format :func:`open` reads) as nested dicts of tensors and plain values.
 
@@ -273,6 +280,8 @@ def load(
         HDF5 files made of several files (see :func:`open`).
     aligned : bool
         Copy the leaves not aligned for their dtype instead of viewing them (see :func:`open`).
+    dequantize : bool
+        GGUF quantized leaves decoded to float32 (see :func:`open`).
     storage_options : dict, optional
         Options of the fsspec filesystem of a URL.
 
@@ -320,6 +329,7 @@ def load(
         allow_external=allow_external,
         map_location=map_location,
         aligned=aligned,
+        dequantize=dequantize,
     )
     keys = load_keys(keys)
     if keys is not None or options.subpath is not None:

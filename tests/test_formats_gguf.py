@@ -448,3 +448,38 @@ def test_through_tdz_numba_open(tmp_path):
         assert ar.info("q").type_name == "Q8_0" and tuple(ar["q"].shape) == (2, 68)
         if hasattr(ar, "dequantize"):
             assert _same_bits(gguf_dequantize(q, T.Q8_0), ar.dequantize("q").numpy())
+
+
+def test_load_and_open_with_dequantize(tmp_path):
+    """``load/open(..., dequantize=True)``: quantized leaves come decoded to float32 (bit for bit
+    what gguf's dequantize gives), plain leaves stay zero-copy views; dtype= applies after."""
+    import tdz_numba
+
+    p = tmp_path / "q.gguf"
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((4, 256)).astype(np.float32)
+    w = gguf.GGUFWriter(str(p), "llama")
+    w.add_tensor("q8", gguf_quantize(rows, T.Q8_0), raw_dtype=T.Q8_0)
+    q4k = rng.integers(0, 256, (4, 144), dtype=np.uint8)  # random blocks (gguf cannot quantize Q4_K)
+    w.add_tensor("q4k", q4k, raw_dtype=T.Q4_K)
+    w.add_tensor("f32", rows)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    raw = tdz_numba.load(p)
+    assert raw["q8"].dtype == torch.uint8  # the default: block views
+    out = tdz_numba.load(p, dequantize=True)
+    for k, blocks, t in (("q8", gguf_quantize(rows, T.Q8_0), T.Q8_0), ("q4k", q4k, T.Q4_K)):
+        want = gguf_dequantize(blocks, t)
+        assert out[k].dtype == torch.float32 and out[k].shape == (4, 256)
+        assert np.array_equal(out[k].numpy().view(np.uint32), want.view(np.uint32))
+    assert torch.equal(out["f32"], torch.from_numpy(rows))
+    with tdz_numba.open(p, dequantize=True) as ar:
+        assert torch.equal(ar["q8"], out["q8"]) and torch.equal(ar.dequantize("q8"), out["q8"])
+        assert dict(ar.iter_leaves()).keys() == {"q8", "q4k", "f32"}
+        assert all(t.dtype == torch.float32 for _, t in ar.iter_leaves())
+        assert ar.info("f32").zero_copy
+    half = tdz_numba.load(p, dequantize=True, dtype="float16")
+    assert half["q4k"].dtype == torch.float16
+    assert torch.equal(half["q4k"].isnan(), out["q4k"].half().isnan())

@@ -194,9 +194,22 @@ def materialize(ar: Any, leaves: list[Any], *, hint_ahead: bool = True) -> list[
         tensors = spec_tensors(source, leaves, aligned=aligned)
         if hint_ahead:
             hint(source, leaves)
+    if getattr(state, "dequantize", False):
+        tensors = [dequantized(leaf, t) for leaf, t in zip(leaves, tensors)]
     if state.dtype is None and state.device is None:
         return tensors
     return [ar._deliver(t, copied=copied) for t in tensors]
+
+
+def dequantized(leaf: Any, t: torch.Tensor) -> torch.Tensor:
+    """``t`` decoded to float32 when ``leaf`` holds GGML quantized blocks (GGUF ``Q4_0``, ``Q4_K``,
+    ...; ``open/load(..., dequantize=True)``), else ``t`` itself."""
+    type_name = getattr(leaf, "type_name", "")
+    if not type_name or t.dtype != torch.uint8:
+        return t
+    from ..formats.gguf import dequantize, is_quantized
+
+    return dequantize(t, type_name, leaf.shape) if is_quantized(type_name) else t
 
 
 def build_tree(ar: Any) -> Level:

@@ -34,7 +34,7 @@ from ..files.leafmemory import LeafMemory
 from ..tdz.dtypes import numpy_dtype
 from ..tdz.sources import LeafInfo, LevelInfo, Location, Source, tensor_from_spec
 from ..tdz.tree import NON_TENSOR_DATA_TYPE, Level, class_name
-from .bulk import meta_tensor, spec_info
+from .bulk import dequantized, meta_tensor, spec_info
 from .state import ArchiveState, missing_key, nest_flat
 
 __all__ = ["Archive"]
@@ -398,9 +398,10 @@ class Archive(LeafMemory, Mapping):
         if make is not None:
             return make(leaf)
         state = self._state
-        return tensor_from_spec(
+        t = tensor_from_spec(
             leaf, source.files, copy=state.copy, where=str(source.path), aligned=state.aligned
         )
+        return dequantized(leaf, t) if state.dequantize else t
 
     def _deliver(self, t: torch.Tensor, copied: bool = False) -> torch.Tensor:
         """Applies the archive's ``copy`` / ``dtype`` / ``device`` options to a leaf."""
@@ -507,7 +508,7 @@ class Archive(LeafMemory, Mapping):
             raise MissingKeyError(f"{self.where()}: {key!r} is not a tensor leaf")
         type_name = getattr(spec.leaf, "type_name", "")
         t = node._value(spec)
-        if not _is_quant(type_name):
+        if not _is_quant(type_name) or t.dtype != torch.uint8:  # (decoded already: dequantize=True)
             return t
         try:
             from ..formats import gguf

@@ -51,6 +51,7 @@ def open_archive(path: str | os.PathLike, options: OpenOptions = DEFAULT) -> Arc
     state = ArchiveState(source, copy=copy, device=device, dtype=dtype)
     state.direct = bool(direct)
     state.aligned = bool(options.aligned)
+    state.dequantize = bool(options.dequantize)
     try:
         if subpath is None:
             return Archive(state, "")

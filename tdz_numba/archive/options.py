@@ -36,6 +36,7 @@ class OpenOptions(NamedTuple):
     direct: bool = False
     allow_external: bool = False
     aligned: bool = False
+    dequantize: bool = False
 
 
 #: The options of a plain ``open(path)``.
@@ -55,6 +56,7 @@ def open_options(
     allow_external: bool = False,
     map_location: Any = None,
     aligned: bool = False,
+    dequantize: bool = False,
 ) -> OpenOptions:
     """Checks the open/load keywords (see :func:`tdz_numba.open`) and returns them normalized.
 
@@ -93,7 +95,7 @@ def open_options(
     if (
         mode == "r"
         and subpath is None
-        and not (allow_pickle or copy or direct or allow_external or aligned)
+        and not (allow_pickle or copy or direct or allow_external or aligned or dequantize)
         and num_threads is None
     ):
         if device is None and dtype is None:
@@ -109,6 +111,7 @@ def open_options(
         bool(direct),
         bool(allow_external),
         bool(aligned),
+        bool(dequantize),
     )
 
 

@@ -34,6 +34,7 @@ class ArchiveState:
         self.dtype = dtype
         self.direct = False  # copy=True leaves read with O_DIRECT where page-aligned
         self.aligned = False  # leaves not aligned for their dtype are copies (not views)
+        self.dequantize = False  # GGML quantized leaves decoded to float32 when made
         self.views: dict[str, Any] = {}  # prefix -> the Archive view of that level
 
 
