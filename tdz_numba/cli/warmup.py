@@ -244,8 +244,9 @@ def _crc_layout_index(tmp: Path) -> None:
     from ..zipfmt.index import ArchiveIndex
 
     index = ArchiveIndex(path, check_local=True)  # every local header, in the mapping
-    cols = index._cols.copy()
-    check_local_by_pread(index.buffer, cols, index.end.cd_offset, path, index._ident)  # far-apart headers
+    cols, ident = index.columns.copy(), index.ident
+    assert ident is not None  # a local file
+    check_local_by_pread(index.buffer, cols, index.end.cd_offset, path, ident)  # far-apart headers
     from ..zipfmt.kernels.dispatch import resolve_local
 
     resolve_local(index.buffer, cols, 0, index.end.cd_offset)  # a header read on first use (large archives)

@@ -220,8 +220,8 @@ class TdzSource(Source):
                 return None  # leaves it needs, and names what is wrong with them
         by_name, cache = index._by_name, self._tensors
         columns = self._columns
-        if columns is None or columns[0] is not index._cols:  # index rows as lists, once per parse
-            cols = index._cols
+        if columns is None or columns[0] is not index.columns:  # index rows as lists, once per parse
+            cols = index.columns
             columns = self._columns = (
                 cols,
                 cols[:, Col.METHOD].tolist(),
@@ -429,7 +429,7 @@ class TdzSource(Source):
         nbytes = math.prod(leaf.shape) * dtype.itemsize
         index = self.index
         row = index.row(leaf.entry)
-        found = int(index._cols[row, Col.SIZE]) if row is not None else 0
+        found = int(index.columns[row, Col.SIZE]) if row is not None else 0
         if found != nbytes:
             raise BadArchiveError(
                 f"{self.where(leaf.entry)}: leaf {leaf.key!r} ({leaf.dtype}, shape "

@@ -274,6 +274,17 @@ class ArchiveIndex:
         self._cols_np, self._table, self._small = value, None, None
 
     @property
+    def columns(self) -> np.ndarray:
+        """The index as an int64 array ``(count, len(Col))``, columns named by
+        :class:`~tdz_numba.zipfmt.records.Col` (the array itself: do not write to it)."""
+        return self._cols
+
+    @property
+    def ident(self) -> tuple[int, int, int] | None:
+        """``(st_dev, st_ino, size)`` of the mapped file (local headers are read from that file), or None."""
+        return getattr(self, "_ident", None)
+
+    @property
     def table(self) -> np.ndarray:
         """One row per entry, fields named as :class:`tdz_numba.zipfmt.records.Col` (lower case)."""
         table = self._table
