@@ -44,7 +44,7 @@ import math
 import operator
 import os
 import struct
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -53,6 +53,7 @@ from ..tdz.sources import MappedFile, TreeSource, tensor_from_spec
 from ._common import no_gc, quote
 from ._flat import flat_source, make_specs
 from .gguf_bulk import bulk_infos
+from .gguf_types import GGML_TYPES, MAX_DIMS, GGUFTensorInfo
 
 __all__ = [
     "GGML_TYPES",
@@ -68,50 +69,11 @@ __all__ = [
 ]
 
 MAGIC = b"GGUF"
-#: Most dimensions a tensor info may list.
-MAX_DIMS = 8
 #: Deepest nesting of metadata arrays accepted.
 MAX_ARRAY_DEPTH = 8
 #: Most metadata keys, and most metadata arrays (nested ones included), read from one file.
 MAX_METADATA = 250_000
 
-#: ggml type id -> (name, elements per block, bytes per block)
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34),
-    9: ("Q8_1", 32, 40),
-    10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210),
-    15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66),
-    17: ("IQ2_XS", 256, 74),
-    18: ("IQ3_XXS", 256, 98),
-    19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18),
-    21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82),
-    23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1),
-    25: ("I16", 1, 2),
-    26: ("I32", 1, 4),
-    27: ("I64", 1, 8),
-    28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2),
-    34: ("TQ1_0", 256, 54),
-    35: ("TQ2_0", 256, 66),
-    39: ("MXFP4", 32, 17),
-    40: ("NVFP4", 64, 36),
-    41: ("Q1_0", 128, 18),
-}
 _BY_NAME = {v[0]: k for k, v in GGML_TYPES.items()}
 _PLAIN = {
     "F32": "float32",
@@ -153,17 +115,6 @@ _NP = {
 }
 _U64 = struct.Struct("<Q")
 _MIN_SIZE = {**{k: v[1] for k, v in _SCALARS.items()}, 8: 8, 9: 12}
-
-
-class GGUFTensorInfo(NamedTuple):
-    """One tensor info: ggml type, logical shape in numpy order, offset of its data in the file."""
-
-    name: str
-    ggml_type: int
-    type_name: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
 
 
 class _Cursor:

@@ -16,7 +16,7 @@ Examples
 >>> buf = np.frombuffer(rec + bytes(-len(rec) % 32) + bytes(24), np.uint8)
 >>> infos, data_start = bulk_infos(buf, 0, 1, 32)
 >>> infos[0].shape, infos[0].offset, infos[0].nbytes, data_start
-((2, 3), 32, 24, 32)
+((2, 3), 64, 24, 64)
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from itertools import repeat
 from typing import Any
 
 import numpy as np
+
+from .gguf_types import GGML_TYPES, MAX_DIMS, GGUFTensorInfo
 
 __all__ = ["bulk_infos"]
 
@@ -44,8 +46,6 @@ def _gather(buf: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarr
 def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[Any], int] | None:
     """``(infos, data_start)`` of the ``n`` tensor infos from byte ``pos`` of ``buf`` (uint8), each a
     :class:`~tdz_numba.formats.gguf.GGUFTensorInfo` with an absolute offset, or None (see the module)."""
-    from .gguf import GGML_TYPES, MAX_DIMS, GGUFTensorInfo
-
     size = len(buf)
     mv = buf.data  # a memoryview of the same bytes
     starts: list[int] = []

@@ -14,7 +14,7 @@ Examples
 >>> from tdz_numba.formats.onnx_bulk import compact_tensor
 >>> pb = bytes([0x08, 2, 0x08, 3, 0x10, 1, 0x42, 1]) + b"w" + bytes([0x4A, 24]) + bytes(24)
 >>> compact_tensor(memoryview(pb), 0, len(pb))
-('w', 1, (2, 3), 12, 24)
+('w', 1, (2, 3), 11, 24)
 """
 
 from __future__ import annotations
