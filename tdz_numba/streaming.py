@@ -38,7 +38,7 @@ from .errors import ArchiveExistsError, InvalidArgumentError, InvalidTreeError, 
 from .files import tempfiles as _tempfiles
 from .files.paths import user_errors
 from .tdz.tdcompat import converter as tdcompat_converter
-from .tdz.tree import FORMAT_VERSION, TD_CLASS, TD_TYPE, _json, encode_key, flatten
+from .tdz.tree import _json, encode_key, flatten, td_level_fields
 from .zipfmt import grow as _grow
 from .zipfmt import packers, records
 from .zipfmt.entry import Entry
@@ -46,16 +46,6 @@ from .zipfmt.entry import Entry
 __all__ = ["Writer", "Sink"]
 
 PathLike = str | os.PathLike
-
-
-def _default_meta() -> dict[str, Any]:
-    return {
-        "shape": [],
-        "device": "cpu",
-        "_type": TD_TYPE,
-        "_format_version": FORMAT_VERSION,
-        "_class": TD_CLASS,
-    }
 
 
 class _Level:
@@ -287,7 +277,7 @@ class Writer:
             raise InvalidArgumentError(f"add_level {key!r}: meta must be a dict, got {type(meta).__name__}")
         directory, leaf = self._split(key)
         sub = directory + encode_key(leaf) + "/"
-        own = {**_default_meta(), **(meta or {})}
+        own = {**td_level_fields(), **(meta or {})}
         if sub in self._levels:
             self._levels[sub].meta = own
             return
@@ -350,7 +340,7 @@ class Writer:
         for directory, level in self._levels.items():
             if level.whole:
                 continue
-            meta = {**level.keys, **(level.meta or _default_meta())}
+            meta = {**level.keys, **(level.meta or td_level_fields())}
             metas.append(Entry(directory + "meta.json", data=_json(meta)))
         metas.sort(key=lambda e: td_order(e.name))
         batch = self._write(metas, compression=None, compresslevel=None)

@@ -132,15 +132,10 @@ def _copy_tdz(
 ) -> list[torch.Tensor]:
     """Owned tensors of ``.tdz`` leaves: stored ones read with parallel preadv (``direct``:
     page-aligned ones with O_DIRECT into page-aligned buffers)."""
-    import gc
+    from ..tdz.sources import paused_gc
 
-    was = gc.isenabled()
-    gc.disable()  # thousands of new tensors and buffers, no cycles among them
-    try:
+    with paused_gc():  # thousands of new tensors and buffers, no cycles among them
         return _copy_tdz_leaves(source, leaves, num_threads, direct)
-    finally:
-        if was:
-            gc.enable()
 
 
 def _copy_tdz_leaves(

@@ -418,7 +418,7 @@ def flatten(tree: Any, *, zeros: bool = False, convert: Converter | None = None)
     return out
 
 
-def _td_level_fields() -> dict[str, Any]:
+def td_level_fields() -> dict[str, Any]:
     """The fields of a plain TensorDict level's meta.json (no batch size, on cpu)."""
     return {
         "shape": [],
@@ -453,7 +453,7 @@ def _flatten_level(
         # a level read from another format (HDF5 attributes, a reader's own fields): only the
         # fields a tensordict meta.json holds are kept, the rest would break tensordict's loader
         kept = {k: v for k, v in own_meta.items() if k in ("shape", "device", "_names")}
-        own_meta = {**_td_level_fields(), **kept} if kept else None
+        own_meta = {**td_level_fields(), **kept} if kept else None
     if keyed:
         meta: dict[str, Any] = {}
         reserved = set(RESERVED_FIELDS) if own_meta is None else set(own_meta)
@@ -496,7 +496,7 @@ def _flatten_level(
                 meta[key] = {"type": getattr(child, "type_name", "TensorDict")}
                 add_dir(fname, child)
         if own_meta is None:
-            meta.update(_td_level_fields())
+            meta.update(td_level_fields())
         else:
             meta.update(own_meta)
         compact = False
