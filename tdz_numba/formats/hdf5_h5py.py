@@ -54,10 +54,12 @@ def plain(value: Any) -> Any:
     return value
 
 
-def attrs_of(obj: Any, where: str) -> dict[str, Any]:
+def attrs_of(obj: Any, where: str, names: list[str] | None = None) -> dict[str, Any]:
+    """The attributes of an h5py object made plain (only ``names`` when given); one h5py cannot
+    read is left out."""
     out: dict[str, Any] = {}
     try:
-        names = list(obj.attrs.keys())
+        names = list(obj.attrs.keys()) if names is None else names
     except Exception as e:  # noqa: BLE001 - h5py raises many kinds on corrupt files
         raise BadArchiveError(f"{where}: cannot list attributes of {obj.name!r}: {e}") from None
     for name in names:
@@ -396,11 +398,16 @@ def walk_h5py(ctx: Ctx, top: Any, node: Group, depth: int, prefix: str, attrs: d
                 node[name] = described(ctx, obj, name, f, prefix + name, attrs, foreign=True)
 
 
-def described(ctx: Ctx, obj: Any, key: str, f: MappedFile, tree_path: str, attrs: dict, foreign: bool) -> Any:
-    """``dataset()`` of an h5py dataset, and its attributes into ``attrs[tree_path]``."""
+def described(
+    ctx: Ctx, obj: Any, key: str, f: MappedFile, tree_path: str, attrs: dict | None, foreign: bool
+) -> Any:
+    """``dataset()`` of an h5py dataset, and its attributes into ``attrs[tree_path]`` (``attrs``
+    None: read elsewhere)."""
     where = ctx.where
     try:
         out = dataset(obj, key, f, where, ctx, foreign)
+        if attrs is None:
+            return out
         try:
             own = attrs_of(obj, where)
         except BadArchiveError:  # a description only: the data read or fail on their own

@@ -25,11 +25,10 @@ import numpy as np
 from ..errors import BadArchiveError, TdzError
 from ..files.confine import MAX_SYMLINKS
 from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec
+from .hdf5_attrs import read_attributes
 from .hdf5_h5py import Ctx, Group, attrs_of, described, follow, refused, walk_h5py
 from .hdf5_headers import COLS, DTYPES, FAST, scan_datasets
 from .hdf5_objects import (
-    AINFO,
-    ATTR,
     DATASPACE,
     DTYPE,
     EXTERNAL,
@@ -118,6 +117,9 @@ class Walk:
         self.path = path
         self.where = ctx.where
         self.attrs: dict[str, dict[str, Any]] = {}
+        #: Attributes left out, by tree path: name -> why.
+        self.skipped: dict[str, dict[str, str]] = {}
+        self._heaps: dict[int, Any] = {}
         self.h5: Any = None
         self._links: dict[int, Links] = {}
         self._index: dict[int, dict[str, int]] = {}
@@ -164,17 +166,27 @@ class Walk:
                 )
         return cur
 
-    def _attrs(self, h: Header, chain: Chain, tree_path: str) -> dict[str, Any]:
-        """The attributes of a checked object (h5py reads them), ``{}`` when its header has none."""
-        if not h.has(ATTR):
-            info = h.find(AINFO)
-            if not info:
-                return {}
-            _f, p, _s = info[0]
-            flags = self.lay.bytes_at(p, 2)[1]
-            if self.lay.addr(p + 2 + (2 if flags & 1 else 0)) == -1:
-                return {}
-        own = attrs_of(self.open_h5(chain), self.where)
+    def _attrs(self, h: Header, chain: Chain, tree_path: str, h5py_ok: bool = True) -> dict[str, Any]:
+        """The attributes of a checked object, read by :mod:`~tdz_numba.formats.hdf5_attrs`; h5py
+        reads only those of a type not decoded there (and dense storage), ``h5py_ok`` allowing."""
+        got = read_attributes(self.lay, h, "/" + tree_path, self._heaps)
+        skipped = dict(got.skipped)
+        own = got.values
+        if got.dense or got.h5py:
+            if not h5py_ok:
+                why = "read through h5py, which does not open this object"
+                skipped.update(dict.fromkeys(got.h5py or ["(dense attribute storage)"], why))
+            elif got.dense:
+                own = attrs_of(self.open_h5(chain), self.where)
+            else:
+                extra = attrs_of(self.open_h5(chain), self.where, got.h5py)
+                own = {
+                    n: got.values[n] if n in got.values else extra[n]
+                    for n in got.order
+                    if n in got.values or n in extra
+                }
+        if skipped:
+            self.skipped[tree_path] = skipped
         if own:
             self.attrs[tree_path] = own
         return own
@@ -375,6 +387,7 @@ class Walk:
         lay = self.lay
         classes = [lay.layout(p, s)[1] for _f, p, s in h.find(LAYOUT)]
         virtual, external = 3 in classes, h.has(EXTERNAL)
+        self._attrs(h, chain, tree_path, h5py_ok=not (virtual or external) or self.ctx.allow_external)
         if (virtual or external) and not self.ctx.allow_external:
             space = h.find(DATASPACE)
             shape = lay.dataspace(space[0][1], space[0][2]) if space else ()
@@ -407,7 +420,7 @@ class Walk:
         if virtual:  # allowed: libhdf5 loops forever on some damaged ones, so it opens it in a child first
             probe_in_child(self.path, chain, self.where)
         obj = self.open_h5(chain)
-        return described(self.ctx, obj, key, self.f, tree_path, self.attrs, foreign=False)
+        return described(self.ctx, obj, key, self.f, tree_path, None, foreign=False)
 
     def _external(self, chain: Chain, name: str, node: Group, prefix: str) -> None:
         """An external link, or a soft link through one, with ``allow_external=True``: h5py follows it
