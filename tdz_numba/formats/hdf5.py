@@ -23,10 +23,14 @@ before libhdf5 opens it. Each dataset becomes a leaf:
 - scalars and strings: plain Python values (``str`` for strings, lists for
   string arrays); compound/opaque datasets: a numpy array read at open.
 
-Attributes (numpy values as Python scalars/lists, bytes decoded): the root
-group's are the file's ``metadata``, another group's are its level's
-``metadata`` (``ar["g"].metadata``); :meth:`HDF5Source.attributes` gives any
-group's or dataset's (``ar.source.attributes("g/w")``).
+Attributes are read by this reader itself (:mod:`~tdz_numba.formats.hdf5_attrs`:
+numbers, fixed and variable-length strings, booleans; h5py reads the other
+well-formed types) as h5py's values made plain (Python scalars/lists, strings
+decoded): the root group's are the file's ``metadata``, another group's are
+its level's ``metadata`` (``ar["g"].metadata``), a dataset's are its
+``ar.info(k).attrs``; :meth:`HDF5Source.attributes` gives any object's
+(``ar.source.attributes("g/w")``), :meth:`HDF5Source.skipped_attributes` those
+left out and why.
 
 Other files: virtual datasets, external raw storage and external links name
 other files. None of them is read unless the caller opens with
@@ -120,12 +124,19 @@ class HDF5Source(TreeSource):
     _h5: Any = None
     #: Attributes of every group and dataset that has some, by tree path ("" the root, "g", "g/w").
     _attrs: dict[str, dict[str, Any]]
+    #: Attributes left out, by tree path: name -> why.
+    _skipped: dict[str, dict[str, str]]
     #: A group's attributes by the prefix of its level.
     _level_attrs: dict[str, dict[str, Any]]
 
     def attributes(self, path: str) -> dict[str, Any]:
         """The attributes of the group or dataset at ``path`` (``""``: the root; ``{}`` when none)."""
         return dict(getattr(self, "_attrs", {}).get(path.strip("/"), {}))
+
+    def skipped_attributes(self, path: str) -> dict[str, str]:
+        """Attributes of the object at ``path`` left out, with why (a reference, a variable-length
+        member of a compound, a type in the shared-message heap: :mod:`~tdz_numba.formats.hdf5_attrs`)."""
+        return dict(getattr(self, "_skipped", {}).get(path.strip("/"), {}))
 
     def level_metadata(self, prefix: str) -> dict[str, Any]:
         """A group's attributes, the ``metadata`` of its level (``prefix``: the source's level prefix)."""
@@ -190,6 +201,7 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
         raise
     src._h5 = walk.h5
     src._attrs = walk.attrs
+    src._skipped = walk.skipped
     if metadata:
         src._attrs[""] = metadata
     _set_level_meta(src, root)

@@ -431,10 +431,15 @@ def read_attributes(lay: Layout, h: Header, path: str, heaps: dict[int, Any]) ->
         return Attrs({}, [], {}, True, [])
     reader = _Reader(lay, heaps)
     found: list[tuple[str, Any]] = []
+    order: list[int] = []
+    tracked = _tracked(lay, h)
     for _t, mflags, p, size in h.rows.tolist():
         if _t == ATTR:
             found.append(reader.attribute(p, size, mflags, path))
-    if not _tracked(lay, h):
+            order.append(lay.uint(p - 2, 2) if tracked else 0)  # the message's creation index
+    if tracked:
+        found = [x for _o, _i, x in sorted(zip(order, range(len(found)), found))]
+    else:
         found.sort(key=lambda x: x[0].encode("utf-8", "surrogateescape"))
     values: dict[str, Any] = {}
     later: list[str] = []
