@@ -253,3 +253,49 @@ def test_damaged_attribute_messages(tmp_path):
                 except TdzError:
                     refused += 1
     assert refused > 0
+
+
+def test_attributes_through_the_archive(tmp_path):
+    """Issue 25: ``ar['g'].metadata`` is group g's attributes (not the root's), ``ar.info(k).attrs``
+    a dataset's; a gzip-chunked dataset says how it is stored in info, ``tdz info`` and ``tdz tree``."""
+    import tdz_numba
+
+    p = tmp_path / "a.h5"
+    with h5py.File(p, "w") as f:
+        f.attrs["title"] = "root"
+        g = f.create_group("g")
+        g.attrs["kind"] = "encoder"
+        g.attrs["sizes"] = np.array([3, 4], ">i8")
+        w = g.create_dataset(
+            "w", data=np.arange(4000.0).reshape(40, 100), compression="gzip", chunks=(10, 100)
+        )
+        w.attrs["unit"] = "m"
+        w.attrs["scale"] = np.float32(0.25)
+        g.create_dataset("b", data=np.arange(3.0))
+    with tdz_numba.open(p) as ar:
+        assert ar.metadata == {"title": "root"}
+        assert ar["g"].metadata == {"kind": "encoder", "sizes": [3, 4]}
+        info = ar.info("g/w")
+        assert info.attrs == {"scale": 0.25, "unit": "m"} and ar["g"].info("w").attrs == info.attrs
+        assert ar.info("g/b").attrs == {}
+        with h5py.File(p, "r") as f:
+            stored = f["g/w"].id.get_storage_size()
+        assert info.compression == "chunked+gzip" and info.stored_nbytes == stored < info.nbytes == 32000
+    for cmd in ("info", "tree"):
+        out = subprocess.run(
+            [sys.executable, "-m", "tdz_numba.cli.command", cmd, str(p)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        assert "chunked+gzip" in out and "0 B stored" not in out, out
+
+
+def test_leaf_info_attrs_empty_for_other_formats(tmp_path):
+    import torch
+
+    import tdz_numba
+
+    p = tdz_numba.save({"a": torch.ones(2)}, tmp_path / "x.tdz")
+    with tdz_numba.open(p) as ar:
+        assert ar.info("a").attrs == {}

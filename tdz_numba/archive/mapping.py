@@ -476,11 +476,13 @@ class Archive(LeafMemory, Mapping):
 
     def info(self, key: str | tuple[str, ...]) -> LeafInfo:
         """Storage details of leaf ``key``: dtype, shape, offset, sizes, codec, CRC,
-        ``zero_copy`` and ``location``. No payload is read."""
+        ``zero_copy``, ``location`` and ``attrs`` (HDF5 dataset attributes). No payload is read."""
         node, spec = self._resolve(key)
         if spec.kind != "leaf":
             raise MissingKeyError(f"{self.where()}: {key!r} is not a tensor leaf")
-        return node._leaf_info(spec.leaf)
+        own = getattr(self._state.source, "leaf_attributes", None)
+        info = node._leaf_info(spec.leaf)
+        return dataclasses.replace(info, attrs=own(node._prefix, spec.key)) if own else info
 
     def _leaf_info(self, leaf: Any) -> LeafInfo:
         state = self._state

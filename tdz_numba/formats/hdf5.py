@@ -138,6 +138,12 @@ class HDF5Source(TreeSource):
         member of a compound, a type in the shared-message heap: :mod:`~tdz_numba.formats.hdf5_attrs`)."""
         return dict(getattr(self, "_skipped", {}).get(path.strip("/"), {}))
 
+    def leaf_attributes(self, prefix: str, key: str) -> dict[str, Any]:
+        """The attributes of the dataset ``key`` of the level at ``prefix`` (the source's level
+        prefix): ``Archive.info(k).attrs``."""
+        base = getattr(self, "_tree_paths", {}).get(prefix, "")
+        return self.attributes(base + key)
+
     def level_metadata(self, prefix: str) -> dict[str, Any]:
         """A group's attributes, the ``metadata`` of its level (``prefix``: the source's level prefix)."""
         return dict(getattr(self, "_level_attrs", {}).get(prefix, {}))
@@ -210,15 +216,18 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
 
 def _set_level_meta(src: TreeSource, root: Group) -> None:
     """Copies each group's attributes into its level (the levels' prefixes are the source's)."""
-    stack: list[tuple[str, Group]] = [("", root)]
+    stack: list[tuple[str, Group, str]] = [("", root, "")]
     by_level: dict[str, dict[str, Any]] = {}
     src._level_attrs = by_level  # type: ignore[attr-defined]
+    paths: dict[str, str] = {}  # level prefix -> tree path ("g/" for the level of group g)
+    src._tree_paths = paths  # type: ignore[attr-defined]
     while stack:
-        prefix, node = stack.pop()
+        prefix, node, tree = stack.pop()
+        paths[prefix] = tree
         info = src.level(prefix)
         if node.meta and prefix:
             by_level[prefix] = node.meta
             src._levels[prefix] = info._replace(meta={**node.meta, **info.meta})
         for key, child in info.children.items():
             if child.kind == "level":
-                stack.append((child.path, node[key]))
+                stack.append((child.path, node[key], f"{tree}{key}/"))

@@ -34,7 +34,7 @@ import mmap
 import os
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -209,7 +209,8 @@ class LeafInfo:
     ``zero_copy``: whether the leaf is a view of the file's mapping;
     ``location``: ``(file, offset, nbytes)`` of its bytes (None when the leaf
     has no payload); ``type_name``: the file's own name for the element type
-    (``"torch.float32"``, ``"F32"``, ``"Q4_K"``).
+    (``"torch.float32"``, ``"F32"``, ``"Q4_K"``); ``attrs``: the leaf's own
+    attributes in its file (HDF5 dataset attributes; ``{}`` for formats without).
     """
 
     key: str
@@ -225,6 +226,7 @@ class LeafInfo:
     zero_copy: bool = False
     location: Location | None = None
     type_name: str = ""
+    attrs: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def aligned(self) -> bool:
