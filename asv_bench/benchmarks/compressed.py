@@ -3,7 +3,7 @@
 Parameters: layout (``images_flat``: ONE uint8 leaf of image-like data, which
 exercises the parallelism within an entry (4 MiB segments); ``images_small``:
 the same images as 100 groups x 20 leaves, parallelism across entries) x size
-(MiB) x implementation:
+(MiB; ``asv run --quick``: 1 MiB, ``images_small`` only) x implementation:
 
 * ``tdz_numba`` (all threads) and ``tdz_numba_1t`` (``num_threads=1``);
 * ``td_tdz``: tensordict 0.15.3's own compressed archive
@@ -35,11 +35,14 @@ warnings.filterwarnings("ignore")
 
 #: MiB per workload (``asv run --quick``: 1 MiB, a smoke run; see quick.py).
 SIZES = [1] if QUICK else [16, 64]
+#: ``--quick``: ``images_small`` only (each benchmark is a process importing torch: a quick
+#: run's time is mostly the number of parameter combinations).
+LAYOUTS = ["images_small"] if QUICK else ["images_flat", "images_small"]
 IMPLS = ["tdz_numba", "tdz_numba_1t", "td_tdz", "zlib_ng"]
 
 
-class Deflate:
-    params = (["images_flat", "images_small"], SIZES, IMPLS)
+class _Setup:
+    params = (LAYOUTS, SIZES, IMPLS)
     param_names = ["layout", "size_mib", "impl"]
     timeout = 300
 
@@ -62,7 +65,8 @@ class Deflate:
         warm = self.dir / "warm.tdz"
         n = (1 << 18) if QUICK else (9 << 18)  # 9 << 18 int32: an entry of several 4 MiB segments
         tiny = {"a": {"b": torch.arange(n, dtype=torch.int32) % 251}, "c": torch.ones(100)}
-        for nt in (None, 1):
+        threads = [(1 if impl == "tdz_numba_1t" else None)] if QUICK else [None, 1]
+        for nt in threads:
             tdz_numba.save(tiny, warm, compression="deflate", num_threads=nt)
             sum_tree(tdz_numba.load(warm, num_threads=nt))
         warm.unlink()
@@ -74,11 +78,19 @@ class Deflate:
     def teardown(self, *args):
         shutil.rmtree(self.dir, ignore_errors=True)
 
+
+class Deflate(_Setup):
     def time_save_deflate(self, layout, size_mib, impl):
         self.fmt.save(self.w, self.out)
 
     def time_load_deflate(self, layout, size_mib, impl):
         self.fmt.read(self.w, self.path)
+
+
+class DeflateRatio(_Setup):
+    """The size ratio (a class of its own: ``--quick`` checks it for tdz_numba only)."""
+
+    params = (LAYOUTS, SIZES, ["tdz_numba"]) if QUICK else _Setup.params
 
     def track_size_ratio(self, layout, size_mib, impl):
         """Uncompressed bytes / file size."""

@@ -1,7 +1,8 @@
 """asv suite: tdz_numba against torch.save, safetensors and tensordict, side by side.
 
 Parameters: layout (``flat``: few large leaves, ``small``: 100 groups x 20 leaves)
-x size (MiB: 16 and 64; 1 under ``asv run --quick``, see quick.py) x format. ``time_*`` for save, lazy open and open + read of every
+x size (MiB: 16 and 64) x format; under ``asv run --quick`` (see quick.py) a smoke run:
+1 MiB, the ``small`` layout only with 10 groups, peak memory of tdz_numba only. ``time_*`` for save, lazy open and open + read of every
 leaf; ``track_peak_rss_*`` for the memory ONE save or read needs (peak RSS growth
 in a child process, see ``peak.py``: asv's own ``peakmem_*`` is the whole process's
 peak, the same for every format). Numba kernels are compiled (or loaded from
@@ -31,6 +32,10 @@ warnings.filterwarnings("ignore")
 FORMATS = ["tdz_numba", "safetensors", "torch", "td_tdz"]
 #: MiB per workload (``asv run --quick``: 1 MiB, a smoke run; see quick.py).
 SIZES = [1] if QUICK else [16, 64]
+#: Layouts (``--quick``: only ``small``, with 10 groups: every benchmark is one process that
+#: imports torch, so a quick run's time is mostly the number of parameter combinations).
+LAYOUTS = ["small"] if QUICK else ["flat", "small"]
+GROUPS = 10 if QUICK else 100
 
 
 def make_tree(layout, size_mib):
@@ -39,10 +44,10 @@ def make_tree(layout, size_mib):
     if layout == "flat":
         rows = max(1, total // 8 // 4096)
         return {f"w{i}": torch.randn(rows, 4096, generator=g) for i in range(8)}
-    per = max(1, total // 2000)
+    per = max(1, total // (GROUPS * 20))
     return {
         f"group_{i:03d}": {f"leaf_{j:02d}": torch.randn(per, generator=g) for j in range(20)}
-        for i in range(100)
+        for i in range(GROUPS)
     }
 
 
@@ -57,7 +62,7 @@ def flat_keys(tree):
 
 
 class _Base:
-    params = (["flat", "small"], SIZES, FORMATS)
+    params = (LAYOUTS, SIZES, FORMATS)
     param_names = ["layout", "size_mib", "format"]
     timeout = 300
 
@@ -151,9 +156,9 @@ class Read(_Base):
 
 class Peak(_Base):
     """Peak RSS growth of one save and one read (a child process each: seconds of imports,
-    so ``--quick`` measures only two formats on one layout)."""
+    so ``--quick`` measures only tdz_numba)."""
 
-    params = (["small"], SIZES, ["tdz_numba", "safetensors"]) if QUICK else _Base.params
+    params = (["small"], SIZES, ["tdz_numba"]) if QUICK else _Base.params
 
     def track_peak_rss_save(self, layout, size_mib, fmt):
         return peak_rss_growth("formats", "Save", (layout, size_mib, fmt), "save", (fmt,))
