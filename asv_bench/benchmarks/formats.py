@@ -10,7 +10,7 @@ cache) in ``setup``, never timed.
 
 Run from the repository root (no prompt: ``asv machine --yes`` records this machine first):
 ``cd asv_bench && ../.venv/bin/asv machine --yes && ../.venv/bin/asv run --python=same --quick``
-(every suite in about a minute at quick sizes; without ``--quick`` for measurements).
+(a smoke run at quick sizes: see docs/performance.md; without ``--quick`` for measurements).
 """
 
 import os

@@ -179,22 +179,23 @@ class _Reader:
     ) -> tuple[_Type, int | None]:
         lay = self.lay
         base, q2 = self.dtype(q, end, depth + 1)
-        n = bits & 0xFFFF
         if q2 is None or base.kind != "num" or base.dtype.kind not in "iu":
-            raise lay.bad(f"enum datatype at {p}: its base is not an integer")
+            return _Type("h5py", size), None  # an integer base this reader does not decode
+        n = bits & 0xFFFF
+        blob = lay.bytes_at(q2, end - q2)
         names = []
-        pos = q2
+        pos = 0
         for _ in range(n):
-            stop = lay.buf[pos:end].tobytes().find(b"\0") if pos < end else -1
+            stop = blob.find(b"\0", pos)
             if stop < 0:
                 raise lay.bad(f"enum datatype at {p}: a member name runs past its message")
-            names.append(lay.bytes_at(pos, stop))
-            pos += stop + 1 if version >= 3 else _pad8(stop + 1)
-        if pos + n * base.size > end:
+            names.append(blob[pos:stop])
+            pos += stop - pos + 1 if version >= 3 else _pad8(stop - pos + 1)
+        if pos + n * base.size > len(blob):
             raise lay.bad(f"enum datatype at {p}: {n} values run past its message")
-        values = np.frombuffer(lay.bytes_at(pos, n * base.size), base.dtype).tolist()
-        nxt = pos + n * base.size
-        if dict(zip(names, values)) == {b"FALSE": 0, b"TRUE": 1} and len(names) == 2:
+        values = np.frombuffer(blob, base.dtype, n, pos).tolist()
+        nxt = q2 + pos + n * base.size
+        if len(names) == 2 and dict(zip(names, values)) == {b"FALSE": 0, b"TRUE": 1}:
             return _Type("bool", size, dtype=base.dtype), nxt
         return _Type("h5py", size), nxt
 
@@ -204,18 +205,19 @@ class _Reader:
         lay = self.lay
         n = bits & 0xFFFF
         width = 1 if size < 1 << 8 else 2 if size < 1 << 16 else 3 if size < 1 << 24 else 4
+        blob = lay.bytes_at(q, end - q)
         kinds = []
         pos: int | None = q
         for _ in range(n):
             if pos is None:
                 return _Type("skip", size, why="a compound with a member this reader cannot size"), None
-            stop = lay.buf[pos:end].tobytes().find(b"\0") if pos < end else -1
-            if stop < 0:
+            stop = blob.find(b"\0", pos - q) + q if q <= pos < end else q - 1
+            if stop < pos:
                 raise lay.bad(f"compound datatype at {p}: a member name runs past its message")
             if version >= 3:
-                pos += stop + 1 + width
+                pos = stop + 1 + width
             else:
-                pos += _pad8(stop + 1) + 4 + (28 if version == 1 else 0)
+                pos += _pad8(stop - pos + 1) + 4 + (28 if version == 1 else 0)
             member, pos = self.dtype(pos, end, depth + 1)
             kinds.append(member)
         bad = [m for m in kinds if m.heap or m.kind == "skip"]
@@ -265,7 +267,8 @@ class _Reader:
         p = addr + hdr
         objs: dict[int, tuple[int, int]] = {}
         while p + hdr <= end:  # what is left past the last header is free space
-            idx, osize = lay.uint(p, 2), lay.uint(p + 8, lay.lsz)
+            idx = int.from_bytes(lay.bytes_at(p, 2), "little")
+            osize = lay.uint(p + 8, lay.lsz)
             if osize < 0:
                 raise lay.bad(f"{where}: object {idx} of an undefined size")
             if idx > 0:
@@ -423,10 +426,11 @@ def read_attributes(lay: Layout, h: Header, path: str, heaps: dict[int, Any]) ->
     """
     dense = False
     for _f, p, size in h.find(AINFO):
-        if size < 2 + lay.osz:
+        flags = lay.uint(p + 1, 1) if size >= 2 else 0
+        at = p + 2 + (2 if flags & 1 else 0)
+        if at + lay.osz > p + size:
             raise lay.bad(f"{path}: attribute info message at {p} of {size} bytes")
-        flags = lay.uint(p + 1, 1)
-        dense = dense or lay.addr(p + 2 + (2 if flags & 1 else 0)) != -1
+        dense = dense or lay.addr(at) != -1
     if dense:
         return Attrs({}, [], {}, True, [])
     reader = _Reader(lay, heaps)

@@ -387,8 +387,8 @@ class Walk:
         lay = self.lay
         classes = [lay.layout(p, s)[1] for _f, p, s in h.find(LAYOUT)]
         virtual, external = 3 in classes, h.has(EXTERNAL)
-        self._attrs(h, chain, tree_path, h5py_ok=not (virtual or external) or self.ctx.allow_external)
         if (virtual or external) and not self.ctx.allow_external:
+            self._attrs(h, chain, tree_path, h5py_ok=False)  # libhdf5 never opens it
             space = h.find(DATASPACE)
             shape = lay.dataspace(space[0][1], space[0][2]) if space else ()
             if shape is None:  # a null dataspace: no data
@@ -419,6 +419,7 @@ class Walk:
             )
         if virtual:  # allowed: libhdf5 loops forever on some damaged ones, so it opens it in a child first
             probe_in_child(self.path, chain, self.where)
+        self._attrs(h, chain, tree_path)
         obj = self.open_h5(chain)
         return described(self.ctx, obj, key, self.f, tree_path, None, foreign=False)
 
