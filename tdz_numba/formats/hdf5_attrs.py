@@ -156,9 +156,9 @@ class _Reader:
                 return _Type("skip", size, why="an array datatype of version 1"), None
             rank = lay.uint(q, 1)
             q += 1 + (3 if version == 2 else 0) + 4 * rank + (4 * rank if version == 2 else 0)
-            base, nxt = self.dtype(q, end, depth + 1) if q <= end else (None, None)
-            if base is None or rank > 32:
-                raise lay.bad(f"array datatype at {p}: its base type runs past its message")
+            if rank > 32 or q > end:
+                raise lay.bad(f"array datatype at {p}: rank {rank}, its base type past its message")
+            base, nxt = self.dtype(q, end, depth + 1)
             return self._wrap(size, base, nxt)
         if cls == _COMPOUND:
             return self._compound(p, q, end, bits, size, version, depth)
@@ -347,14 +347,14 @@ class _Reader:
             ref = data[i * width : (i + 1) * width]
             n = int.from_bytes(ref[:4], "little")
             if t.kind == "vstr":
-                raw = self.heap_object(ref, n, name)
-                items.append(raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape"))
+                text = self.heap_object(ref, n, name)
+                items.append(text.split(b"\0", 1)[0].decode("utf-8", "surrogateescape"))
             else:
                 base = t.base
                 if n > len(self.lay.buf) // max(base.size, 1):
                     raise self.lay.bad(f"attribute {name}: a sequence of {n} elements")
-                raw = self.heap_object(ref, n * base.size, name)
-                items.append(np.frombuffer(raw, base.dtype).tolist())
+                seq = self.heap_object(ref, n * base.size, name)
+                items.append(np.frombuffer(seq, base.dtype).tolist())
         return items[0] if not shape else items
 
     def attribute(self, p: int, size: int, mflags: int, path: str) -> tuple[str, Any]:
