@@ -299,3 +299,50 @@ def test_leaf_info_attrs_empty_for_other_formats(tmp_path):
     p = tdz_numba.save({"a": torch.ones(2)}, tmp_path / "x.tdz")
     with tdz_numba.open(p) as ar:
         assert ar.info("a").attrs == {}
+
+
+@pytest.mark.parametrize("libver", ["earliest", "latest"])
+def test_plain_datasets_with_attributes_need_no_h5py(tmp_path, monkeypatch, libver):
+    """scan_datasets gives FAST_ATTRS to a plain contiguous dataset with compact attributes: it is
+    mapped without h5py and its attributes read by the reader (h5py never opens the file); one
+    with dense attributes stays SLOW (h5py lists them)."""
+    from tdz_numba.formats.hdf5_headers import COLS, FAST, FAST_ATTRS, SLOW, scan_datasets
+    from tdz_numba.tdz.sources import tensor_from_spec
+
+    p = tmp_path / "a.h5"
+    with h5py.File(p, "w", libver=libver) as f:
+        for i in range(5):
+            d = f.create_dataset(f"w{i}", data=np.arange(i + 2, dtype="<f4"))
+            d.attrs["unit"] = f"m{i}"
+            d.attrs["scale"] = np.array([i, 2 * i], ">i2")
+        f.create_dataset("bare", data=np.arange(3, dtype="<i8"))
+        addrs = [h5py.h5o.get_info(f[k].id).addr for k in ("w0", "bare")]
+        if libver == "latest":
+            dense = f.create_dataset("dense", data=np.arange(2.0))
+            for i in range(12):
+                dense.attrs[f"a{i:02d}"] = i
+            addrs.append(h5py.h5o.get_info(dense.id).addr)
+    buf = np.fromfile(p, np.uint8)
+    out = np.zeros((len(addrs), COLS), np.int64)
+    scan_datasets(buf, np.array(addrs, np.int64), 0, 8, 8, out)
+    assert out[:, 0].tolist() == [FAST_ATTRS, FAST] + ([SLOW] if libver == "latest" else [])
+    if libver == "latest":
+        (tmp_path / "b.h5").write_bytes(p.read_bytes())
+        with h5py.File(tmp_path / "b.h5", "a") as f:
+            del f["dense"]
+        p = tmp_path / "b.h5"
+    opened = []
+    real = h5py.File
+    monkeypatch.setattr(h5py, "File", lambda *a, **kw: opened.append(a) or real(*a, **kw))
+    src = open_hdf5(p)
+    assert opened == [] and src._h5 is None
+    root = src.level("")
+    for i in range(5):
+        spec = root.children[f"w{i}"].leaf
+        assert spec.loader is None
+        assert tensor_from_spec(spec, src.files).tolist() == list(range(i + 2))
+        assert src.attributes(f"w{i}") == {"scale": [i, 2 * i], "unit": f"m{i}"}
+    assert src.attributes("bare") == {}
+    src.close()
+    monkeypatch.undo()
+    assert compare(p).mismatches == []

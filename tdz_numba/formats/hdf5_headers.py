@@ -22,6 +22,8 @@ Statuses (negative: the header itself is damaged):
 
 ============  ===========================================================
 ``FAST``      a plain contiguous numeric dataset, decoded in full
+``FAST_ATTRS`` the same, with attribute messages (read by
+              :mod:`~tdz_numba.formats.hdf5_attrs`)
 ``SLOW``      an object to look at in Python (group, chunked, strings...)
 ``E_BOUNDS``  an offset or size runs past the end of the file
 ``E_SIG``     no object header at the address (bad signature or version)
@@ -51,6 +53,7 @@ __all__ = [
     "scan_datasets",
     "symbol_table",
     "FAST",
+    "FAST_ATTRS",
     "SLOW",
     "E_BOUNDS",
     "E_SIG",
@@ -64,7 +67,7 @@ __all__ = [
     "UNDEF",
 ]
 
-FAST, SLOW = 0, 1
+FAST, SLOW, FAST_ATTRS = 0, 1, 2
 E_BOUNDS, E_SIG, E_FULL, E_BLOCKS = -1, -2, -3, -4
 STATUS_TEXT = {
     E_BOUNDS: "an offset or size runs past the end of the file",
@@ -248,9 +251,9 @@ _ITEMSIZE = np.array([0, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8], np.int64)
 def scan_datasets(buf, addrs, base, osz, lsz, out):
     """Reads the object header of every address in ``addrs`` into a row of ``out`` (``[len, COLS]``).
 
-    Row: status (:data:`FAST`, :data:`SLOW` or a negative status), dtype code
-    (:data:`DTYPES`), rank, absolute data offset, data size, dims. Only
-    :data:`FAST` rows carry the decoded fields.
+    Row: status (:data:`FAST`, :data:`FAST_ATTRS`, :data:`SLOW` or a negative
+    status), dtype code (:data:`DTYPES`), rank, absolute data offset, data size,
+    dims. Only :data:`FAST` and :data:`FAST_ATTRS` rows carry the decoded fields.
     """
     n = buf.size
     table = np.empty((512, 4), np.int64)
@@ -267,6 +270,7 @@ def scan_datasets(buf, addrs, base, osz, lsz, out):
         dtype = -1
         layout = -1
         other = False
+        attrs = False
         for m in range(got):
             t = table[m, 0]
             if t == _DATASPACE and space < 0:
@@ -282,7 +286,9 @@ def scan_datasets(buf, addrs, base, osz, lsz, out):
                 at = p + 2 + (2 if size >= 2 and buf[p + 1] & 1 else 0)
                 if at + osz > p + size or _uint(buf, at, osz) != -1:
                     other = True
-            elif t == _EXTERNAL or t == _PIPELINE or t == _ATTR or t == _SYMTAB:
+            elif t == _ATTR:  # compact attributes: read in Python, the data still mapped here
+                attrs = True
+            elif t == _EXTERNAL or t == _PIPELINE or t == _SYMTAB:
                 other = True
             elif t == _LINK or t == _LINFO:
                 other = True
@@ -328,7 +334,7 @@ def scan_datasets(buf, addrs, base, osz, lsz, out):
         want = count * itemsize[code]
         if addr < 0 or addr > n or nbytes != want or want == 0 or base + addr + want > n:
             continue
-        row[0] = FAST
+        row[0] = FAST_ATTRS if attrs else FAST
         row[1] = code
         row[2] = rank
         row[3] = base + addr

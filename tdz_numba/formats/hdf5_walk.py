@@ -4,10 +4,12 @@
 reads the object headers of a group's children in one kernel call
 (:func:`~tdz_numba.formats.hdf5_headers.scan_datasets`) and makes a
 :class:`~tdz_numba.tdz.sources.TensorSpec` for each plain contiguous dataset
-without h5py. The rest is decided from the headers before libhdf5 opens
-anything: a virtual dataset or one with external storage is refused (unless
-``allow_external=True``), external links are left out; only then are the other
-datasets (chunked, strings...) and the attributes read through h5py, each
+without h5py, and reads attributes itself (:mod:`~tdz_numba.formats.hdf5_attrs`:
+a plain dataset with attributes is still mapped without h5py). The rest is
+decided from the headers before libhdf5 opens anything: a virtual dataset or
+one with external storage is refused (unless ``allow_external=True``), external
+links are left out; only then are the other datasets (chunked, strings...) and
+the attributes of types not decoded here read through h5py, each
 object reached hop by hop with every link's address checked against the one
 this walk read (so a damaged name index cannot send libhdf5 to an object this
 walk did not check).
@@ -27,7 +29,7 @@ from ..files.confine import MAX_SYMLINKS
 from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec
 from .hdf5_attrs import read_attributes
 from .hdf5_h5py import Ctx, Group, attrs_of, described, follow, refused, walk_h5py
-from .hdf5_headers import COLS, DTYPES, FAST, scan_datasets
+from .hdf5_headers import COLS, DTYPES, FAST, FAST_ATTRS, scan_datasets
 from .hdf5_objects import (
     DATASPACE,
     DTYPE,
@@ -337,7 +339,8 @@ class Walk:
         out = np.empty((len(names), COLS), np.int64)
         scan_datasets(lay.buf, arr, lay.base, lay.osz, lay.lsz, out)
         status = out[:, 0]
-        fast = np.flatnonzero(status == FAST)
+        mapped = (status == FAST) | (status == FAST_ATTRS)
+        fast = np.flatnonzero(mapped)
         if fast.size:
             rows = out[fast]
             ranks = rows[:, 2]
@@ -367,7 +370,10 @@ class Walk:
                 ),
             )
             node.update(zip(keys, specs))
-        for i in np.flatnonzero(status != FAST).tolist():
+        for i in np.flatnonzero(status == FAST_ATTRS).tolist():  # mapped, with compact attributes
+            name, addr = names[i], addrs[i]
+            self._attrs(self.header(addr), resolved.get(name) or (*parent, (name, addr)), prefix + name)
+        for i in np.flatnonzero(~mapped).tolist():
             name, addr = names[i], addrs[i]
             chain = resolved.get(name) or (*parent, (name, addr))
             h = self.header(addr)  # a damaged header raises here
