@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .errors import ArchiveExistsError, InvalidArgumentError, InvalidTreeError, TdzError, UnsupportedError
+from .errors import ArchiveExistsError, InvalidArgumentError, InvalidTreeError, TdzError
 from .files import tempfiles as _tempfiles
 from .files.paths import user_errors
 from .tdz.tdcompat import converter as tdcompat_converter
@@ -87,6 +87,13 @@ class Sink:
         self.written = 0
         self._crc = 0
         self._crc32 = _crc_functions()[0]
+        digests = batch.prep.digests
+        self._hasher = None
+        if digests is not None and batch.prep.n:
+            from .zipfmt.digest import PENDING, hasher
+
+            digests[0] = PENDING
+            self._hasher = hasher()
         self._pos = int(batch.prep.plan.payload_offset[0]) if batch.prep.n else 0
         self.closed = False
 
@@ -109,6 +116,8 @@ class Sink:
 
             write_segments(self._writer._fd, [(self._pos, view)])
             self._crc = self._crc32(view, self._crc)
+            if self._hasher is not None:
+                self._hasher.update(view)
             self._pos += n
             self.written += n
         return n
@@ -128,6 +137,8 @@ class Sink:
         b = self._batch
         if b.prep.n:
             b.fields["crc"][0] = self._crc
+            if self._hasher is not None:
+                b.prep.digests[0] = self._hasher.digest()
             at = int(b.prep.plan.header_offset[0]) + records.LOCAL_DT.fields["crc"][1]  # type: ignore[index]
             os.pwrite(self._writer._fd, self._crc.to_bytes(4, "little"), at)
             self._writer._central.append(b.central())
@@ -157,7 +168,8 @@ class Writer:
     durable : bool
         ``fsync`` the file before the rename and the directory after.
     digest : bool
-        Per-payload digests: not implemented yet (raises :class:`~tdz_numba.UnsupportedError`).
+        An XXH3-128 digest of every payload, computed from the pieces as they are written
+        (streamed leaves too), stored as :func:`tdz_numba.save` stores it (``digest`` extra).
     existsok : bool
         False: an existing ``path`` raises :class:`~tdz_numba.ArchiveExistsError`.
 
@@ -189,9 +201,11 @@ class Writer:
         check_write_args(compression, compresslevel, None)
         payload_alignments(np.zeros(0, np.bool_), np.zeros(0, np.int64), align)  # (checks align)
         if digest:
-            raise UnsupportedError("Writer(digest=True): per-payload digests are not implemented yet")
+            from .zipfmt.digest import require
+
+            require("Writer(digest=True)")
         self.path = path
-        self._opts = dict(compression=compression, compresslevel=compresslevel, align=align)
+        self._opts = dict(compression=compression, compresslevel=compresslevel, align=align, digest=digest)
         self._durable = durable
         self._existsok = existsok
         self._fd = -1
@@ -343,7 +357,7 @@ class Writer:
             meta = {**level.keys, **(level.meta or td_level_fields())}
             metas.append(Entry(directory + "meta.json", data=_json(meta)))
         metas.sort(key=lambda e: td_order(e.name))
-        batch = self._write(metas, compression=None, compresslevel=None)
+        batch = self._write(metas, compression=None, compresslevel=None, digest=False)
         self._central.append(batch.write(self._fd))
         cd = b"".join(self._central)
         count = self._entries

@@ -476,6 +476,11 @@ class ArchiveIndex:
         """Entry ``name``'s XXH3-128 digest from its central record (None: it has none)."""
         return None if self._central is None else self._central.digest(self._by_name[name])
 
+    @property
+    def has_digests(self) -> bool:
+        """Whether some entry's central record holds a digest."""
+        return self._central is not None and self._central.digests is not None
+
     def listing(self, directory: str) -> tuple[set[str], set[str]]:
         """``(files, sub-directories)`` directly under ``directory`` ("" is the root)."""
         d = directory.rstrip("/")
