@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument(
+        "--deep",
+        action="store_true",
+        help="also recompute every leaf's stored XXH3-128 digest (archives saved with digest=True)",
+    )
     _bytes_flag(s)
     _progress_flag(s)
     s.set_defaults(func=cmd_verify)

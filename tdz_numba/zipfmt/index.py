@@ -476,6 +476,10 @@ class ArchiveIndex:
         """Entry ``name``'s XXH3-128 digest from its central record (None: it has none)."""
         return None if self._central is None else self._central.digest(self._by_name[name])
 
+    def digest_offset(self, i: int) -> int:
+        """Where entry ``i``'s digest lies in the file (-1: none; :class:`records.DigestExtra`)."""
+        return -1 if self._central is None else self._central.digest_offset(i)
+
     @property
     def has_digests(self) -> bool:
         """Whether some entry's central record holds a digest."""

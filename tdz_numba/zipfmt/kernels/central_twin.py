@@ -105,6 +105,12 @@ class CentralRows:
         at = int(digests[i])
         return None if at < 0 else bytes(self.cd[at : at + _DIGEST_SIZE])
 
+    def digest_offset(self, i: int) -> int:
+        """Where entry ``i``'s digest lies in the file (-1: it has none)."""
+        digests = self.digests
+        at = -1 if digests is None else int(digests[i])
+        return -1 if at < 0 else self.cd_offset + at
+
     def __len__(self) -> int:
         return self._n
 
