@@ -231,6 +231,20 @@ def _zip64(cd: bytes, q: int, qend: int, usize: int, csize: int, hoff: int) -> t
     return None
 
 
+def _extra_blocks(cd: bytes, x: int, xend: int) -> int:
+    """Walks the extra field ``cd[x:xend]`` as the kernel's ``_extra_blocks`` does: where its
+    digest value lies (-1: none), or ``-2 - end`` for a block that runs to ``end`` past it."""
+    found = -1
+    while x <= xend - _X_SIZEOF:
+        tag, size = _EXTRA.unpack_from(cd, x)
+        if size > xend - x - _X_SIZEOF:
+            return -2 - (x + _X_SIZEOF + size)
+        if tag == _DIGEST_ID and size == _DIGEST_LEN and cd[x + _DIGEST_ALGO] == _XXH3_128:
+            found = x + _DIGEST_VALUE
+        x += _X_SIZEOF + size
+    return found
+
+
 def _failed(
     cd: bytes,
     cd_offset: int,
@@ -297,6 +311,7 @@ def parse_central(cd, cd_offset: int, count: int) -> Central:
         return _failed(cd, cd_offset, n_rows, [], (int(_S.CENTRAL_OVERRUN), -1, n, cd_offset))
     unpack = _CD.unpack_from
     unpack_extra = _EXTRA.unpack_from
+    xsize, digest_id = _X_SIZEOF, _DIGEST_ID  # (locals: the loop below runs per record)
     digests: list[int] | None = None
     text = cd.decode("latin-1")  # one char per byte: offsets carry over
     known = _KNOWN_METHODS
@@ -338,26 +353,25 @@ def parse_central(cd, cd_offset: int, count: int) -> Central:
                 (_S.CENTRAL_OVERRUN, i, cd_offset + n, cd_offset + rec_end),
                 _named(flags, cd_offset, q, nlen, p),
             )
-        if elen:  # the extra blocks: each inside the field (zipfile's rule); the digest block
-            x = q + nlen
-            xend = x + elen
-            while x <= xend - _X_SIZEOF:
-                tag, size = unpack_extra(cd, x)
-                if size > xend - x - _X_SIZEOF:
+        if elen >= xsize:  # the extra blocks: each inside the field (zipfile's rule); the digest
+            tag, size = unpack_extra(cd, q + nlen)
+            if size != elen - xsize or tag == digest_id:  # (fast path: one block, not a digest)
+                at = _extra_blocks(cd, q + nlen, q + nlen + elen)
+                if at < -1:
+                    end = -2 - at
                     return _fail_walk(
                         cd,
                         cd_offset,
                         n_rows,
                         starts,
                         zip64,
-                        (_S.EXTRA_OVERRUN, i, cd_offset + xend, cd_offset + x + _X_SIZEOF + size),
+                        (_S.EXTRA_OVERRUN, i, cd_offset + q + nlen + elen, cd_offset + end),
                         _named(flags, cd_offset, q, nlen, p),
                     )
-                if tag == _DIGEST_ID and size == _DIGEST_LEN and cd[x + _DIGEST_ALGO] == _XXH3_128:
+                if at >= 0:
                     if digests is None:
                         digests = [-1] * count
-                    digests[i] = x + _DIGEST_VALUE
-                x += _X_SIZEOF + size
+                    digests[i] = at
         if usize == _U32_MAX or csize == _U32_MAX or hoff == _U32_MAX:
             found = _zip64(cd, q + nlen, q + nlen + elen, usize, csize, hoff)
             if found is None:
