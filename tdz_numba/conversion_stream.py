@@ -40,8 +40,9 @@ __all__ = ["write_streamed", "BATCH", "BIG", "PIECE"]
 BATCH = 32 << 20
 #: Stored leaves of at least this many bytes are streamed in pieces.
 BIG = 32 << 20
-#: Bytes per piece of a streamed leaf.
-PIECE = 16 << 20
+#: Bytes per piece of a streamed leaf: the writer's piece (:data:`tdz_numba.zipfmt.payload.PIECE`,
+#: 2 MiB), so that its CRC is computed while the bytes just copied are in cache.
+PIECE = 2 << 20
 
 
 def _level_meta(level: Any) -> dict[str, Any] | None:
