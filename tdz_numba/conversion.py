@@ -135,7 +135,13 @@ def convert(
             from .conversion_stream import write_streamed
 
             return write_streamed(
-                ar, tree, dst, compression=compression, progress=progress, metadata=metadata, digest=digest
+                ar,
+                tree,
+                Path(dst),
+                compression=compression,
+                progress=progress,
+                metadata=metadata,
+                digest=digest,
             )
         return saving.save(
             tree, dst, compression=compression, progress=progress, metadata=metadata, digest=digest

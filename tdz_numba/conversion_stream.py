@@ -111,9 +111,10 @@ def write_streamed(
     total = sum(_nbytes(v) for _, v, lvl in _walk(tree) if not lvl)
     pending: list[tuple[tuple[str, ...], Any]] = []  # leaves and NewLevel marks, in tree order
     acc = 0
-    with Writer(dst, compression=compression, digest=digest, metadata=metadata) as w, _progress(
-        total, f"convert {dst.name}", enabled=progress
-    ) as bar:
+    with (
+        Writer(dst, compression=compression, digest=digest, metadata=metadata) as w,
+        _progress(total, f"convert {dst.name}", enabled=progress) as bar,
+    ):
 
         def flush() -> None:
             nonlocal acc

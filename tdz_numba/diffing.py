@@ -168,9 +168,8 @@ def diff(a: PathLike, b: PathLike, *, allow_pickle: bool = False) -> DiffReport:
                 equal = da == db
             else:
                 ca, cb = _crc(ia), _crc(ib)
-                equal = False if ca is not None and cb is not None and ca != cb else None
-                if equal is None:
-                    equal = _bytes_equal(ra[k], rb[k])
+                crc_differs = ca is not None and cb is not None and ca != cb
+                equal = False if crc_differs else _bytes_equal(ra[k], rb[k])
             if equal:
                 report.same.append(k)
             else:

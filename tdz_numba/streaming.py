@@ -57,6 +57,11 @@ class _Level:
         self.whole = whole  # written whole by one add() (its meta.json included): takes no more keys
 
 
+def _shown(key: str | tuple[str, ...]) -> str:
+    """A key as messages show it (a tuple joined with "/")."""
+    return key if isinstance(key, str) else "/".join(key)
+
+
 def _as_bytes(chunk: Any, key: str) -> memoryview:
     """A chunk's bytes, without a copy where it can be avoided (CUDA tensors are copied to the host)."""
     if isinstance(chunk, torch.Tensor):
@@ -320,7 +325,7 @@ class Writer:
         if sub in self._levels:
             self._levels[sub].meta = own
             return
-        self._child(directory, leaf, _Level(own), key)
+        self._child(directory, leaf, _Level(own), _shown(key))
 
     def add(self, key: str | tuple[str, ...], value: Any) -> None:
         """Writes one value now: a tensor or array (its payload), a plain value (a NonTensorData
@@ -351,7 +356,7 @@ class Writer:
         for e in rest:
             e.name = directory + e.name
         is_level = "type" in record
-        self._child(directory, leaf, None, key, record)
+        self._child(directory, leaf, None, _shown(key), record)
         if is_level:  # written whole, its meta.json included: no more keys below it
             self._levels[directory + encode_key(leaf) + "/"] = _Level(whole=True)
         return rest
@@ -363,15 +368,16 @@ class Writer:
         end; a byte count other than the shape's raises :class:`~tdz_numba.TdzError` naming
         ``key``. The leaf is stored (not compressed)."""
         self._need_open()
-        tdtype = _torch_dtype(dtype, key)
+        shown = _shown(key)
+        tdtype = _torch_dtype(dtype, shown)
         try:
             template = torch.empty(tuple(int(s) for s in shape), dtype=tdtype, device="meta")
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise InvalidArgumentError(f"stream {key!r}: bad shape {shape!r} ({exc})") from None
+            raise InvalidArgumentError(f"stream {shown!r}: bad shape {shape!r} ({exc})") from None
         directory, leaf = self._split(key)
         entries = flatten({leaf: template}, zeros=True)
         record = json.loads(bytes(entries[0].data))[leaf]  # type: ignore[arg-type]
-        self._child(directory, leaf, None, key, record)
+        self._child(directory, leaf, None, shown, record)
         payload = [Entry(directory + e.name, zeros=True, nbytes=e.nbytes) for e in entries[1:]]
         nbytes = sum(e.nbytes for e in payload)
         batch = self._write(payload, compression=None, compresslevel=None)
@@ -380,7 +386,7 @@ class Writer:
             head = packers.local_headers(p.names, more=batch.prep.more, **batch.fields)[0]
             os.pwrite(self._fd, head, int(p.header_offset[0]))
             batch.fields["crc"][0] = 0
-        sink = Sink(self, key, batch, nbytes)
+        sink = Sink(self, shown, batch, nbytes)
         self._open_sinks.add(sink)
         return sink
 

@@ -141,7 +141,9 @@ def test_peak_rss_bounded(tmp_path):
     tensors["big"] = torch.ones(8 << 20)
     safetensors_torch.save_file(tensors, tmp_path / "src.safetensors")
     safetensors_torch.save_file({"x": torch.ones(300_000)}, tmp_path / "small.safetensors")
-    stream = _peak_growth_mib(tmp_path, tmp_path / "src.safetensors", tmp_path / "small.safetensors", "stream")
+    stream = _peak_growth_mib(
+        tmp_path, tmp_path / "src.safetensors", tmp_path / "small.safetensors", "stream"
+    )
     whole = _peak_growth_mib(tmp_path, tmp_path / "src.safetensors", tmp_path / "small.safetensors", "whole")
     assert stream <= 64, stream
     assert whole >= 128, whole  # (the check can fail: the old path was not bounded)

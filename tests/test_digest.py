@@ -324,13 +324,17 @@ def test_extra_block_overrun_refused(tmp_path, impl):
         p = tmp_path / "bad.zip"
         p.write_bytes(data)
         with policy.forced("never" if impl == "twin" else "always"):
-            with pytest.raises(tdz_numba.BadArchiveError, match="entry 'a.memmap': a central extra block runs"):
+            with pytest.raises(
+                tdz_numba.BadArchiveError, match="entry 'a.memmap': a central extra block runs"
+            ):
                 ArchiveIndex(p)
     # 1-3 bytes after the last block are ignored, as zipfile ignores them
     tail = _zip_by_hand(struct.pack("<HH", 0x6474, 0) + b"\x00\x00")
     end = eocd.find_end_record(tail)
     with policy.forced("never" if impl == "twin" else "always"):
-        found = kernel_dispatch.parse_central(tail[end.cd_offset : end.cd_offset + end.cd_size], end.cd_offset, 1)
+        found = kernel_dispatch.parse_central(
+            tail[end.cd_offset : end.cd_offset + end.cd_size], end.cd_offset, 1
+        )
     assert found.status == (0, 0, 0, 0)
     with zipfile.ZipFile(__import__("io").BytesIO(tail)) as z:
         assert z.read("a.memmap") == b"abcd"

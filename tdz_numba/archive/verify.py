@@ -67,7 +67,9 @@ class VerifyReport:
         size = size or human_bytes
         counts = f"{_count(self.levels, 'level')}, {_count(self.leaves, 'leaf', 'leaves')}"
         if self.checksummed_bytes is None:
-            deep = f", the XXH3-128 digest of {_count(self.digests, 'leaf', 'leaves')}" if self.digests else ""
+            deep = (
+                f", the XXH3-128 digest of {_count(self.digests, 'leaf', 'leaves')}" if self.digests else ""
+            )
             return (
                 f"{self.path}: OK (tdz): {_count(self.entries, 'entry', 'entries')}, {counts}\n"
                 f"  checked: the CRC-32 of every entry ({size(self.payload_bytes)} of payload), "
@@ -116,7 +118,8 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None, deep: bool 
             from .verify_deep import check_digests
 
             with _progress(report.payload_bytes, "verify digests", enabled=progress) as bar:
-                report = replace(report, digests=check_digests(ar.source.index, bar))
+                source: Any = ar.source  # (a TdzSource: format "tdz")
+                report = replace(report, digests=check_digests(source.index, bar))
         return report
     finally:
         ar.close()

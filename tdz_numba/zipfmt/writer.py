@@ -299,7 +299,9 @@ def write_entries(
         )
         cd_size = p.cd_size + _digests.planned_len(prep.digests)  # (the plan counts no digest block)
         if len(tail) != cd_size:
-            raise InternalError(f"central directory of {len(tail)} bytes differs from the layout plan ({cd_size})")
+            raise InternalError(
+                f"central directory of {len(tail)} bytes differs from the layout plan ({cd_size})"
+            )
         zip64_end = packers.needs_zip64_end(n, p.cd_offset, cd_size) if more else p.zip64_end
         end = packers.end_records(n, p.cd_offset, cd_size, zip64_end)
         write_segments(fd, [(p.cd_offset, tail + end)])
