@@ -8,8 +8,8 @@ import subprocess
 import sys
 import textwrap
 import zipfile
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
