@@ -209,9 +209,11 @@ def _same_payload(index: ArchiveIndex, name: str, data: Any) -> bool:
 
 def _digest_available() -> bool:
     """Whether the ``digest`` extra is installed (without it, stored digests are not compared)."""
-    import importlib.util
-
-    return importlib.util.find_spec("xxhash") is not None
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _drop_unchanged(
