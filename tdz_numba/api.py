@@ -24,7 +24,7 @@ from .archive import opening as _opening
 from .archive import verify as _integrity
 from .archive.mapping import Archive
 from .archive.options import OpenOptions, load_keys, open_options
-from .errors import MissingKeyError
+from .errors import MissingKeyError, UnsupportedError
 from .files.paths import as_local_path, user_errors
 from .remote import read as _remote
 from .tdz.tree import Level
@@ -381,7 +381,11 @@ def is_archive(path: PathLike, *, storage_options: dict[str, Any] | None = None)
 
 
 def verify(
-    path: PathLike, *, progress: bool | None = None, storage_options: dict[str, Any] | None = None
+    path: PathLike,
+    *,
+    progress: bool | None = None,
+    storage_options: dict[str, Any] | None = None,
+    deep: bool = False,
 ) -> _integrity.VerifyReport:
     """Checks every entry's CRC-32 (in parallel) and the archive's structure.
 
@@ -394,11 +398,14 @@ def verify(
         :func:`save`, :func:`pack` and :func:`unpack`.
     storage_options : dict, optional
         Options of the fsspec filesystem of a URL.
+    deep : bool
+        Also recompute every leaf's stored XXH3-128 digest (``save(..., digest=True)``);
+        a mismatch raises :class:`ChecksumError` naming the leaf. Local files only.
 
     Returns
     -------
     VerifyReport
-        Counts of the entries and leaves checked.
+        Counts of the entries and leaves checked (``digests``: those recomputed).
 
     Raises
     ------
@@ -420,9 +427,11 @@ def verify(
     1
     """
     if storage_options is not None or _remote.is_remote(path):
+        if deep:
+            raise UnsupportedError("verify(deep=True) checks local files only, not a URL")
         return _remote.verify_remote(path, storage_options=storage_options, progress=progress)
     with user_errors(path, action="verify"):
-        return _integrity.verify(as_local_path(path), progress=progress)
+        return _integrity.verify(as_local_path(path), progress=progress, deep=deep)
 
 
 def refresh_checksums(path: PathLike) -> Path:

@@ -3,8 +3,10 @@
 Keys stay as the source names them (flat stays flat; ``nest=`` splits them)
 and the source's metadata (safetensors ``__metadata__``, GGUF key/values, ...)
 becomes the archive's metadata, so ``load(convert(x, "y.tdz")) == load(x)``.
-To ``.tdz``, the source is opened (zero-copy) and its leaves go to the
-parallel writer as views of the source's mapping. To ``.safetensors``, nested keys are joined with ``nest``,
+To ``.tdz``, the source is opened (zero-copy) and a foreign file's leaves go
+through the streaming :class:`~tdz_numba.Writer` batch by batch (~64 MiB; big leaves
+in pieces), as views of the source's mapping whose pages are dropped once written
+(:func:`tdz_numba.conversion_stream.write_streamed`): peak RSS stays bounded whatever the file's size. To ``.safetensors``, nested keys are joined with ``nest``,
 non-tensor values go into ``__metadata__`` as JSON, and the payloads are
 written with ``pwritev`` straight from the source's mapping; source pages are
 dropped from memory after each batch (``MADV_DONTNEED``), so peak RSS stays
@@ -60,6 +62,7 @@ def convert(
     nest: str | None = None,
     compression: str | None = None,
     progress: bool | None = None,
+    digest: bool = False,
 ) -> Path:
     """Converts any readable tensor file to ``.tdz`` or ``.safetensors``, keys and metadata kept.
 
@@ -79,6 +82,8 @@ def convert(
         Codec of the ``.tdz`` payloads (as for :func:`save`).
     progress : bool, optional
         A progress bar on stderr.
+    digest : bool
+        To ``.tdz``: an XXH3-128 digest of every payload (as :func:`save` stores it).
 
     Returns
     -------
@@ -126,7 +131,21 @@ def convert(
             tree = nest_flat(tree, nest) if nest is not None else _tensordict_levels(tree)
         _warn_tensordict_dtypes(tree, dst)
         metadata = {str(k): jsonable(v) for k, v in (ar.metadata or {}).items()} or None
-        return saving.save(tree, dst, compression=compression, progress=progress, metadata=metadata)
+        if ar.format != "tdz" and not remote_dst:
+            from .conversion_stream import write_streamed
+
+            return write_streamed(
+                ar,
+                tree,
+                Path(dst),
+                compression=compression,
+                progress=progress,
+                metadata=metadata,
+                digest=digest,
+            )
+        return saving.save(
+            tree, dst, compression=compression, progress=progress, metadata=metadata, digest=digest
+        )
     finally:
         ar.close()
 

@@ -93,6 +93,14 @@ def _crc(info: Any) -> int | None:
     return crc if info.nbytes == exact else None
 
 
+def _digest(info: Any) -> str | None:
+    """The leaf's stored XXH3-128 digest when it covers exactly the tensor's bytes."""
+    digest = getattr(info, "digest", None)
+    if digest is None:
+        return None
+    return digest if info.nbytes == math.prod(info.shape) * info.dtype.itemsize else None
+
+
 def _bytes_equal(x: Any, y: Any) -> bool:
     import torch
 
@@ -155,14 +163,13 @@ def diff(a: PathLike, b: PathLike, *, allow_pickle: bool = False) -> DiffReport:
                 report.changed.append(k)
                 report.details[k] = f"{_describe(ia)} -> {_describe(ib)}"
                 continue
-            da, db = getattr(ia, "digest", None), getattr(ib, "digest", None)
+            da, db = _digest(ia), _digest(ib)
             if da is not None and db is not None:
                 equal = da == db
             else:
                 ca, cb = _crc(ia), _crc(ib)
-                equal = False if ca is not None and cb is not None and ca != cb else None
-                if equal is None:
-                    equal = _bytes_equal(ra[k], rb[k])
+                crc_differs = ca is not None and cb is not None and ca != cb
+                equal = False if crc_differs else _bytes_equal(ra[k], rb[k])
             if equal:
                 report.same.append(k)
             else:

@@ -184,8 +184,9 @@ class _Merge:
 
 
 def _same_payload(index: ArchiveIndex, name: str, data: Any) -> bool:
-    """Whether the archive's entry ``name`` holds ``data``'s bytes: CRC-32 first (from the
-    central directory, no payload read), then the bytes."""
+    """Whether the archive's entry ``name`` holds ``data``'s bytes: by its XXH3-128 digest when
+    the archive stores one (no payload read), else CRC-32 first (from the central directory),
+    then the bytes."""
     import numpy as np
 
     from .zipfmt.payload import _crc_functions
@@ -194,9 +195,25 @@ def _same_payload(index: ArchiveIndex, name: str, data: Any) -> bool:
     new = (
         np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).view(np.uint8)
     )
-    if e.size != new.size or _crc_functions()[0](new) != e.crc:
+    if e.size != new.size:
+        return False
+    stored = index.digest(name)
+    if stored is not None and _digest_available():  # XXH3-128 of both sides: no payload read
+        from .zipfmt.digest import hash_bytes
+
+        return hash_bytes(new) == stored
+    if _crc_functions()[0](new) != e.crc:
         return False
     return bool(np.array_equal(index.read(name, check_crc=False), new))
+
+
+def _digest_available() -> bool:
+    """Whether the ``digest`` extra is installed (without it, stored digests are not compared)."""
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _drop_unchanged(
@@ -290,6 +307,7 @@ def append(
     align: int | str | None = None,
     align_threshold: int | None = None,
     only_changed: bool = False,
+    digest: bool | None = None,
 ) -> Any:
     """Adds the leaves and levels of ``tree`` to an existing archive, without rewriting it.
 
@@ -327,7 +345,12 @@ def append(
     only_changed : bool
         Incremental checkpoints: leaves and plain values that the archive holds already with
         the same dtype, shape and bytes (CRC-32 first, from the central directory, then the
-        bytes) are not written. Then the key paths written are returned.
+        bytes) are not written. Then the key paths written are returned. The comparison
+        uses the archive's digest of a leaf first when it has one (no payload read).
+    digest : bool, optional
+        An XXH3-128 digest of every new payload in its central record (as
+        :func:`tdz_numba.save` stores it); None: when the archive has digests already.
+        The old entries' records, digests included, are kept byte for byte.
 
     Returns
     -------
@@ -370,6 +393,8 @@ def append(
             index = ArchiveIndex(target, fd=fd, st=st)
             try:
                 written: list[str] = []
+                if digest is None:
+                    digest = index.has_digests
                 if only_changed:
                     entries, written = _drop_unchanged(index, _Merge(index, label, replace), entries)
                 out, merge = _plan(index, label, entries, replace)
@@ -393,6 +418,7 @@ def append(
                 align=align,
                 align_threshold=align_threshold,
                 durable=durable,
+                digest=bool(digest),
             )
         return written if only_changed else target
 
@@ -422,7 +448,7 @@ def compact(
     :func:`tdz_numba.save` writes: a temp file renamed over it).
 
     The live entries are written in tensordict's order (directory entries of foreign zips
-    dropped), their CRCs checked as they are read. Readers that opened the old file keep
+    dropped), their CRCs checked as they are read; an archive with digests keeps them. Readers that opened the old file keep
     reading it (the rename gives the path a new file).
 
     Parameters
@@ -468,6 +494,7 @@ def compact(
                 return write_entries(
                     entries,
                     target,
+                    digest=index.has_digests,  # (recomputed as they are written: the same values)
                     compression=compression,
                     compresslevel=compresslevel,
                     num_threads=num_threads,

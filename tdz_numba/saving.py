@@ -19,7 +19,7 @@ from typing import Any
 from .archive import opening as _opening
 from .archive.mapping import Archive
 from .archive.options import OpenOptions
-from .errors import FileMissingError, InvalidArgumentError
+from .errors import FileMissingError, InvalidArgumentError, UnsupportedError
 from .files.paths import as_local_path, user_errors
 from .remote import read as _remote
 from .tdz.tdcompat import converter as tdcompat_converter
@@ -45,6 +45,7 @@ def save(
     align: int | str | None = None,
     align_threshold: int | None = None,
     metadata: dict[str, Any] | None = None,
+    digest: bool = False,
 ) -> Path:
     """Saves a tree of tensors as a ``.tdz`` archive.
 
@@ -107,6 +108,11 @@ def save(
         The file's own metadata (str keys, JSON-able values), returned by
         ``Archive.metadata``. It is stored in a top-level ``__metadata__.json``
         entry that tensordict's ``load_memmap`` ignores.
+    digest : bool
+        Store an XXH3-128 digest of every payload (computed as it is written) in its
+        central record, where zip tools and tensordict ignore it: ``info(k).digest``,
+        ``verify(path, deep=True)``, :func:`tdz_numba.diff` without reading payloads.
+        Needs the ``digest`` extra (the ``xxhash`` package); local files only.
 
     Returns
     -------
@@ -136,7 +142,13 @@ def save(
     """
     _writer.check_write_args(compression, compresslevel, num_threads)
     check_tdz_suffix(path)
+    if digest:
+        from .zipfmt.digest import require
+
+        require("save(digest=True)")
     if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: streamed
+        if digest:
+            raise UnsupportedError("save(digest=True) writes local files only, not a URL or a file object")
         from .remote.write import save_remote
 
         entries = flatten(tree, convert=tdcompat_converter())
@@ -166,6 +178,7 @@ def save(
             durable=durable,
             align=align,
             align_threshold=align_threshold,
+            digest=digest,
         )
 
 

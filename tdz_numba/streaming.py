@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .errors import ArchiveExistsError, InvalidArgumentError, InvalidTreeError, TdzError, UnsupportedError
+from .errors import ArchiveExistsError, InvalidArgumentError, InvalidTreeError, TdzError
 from .files import tempfiles as _tempfiles
 from .files.paths import user_errors
 from .tdz.tdcompat import converter as tdcompat_converter
@@ -43,7 +43,7 @@ from .zipfmt import grow as _grow
 from .zipfmt import packers, records
 from .zipfmt.entry import Entry
 
-__all__ = ["Writer", "Sink"]
+__all__ = ["Writer", "Sink", "NewLevel"]
 
 PathLike = str | os.PathLike
 
@@ -55,6 +55,11 @@ class _Level:
         self.keys: dict[str, Any] = {}
         self.meta = meta
         self.whole = whole  # written whole by one add() (its meta.json included): takes no more keys
+
+
+def _shown(key: str | tuple[str, ...]) -> str:
+    """A key as messages show it (a tuple joined with "/")."""
+    return key if isinstance(key, str) else "/".join(key)
 
 
 def _as_bytes(chunk: Any, key: str) -> memoryview:
@@ -73,6 +78,16 @@ def _as_bytes(chunk: Any, key: str) -> memoryview:
     )
 
 
+class NewLevel:
+    """A level declared among the values of :meth:`Writer.add_many` (its ``meta`` as for
+    :meth:`Writer.add_level`)."""
+
+    __slots__ = ("meta",)
+
+    def __init__(self, meta: dict[str, Any] | None = None) -> None:
+        self.meta = meta
+
+
 class Sink:
     """Takes the payload of one leaf in pieces (:meth:`write`), checked against its size at
     :meth:`close` (also when its ``with`` block ends)."""
@@ -87,6 +102,13 @@ class Sink:
         self.written = 0
         self._crc = 0
         self._crc32 = _crc_functions()[0]
+        digests = batch.prep.digests
+        self._hasher = None
+        if digests is not None and batch.prep.n:
+            from .zipfmt.digest import PENDING, hasher
+
+            digests[0] = PENDING
+            self._hasher = hasher()
         self._pos = int(batch.prep.plan.payload_offset[0]) if batch.prep.n else 0
         self.closed = False
 
@@ -109,6 +131,8 @@ class Sink:
 
             write_segments(self._writer._fd, [(self._pos, view)])
             self._crc = self._crc32(view, self._crc)
+            if self._hasher is not None:
+                self._hasher.update(view)
             self._pos += n
             self.written += n
         return n
@@ -128,6 +152,8 @@ class Sink:
         b = self._batch
         if b.prep.n:
             b.fields["crc"][0] = self._crc
+            if self._hasher is not None:
+                b.prep.digests[0] = self._hasher.digest()
             at = int(b.prep.plan.header_offset[0]) + records.LOCAL_DT.fields["crc"][1]  # type: ignore[index]
             os.pwrite(self._writer._fd, self._crc.to_bytes(4, "little"), at)
             self._writer._central.append(b.central())
@@ -157,9 +183,12 @@ class Writer:
     durable : bool
         ``fsync`` the file before the rename and the directory after.
     digest : bool
-        Per-payload digests: not implemented yet (raises :class:`~tdz_numba.UnsupportedError`).
+        An XXH3-128 digest of every payload, computed from the pieces as they are written
+        (streamed leaves too), stored as :func:`tdz_numba.save` stores it (``digest`` extra).
     existsok : bool
         False: an existing ``path`` raises :class:`~tdz_numba.ArchiveExistsError`.
+    metadata : dict, optional
+        The file's own metadata, as for :func:`tdz_numba.save` (written at the end).
 
     Examples
     --------
@@ -183,15 +212,23 @@ class Writer:
         durable: bool = True,
         digest: bool = False,
         existsok: bool = True,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         from .zipfmt.writer import check_write_args, payload_alignments
 
         check_write_args(compression, compresslevel, None)
         payload_alignments(np.zeros(0, np.bool_), np.zeros(0, np.int64), align)  # (checks align)
         if digest:
-            raise UnsupportedError("Writer(digest=True): per-payload digests are not implemented yet")
+            from .zipfmt.digest import require
+
+            require("Writer(digest=True)")
+        self._metadata = None
+        if metadata is not None:
+            from .saving import _metadata_entry
+
+            self._metadata = _metadata_entry(metadata)  # (checked now)
         self.path = path
-        self._opts = dict(compression=compression, compresslevel=compresslevel, align=align)
+        self._opts = dict(compression=compression, compresslevel=compresslevel, align=align, digest=digest)
         self._durable = durable
         self._existsok = existsok
         self._fd = -1
@@ -239,10 +276,14 @@ class Writer:
         return batch
 
     # -- levels and keys ---------------------------------------------------------------------
-    def _split(self, key: str) -> tuple[str, str]:
-        if not isinstance(key, str) or not key or any(not p for p in key.split("/")):
-            raise InvalidArgumentError(f"key must be a non-empty str of '/'-separated keys, got {key!r}")
-        *parents, leaf = key.split("/")
+    def _split(self, key: Any) -> tuple[str, str]:
+        """``(directory, leaf)`` of a key: ``"a/b"``, or a tuple of keys (which may hold ``/``)."""
+        parts = tuple(key) if isinstance(key, tuple) else key.split("/") if isinstance(key, str) else ()
+        if not parts or any(not isinstance(p, str) or not p for p in parts):
+            raise InvalidArgumentError(
+                f"key must be a non-empty str of '/'-separated keys or a tuple of keys, got {key!r}"
+            )
+        *parents, leaf = parts
         directory = ""
         for p in parents:
             self._child(directory, p, _Level(), key)
@@ -268,25 +309,46 @@ class Writer:
         else:
             parent.keys[key] = record
 
-    def add_level(self, key: str, meta: dict[str, Any] | None = None) -> None:
-        """Creates the TensorDict level ``key`` (``"a/b"``), with ``meta``: its ``meta.json``
-        fields other than keys (``{"shape": [batch], "_names": [...], ...}``) over the
-        defaults."""
+    def add_level(self, key: str | tuple[str, ...], meta: dict[str, Any] | None = None) -> None:
+        """Creates the TensorDict level ``key`` (``"a/b"``; ``""``: the root), with ``meta``: its
+        ``meta.json`` fields other than keys (``{"shape": [batch], "_names": [...], ...}``) over
+        the defaults."""
         self._need_open()
         if meta is not None and not isinstance(meta, dict):
             raise InvalidArgumentError(f"add_level {key!r}: meta must be a dict, got {type(meta).__name__}")
+        if key == "" or key == ():  # the root level's own fields
+            self._levels[""].meta = {**td_level_fields(), **(meta or {})}
+            return
         directory, leaf = self._split(key)
         sub = directory + encode_key(leaf) + "/"
         own = {**td_level_fields(), **(meta or {})}
         if sub in self._levels:
             self._levels[sub].meta = own
             return
-        self._child(directory, leaf, _Level(own), key)
+        self._child(directory, leaf, _Level(own), _shown(key))
 
-    def add(self, key: str, value: Any) -> None:
+    def add(self, key: str | tuple[str, ...], value: Any) -> None:
         """Writes one value now: a tensor or array (its payload), a plain value (a NonTensorData
         level), or a whole mapping / TensorDict (every entry of it)."""
+        self.add_many([(key, value)])
+
+    def add_many(self, items: Any) -> None:
+        """Writes several ``(key, value)`` pairs now, as :meth:`add` writes each, in one batch
+        (one layout plan, one pass of writes: cheaper than an :meth:`add` per small leaf); a
+        value :class:`NewLevel` declares a level there, as :meth:`add_level` does."""
         self._need_open()
+        entries: list[Entry] = []
+        for key, value in items:
+            if isinstance(value, NewLevel):
+                self.add_level(key, meta=value.meta)
+                continue
+            entries.extend(self._entries_of(key, value))
+        if entries:
+            batch = self._write(entries)
+            self._central.append(batch.write(self._fd, None, self._durable))
+
+    def _entries_of(self, key: str | tuple[str, ...], value: Any) -> list[Entry]:
+        """Registers ``key`` and returns the entries of ``value`` (payloads, sub-level files)."""
         directory, leaf = self._split(key)
         entries = flatten({leaf: value}, convert=tdcompat_converter())
         record = json.loads(bytes(entries[0].data))[leaf]  # type: ignore[arg-type]
@@ -294,29 +356,28 @@ class Writer:
         for e in rest:
             e.name = directory + e.name
         is_level = "type" in record
-        self._child(directory, leaf, None, key, record)
+        self._child(directory, leaf, None, _shown(key), record)
         if is_level:  # written whole, its meta.json included: no more keys below it
             self._levels[directory + encode_key(leaf) + "/"] = _Level(whole=True)
-        if rest:
-            batch = self._write(rest)
-            self._central.append(batch.write(self._fd, None, self._durable))
+        return rest
 
-    def stream(self, key: str, shape: Any, dtype: Any) -> Sink:
+    def stream(self, key: str | tuple[str, ...], shape: Any, dtype: Any) -> Sink:
         """A :class:`Sink` for the payload of leaf ``key`` of ``shape`` and ``dtype`` (a torch
         dtype, a numpy dtype or its name): ``sink.write(chunk)`` with tensors (CUDA ones copied to
         the host), arrays, bytes or memoryviews, ``sink.close()`` (or its ``with`` block) at the
         end; a byte count other than the shape's raises :class:`~tdz_numba.TdzError` naming
         ``key``. The leaf is stored (not compressed)."""
         self._need_open()
-        tdtype = _torch_dtype(dtype, key)
+        shown = _shown(key)
+        tdtype = _torch_dtype(dtype, shown)
         try:
             template = torch.empty(tuple(int(s) for s in shape), dtype=tdtype, device="meta")
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise InvalidArgumentError(f"stream {key!r}: bad shape {shape!r} ({exc})") from None
+            raise InvalidArgumentError(f"stream {shown!r}: bad shape {shape!r} ({exc})") from None
         directory, leaf = self._split(key)
         entries = flatten({leaf: template}, zeros=True)
         record = json.loads(bytes(entries[0].data))[leaf]  # type: ignore[arg-type]
-        self._child(directory, leaf, None, key, record)
+        self._child(directory, leaf, None, shown, record)
         payload = [Entry(directory + e.name, zeros=True, nbytes=e.nbytes) for e in entries[1:]]
         nbytes = sum(e.nbytes for e in payload)
         batch = self._write(payload, compression=None, compresslevel=None)
@@ -325,7 +386,7 @@ class Writer:
             head = packers.local_headers(p.names, more=batch.prep.more, **batch.fields)[0]
             os.pwrite(self._fd, head, int(p.header_offset[0]))
             batch.fields["crc"][0] = 0
-        sink = Sink(self, key, batch, nbytes)
+        sink = Sink(self, shown, batch, nbytes)
         self._open_sinks.add(sink)
         return sink
 
@@ -343,7 +404,9 @@ class Writer:
             meta = {**level.keys, **(level.meta or td_level_fields())}
             metas.append(Entry(directory + "meta.json", data=_json(meta)))
         metas.sort(key=lambda e: td_order(e.name))
-        batch = self._write(metas, compression=None, compresslevel=None)
+        if self._metadata is not None:
+            metas.append(self._metadata)
+        batch = self._write(metas, compression=None, compresslevel=None, digest=False)
         self._central.append(batch.write(self._fd))
         cd = b"".join(self._central)
         count = self._entries

@@ -53,14 +53,16 @@ def _raw(cd, cd_offset: int, count: int, fn=kernel.parse_central):
     cols = np.zeros((rows, NCOLS), np.int64)
     joined = np.zeros(len(cd), np.uint8)
     out = np.zeros(kernel.OUT_LEN, np.int64)
-    code = fn(cd, cd_offset, count, cols, joined, out)
+    code = fn(cd, cd_offset, count, cols, joined, out, np.zeros(rows, np.int64))
     n = int(out[kernel.OUT_NAMES])
     return int(code), out.tolist(), cols.tolist(), joined[: max(n, 0)].tobytes()
 
 
 def _seen(found: central_twin.Central) -> tuple:
     """A :class:`Central` as plain values (its rows materialized)."""
-    return found.rows.array().tolist(), found.names, found.status, found.encrypted, found.unknown_method
+    rows = found.rows
+    digests = [rows.digest(i) for i in range(len(rows))] if found.status[0] == Status.OK else None
+    return rows.array().tolist(), found.names, found.status, found.encrypted, found.unknown_method, digests
 
 
 def check(
@@ -288,20 +290,23 @@ def test_bad_arguments_and_bounds():
     code, out, _, joined = _raw(ro, cd_offset, count)
     assert code == Status.OK and out[kernel.OUT_NAMES] == 3 and joined == b"a\0b"
     cols, out = np.zeros((2, NCOLS), np.int64), np.zeros(kernel.OUT_LEN, np.int64)
+    dig = np.zeros(2, np.int64)
     parse = kernel.parse_central
-    assert parse(ro, cd_offset, 2, cols[:1], np.zeros(len(cd), np.uint8), out) == kernel.BAD_ARGUMENTS
+    assert parse(ro, cd_offset, 2, cols[:1], np.zeros(len(cd), np.uint8), out, dig) == kernel.BAD_ARGUMENTS
     assert (
-        parse(ro, cd_offset, 2, cols[:, :5].copy(), np.zeros(len(cd), np.uint8), out) == kernel.BAD_ARGUMENTS
+        parse(ro, cd_offset, 2, cols[:, :5].copy(), np.zeros(len(cd), np.uint8), out, dig)
+        == kernel.BAD_ARGUMENTS
     )
-    assert parse(ro, cd_offset, 2, cols, np.zeros(3, np.uint8), out) == kernel.BAD_ARGUMENTS
-    assert parse(ro, cd_offset, 2, cols, np.zeros(len(cd), np.uint8), out[:3]) == kernel.BAD_ARGUMENTS
+    assert parse(ro, cd_offset, 2, cols, np.zeros(3, np.uint8), out, dig) == kernel.BAD_ARGUMENTS
+    assert parse(ro, cd_offset, 2, cols, np.zeros(len(cd), np.uint8), out[:3], dig) == kernel.BAD_ARGUMENTS
+    assert parse(ro, cd_offset, 2, cols, np.zeros(len(cd), np.uint8), out, dig[:1]) == kernel.BAD_ARGUMENTS
     assert _raw(ro, -1, 2)[1][:4] == [Status.CENTRAL_OVERRUN, -1, len(cd), -1]
     assert _raw(ro, cd_offset, -1)[1][0] == Status.CENTRAL_OVERRUN
     assert _raw(ro, cd_offset, 3)[1][0] == Status.CENTRAL_OVERRUN  # more counted than 46-byte records fit
     assert _raw(ro[:-1], cd_offset, 2)[1][:2] == [Status.CENTRAL_OVERRUN, 1]  # a record cut short
     assert _raw(ro, cd_offset, 1)[1][:4] == [Status.COUNT, 1, 1, -1]  # fewer counted than there are
     assert _raw(ro, 10, 2)[1][:2] == [Status.HEADER_PAST_END, 0]  # headers past the central directory
-    assert _raw(ro[:0], cd_offset, 0)[:2] == (0, [0, 0, 0, 0, 0, -1, -1])
+    assert _raw(ro[:0], cd_offset, 0)[:2] == (0, [0, 0, 0, 0, 0, -1, -1, 0])
     for args in ((ro, -1, 2), (ro, cd_offset, -1), (ro, cd_offset, 3), (ro[:-1], cd_offset, 2), (ro, 10, 2)):
         assert _raw(*args)[1][:4] == list(central_twin.parse_central(*args).status)
 
@@ -337,8 +342,9 @@ for k in range(3000):
     count = max(0, cd.count(b"PK\x01\x02") + rng.choice((0, 0, 0, -1, 1)))
     twin = central_twin.parse_central(cd, off, count)
     rows = count if count <= len(cd) // 46 else 0
-    cols, joined, out = np.zeros((rows, 14), np.int64), np.zeros(len(cd), np.uint8), np.zeros(7, np.int64)
-    code = kernel.parse_central(np.frombuffer(cd, np.uint8), off, count, cols, joined, out)
+    cols, joined, out = np.zeros((rows, 14), np.int64), np.zeros(len(cd), np.uint8), np.zeros(8, np.int64)
+    digests = np.zeros(rows, np.int64)
+    code = kernel.parse_central(np.frombuffer(cd, np.uint8), off, count, cols, joined, out, digests)
     names = joined[: max(out[4], 0)].tobytes().decode("ascii").split("\0") if out[4] > 0 else []
     same = tuple(out[:4].tolist()) == twin.status and cols.tolist() == twin.rows.array().tolist()
     same = same and (out[4] < 0) == (twin.names is None) and (twin.names is None or names == twin.names or count == 0)

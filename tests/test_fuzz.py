@@ -64,6 +64,12 @@ def test_seeds_cover_every_record(seeds):
     assert {"td_stored", "td_deflate", "td_bzip2", "td_lazy", "zip64", "nested_tensor"} <= {
         sd.name for sd in small
     }
+    # grown archives (dead space before the live central directory) and digest blocks
+    grown = {sd.name: sd.data for sd in small if sd.name in ("appended", "digest", "digest_appended")}
+    assert len(grown) == 3 and all(
+        data.count(b"PK\x05\x06") >= 2 for n, data in grown.items() if n != "digest"
+    )
+    assert all(b"\x74\x68\x11\x00\x01" in grown[n] for n in ("digest", "digest_appended"))
     assert tdz_numba.load(seeds[1])  # the warm-up archive is valid
 
 

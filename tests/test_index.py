@@ -59,7 +59,9 @@ def eager_index(buf, cd_offset: int, cd_size: int, count: int, check_local: bool
     else:
         cols = np.zeros((count, len(Col)), np.int64)
         out = np.zeros(kernels.OUT_LEN, np.int64)
-        kernels.parse_central(cd, cd_offset, count, cols, np.zeros(cd.size, np.uint8), out)
+        kernels.parse_central(
+            cd, cd_offset, count, cols, np.zeros(cd.size, np.uint8), out, np.zeros(count, np.int64)
+        )
         status = out[:4].copy()
     if check_local and (status[0] == Status.OK or (status[0] == Status.COUNT and status[1] == count)):
         impl = central_twin if twin else kernels

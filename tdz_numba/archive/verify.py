@@ -52,6 +52,7 @@ class VerifyReport:
     format: str = "tdz"
     checksummed_bytes: int | None = None  # None: every payload byte (a .tdz)
     decoded: int = 0
+    digests: int = 0  # leaves whose XXH3-128 digest was recomputed (``deep=True``)
 
     @property
     def unchecked_bytes(self) -> int:
@@ -66,9 +67,13 @@ class VerifyReport:
         size = size or human_bytes
         counts = f"{_count(self.levels, 'level')}, {_count(self.leaves, 'leaf', 'leaves')}"
         if self.checksummed_bytes is None:
+            deep = (
+                f", the XXH3-128 digest of {_count(self.digests, 'leaf', 'leaves')}" if self.digests else ""
+            )
             return (
                 f"{self.path}: OK (tdz): {_count(self.entries, 'entry', 'entries')}, {counts}\n"
-                f"  checked: the CRC-32 of every entry ({size(self.payload_bytes)} of payload), the structure"
+                f"  checked: the CRC-32 of every entry ({size(self.payload_bytes)} of payload), "
+                f"the structure{deep}"
             )
         done = ["the bounds and size of every leaf"]
         if self.checksummed_bytes:
@@ -87,8 +92,10 @@ class VerifyReport:
         return self.describe()
 
 
-def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyReport:
+def verify(path: str | os.PathLike, *, progress: bool | None = None, deep: bool = False) -> VerifyReport:
     """Checks every entry's CRC-32 and the archive's structure; see :func:`tdz_numba.verify`.
+    ``deep``: then every stored XXH3-128 digest is recomputed
+    (:func:`tdz_numba.archive.verify_deep.check_digests`).
 
     Files of other formats are checked as far as the format can prove: every
     leaf's bytes inside its file, compressed members decoded (their CRCs
@@ -102,8 +109,18 @@ def verify(path: str | os.PathLike, *, progress: bool | None = None) -> VerifyRe
         if ar.format != "tdz":
             return _verify_other(ar, path, progress)
         if _parallel_ok(ar.source):
-            return _verify_parallel(ar, path, progress)
-        return _verify_sequential(ar, path, progress)
+            report = _verify_parallel(ar, path, progress)
+        else:
+            report = _verify_sequential(ar, path, progress)
+        if deep:
+            from dataclasses import replace
+
+            from .verify_deep import check_digests
+
+            with _progress(report.payload_bytes, "verify digests", enabled=progress) as bar:
+                source: Any = ar.source  # (a TdzSource: format "tdz")
+                report = replace(report, digests=check_digests(source.index, bar))
+        return report
     finally:
         ar.close()
 

@@ -1,7 +1,7 @@
 """The ``tdz`` command line: its parser and dispatch (the verbs are :mod:`tdz_numba.cli.commands`).
 
 Verbs: ``info``, ``tree``, ``show``, ``verify``, ``convert``, ``pack``, ``unpack``,
-``refresh``, ``diff``, ``repair``, ``compact`` and ``bench`` (``tdz VERB --help`` for each).
+``refresh``, ``diff``, ``append``, ``repair``, ``compact`` and ``bench`` (``tdz VERB --help`` for each).
 
 Exit codes: 0 success, 1 a check failed (a CRC-32 mismatch), 2 a usage error
 or a file that is not a readable archive. Errors are printed on stderr as one
@@ -20,6 +20,7 @@ Examples
     tdz pack buffer_dir again.tdz --compression deflate
     tdz refresh buffer.tdz             # re-stamp CRCs after mode="r+" writes
     tdz diff a.tdz b.safetensors       # leaves added, removed, changed
+    tdz append buffer.tdz ep7.safetensors --subpath ep/7   # leaves of any file, no rewrite
     tdz repair buffer.tdz              # undo an append killed before its commit
     tdz compact buffer.tdz             # drop the bytes appends superseded
     tdz bench --quick                  # the benchmark harness (see tdz_numba.bench)
@@ -146,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("file", help="the file: .tdz, safetensors, .pt, .npz, GGUF, HDF5, ONNX, memmap dir, ...")
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument(
+        "--deep",
+        action="store_true",
+        help="also recompute every leaf's stored XXH3-128 digest (archives saved with digest=True)",
+    )
     _bytes_flag(s)
     _progress_flag(s)
     s.set_defaults(func=cmd_verify)
@@ -271,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("file", metavar="FILE", help="the .tdz archive (replaced atomically)")
     s.set_defaults(func=cmd_compact)
+
+    from .append_cmd import add_parser as _add_append
+
+    _add_append(sub, common)
 
     s = sub.add_parser(
         "warmup",

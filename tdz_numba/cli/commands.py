@@ -434,7 +434,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     import tdz_numba
 
     try:
-        report = tdz_numba.verify(args.file, progress=want_progress(args))
+        report = tdz_numba.verify(args.file, progress=want_progress(args), deep=getattr(args, "deep", False))
     except (TdzError, OSError) as exc:
         code = EXIT_FAILED if isinstance(exc, ChecksumError) else EXIT_USAGE
         if args.json:
@@ -464,6 +464,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 "format": report.format,
                 "checksummed_bytes": report.checksummed_bytes,
                 "unchecked_bytes": report.unchecked_bytes,
+                "digests": report.digests,
             }
         )
     else:

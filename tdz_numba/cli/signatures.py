@@ -210,6 +210,7 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(int64, 2, 'C', False, aligned=True)",
             "ByteArray(uint8, 1, 'C', readonly=False)",
             "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
         ),
     ),
     "tdz_numba.zipfmt.kernels.central.resolve_local": (

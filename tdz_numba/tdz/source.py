@@ -459,6 +459,7 @@ class TdzSource(Source):
                 zero,
                 loc,
                 leaf.dtype,
+                _hex(index.digest(leaf.entry)),
             )
         return LeafInfo(
             leaf.key,
@@ -602,3 +603,7 @@ def open_tdz(
     if mode not in ("r", "r+"):
         raise InvalidArgumentError(f"mode must be 'r' or 'r+', got {mode!r}")
     return TdzSource(Path(path), mode=mode, allow_pickle=allow_pickle, num_threads=num_threads)
+
+
+def _hex(digest: bytes | None) -> str | None:
+    return None if digest is None else digest.hex()

@@ -226,6 +226,8 @@ class LeafInfo:
     zero_copy: bool = False
     location: Location | None = None
     type_name: str = ""
+    #: The XXH3-128 digest of the leaf's bytes stored with it (hex; None: none stored).
+    digest: str | None = None
     attrs: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property

@@ -84,6 +84,8 @@ _STATUS_TEXT = {
     Status.COUNT: "the end record lists {expected} entries, the central directory holds {found_text}",
     Status.SIZE_RANGE: "a size of {found} bytes is out of range (expected < 2**63)",
     Status.STORED_SIZE: "is stored with {expected} bytes but records an uncompressed size of {found}",
+    Status.EXTRA_OVERRUN: "a central extra block runs to offset {found}, past the end of the record's "
+    "extra field at {expected}",
 }
 #: Status codes raised before the entry's name is known.
 _UNNAMED = (Status.CENTRAL_SIGNATURE, Status.CENTRAL_OVERRUN, Status.COUNT)

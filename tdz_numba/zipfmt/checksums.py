@@ -1,5 +1,5 @@
 """Checksums of STORED entries: their CRC-32s computed over the mapping (the kernel or its twin) and
-re-stamped in place after ``r+`` writes.
+re-stamped in place after ``r+`` writes, with their XXH3-128 digests where the archive has them.
 
 Examples
 --------
@@ -25,7 +25,7 @@ from ..errors import BadArchiveError
 from . import records
 from .index import ArchiveIndex
 
-__all__ = ["stored_crcs", "refresh_checksums", "refresh_entries"]
+__all__ = ["stored_crcs", "refresh_checksums", "refresh_entries", "stamp_digests"]
 
 
 def stored_crcs(index: ArchiveIndex, rows: np.ndarray) -> np.ndarray:
@@ -48,6 +48,8 @@ def refresh_checksums(path: str | os.PathLike) -> Path:
             raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
         stored = np.nonzero(index.table["method"] == records.STORED)[0]
         _stamp(index, stored, stored_crcs(index, stored))
+        if index.has_digests:
+            stamp_digests(index, stored.tolist())
         index._mmap.flush()
     finally:
         index.close()
@@ -75,8 +77,30 @@ def refresh_entries(index: ArchiveIndex, names: list[str]) -> int:
     if not changed.any():
         return 0
     _stamp(index, rows[changed], crcs[changed])
+    if index.has_digests:
+        stamp_digests(index, rows[changed].tolist())
     index._mmap.flush()
     return int(changed.sum())
+
+
+def stamp_digests(index: ArchiveIndex, rows: list[int]) -> int:
+    """Re-stamps the digest of each STORED entry of ``rows`` that has one (its central
+    :class:`~tdz_numba.zipfmt.records.DigestExtra`) from its bytes now; returns how many changed."""
+    from .digest import hash_function
+
+    hash_now = hash_function()
+    buf = index.buffer
+    changed = 0
+    for row in rows:
+        at = index.digest_offset(row)
+        if at < 0:
+            continue
+        r = index.row_at(row)
+        value = np.frombuffer(hash_now(buf[r.payload_offset : r.payload_offset + r.csize]), np.uint8)
+        if not np.array_equal(buf[at : at + value.size], value):
+            buf[at : at + value.size] = value
+            changed += 1
+    return changed
 
 
 _READ_PIECE = 8 << 20

@@ -52,3 +52,6 @@ class Prepared:
     sources: list  # the bytes to write: an array, a list of parts, None for zeros
     more: list  # extra blocks before the zip64 one (segment tables)
     plan: Any
+    #: Per-entry XXH3-128 digests for the central records (None: no digests): a digest, None for
+    #: an entry without one, ``b""`` for one the payload writer computes as it writes.
+    digests: list | None = None

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadArchiveError, InternalError
+from . import digest as _digests
 from . import packers
 from .entry import Entry
 from .eocd import EndRecord, end_record_position, find_end_record
@@ -182,7 +183,12 @@ class Batch:
     has_data: np.ndarray
     start: int  # offset of the first local header
     data_end: int  # where the batch's last payload ends
-    cd_len: int  # bytes of its central records
+    cd_len: int  # bytes of its central records without digest blocks (central_len: with them)
+
+    @property
+    def central_len(self) -> int:
+        """Bytes of its central records, the digest blocks planned included."""
+        return self.cd_len + _digests.planned_len(self.prep.digests)
 
     def write(self, fd: int, num_threads: int | None = None, writeback: bool = False) -> bytes:
         """Writes the local headers and payloads (CRCs computed as they are written); returns
@@ -200,10 +206,11 @@ class Batch:
             p.names,
             header_offset=p.header_offset,
             zip64=p.central_zip64,
+            more=_digests.blocks(self.prep.digests, self.prep.n),
             **{**self.fields, "pad": p.central_pad},
         )
-        if len(cd) != self.cd_len:
-            raise InternalError(f"central records of {len(cd)} bytes, planned {self.cd_len}")
+        if len(cd) != self.central_len:
+            raise InternalError(f"central records of {len(cd)} bytes, planned {self.central_len}")
         return cd
 
 
@@ -217,10 +224,13 @@ def plan_batch(
     align: int | str | None = None,
     align_threshold: int | None = None,
     dos: tuple[int, int] | None = None,
+    digest: bool = False,
 ) -> Batch:
     """Compresses and plans ``entries`` to be written from ``offset`` on (rounded up to their
     largest payload alignment, so that the plan of :func:`tdz_numba.zipfmt.layout.plan`,
-    made from 0, shifts by a multiple of every alignment)."""
+    made from 0, shifts by a multiple of every alignment). ``digest``: their payloads'
+    digests in their central records (zero-filled entries get one only when the caller
+    marks it :data:`~tdz_numba.zipfmt.digest.PENDING` and fills it: a streamed leaf)."""
     from .kernels.dispatch import crc32_zeros
     from .writer import prepare
 
@@ -231,6 +241,7 @@ def plan_batch(
         num_threads=num_threads,
         align=align,
         align_threshold=align_threshold,
+        digest=digest,
     )
     p = prep.plan
     step = max(int(p.align.max()) if prep.n else 1, 1)
@@ -258,6 +269,8 @@ def plan_batch(
         flags=p.flags,
     )
     cd_len = int(packers.central_record_len([len(b) for b in p.names], p.central_zip64, p.central_pad).sum())
+    if digest and prep.digests is None:
+        prep.digests = [None] * n
     return Batch(prep, fields, has_data, base, p.cd_offset if n else offset, cd_len)
 
 
@@ -274,6 +287,7 @@ def append_entries(
     align_threshold: int | None = None,
     durable: bool = True,
     dos: tuple[int, int] | None = None,
+    digest: bool = False,
 ) -> Appended:
     """Writes ``entries`` after the end of the file (``state.size``) and a central directory
     of ``kept`` (raw central records of the old entries that stay, in order) followed by the
@@ -291,9 +305,10 @@ def append_entries(
         align=align,
         align_threshold=align_threshold,
         dos=dos,
+        digest=digest,
     )
     old_cd = b"".join(kept)
-    cd_size = len(old_cd) + batch.cd_len
+    cd_size = len(old_cd) + batch.central_len
     count = len(kept) + batch.prep.n
     temp = state.temp_tail
     cd_offset, end, k = _tail_layout(batch.data_end, cd_size, count, len(temp))

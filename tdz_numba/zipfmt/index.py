@@ -472,6 +472,19 @@ class ArchiveIndex:
             name, i, r.header_offset, payload, r.csize, r.size, r.method, r.crc, r.flags, r.central_offset
         )
 
+    def digest(self, name: str) -> bytes | None:
+        """Entry ``name``'s XXH3-128 digest from its central record (None: it has none)."""
+        return None if self._central is None else self._central.digest(self._by_name[name])
+
+    def digest_offset(self, i: int) -> int:
+        """Where entry ``i``'s digest lies in the file (-1: none; :class:`records.DigestExtra`)."""
+        return -1 if self._central is None else self._central.digest_offset(i)
+
+    @property
+    def has_digests(self) -> bool:
+        """Whether some entry's central record holds a digest."""
+        return self._central is not None and self._central.digests is not None
+
     def listing(self, directory: str) -> tuple[set[str], set[str]]:
         """``(files, sub-directories)`` directly under ``directory`` ("" is the root)."""
         d = directory.rstrip("/")

@@ -234,12 +234,24 @@ def local_headers(
 
 
 def central_directory(
-    names: list[bytes], *, crc, size, csize, method, dos: tuple[int, int], pad, flags, header_offset, zip64
+    names: list[bytes],
+    *,
+    crc,
+    size,
+    csize,
+    method,
+    dos: tuple[int, int],
+    pad,
+    flags,
+    header_offset,
+    zip64,
+    more: list[bytes] | None = None,
 ) -> bytes:
     """The central directory records of many entries, as one bytes object.
 
     ``zip64`` is the decision of :func:`central_zip64` (carried by the layout
-    plan); the padding block of aligned entries is copied after the zip64 extra.
+    plan); the padding block of aligned entries is copied after the zip64 extra;
+    ``more``: blocks placed last (digest blocks, :mod:`tdz_numba.zipfmt.digest`).
 
     Examples
     --------
@@ -276,6 +288,8 @@ def central_directory(
     fixed["csize"] = np.where(big_size, 0xFFFFFFFF, csize)
     fixed["size"] = np.where(big_size, 0xFFFFFFFF, size)
     fixed["name_len"] = [len(b) for b in names]
+    if more is not None:
+        pads = [a + b for a, b in zip(pads, more)]
     fixed["extra_len"] = [len(a) + len(b) for a, b in zip(z64, pads)]
     fixed["external"] = _EXTERNAL_ATTR
     fixed["header_offset"] = np.where(big_off, 0xFFFFFFFF, hoff)

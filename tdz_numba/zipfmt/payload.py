@@ -91,7 +91,7 @@ def _crc_functions() -> tuple[Any, Any]:
 
 
 def plan_units(
-    split: list[bool], stored: list[int], offsets: list[int] | None = None
+    split: list[bool], stored: list[int], offsets: list[int] | None = None, whole: bool = False
 ) -> list[tuple[int, int, int]]:
     """Work units in file order: ``(start, stop, -1)``, a group of whole entries
     (at most :data:`UNIT` bytes or :data:`UNIT_ROWS` entries), or ``(i, offset,
@@ -100,13 +100,22 @@ def plan_units(
     With the entries' payload ``offsets`` in the file, spans are cut at file offsets that
     are multiples of :data:`SPAN` (the first span of an entry ends at the next one), so
     that no :data:`PIECE` of the file is written in two parts (two parts of a 2 MiB piece
-    leave the page cache with smaller folios: more page faults for every later read)."""
+    leave the page cache with smaller folios: more page faults for every later read).
+    ``whole``: a split entry is one unit (its pieces hashed in order by one thread: digests).
+
+    >>> plan_units([True], [SPAN + 1], whole=True)
+    [(0, 0, 8388609)]
+    """
     units: list[tuple[int, int, int]] = []
     start = acc = 0
     for i, (big, nbytes) in enumerate(zip(split, stored)):
         if big:
             if start < i:
                 units.append((start, i, -1))
+            if whole:
+                units.append((i, 0, nbytes))
+                start, acc = i + 1, 0
+                continue
             first = min(nbytes, SPAN - offsets[i] % SPAN) if offsets is not None else 0
             if first:
                 units.append((i, 0, first))
@@ -139,7 +148,9 @@ def write_payloads(
     (still in cache); their headers are written last, once the pieces' CRCs are combined.
     The bytes on disk are those of one sequential pass. With ``writeback`` (durable
     saves) the device writes start every :data:`WRITEBACK` bytes, so that the final
-    ``fsync`` waits for the last ones only."""
+    ``fsync`` waits for the last ones only. Digests (``prep.digests``, those still
+    :data:`~tdz_numba.zipfmt.digest.PENDING`) are computed as the CRCs are, each entry's by the
+    thread that writes it (a large entry is then one unit: XXH3 has no combine)."""
     import threading
 
     crc32, combine = _crc_functions()
@@ -168,7 +179,13 @@ def write_payloads(
     end = poff + np.where(has_data, stored, 0)
     contiguous = np.ones(n, np.bool_)  # entry i's bytes end where entry i + 1's header starts
     contiguous[:-1] = hoff[1:] == end[:-1]
-    units = plan_units(split, stored.tolist(), poff_at)
+    digests = prep.digests
+    want = [False] * n if digests is None else [d is not None and not d for d in digests]
+    if any(want):
+        from .digest import hash_function, hasher
+
+        hash_now, new_hasher = hash_function(), hasher
+    units = plan_units(split, stored.tolist(), poff_at, whole=any(want))
     piece_crc: list[int] = [0] * len(units)
     lock = threading.Lock()
     order = iter(range(len(units)))
@@ -183,6 +200,8 @@ def write_payloads(
         for i in range(a, b):
             if pend[i]:
                 set_crc(i, crc32(sources[i]))
+                if want[i]:
+                    digests[i] = hash_now(sources[i])  # type: ignore[index]
         if not contiguous[a : b - 1].all():  # gaps (unwritten zeros, room for an alignment)
             segments: list[tuple[int, object]] = []
             for i in range(a, b):
@@ -212,13 +231,18 @@ def write_payloads(
         span = memoryview(sources[i])[off : off + length]  # (slices of a memoryview: ~3x cheaper)
         pos, stop, c = start, start + length, 0
         cut = min(stop, (pos // PIECE + 1) * PIECE)
+        h = new_hasher() if want[i] else None  # (then the unit is the whole entry)
         while pos < stop:  # pieces cut at file offsets that are multiples of PIECE
             view = span[pos - start : cut - start]  # (whole large page-cache folios)
             if pwrite(fd, view, pos) != cut - pos:
                 write_segments(fd, [(pos, view)])  # a short write: finish it
             c = crc32(view, c)  # the bytes just copied are still in this core's cache
+            if h is not None:
+                h.update(view)
             pos, cut = cut, min(stop, cut + PIECE)
         piece_crc[k] = c
+        if h is not None:
+            digests[i] = h.digest()  # type: ignore[index]
         return length
 
     def run(k: int) -> None:

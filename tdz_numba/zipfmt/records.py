@@ -37,6 +37,8 @@ __all__ = [
     "PAD_EXTRA_ID",
     "ZIP64_EXTRA_ID",
     "SEGMENT_EXTRA_ID",
+    "DIGEST_EXTRA_ID",
+    "DIGEST_XXH3_128",
     "STORED",
     "DEFLATED",
     "BZIP2",
@@ -64,6 +66,7 @@ __all__ = [
     "Descriptor",
     "Pad",
     "SegmentTable",
+    "DigestExtra",
     "LOCAL_DT",
     "CENTRAL_DT",
     "EXTRA_DT",
@@ -73,6 +76,7 @@ __all__ = [
     "ZIP64_LOCATOR_DT",
     "DESCRIPTOR_DT",
     "SEGMENT_TABLE_DT",
+    "DIGEST_DT",
     "Col",
     "INDEX_DTYPE",
     "IndexRow",
@@ -86,6 +90,7 @@ __all__ = [
     "EXTRA_STRUCT",
     "U64_STRUCT",
     "SEGMENT_TABLE_STRUCT",
+    "DIGEST_STRUCT",
     "SEGMENT_VERSION",
 ]
 
@@ -98,6 +103,10 @@ ZIP64_EXTRA_ID = 0x0001
 SEGMENT_EXTRA_ID = 0x7A74
 #: Version of our segment table layout.
 SEGMENT_VERSION = 1
+#: Id of our digest extra block of the central record (``b"th"``): :class:`DigestExtra`.
+DIGEST_EXTRA_ID = 0x6874
+#: :class:`DigestExtra` algorithm byte: XXH3-128 (the 16-byte canonical, big-endian digest).
+DIGEST_XXH3_128 = 1
 
 STORED, DEFLATED, BZIP2, LZMA = 0, 8, 12, 14
 METHOD_NAMES = {STORED: "stored", DEFLATED: "deflate", BZIP2: "bzip2", LZMA: "lzma"}
@@ -260,6 +269,22 @@ class SegmentTable(IntEnum):
     SIZEOF = 20
 
 
+class DigestExtra(IntEnum):
+    """Our ``0x6874`` digest block, in the *central* record only (never in the local header,
+    written before the payload's digest is known), after the zip64 extra and the padding
+    copy: id, length (17), the algorithm (:data:`DIGEST_XXH3_128`), then the 16-byte digest
+    of the entry's uncompressed bytes (``xxhash.xxh3_128(payload).digest()``, big-endian: its
+    hex is ``hexdigest()``). Zip readers skip extra blocks of ids they do not know (zipfile,
+    Info-ZIP, tensordict's ``load_memmap``); a block of another length or algorithm is
+    ignored as unknown."""
+
+    ID = 0
+    LEN = 2
+    ALGO = 4
+    VALUE = 5
+    SIZEOF = 21
+
+
 LOCAL_DT = np.dtype(
     [
         ("sig", "<u4"),
@@ -329,6 +354,7 @@ DESCRIPTOR_DT = np.dtype([("crc", "<u4"), ("csize", "<u4"), ("size", "<u4")])
 SEGMENT_TABLE_DT = np.dtype(
     [("id", "<u2"), ("len", "<u2"), ("version", "<u4"), ("segment", "<u8"), ("count", "<u4")]
 )
+DIGEST_DT = np.dtype([("id", "<u2"), ("len", "<u2"), ("algo", "u1"), ("value", "S16")])
 _PAD_DT = EXTRA_DT
 
 
@@ -352,6 +378,7 @@ for _f, _d in (
     (Descriptor, DESCRIPTOR_DT),
     (Pad, _PAD_DT),
     (SegmentTable, SEGMENT_TABLE_DT),
+    (DigestExtra, DIGEST_DT),
 ):
     _check_described(_f, _d)
 
@@ -422,6 +449,7 @@ class Status(IntEnum):
     COUNT = 9  # the central directory holds another number of records than the end record says
     SIZE_RANGE = 10  # a size >= 2**63
     STORED_SIZE = 11  # a STORED entry whose size differs from its stored size
+    EXTRA_OVERRUN = 12  # a central extra block runs past the record's extra field (zipfile refuses it)
 
 
 # ---------------------------------------------------------------------------
@@ -442,6 +470,8 @@ ZIP64_END_STRUCT = struct.Struct("<4sQHHIIQQQQ")
 ZIP64_LOCATOR_STRUCT = struct.Struct("<4sIQI")
 #: Our segment table's fixed 20 bytes (:class:`SegmentTable`); the uint32 lengths follow.
 SEGMENT_TABLE_STRUCT = struct.Struct("<HHIQI")
+#: Our digest block (:class:`DigestExtra`): id, length, algorithm, the 16-byte digest.
+DIGEST_STRUCT = struct.Struct("<HHB16s")
 #: An extra block's header (id, length) and a zip64 extra's 8-byte value.
 EXTRA_STRUCT = struct.Struct("<HH")
 U64_STRUCT = struct.Struct("<Q")
@@ -454,6 +484,7 @@ for _st, _rec in (
     (ZIP64_LOCATOR_STRUCT, Zip64Locator),
     (EXTRA_STRUCT, Extra),
     (SEGMENT_TABLE_STRUCT, SegmentTable),
+    (DIGEST_STRUCT, DigestExtra),
 ):
     if _st.size != _rec.SIZEOF:
         raise InternalError(

@@ -65,6 +65,7 @@ from ..files import tempfiles as _tempfiles
 from ..files.paths import as_local_path
 from ..files.progress import progress as _progress
 from . import compression as codecs
+from . import digest as _digests
 from . import members, packers, records
 from .entry import Entry, Prepared
 from .layout import plan
@@ -136,16 +137,26 @@ def prepare(
     segment_size: int | None = None,
     align: int | str | None = None,
     align_threshold: int | None = None,
+    digest: bool = False,
 ) -> Prepared:
-    """Compresses the payloads (deflate in parallel segments) and plans every offset."""
+    """Compresses the payloads (deflate in parallel segments) and plans every offset. With
+    ``digest``, the XXH3-128 digests of the payloads (:mod:`tdz_numba.zipfmt.digest`): those of
+    compressed and empty ones now, the others marked for the payload writer."""
     method = codecs.method_of(compression)
     n = len(entries)
+    hash_now = _digests.hash_function() if digest else None
     if method == records.STORED:  # nothing to compress: whole columns at once
         arrays: list = [None if e.zeros else _byte_array(e.data) for e in entries]
         size = np.fromiter((e.nbytes if a is None else a.size for e, a in zip(entries, arrays)), np.int64, n)
-        return _planned(
+        prep = _planned(
             entries, arrays, size, size.copy(), np.zeros(n, np.int64), [b""] * n, align, align_threshold
         )
+        if hash_now is not None:
+            prep.digests = [
+                None if a is None or not e.is_payload else (hash_now(a) if not a.size else _digests.PENDING)
+                for e, a in zip(entries, arrays)
+            ]
+        return prep
     methods = np.zeros(n, np.int64)
     stored_size = np.zeros(n, np.int64)
     size = np.zeros(n, np.int64)
@@ -154,9 +165,12 @@ def prepare(
     sources: list = [None] * n  # the bytes to write: an array, a list of parts, None for zeros
     more = [b""] * n  # extra blocks before the zip64 one (segment tables)
     to_deflate: list[int] = []
+    digests: list | None = [None] * n if hash_now is not None else None
     for i, e in enumerate(entries):
         arr = None if e.zeros else np.frombuffer(e.data, dtype=np.uint8)  # type: ignore[arg-type]
         size[i] = arr.size if arr is not None else e.nbytes
+        if digests is not None and arr is not None and e.is_payload:
+            digests[i] = hash_now(arr)  # type: ignore[misc]
         if method != records.STORED and e.is_payload and size[i] > 0:
             if arr is None:
                 arr = np.zeros(int(size[i]), np.uint8)
@@ -180,6 +194,7 @@ def prepare(
             sources[i], stored_size[i], crc[i], more[i] = d.parts, d.csize, d.crc, d.table
     prep = _planned(entries, sources, size, stored_size, methods, more, align, align_threshold)
     prep.crc[:], prep.hashed[:] = crc, hashed
+    prep.digests = digests
     return prep
 
 
@@ -230,6 +245,7 @@ def write_entries(
     segment_size: int | None = None,
     align: int | str | None = None,
     align_threshold: int | None = None,
+    digest: bool = False,
 ) -> Path:
     """Writes ``entries`` as an archive at ``target`` (atomically; with ``durable``,
     ``fsync`` of the file before the rename and of the directory after it). Zero
@@ -237,7 +253,8 @@ def write_entries(
     allocated (``fallocate``), so that a full disk fails here, not on a later write.
     ``segment_size``: uncompressed bytes per deflate segment (default
     :data:`tdz_numba.zipfmt.members.SEGMENT_SIZE`). ``align`` and ``align_threshold``: see
-    :func:`payload_alignments`. The caller has checked the arguments (:func:`check_write_args`)."""
+    :func:`payload_alignments`. ``digest``: an XXH3-128 digest of every payload in its central
+    record, computed as it is written. The caller has checked the arguments (:func:`check_write_args`)."""
     from .kernels.dispatch import crc32_zeros  # the kernel or its twin
 
     prep = prepare(
@@ -248,6 +265,7 @@ def write_entries(
         segment_size=segment_size,
         align=align,
         align_threshold=align_threshold,
+        digest=digest,
     )
     n, size, crc, sources, p = prep.n, prep.size, prep.crc, prep.sources, prep.plan
     has_data = np.fromiter((s is not None for s in sources), np.bool_, n)
@@ -271,16 +289,24 @@ def write_entries(
         )
         with _progress(int(prep.stored_size.sum()), f"save {target.name}", enabled=progress) as bar:
             write_payloads(fd, prep, fields, has_data, write_threads(num_threads), bar, durable)
+        more = _digests.blocks(prep.digests, n)
         tail = packers.central_directory(
-            p.names, header_offset=p.header_offset, zip64=p.central_zip64, **{**fields, "pad": p.central_pad}
+            p.names,
+            header_offset=p.header_offset,
+            zip64=p.central_zip64,
+            more=more,
+            **{**fields, "pad": p.central_pad},
         )
-        if len(tail) != p.cd_size:
+        cd_size = p.cd_size + _digests.planned_len(prep.digests)  # (the plan counts no digest block)
+        if len(tail) != cd_size:
             raise InternalError(
-                f"central directory of {len(tail)} bytes differs from the layout plan ({p.cd_size})"
+                f"central directory of {len(tail)} bytes differs from the layout plan ({cd_size})"
             )
-        write_segments(
-            fd, [(p.cd_offset, tail + packers.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))]
-        )
+        zip64_end = packers.needs_zip64_end(n, p.cd_offset, cd_size) if more else p.zip64_end
+        end = packers.end_records(n, p.cd_offset, cd_size, zip64_end)
+        write_segments(fd, [(p.cd_offset, tail + end)])
+        if p.cd_offset + cd_size + len(end) != p.file_size:
+            os.ftruncate(fd, p.cd_offset + cd_size + len(end))
     return target
 
 

@@ -164,6 +164,28 @@ def _long_name(seed: bytes, n: int = 1500) -> bytes:
     return buf.getvalue()
 
 
+def _grown_seeds(work: Path) -> dict[str, tuple[bytes, tuple[str, ...]]]:
+    """Archives that appends grew (dead space: the old central directory and end records, then
+    new entries and a central directory that keeps old records byte for byte), and archives with
+    digest blocks (``0x6874``, central records only) before and after an append."""
+    import torch
+
+    import tdz_numba
+
+    out: dict[str, tuple[bytes, tuple[str, ...]]] = {}
+    p = work / "appended.tdz"
+    tdz_numba.save(_tree(), p)
+    tdz_numba.append(p, {"obs": {"new": torch.arange(6, dtype=torch.int16)}, "x": "text"})
+    tdz_numba.append(p, {"a": torch.ones(2, 3)}, replace=True)  # a superseded entry: dead bytes
+    out["appended"] = (normalize_times(p.read_bytes()), ("obs", "x"))
+    q = work / "digest.tdz"
+    tdz_numba.save(_tree(), q, digest=True, align="auto")
+    out["digest"] = (normalize_times(q.read_bytes()), ("obs",))
+    tdz_numba.append(q, {"obs": {"depth": torch.zeros(3, 4)}, "y": torch.arange(3)}, replace=True)
+    out["digest_appended"] = (normalize_times(q.read_bytes()), ("obs",))
+    return out
+
+
 def make_seeds(work: Path) -> list[Seed]:
     """Writes every seed (deterministically) and returns them, in a fixed order."""
     import numpy as np
@@ -236,6 +258,7 @@ def make_seeds(work: Path) -> list[Seed]:
     s["zip64_deflate"] = (to_zip64(s["deflate_segments"][0]), ("sub",))
     s["descriptors"] = (_descriptor_zip(s["deflate_segments"][0]), ("sub",))
     s.update(_td_seeds(work))
+    s.update(_grown_seeds(work))
     s["deep_levels"] = (_deep_levels(), ("d", "d/d/d"))
     s["long_name"] = (_long_name(s["stored"][0]), ("obs",))
     return [Seed(name, data, subs) for name, (data, subs) in s.items()]
@@ -259,6 +282,9 @@ SEED_NAMES = (
     "td_deflate",
     "td_bzip2",
     "td_lazy",
+    "appended",
+    "digest",
+    "digest_appended",
     "deep_levels",
     "long_name",
 )

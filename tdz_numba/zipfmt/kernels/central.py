@@ -4,7 +4,9 @@
 bounds, zip64 values, sizes), fills the index columns (:class:`tdz_numba.zipfmt.records.Col`),
 checks that no two entries overlap, copies every name into one NUL-separated buffer (so
 that Python builds all names with one ``decode`` and one ``split``) and notes the first
-encrypted entry and the first of an unknown method. Its pure-Python twin is
+encrypted entry and the first of an unknown method; walking each record's extra field
+(every block must end inside it, as zipfile requires), it notes where each entry's digest
+(:class:`tdz_numba.zipfmt.records.DigestExtra`) lies. Its pure-Python twin is
 :func:`tdz_numba.zipfmt.kernels.central_twin.parse_central` (the same checks in the same
 order, the same status codes and columns); :mod:`tdz_numba.zipfmt.kernels.dispatch`
 runs one or the other, and :mod:`tdz_numba.zipfmt.central` turns the status into errors.
@@ -28,8 +30,11 @@ Examples
 >>> cd = data[end.cd_offset : end.cd_offset + end.cd_size]
 >>> cols = np.zeros((end.count, len(records.Col)), np.int64)
 >>> joined, out = bytearray(len(cd)), np.zeros(central.OUT_LEN, np.int64)
->>> central.parse_central(cd, end.cd_offset, end.count, cols, joined, out)
+>>> digests = np.zeros(end.count, np.int64)
+>>> central.parse_central(cd, end.cd_offset, end.count, cols, joined, out, digests)
 0
+>>> digests.tolist(), int(out[central.OUT_DIGESTS])  # (no digest blocks: save(digest=False))
+([-1, -1], 0)
 >>> bytes(joined[: out[central.OUT_NAMES]]), cols[:, records.Col.NEXT_OFFSET].tolist() == [
 ...     cols[1, records.Col.HEADER_OFFSET], end.cd_offset]
 (b'meta.json\\x00a.memmap', True)
@@ -49,6 +54,7 @@ __all__ = [
     "OUT_NAMES",
     "OUT_ENCRYPTED",
     "OUT_METHOD",
+    "OUT_DIGESTS",
     "BAD_ARGUMENTS",
     "parse_central",
     "check_entry_header",
@@ -59,12 +65,13 @@ __all__ = [
 #: ``out`` of :func:`parse_central`: ``[code, entry, expected, found]`` (the status, as
 #: :class:`tdz_numba.zipfmt.records.Status` describes it), then the length of the joined
 #: names (-1: a name holds a NUL or a byte >= 0x80), the first encrypted entry and the
-#: first entry of an unknown compression method (-1: none). The last three are set only
-#: when the status is OK.
-OUT_LEN = 7
+#: first entry of an unknown compression method (-1: none), the number of entries with a
+#: digest block. The last four are set only when the status is OK.
+OUT_LEN = 8
 OUT_NAMES = 4
 OUT_ENCRYPTED = 5
 OUT_METHOD = 6
+OUT_DIGESTS = 7
 #: Returned by :func:`parse_central` when its output arrays do not fit (a caller's bug, never the file's).
 BAD_ARGUMENTS = -1
 
@@ -87,6 +94,11 @@ _LH_EXTRA_LEN = int(records.Local.EXTRA_LEN)
 _X_SIZEOF = int(records.Extra.SIZEOF)
 _X_LEN = int(records.Extra.LEN)
 _ZIP64_ID = records.ZIP64_EXTRA_ID
+_DIGEST_ID = records.DIGEST_EXTRA_ID
+_DIGEST_LEN = int(records.DigestExtra.SIZEOF) - _X_SIZEOF
+_DIGEST_ALGO = int(records.DigestExtra.ALGO)
+_DIGEST_VALUE = int(records.DigestExtra.VALUE)
+_XXH3_128 = records.DIGEST_XXH3_128
 _LOCAL_SIG = records.LOCAL_SIG
 _CENTRAL_SIG = records.CENTRAL_SIG
 _STORED = records.STORED
@@ -127,6 +139,7 @@ _OVERLAP = int(_S.OVERLAP)
 _COUNT = int(_S.COUNT)
 _SIZE_RANGE = int(_S.SIZE_RANGE)
 _STORED_SIZE = int(_S.STORED_SIZE)
+_EXTRA_OVERRUN = int(_S.EXTRA_OVERRUN)
 
 
 @njit(**KERNEL)
@@ -209,7 +222,26 @@ def _overlap_check(cols, a, limit, cd_offset, out):
 
 
 @njit(**KERNEL)
-def parse_central(cd, cd_offset, count, cols, joined, out):
+def _extra_blocks(cd, x, xend, cd_offset, i, digests, out):
+    """Walks the extra field ``cd[x:xend]`` of record ``i``: every block must end inside it
+    (else EXTRA_OVERRUN, as zipfile refuses it; 1-3 trailing bytes are ignored, as zipfile
+    does); ``digests[i]`` = where the value of its digest block lies in ``cd`` (-1: none).
+    Returns 1 when it found a digest, 0 when not, -1 on failure (``out`` set)."""
+    found = 0
+    while x <= xend - _X_SIZEOF:
+        size = _u16(cd, x + _X_LEN)
+        if size > xend - x - _X_SIZEOF:
+            _fail(out, _EXTRA_OVERRUN, i, cd_offset + xend, cd_offset + x + _X_SIZEOF + size)
+            return -1
+        if size == _DIGEST_LEN and _u16(cd, x) == _DIGEST_ID and cd[x + _DIGEST_ALGO] == _XXH3_128:
+            digests[i] = x + _DIGEST_VALUE
+            found = 1
+        x += _X_SIZEOF + size
+    return found
+
+
+@njit(**KERNEL)
+def parse_central(cd, cd_offset, count, cols, joined, out, digests):
     """Parses every central record of a central directory: the only copy of these checks.
 
     Parameters
@@ -229,6 +261,8 @@ def parse_central(cd, cd_offset, count, cols, joined, out):
         Filled with the names, separated by one NUL byte each.
     out : int64 array of :data:`OUT_LEN`
         Filled as :data:`OUT_LEN` describes.
+    digests : int64 array of >= count
+        Filled with where each entry's 16-byte digest lies in ``cd`` (-1: no digest block).
 
     Returns
     -------
@@ -256,8 +290,9 @@ def parse_central(cd, cd_offset, count, cols, joined, out):
     if cd_offset < 0 or count < 0 or count > n // _CD_SIZEOF:  # (never, after central_directory_fits)
         _fail(out, _CENTRAL_OVERRUN, -1, n, cd_offset)
         return out[0]
-    if cols.shape[0] < count or cols.shape[1] != _NCOLS or len(joined) < n:
+    if cols.shape[0] < count or cols.shape[1] != _NCOLS or len(joined) < n or len(digests) < count:
         return BAD_ARGUMENTS
+    n_digests = 0
     header_limit = cd_offset - _LH_SIZEOF
     p = 0
     j = 0  # bytes of names written: j <= p (each record holds its name and 46 more bytes)
@@ -290,6 +325,12 @@ def parse_central(cd, cd_offset, count, cols, joined, out):
         if rec_end > n:
             _fail(out, _CENTRAL_OVERRUN, i, cd_offset + n, cd_offset + rec_end)
             return out[0]
+        digests[i] = -1
+        if elen:
+            found_digest = _extra_blocks(cd, q + nlen, q + nlen + elen, cd_offset, i, digests, out)
+            if found_digest < 0:
+                return out[0]
+            n_digests += found_digest
         if usize == _U32_MAX or csize == _U32_MAX or hoff == _U32_MAX:
             found, usize, csize, hoff = _zip64(cd, q + nlen, q + nlen + elen, usize, csize, hoff)
             if not found:
@@ -359,6 +400,7 @@ def parse_central(cd, cd_offset, count, cols, joined, out):
     out[OUT_NAMES] = j if plain else -1
     out[OUT_ENCRYPTED] = encrypted
     out[OUT_METHOD] = unknown
+    out[OUT_DIGESTS] = n_digests
     return _OK
 
 

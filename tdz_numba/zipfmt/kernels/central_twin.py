@@ -44,6 +44,12 @@ _U64 = records.U64_STRUCT
 _CD_SIZEOF = int(records.Central.SIZEOF)
 _LH_SIZEOF = int(records.Local.SIZEOF)
 _X_SIZEOF = int(records.Extra.SIZEOF)
+_DIGEST_ID = records.DIGEST_EXTRA_ID
+_DIGEST_LEN = int(records.DigestExtra.SIZEOF) - _X_SIZEOF
+_DIGEST_ALGO = int(records.DigestExtra.ALGO)
+_DIGEST_VALUE = int(records.DigestExtra.VALUE)
+_DIGEST_SIZE = int(records.DigestExtra.SIZEOF) - _DIGEST_VALUE
+_XXH3_128 = records.DIGEST_XXH3_128
 _U32_MAX = 0xFFFFFFFF
 _I64_MAX = (1 << 63) - 1
 _NCOLS = len(records.Col)
@@ -67,7 +73,7 @@ class CentralRows:
     fill in payload offsets in place, and :meth:`array` gives the columns with them.
     """
 
-    __slots__ = ("cd", "cd_offset", "_n", "_rows", "_starts", "_zip64", "_cols")
+    __slots__ = ("cd", "cd_offset", "_n", "_rows", "_starts", "_zip64", "_cols", "digests")
 
     def __init__(
         self,
@@ -79,6 +85,7 @@ class CentralRows:
         zip64: dict[int, tuple[int, int, int]] | None = None,
         cols: np.ndarray | None = None,
         rows: list[Any] | None = None,
+        digests: Any = None,
     ) -> None:
         self.cd = cd  # the central directory's bytes (bytes or a uint8 array)
         self.cd_offset = cd_offset
@@ -87,6 +94,22 @@ class CentralRows:
         self._zip64 = zip64  # entry -> (size, compressed size, header offset) from zip64 extras
         self._cols = cols  # the kernel's columns
         self._rows: list[Any] | None = rows
+        #: Where each entry's 16-byte digest lies in :attr:`cd` (-1: none); None: no entry has one.
+        self.digests = digests
+
+    def digest(self, i: int) -> bytes | None:
+        """Entry ``i``'s digest (:class:`~tdz_numba.zipfmt.records.DigestExtra`), None when it has none."""
+        digests = self.digests
+        if digests is None:
+            return None
+        at = int(digests[i])
+        return None if at < 0 else bytes(self.cd[at : at + _DIGEST_SIZE])
+
+    def digest_offset(self, i: int) -> int:
+        """Where entry ``i``'s digest lies in the file (-1: it has none)."""
+        digests = self.digests
+        at = -1 if digests is None else int(digests[i])
+        return -1 if at < 0 else self.cd_offset + at
 
     def __len__(self) -> int:
         return self._n
@@ -208,6 +231,20 @@ def _zip64(cd: bytes, q: int, qend: int, usize: int, csize: int, hoff: int) -> t
     return None
 
 
+def _extra_blocks(cd: bytes, x: int, xend: int) -> int:
+    """Walks the extra field ``cd[x:xend]`` as the kernel's ``_extra_blocks`` does: where its
+    digest value lies (-1: none), or ``-2 - end`` for a block that runs to ``end`` past it."""
+    found = -1
+    while x <= xend - _X_SIZEOF:
+        tag, size = _EXTRA.unpack_from(cd, x)
+        if size > xend - x - _X_SIZEOF:
+            return -2 - (x + _X_SIZEOF + size)
+        if tag == _DIGEST_ID and size == _DIGEST_LEN and cd[x + _DIGEST_ALGO] == _XXH3_128:
+            found = x + _DIGEST_VALUE
+        x += _X_SIZEOF + size
+    return found
+
+
 def _failed(
     cd: bytes,
     cd_offset: int,
@@ -273,6 +310,9 @@ def parse_central(cd, cd_offset: int, count: int) -> Central:
     if cd_offset < 0 or count < 0 or count > n // _CD_SIZEOF:
         return _failed(cd, cd_offset, n_rows, [], (int(_S.CENTRAL_OVERRUN), -1, n, cd_offset))
     unpack = _CD.unpack_from
+    unpack_extra = _EXTRA.unpack_from
+    xsize, digest_id = _X_SIZEOF, _DIGEST_ID  # (locals: the loop below runs per record)
+    digests: list[int] | None = None
     text = cd.decode("latin-1")  # one char per byte: offsets carry over
     known = _KNOWN_METHODS
     header_limit = cd_offset - _LH_SIZEOF
@@ -313,6 +353,25 @@ def parse_central(cd, cd_offset: int, count: int) -> Central:
                 (_S.CENTRAL_OVERRUN, i, cd_offset + n, cd_offset + rec_end),
                 _named(flags, cd_offset, q, nlen, p),
             )
+        if elen >= xsize:  # the extra blocks: each inside the field (zipfile's rule); the digest
+            tag, size = unpack_extra(cd, q + nlen)
+            if size != elen - xsize or tag == digest_id:  # (fast path: one block, not a digest)
+                at = _extra_blocks(cd, q + nlen, q + nlen + elen)
+                if at < -1:
+                    end = -2 - at
+                    return _fail_walk(
+                        cd,
+                        cd_offset,
+                        n_rows,
+                        starts,
+                        zip64,
+                        (_S.EXTRA_OVERRUN, i, cd_offset + q + nlen + elen, cd_offset + end),
+                        _named(flags, cd_offset, q, nlen, p),
+                    )
+                if at >= 0:
+                    if digests is None:
+                        digests = [-1] * count
+                    digests[i] = at
         if usize == _U32_MAX or csize == _U32_MAX or hoff == _U32_MAX:
             found = _zip64(cd, q + nlen, q + nlen + elen, usize, csize, hoff)
             if found is None:
@@ -387,7 +446,7 @@ def parse_central(cd, cd_offset: int, count: int) -> Central:
     if count and (least > cd_offset or prev_csize > cd_offset - least):
         overlap = True  # (the last record in file order, when in order)
     if in_order and not overlap:
-        rows = CentralRows(cd, cd_offset, count, starts=starts, zip64=zip64)
+        rows = CentralRows(cd, cd_offset, count, starts=starts, zip64=zip64, digests=digests)
     else:  # the overlap pass over rows built now, in the kernel's order
         built = [_row(_fields(cd, starts, zip64, k), starts[k], cd_offset) for k in range(count)]
         order = list(range(count))
@@ -405,7 +464,7 @@ def parse_central(cd, cd_offset: int, count: int) -> Central:
                         cd, cd_offset, n_rows, built, (int(_S.PAYLOAD_PAST_END), a, cd_offset, stop)
                     )
                 return _failed(cd, cd_offset, n_rows, built, (int(_S.OVERLAP), a, stop, limit))
-        rows = CentralRows(cd, cd_offset, count, rows=built)
+        rows = CentralRows(cd, cd_offset, count, rows=built, digests=digests)
     if p != n:  # more records than the end record counts
         return Central(rows, None, (int(_S.COUNT), count, count, -1), -1, -1)
     joined = "".join(names)

@@ -108,14 +108,15 @@ def parse_central(cd, cd_offset: int, count: int) -> Central:
     cols = np.zeros((count if 0 <= count <= n // _CD_SIZEOF else 0, _NCOLS), np.int64)
     joined = bytearray(n)
     out = np.zeros(k.OUT_LEN, np.int64)
-    if k.parse_central(cd, cd_offset, count, cols, joined, out) == k.BAD_ARGUMENTS:
+    digests = np.empty(len(cols), np.int64)
+    if k.parse_central(cd, cd_offset, count, cols, joined, out, digests) == k.BAD_ARGUMENTS:
         raise InternalError(f"kernels.central.parse_central: arguments that do not fit ({count} records)")
-    code, i, expected, found, length, encrypted, unknown = out.tolist()
+    code, i, expected, found, length, encrypted, unknown, n_digests = out.tolist()
     names = None
     if length >= 0:
         del joined[length:]
         names = joined.decode("ascii").split("\x00") if count else []
-    rows = CentralRows(cd, cd_offset, len(cols), cols=cols)
+    rows = CentralRows(cd, cd_offset, len(cols), cols=cols, digests=digests if n_digests else None)
     return Central(rows, names, (code, i, expected, found), encrypted, unknown)
 
 
