@@ -60,6 +60,7 @@ _KERNEL_MODULES = (
     "tdz_numba.zipfmt.kernels.verify",
     "tdz_numba.formats.gguf_kernels",
     "tdz_numba.formats.hdf5_headers",
+    "tdz_numba.formats.pickle_scan",
 )
 
 
