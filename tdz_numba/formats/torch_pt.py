@@ -274,7 +274,10 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
             )
         return rec
 
-    scanned = pickle_scan.scan(data) if use_kernels(len(data) // 100) else None
+    scanned = None
+    if use_kernels(len(data) // 100):
+        with no_gc():  # 20,000+ names and shape tuples
+            scanned = pickle_scan.scan(data)
     root = None
     if scanned is None:
         root = pickle_vm.load(data, persistent_load, f"{where}: {prefix}data.pkl")

@@ -62,6 +62,22 @@ def _contiguous_of(shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return list(map(table.__getitem__, shapes))
 
 
+def _strided(shape: tuple[int, ...], st: Any) -> tuple[bool, int, bool, tuple[int, ...]]:
+    """``(valid, span in elements (-1: the element count), C-contiguous, element strides)`` of
+    a leaf of ``shape`` with strides ``st`` (None: contiguous)."""
+    contiguous = _contiguous_of([shape])[0]
+    if st is None:
+        return True, -1, True, contiguous
+    if (
+        not isinstance(st, (tuple, list))
+        or len(st) != len(shape)
+        or not all(type(x) is int and 0 <= x < _BIG for x in st)
+    ):
+        return False, -1, shape == (), ()
+    st = tuple(st)
+    return True, sum((d - 1) * x for d, x in zip(shape, st)) + 1, st == contiguous, st
+
+
 class Extents(NamedTuple):
     """What :func:`plain_extents` found, one row per spec (placeholders where ``ok`` is False)."""
 
@@ -96,7 +112,9 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
     if flat and (set(map(type, flat)) != {int} or min(flat) < 0):
         ok &= np.fromiter((all(type(d) is int and d >= 0 for d in s) for s in shapes), bool, n)
         shapes = tuple(s if good else () for s, good in zip(shapes, ok.tolist()))
-    prods = list(map(math.prod, shapes))
+    distinct = set(shapes)  # tuples of ints (True == 1 cannot merge two of them: no bools left)
+    prod_of = {s: math.prod(s) for s in distinct}
+    prods = list(map(prod_of.__getitem__, shapes))
     sizes = {d: d.itemsize for d in set(dtypes)}
     isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, n)
     nfiles = len(files)
@@ -126,23 +144,29 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
     dense = np.ones(n, bool)
     if nstrided:
         span_el = cnt.copy()
-        given: list[Any] = list(strides)
-        for i in np.flatnonzero(np.fromiter((s is not None for s in given), bool, n)).tolist():
-            st, shape = given[i], shapes[i]
-            if (
-                not ok[i]
-                or not isinstance(st, (tuple, list))
-                or len(st) != len(shape)
-                or not all(type(x) is int and 0 <= x < _BIG for x in st)
-            ):
-                ok[i] = False
-                given[i] = ()
-                continue
-            given[i] = tuple(st)
-            span_el[i] = sum((d - 1) * x for d, x in zip(shape, st)) + 1
-        contiguous = _contiguous_of(shapes)
-        dense = np.fromiter((s is None or s == c for s, c in zip(given, contiguous)), bool, n)
-        elements = [c if s is None else s for s, c in zip(given, contiguous)]
+        pairs = list(zip(shapes, strides))
+        given = [st for st in strides if st is not None]
+        kinds: dict[Any, Any] | None = None
+        if set(map(type, given)) == {tuple} and set(map(type, chain.from_iterable(given))) <= {int}:
+            kinds = dict.fromkeys(pairs)  # only ints: no two distinct strides compare equal
+        if kinds is not None:  # per distinct (shape, strides): valid, span, dense, element strides
+            for shape, st in kinds:
+                kinds[shape, st] = _strided(shape, st)
+            good, spans, dense_rows, element_rows = zip(*map(kinds.__getitem__, pairs))
+            ok &= np.fromiter(good, bool, n)
+            given_span = np.fromiter(spans, np.int64, n)
+            span_el = np.where(given_span >= 0, given_span, span_el)
+            dense = np.fromiter(dense_rows, bool, n)
+            elements: list[tuple[int, ...]] = list(element_rows)
+        else:
+            elements = []
+            for i, (shape, st) in enumerate(pairs):
+                g, sp, d, e = _strided(shape, st)
+                ok[i] &= g
+                if sp >= 0:
+                    span_el[i] = sp
+                dense[i] = d
+                elements.append(e)
         ok &= span_el < _BIG
         need = span_el * isz
     else:
