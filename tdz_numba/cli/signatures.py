@@ -142,6 +142,18 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(int64, 2, 'C', False, aligned=True)",
         ),
     ),
+    "tdz_numba.formats.onnx_scan.scan_graph": (
+        (
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "int64",
+            "int64",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "int64",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
     "tdz_numba.formats.pickle_scan.scan_state_dict": (
         (
             "Array(uint8, 1, 'C', True, aligned=True)",

@@ -73,7 +73,7 @@ from ..tdz.sources import (
 from ..tdz.tree import Level
 from ..zipfmt.index import ArchiveIndex
 from ..zipfmt.records import STORED
-from . import pickle_scan, pickle_vm
+from . import pickle_vm
 from ._common import no_gc
 from ._flat import flat_source
 from ._shape import MAX_NDIM, check_shape
@@ -275,7 +275,9 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
         return rec
 
     scanned = None
-    if use_kernels(len(data) // 100):
+    if use_kernels(len(data) // 100):  # ~100 pickle bytes a tensor
+        from . import pickle_scan  # imports Numba
+
         with no_gc():  # 20,000+ names and shape tuples
             scanned = pickle_scan.scan(data)
     root = None
@@ -302,8 +304,9 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
 _new_spec = partial(tuple.__new__, TensorSpec)
 
 
-def _bulk_tree(s: pickle_scan.Scanned, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | None:
-    """The root level of a flat dict of tensors from the pickle scan's columns: what the VM's
+def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | None:
+    """The root level of a flat dict of tensors from the pickle scan's columns
+    (:class:`~tdz_numba.formats.pickle_scan.Scanned`): what the VM's
     ``persistent_load``, ``_rebuild_tensor_v2`` and :func:`_to_tree` make of them, checked in
     bulk; None when a rule of those breaks (the VM then reads the pickle and raises)."""
     stypes: dict[tuple[str, str], pickle_vm.StorageType] = {}
