@@ -50,3 +50,33 @@ def test_shared_shape_and_strides_get_their_own_tensors(tmp_path: Path) -> None:
         assert views[3].flatten().tolist() == [12.0, 13.0, 14.0, 15.0]
     finally:
         f.close()
+
+
+def test_runs_made_by_unbind_match_one_by_one(tmp_path: Path) -> None:
+    """Leaves in arithmetic progression (two interleaved byte shifts, a gap, another shape) are made
+    in runs: each the tensor tensor_from_spec makes, each its own version counter."""
+    from tdz_numba.tdz.sources import tensor_from_spec
+
+    p = tmp_path / "raw.bin"
+    p.write_bytes(bytes(range(256)) * 64)
+    f = MappedFile.open(p)
+    try:
+        specs = []
+        for i in range(40):  # 10-byte steps: float16 leaves alternate between byte shifts 0 and 1
+            specs.append(TensorSpec(f"a{i}", torch.float16, (2,), None, 0, 3 + 10 * i, 4))
+        for i in range(30):  # 2x3 int16 leaves every 16 bytes, then one out of step
+            specs.append(TensorSpec(f"b{i}", torch.int16, (2, 3), None, 0, 1000 + 16 * i, 12))
+        specs.append(TensorSpec("odd", torch.int16, (2, 3), None, 0, 2001, 12))
+        specs.append(TensorSpec("t", torch.int16, (3, 2), (1, 3), 0, 3000, 12))
+        got = spec_views(specs, [f])
+        want = [tensor_from_spec(s, [f]) for s in specs]
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride()
+            assert g.data_ptr() == w.data_ptr() and g.numpy().tobytes() == w.numpy().tobytes()
+        got[5].add_(1)
+        got[45].add_(1)
+        assert [t._version for t in got[:7]] == [0, 0, 0, 0, 0, 1, 0]
+        assert [t._version for t in got[44:47]] == [0, 1, 0]
+        assert not any(t._is_view() for t in got)
+    finally:
+        f.close()
