@@ -51,6 +51,8 @@ assert torch.equal(tdz_numba.load(z)["x"], torch.arange(50_000, dtype=torch.floa
 tdz_numba.verify(z)
 with tdz_numba.open(z) as ar:  # one compressed leaf, lazily
     assert float(ar["x"][5]) == 5.0
+torch.save({"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}, d + "/m.pt")
+assert float(tdz_numba.load(d + "/m.pt")["w"][1, 2]) == 5.0
 from safetensors.torch import save_file
 save_file({"w": torch.arange(6.0).reshape(2, 3)}, d + "/m.safetensors")
 tdz_numba.convert(d + "/m.safetensors", d + "/m.tdz")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -247,6 +248,10 @@ def dequantized(leaf: Any, t: torch.Tensor) -> torch.Tensor:
     return dequantize(t, type_name, leaf.shape) if is_quantized(type_name) else t
 
 
+_KIND = attrgetter("kind")
+_LEAF = attrgetter("leaf")
+
+
 def build_tree(ar: Any) -> Level:
     """Every value below ``ar`` as nested :class:`~tdz_numba.tdz.tree.Level` dicts, leaves resolved in bulk.
 
@@ -283,9 +288,13 @@ def build_tree(ar: Any) -> Level:
             out = Level(meta=node.meta, keyed=keyed)
             with paused_gc():  # a level of many leaves: lists of them, not one step per leaf
                 out.update(dict.fromkeys(children))  # keeps the key order; filled below
-                kinds = [spec.kind for spec in children.values()]
-                keys = [k for k, kind in zip(children, kinds) if kind == "leaf"]
-                leaves.extend(children[k].leaf for k in keys)
+                kinds = list(map(_KIND, children.values()))
+                if kinds.count("leaf") == len(kinds):  # a level of leaves only: no per-key lookups
+                    keys = list(children)
+                    leaves.extend(map(_LEAF, children.values()))
+                else:
+                    keys = [k for k, kind in zip(children, kinds) if kind == "leaf"]
+                    leaves.extend(children[k].leaf for k in keys)
             slots.append((out, keys))
             if len(keys) < len(kinds):
                 for key, kind in zip(children, kinds):

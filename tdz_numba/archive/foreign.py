@@ -33,6 +33,8 @@ import ctypes
 import gc
 import os
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
+from operator import is_, is_not
 from typing import Any
 
 import numpy as np
@@ -63,8 +65,9 @@ def spec_tensors(source: Source, leaves: list[TensorSpec], *, aligned: bool = Fa
     (``aligned=True``: misaligned leaves copied); its errors, for the first bad leaf in order."""
     files, where = source.files, str(source.path)
     out = spec_views(leaves, files, aligned=aligned)
-    for i in [i for i, t in enumerate(out) if t is None]:
-        out[i] = tensor_from_spec(leaves[i], files, where=where, aligned=aligned)
+    if any(map(is_, out, repeat(None))):
+        for i in [i for i, t in enumerate(out) if t is None]:
+            out[i] = tensor_from_spec(leaves[i], files, where=where, aligned=aligned)
     return out
 
 
@@ -77,9 +80,12 @@ def hint(source: Source, leaves: list[TensorSpec]) -> int:
         return 0
     try:
         n = len(leaves)
-        fidx = np.fromiter((s.file for s in leaves), np.int64, n)
-        off = np.fromiter((s.offset for s in leaves), np.int64, n)
-        nb = np.fromiter((s.nbytes if s.loader is None else 0 for s in leaves), np.int64, n)
+        _, _, _, _, files_col, offsets, nbytes, _, _, _, _, loaders = zip(*leaves)  # the columns, in C
+        fidx = np.fromiter(files_col, np.int64, n)
+        off = np.fromiter(offsets, np.int64, n)
+        nb = np.fromiter(nbytes, np.int64, n)
+        if loaders.count(None) != n:
+            nb[np.fromiter(map(is_not, loaders, repeat(None)), bool, n)] = 0
     except (OverflowError, TypeError, ValueError):  # a claim beyond int64: the leaves say what is wrong
         return 0
     done = 0

@@ -106,6 +106,19 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(float32, 1, 'C', False, aligned=True)",
         ),
     ),
+    "tdz_numba.formats.gguf_scan.walk_infos": (
+        (
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "int64",
+            "int64",
+            "int64",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
     "tdz_numba.formats.hdf5_headers._dtype_code": (
         ("Array(uint8, 1, 'C', False, aligned=True)", "int64", "int64"),
     ),
@@ -140,6 +153,32 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "int64",
             "int64",
             "Array(int64, 2, 'C', False, aligned=True)",
+        ),
+    ),
+    "tdz_numba.formats.onnx_scan.scan_graph": (
+        (
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "int64",
+            "int64",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "int64",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
+    "tdz_numba.formats.pickle_scan.scan_state_dict": (
+        (
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int8, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
         ),
     ),
     "tdz_numba.zipfmt.kernels.central._overlap_check": (

@@ -60,6 +60,9 @@ _KERNEL_MODULES = (
     "tdz_numba.zipfmt.kernels.verify",
     "tdz_numba.formats.gguf_kernels",
     "tdz_numba.formats.hdf5_headers",
+    "tdz_numba.formats.pickle_scan",
+    "tdz_numba.formats.onnx_scan",
+    "tdz_numba.formats.gguf_scan",
 )
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..jit.policy import use_kernels
 from .gguf_types import GGML_TYPES, MAX_DIMS, GGUFTensorInfo
 
 __all__ = ["bulk_infos"]
@@ -48,32 +49,41 @@ def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[
     :class:`~tdz_numba.formats.gguf.GGUFTensorInfo` with an absolute offset, or None (see the module)."""
     size = len(buf)
     mv = buf.data  # a memoryview of the same bytes
-    starts: list[int] = []
-    ends: list[int] = []
-    ndims: list[int] = []
-    for _ in range(n):  # only what the next record's position depends on
-        if pos + 8 > size:
+    if use_kernels(n):
+        from .gguf_scan import walk  # imports Numba
+
+        walked = walk(buf, pos, n, MAX_DIMS)
+        if walked is None:
             return None
-        (ln,) = _U64(mv, pos)
-        a = pos + 8
-        pos = a + ln
-        if pos + 4 > size:
+        ends, ndims, names, pos = walked[1], walked[2], walked[3], walked[4]
+    else:
+        starts: list[int] = []
+        ends_: list[int] = []
+        ndims_: list[int] = []
+        for _ in range(n):  # only what the next record's position depends on
+            if pos + 8 > size:
+                return None
+            (ln,) = _U64(mv, pos)
+            a = pos + 8
+            pos = a + ln
+            if pos + 4 > size:
+                return None
+            (nd,) = _U32(mv, pos)
+            if nd > MAX_DIMS:
+                return None
+            starts.append(a)
+            ends_.append(pos)
+            ndims_.append(nd)
+            pos += 16 + 8 * nd
+        if pos > size or not n:
             return None
-        (nd,) = _U32(mv, pos)
-        if nd > MAX_DIMS:
-            return None
-        starts.append(a)
-        ends.append(pos)
-        ndims.append(nd)
-        pos += 16 + 8 * nd
-    if pos > size or not n:
-        return None
+        names = list(map(str, map(mv.__getitem__, map(slice, starts, ends_)), repeat("utf-8"), repeat("replace")))
+        ends, ndims = np.array(ends_, dtype=np.int64), np.array(ndims_, dtype=np.int64)
     data_start = -(-pos // alignment) * alignment
-    names = list(map(str, map(mv.__getitem__, map(slice, starts, ends)), repeat("utf-8"), repeat("replace")))
     if len(set(names)) != n:
         return None
-    at = np.array(ends, dtype=np.int64) + 4  # the first dimension
-    nd_arr = np.array(ndims, dtype=np.int64)
+    at = ends + 4  # the first dimension
+    nd_arr = ndims
     types = _gather(buf, at + 8 * nd_arr, 4, "<u4").astype(np.int64)
     offsets = _gather(buf, at + 8 * nd_arr + 4, 8, "<u8")
     if np.any(offsets >= np.uint64(size)):

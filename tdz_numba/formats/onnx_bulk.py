@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..jit.policy import use_kernels
 from ..tdz.sources import TensorSpec
 from ._flat import make_specs
 from ._shape import MAX_NDIM, check_shape
@@ -98,7 +99,13 @@ def compact_tensor(
 def compact_graph(buf: memoryview, start: int, end: int) -> tuple[Any, Any, list[Any], int] | None:
     """``(name span, doc_string span, compact initializers, field count)`` of the ``GraphProto`` in
     ``buf[start:end]`` (spans: ``(offset, length)`` or None), read in one tight loop; None when
-    an initializer is not compact or a field is malformed (the general walker then reads it)."""
+    an initializer is not compact or a field is malformed (the general walker then reads it).
+    With the Numba kernels on, :func:`~tdz_numba.formats.onnx_scan.compact_graph` reads it (the
+    same result, in one compiled pass)."""
+    if use_kernels((end - start) >> 12):
+        from .onnx_scan import compact_graph as scanned  # imports Numba
+
+        return scanned(buf, start, end)
     pos = start
     name = doc = None
     inits: list[Any] = []

@@ -46,15 +46,20 @@ Examples
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from collections.abc import Mapping
+from functools import partial
+from itertools import repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from ..errors import BadArchiveError, UnsupportedError
+from ..jit.policy import use_kernels
 from ..tdz.dtypes import dtype_table
 from ..tdz.sources import (
     MAX_DEPTH,
@@ -269,17 +274,110 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
             )
         return rec
 
-    root = pickle_vm.load(data, persistent_load, f"{where}: {prefix}data.pkl")
+    scanned = None
+    if use_kernels(len(data) // 100):  # ~100 pickle bytes a tensor
+        from . import pickle_scan  # imports Numba
+
+        with no_gc():  # 20,000+ names and shape tuples
+            scanned = pickle_scan.scan(data)
+    root = None
+    if scanned is None:
+        root = pickle_vm.load(data, persistent_load, f"{where}: {prefix}data.pkl")
     f = MappedFile.open(path)
     try:
         if f.size != size:
             raise BadArchiveError(f"{where}: the file changed while it was opened")
         with no_gc():  # 20,000+ specs and levels: no collector passes over them
-            tree = _to_tree(root, where, size, [f])
+            tree = None
+            if scanned is not None:
+                tree = _bulk_tree(scanned, index, prefix, _Ctx(where, size, [f], {}, [0]))
+            if tree is None:
+                if root is None:  # the scan's columns break a rule: the VM says which
+                    root = pickle_vm.load(data, persistent_load, f"{where}: {prefix}data.pkl")
+                tree = _to_tree(root, where, size, [f])
     except BaseException:
         f.close()
         raise
     return flat_source("torch", path, tree, files=[f], metadata={}, meta=tree.meta)
+
+
+_new_spec = partial(tuple.__new__, TensorSpec)
+
+
+def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | None:
+    """The root level of a flat dict of tensors from the pickle scan's columns
+    (:class:`~tdz_numba.formats.pickle_scan.Scanned`): what the VM's
+    ``persistent_load``, ``_rebuild_tensor_v2`` and :func:`_to_tree` make of them, checked in
+    bulk; None when a rule of those breaks (the VM then reads the pickle and raises)."""
+    stypes: dict[tuple[str, str], pickle_vm.StorageType] = {}
+    for t in set(s.storage_types):
+        v = pickle_vm.GLOBALS.get(t)
+        if type(v) is not pickle_vm.StorageType:
+            return None
+        stypes[t] = v
+    keys = dict.fromkeys(s.storage_keys)
+    if any("/" in k for k in keys):
+        return None
+    rows = [index.row(prefix + "data/" + k) for k in keys]
+    if None in rows:
+        return None
+    table = index.table
+    at = np.asarray(rows, np.int64)
+    if (table["method"][at] != STORED).any() or (table["size"][at] != table["csize"][at]).any():
+        return None
+    slot = dict(zip(keys, range(len(keys))))
+    which = np.fromiter(map(slot.__getitem__, s.storage_keys), np.int64, len(s.names))
+    rec_bytes = table["size"][at].astype(np.int64)[which]
+    rec_offset = table["payload_offset"][at].astype(np.int64)[which]
+    dtypes = [stypes[t].dtype for t in s.storage_types]
+    sizes = {d: d.itemsize for d in set(dtypes)}
+    isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, len(dtypes))
+    numel, offset = s.numels, s.offsets
+    if (numel < 0).any() or (offset < 0).any() or (numel > rec_bytes // isz).any():
+        return None  # persistent_load's and the rebuild's checks: the VM raises
+    # _view's common case, in bulk: C-contiguous, non-empty, inside the record
+    dense: dict[tuple[int, ...], tuple[tuple[int, ...] | None, int]] = {}
+    for shape in set(s.shapes):
+        dense[shape] = (_c_strides(shape) if len(shape) <= MAX_NDIM else None, math.prod(shape))
+    info = list(map(dense.__getitem__, s.shapes))
+    fast = np.fromiter((c == st for (c, _), st in zip(info, s.strides)), bool, len(info))
+    count = np.fromiter((k for _, k in info), np.int64, len(info))
+    whole = rec_bytes // isz  # elements the record holds
+    fast &= (offset <= whole) & (count <= whole - np.minimum(offset, whole))
+    start = np.where(fast, offset * isz, 0)
+    names = [_TYPE_NAMES[d] for d in dtypes]
+    n = len(s.names)
+    specs = dict(
+        zip(
+            s.names,
+            map(
+                _new_spec,
+                zip(
+                    s.names,
+                    dtypes,
+                    s.shapes,
+                    s.strides,
+                    repeat(0, n),
+                    (rec_offset + start).tolist(),
+                    (rec_bytes - start).tolist(),
+                    names,
+                    repeat("stored", n),
+                    repeat(0, n),
+                    repeat(None, n),
+                    repeat(None, n),
+                ),
+            ),
+        )
+    )
+    if not fast.all():
+        places = zip(keys, table["payload_offset"][at].tolist(), table["size"][at].tolist())
+        recs = [_Record(k, o, b) for k, o, b in places]
+        for i in np.flatnonzero(~fast).tolist():
+            ref = pickle_vm.TensorRef(
+                recs[which[i]], int(offset[i]), s.shapes[i], s.strides[i], dtypes[i], False
+            )
+            specs[s.names[i]] = _view(ref, s.names[i], ctx)
+    return Level(specs, meta={"_torch_type": s.root})
 
 
 class _Ctx(NamedTuple):

@@ -62,6 +62,22 @@ def _contiguous_of(shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return list(map(table.__getitem__, shapes))
 
 
+def _strided(shape: tuple[int, ...], st: Any) -> tuple[bool, int, bool, tuple[int, ...]]:
+    """``(valid, span in elements (-1: the element count), C-contiguous, element strides)`` of
+    a leaf of ``shape`` with strides ``st`` (None: contiguous)."""
+    contiguous = _contiguous_of([shape])[0]
+    if st is None:
+        return True, -1, True, contiguous
+    if (
+        not isinstance(st, (tuple, list))
+        or len(st) != len(shape)
+        or not all(type(x) is int and 0 <= x < _BIG for x in st)
+    ):
+        return False, -1, shape == (), ()
+    st = tuple(st)
+    return True, sum((d - 1) * x for d, x in zip(shape, st)) + 1, st == contiguous, st
+
+
 class Extents(NamedTuple):
     """What :func:`plain_extents` found, one row per spec (placeholders where ``ok`` is False)."""
 
@@ -96,7 +112,9 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
     if flat and (set(map(type, flat)) != {int} or min(flat) < 0):
         ok &= np.fromiter((all(type(d) is int and d >= 0 for d in s) for s in shapes), bool, n)
         shapes = tuple(s if good else () for s, good in zip(shapes, ok.tolist()))
-    prods = list(map(math.prod, shapes))
+    distinct = set(shapes)  # tuples of ints (True == 1 cannot merge two of them: no bools left)
+    prod_of = {s: math.prod(s) for s in distinct}
+    prods = list(map(prod_of.__getitem__, shapes))
     sizes = {d: d.itemsize for d in set(dtypes)}
     isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, n)
     nfiles = len(files)
@@ -126,23 +144,29 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
     dense = np.ones(n, bool)
     if nstrided:
         span_el = cnt.copy()
-        given: list[Any] = list(strides)
-        for i in np.flatnonzero(np.fromiter((s is not None for s in given), bool, n)).tolist():
-            st, shape = given[i], shapes[i]
-            if (
-                not ok[i]
-                or not isinstance(st, (tuple, list))
-                or len(st) != len(shape)
-                or not all(type(x) is int and 0 <= x < _BIG for x in st)
-            ):
-                ok[i] = False
-                given[i] = ()
-                continue
-            given[i] = tuple(st)
-            span_el[i] = sum((d - 1) * x for d, x in zip(shape, st)) + 1
-        contiguous = _contiguous_of(shapes)
-        dense = np.fromiter((s is None or s == c for s, c in zip(given, contiguous)), bool, n)
-        elements = [c if s is None else s for s, c in zip(given, contiguous)]
+        pairs = list(zip(shapes, strides))
+        given = [st for st in strides if st is not None]
+        kinds: dict[Any, Any] | None = None
+        if set(map(type, given)) == {tuple} and set(map(type, chain.from_iterable(given))) <= {int}:
+            kinds = dict.fromkeys(pairs)  # only ints: no two distinct strides compare equal
+        if kinds is not None:  # per distinct (shape, strides): valid, span, dense, element strides
+            for shape, st in kinds:
+                kinds[shape, st] = _strided(shape, st)
+            good, spans, dense_rows, element_rows = zip(*map(kinds.__getitem__, pairs))
+            ok &= np.fromiter(good, bool, n)
+            given_span = np.fromiter(spans, np.int64, n)
+            span_el = np.where(given_span >= 0, given_span, span_el)
+            dense = np.fromiter(dense_rows, bool, n)
+            elements: list[tuple[int, ...]] = list(element_rows)
+        else:
+            elements = []
+            for i, (shape, st) in enumerate(pairs):
+                g, sp, d, e = _strided(shape, st)
+                ok[i] &= g
+                if sp >= 0:
+                    span_el[i] = sp
+                dense[i] = d
+                elements.append(e)
         ok &= span_el < _BIG
         need = span_el * isz
     else:
@@ -216,7 +240,13 @@ def spec_views(
             sel_shapes = [shapes[i] for i in pick]
             sel_strides = [strides[i] for i in pick]
         with own_views():
-            if _sources._GUARD:
+            made = None
+            if _sources._GUARD and rows.size >= 2 * _RUN:
+                tidx = np.zeros(rows.size, np.int64) if inverse is None else inverse.reshape(-1)
+                made = _made_in_runs(table, tidx, sel_shapes, sel_strides, off[rows] // isz[rows])
+            if made is not None:
+                pass
+            elif _sources._GUARD:
                 made = list(map(_AS_STRIDED(), views, sel_shapes, sel_strides, elem))
             else:
                 made = list(map(leaf_view, views, sel_shapes, sel_strides, elem))
@@ -228,6 +258,66 @@ def spec_views(
     finally:
         if was:
             gc.enable()
+
+
+#: Fewest leaves in a run made by one ``unbind`` (:func:`_made_in_runs`).
+_RUN = 8
+
+
+def _made_in_runs(
+    table: list[Any], tidx: np.ndarray, shapes: Sequence[Any], strides: Sequence[Any], elem: np.ndarray
+) -> list[Any] | None:
+    """The leaves as :func:`spec_views` makes them, runs of them made at once: leaves of one
+    typed view, one shape and one strides (taken in order within that group: the leaves of an
+    ``.npz`` alternate between two byte shifts) whose element offsets step by a constant
+    ``d >= 0`` are ``as_strided((m, *shape), (d, *strides), first).unbind(0)``, made below
+    autograd's view tracking: each its own tensor with its own version counter, at about half
+    the cost of one ``as_strided`` each. None when runs of :data:`_RUN` or more leaves would
+    not cover half of them."""
+    m = elem.size
+    if len(set(shapes)) == 1 and len(set(strides)) == 1:  # C-level hashing: the common case
+        group = tidx
+    else:
+        ids: dict[tuple[Any, Any], int] = {}
+        for pair in zip(shapes, strides):
+            if pair not in ids:
+                ids[pair] = len(ids)
+                if len(ids) > m // _RUN:
+                    return None
+        group = tidx * len(ids) + np.fromiter(map(ids.__getitem__, zip(shapes, strides)), np.int64, m)
+    order = None
+    if (np.diff(group) < 0).any() or (group[1:] != group[:-1]).sum() > m // _RUN:
+        order = np.argsort(group, kind="stable")
+        group, elem = group[order], elem[order]
+    d = np.diff(elem)
+    start = np.ones(m, bool)
+    start[1:] = (group[1:] != group[:-1]) | (d < 0)
+    start[2:] |= d[1:] != d[:-1]
+    bounds = np.flatnonzero(start).tolist() + [m]
+    sizes = np.diff(bounds)
+    if 2 * int(sizes[sizes >= _RUN].sum()) < m:
+        return None
+    pick = order.tolist() if order is not None else None
+    made: list[Any] = []
+    view = _AS_STRIDED()
+    first = elem.tolist()
+    tids = tidx[order].tolist() if order is not None else tidx.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        typed = table[tids[a]]
+        if pick is None:
+            shape, st, sh, sts = shapes[a], strides[a], shapes[a:b], strides[a:b]
+        else:
+            shape, st = shapes[pick[a]], strides[pick[a]]
+            sh, sts = [shapes[i] for i in pick[a:b]], [strides[i] for i in pick[a:b]]
+        if b - a >= _RUN:
+            made.extend(view(typed, (b - a, *shape), (first[a + 1] - first[a], *st), first[a]).unbind(0))
+        else:
+            made.extend(map(view, [typed] * (b - a), sh, sts, first[a:b]))
+    if order is None:
+        return made
+    back = np.empty(m, np.int64)
+    back[order] = np.arange(m)
+    return list(map(made.__getitem__, back.tolist()))
 
 
 def _AS_STRIDED() -> Any:
