@@ -7,7 +7,10 @@ writer's bytes into part buffers of ``part_size`` bytes and hands each full
 part to s3fs's event loop (``fs._call_s3("upload_part", ...)``), keeping at
 most ``parts_in_flight`` parts uploading at once: ``write`` blocks while the
 pool is full, so memory is bounded by ``(parts_in_flight + 1) * part_size``
-(the part buffers are reused) whatever the object's size.
+(the part buffers are reused) whatever the object's size. The buffers are
+``io.BytesIO`` objects: aiohttp sends those in 64 KiB pieces, where a
+``bytes`` or ``bytearray`` body is copied whole into the socket transport's
+buffer (a ``bytearray`` body twice): 2-3x the part's size per part in flight.
 
 The object appears only at :meth:`MultipartStream.close`: the multipart upload
 is completed there (an object smaller than one part is sent in one
@@ -30,7 +33,7 @@ the tests is the real thing):
 ...     def split_path(self, path):
 ...         return (*path.split("/", 1), None)
 ...     async def _call_s3(self, method, **kw):
-...         self.calls.append((method, len(kw.get("Body", b""))))
+...         self.calls.append((method, len(kw["Body"].read()) if "Body" in kw else 0))
 ...         return {"UploadId": "u", "ETag": '"e"'}
 ...     def invalidate_cache(self, path=None):
 ...         pass
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import threading
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
@@ -147,11 +151,11 @@ class MultipartStream:
         self._upload_id: str | None = None
         self._etags: dict[int, str] = {}
         self._futures: set[Future[Any]] = set()
-        self._free: list[bytearray] = []  # part buffers back from finished uploads
+        self._free: list[io.BytesIO] = []  # part buffers back from finished uploads
         self._slots = threading.BoundedSemaphore(self.parts_in_flight)
         self._lock = threading.Lock()
         self._error: BaseException | None = None
-        self._buf = bytearray(self.part_size)
+        self._buf = io.BytesIO()
         self._fill = 0
         self._written = 0
 
@@ -175,7 +179,7 @@ class MultipartStream:
         n, k = view.nbytes, 0
         while k < n:
             take = min(n - k, self.part_size - self._fill)
-            self._buf[self._fill : self._fill + take] = view[k : k + take]
+            self._buf.write(view[k : k + take])
             self._fill += take
             k += take
             if self._fill == self.part_size:
@@ -209,8 +213,8 @@ class MultipartStream:
             self._slots.release()
             raise RemoteError(f"{self._url}: more than {MAX_PARTS} parts", path=self._url)
         number, body = self.parts, self._buf
-        if self._fill < self.part_size:  # the last part: only its bytes (a copy of < 1 part)
-            body = bytearray(memoryview(self._buf)[: self._fill])
+        body.truncate(self._fill)  # (the last part: shorter than the buffer)
+        body.seek(0)
         fut = asyncio.run_coroutine_threadsafe(
             self.fs._call_s3(
                 "upload_part",
@@ -230,10 +234,10 @@ class MultipartStream:
             if number % GROW_EVERY == 0:  # larger parts from here on (the old buffers are dropped)
                 self.part_size *= 2
                 self._free.clear()
-            self._buf = self._free.pop() if self._free else bytearray(self.part_size)
+            self._buf = self._free.pop() if self._free else io.BytesIO()
         self._fill = 0
 
-    def _part_done(self, fut: Future[Any], *, number: int, body: bytearray) -> None:
+    def _part_done(self, fut: Future[Any], *, number: int, body: io.BytesIO) -> None:
         """(On the loop thread.) Records the part's ETag or its error; frees the slot and the buffer."""
         with self._lock:
             self._futures.discard(fut)
@@ -244,7 +248,8 @@ class MultipartStream:
                 if exc is not None:
                     raise exc
                 self._etags[number] = fut.result()["ETag"]
-                if len(body) == self.part_size:
+                if not body.closed and body.seek(0, io.SEEK_END) == self.part_size:
+                    body.seek(0)  # reused for a later part: written over from the start
                     self._free.append(body)
             except BaseException as exc:
                 if self._error is None:
@@ -269,8 +274,9 @@ class MultipartStream:
             return
         try:
             if self._upload_id is None:  # under one part: one PUT, no multipart upload
-                body = bytes(memoryview(self._buf)[: self._fill])
-                self._call("put_object", Body=body)
+                self._buf.truncate(self._fill)
+                self._buf.seek(0)
+                self._call("put_object", Body=self._buf)
             else:
                 if self._fill:
                     self._send_part()
@@ -286,7 +292,7 @@ class MultipartStream:
                 raise
             raise _remote_error(self._url, "commit", exc) from exc
         self.closed = True
-        self._buf = bytearray()
+        self._buf = io.BytesIO()
         self._free.clear()
         self._invalidate()
 
@@ -305,7 +311,7 @@ class MultipartStream:
                 self._call("abort_multipart_upload", UploadId=self._upload_id)
             except Exception:  # noqa: S110 - the upload is abandoned either way
                 pass
-        self._buf = bytearray()
+        self._buf = io.BytesIO()
         self._free.clear()
 
     def _invalidate(self) -> None:
