@@ -110,19 +110,45 @@ def test_report_fits_100_columns():
         "repeat": 3,
         "read_all": [
             dict(server="http", format="tdz", load_mib_s=812.5, cat_mib_s=900.1, ratio=0.9, error=None),
-            dict(server="s3", format="safetensors", load_mib_s=None, cat_mib_s=1e4, ratio=None,
-                 error="BadArchiveError: " + "y" * 200, rss_load_mib="n/a", rss_cat_mib=12.0),
+            dict(
+                server="s3",
+                format="safetensors",
+                load_mib_s=None,
+                cat_mib_s=1e4,
+                ratio=None,
+                error="BadArchiveError: " + "y" * 200,
+                rss_load_mib="n/a",
+                rss_cat_mib=12.0,
+            ),
         ],
-        "save": dict(save_mib_s=30.0, put_mib_s=31.0, ratio=0.97, part_mib=16, parts_in_flight=8,
-                     rss_goal_mib=192, rss_save_mib=140.2, rss_put_mib=500.0, error=None),
+        "save": dict(
+            save_mib_s=30.0,
+            put_mib_s=31.0,
+            ratio=0.97,
+            part_mib=16,
+            parts_in_flight=8,
+            rss_goal_mib=192,
+            rss_save_mib=140.2,
+            rss_put_mib=500.0,
+            error=None,
+        ),
         "lazy": [
-            dict(format="tdz", open_requests=2, open_bytes=1 << 20, load_requests=1, load_bytes=42048,
-                 tensor_bytes=41940, beyond_bytes=108, error=None),
+            dict(
+                format="tdz",
+                open_requests=2,
+                open_bytes=1 << 20,
+                load_requests=1,
+                load_bytes=42048,
+                tensor_bytes=41940,
+                beyond_bytes=108,
+                error=None,
+            ),
             dict(format="gguf", error="BadArchiveError: " + "z" * 300),
         ],
-        "dcp": dict(save_tdz_s=1.0, save_fs_s=1.1, load_tdz_s=0.5, load_fs_s=0.6, save_ratio=0.91,
-                    load_ratio=0.83),
-    }  # fmt: skip
+        "dcp": dict(
+            save_tdz_s=1.0, save_fs_s=1.1, load_tdz_s=0.5, load_fs_s=0.6, save_ratio=0.91, load_ratio=0.83
+        ),
+    }
     text = bench_remote.report(res)
     assert max(map(len, text.splitlines())) <= 100, text
     assert "0.90x" in text and "n/a: BadArchiveError" in text and "gguf         n/a" in text
