@@ -432,7 +432,9 @@ def report(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None, prog: str = "tdz bench --remote") -> int:
     """Entry point of ``tdz bench --remote``."""
-    p = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog=prog, description="remote reads and saves against fsspec's own, on loopback servers"
+    )
     p.add_argument("--size-mib", type=float, default=256, help="object size (default 256, the goals')")
     p.add_argument("--dcp-size-mib", type=float, default=None, help="DCP state_dict size over 2 ranks")
     p.add_argument("--repeat", type=int, default=3, help="timed rounds after the warm-up (default 3)")

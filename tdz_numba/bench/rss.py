@@ -64,11 +64,15 @@ class PeakSampler:
 
     Examples
     --------
+    >>> import mmap
     >>> from tdz_numba.bench.rss import PeakSampler
-    >>> with PeakSampler() as s:
-    ...     block = bytearray(32 << 20)
+    >>> with PeakSampler() as s:  # 32 MiB of fresh pages (malloc might reuse resident ones)
+    ...     block = mmap.mmap(-1, 32 << 20)
+    ...     for k in range(0, 32 << 20, 4096):
+    ...         block[k] = 1
     >>> s.peak - s.start >= 16 << 20
     True
+    >>> block.close()
     """
 
     def __init__(self, interval: float = 0.001) -> None:
