@@ -39,21 +39,26 @@ def s3():
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Every S3 call as ``(method, body bytes)``; ``state["max"]``: most upload_parts at once
-    (each held ~20 ms so that concurrent ones overlap); ``state["fail"]``: the part number or the method to fail."""
-    state = {"now": 0, "max": 0, "log": [], "fail": None, "delay": 0.02}
+    """Every S3 call (s3fs's ``_error_wrapper``, which all of them go through) as ``(method, body
+    bytes)``; ``state["max"]``: most upload_parts at once (each held ~20 ms so that concurrent ones
+    overlap); ``state["fail"]``: the part number or the method to fail; ``state["consume"]``: the part
+    whose first attempt reads its whole body, then times out (s3fs retries it)."""
+    state = {"now": 0, "max": 0, "log": [], "fail": None, "delay": 0.02, "consume": None, "attempts": 0}
     lock = threading.Lock()
-    real = s3fs.S3FileSystem._call_s3
+    real = s3fs.core._error_wrapper
 
-    async def traced(self, method, *args, **kw):
+    async def traced(func, *, args=(), kwargs=None, retries):
+        method, kw = func.__name__, kwargs or {}
         body = kw.get("Body")
         n = 0 if body is None else (len(body.getbuffer()) if isinstance(body, io.BytesIO) else len(body))
         with lock:
             state["log"].append((method, n))
         if method == state["fail"]:
             raise OSError(f"injected failure of {method}")
+        if method == state["consume"]:
+            func = _flaky(func, state)
         if method != "upload_part":
-            return await real(self, method, *args, **kw)
+            return await real(func, args=args, kwargs=kwargs, retries=retries)
         with lock:
             state["now"] += 1
             state["max"] = max(state["max"], state["now"])
@@ -61,13 +66,29 @@ def calls(monkeypatch):
             await asyncio.sleep(state["delay"])
             if kw.get("PartNumber") == state["fail"]:
                 raise OSError(f"injected failure of part {state['fail']}")
-            return await real(self, method, *args, **kw)
+            if kw.get("PartNumber") == state["consume"]:
+                func = _flaky(func, state)
+            return await real(func, args=args, kwargs=kwargs, retries=retries)
         finally:
             with lock:
                 state["now"] -= 1
 
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", traced)
+    monkeypatch.setattr(s3fs.core, "_error_wrapper", traced)
     return state
+
+
+def _flaky(func, state):
+    """``func`` whose first attempt reads the whole body, then times out (retryable for s3fs)."""
+
+    async def flaky(**kw):
+        state["attempts"] += 1
+        if state["attempts"] == 1:  # the request went out, all of the body read, no reply
+            if hasattr(kw["Body"], "read"):
+                kw["Body"].read()
+            raise TimeoutError("injected: no reply")
+        return await func(**kw)
+
+    return flaky
 
 
 def _pending(s3) -> list:
@@ -118,6 +139,23 @@ def test_object_appears_at_close_only(s3, calls):
     with pytest.raises(ValueError):
         f.write(b"x")
     assert up["UploadId"]
+
+
+def test_retried_part_is_sent_whole(s3, calls):
+    """s3fs retries a part with the same arguments: the body is rewound for every attempt (it was
+    left at its end, and the retry sent an empty part that S3 completed the upload with)."""
+    fs = s3.fs()
+    data = np.random.default_rng(3).integers(0, 256, 13 * MiB, dtype=np.uint8).tobytes()
+    calls["consume"] = 3  # the last part: the one an empty retry would silently cut
+    with upload.MultipartStream(fs, f"{BUCKET}/retried.bin", part_size=5 * MiB) as f:
+        f.write(data)
+    assert calls["attempts"] == 2
+    assert _object(s3, "retried.bin") == data
+    calls["consume"], calls["attempts"] = "put_object", 0  # a small object: one PUT, retried
+    with upload.MultipartStream(fs, f"{BUCKET}/retried-small.bin", part_size=5 * MiB) as f:
+        f.write(data[: 3 * MiB])
+    assert calls["attempts"] == 2
+    assert _object(s3, "retried-small.bin") == data[: 3 * MiB]
 
 
 def test_small_object_one_put_no_upload(s3, calls):

@@ -22,31 +22,22 @@ pending upload (S3 lifecycle rules clean those), never an object.
 
 Examples
 --------
-A stand-in for s3fs's filesystem that keeps the calls it gets (moto's server in
-the tests is the real thing):
+::
 
->>> import asyncio, threading
->>> from tdz_numba.remote.upload import MultipartStream
->>> class FakeS3:
-...     loop = asyncio.new_event_loop()
-...     calls = []
-...     def split_path(self, path):
-...         return (*path.split("/", 1), None)
-...     async def _call_s3(self, method, **kw):
-...         self.calls.append((method, len(kw["Body"].read()) if "Body" in kw else 0))
-...         return {"UploadId": "u", "ETag": '"e"'}
-...     def invalidate_cache(self, path=None):
-...         pass
->>> fs = FakeS3()
->>> thread = threading.Thread(target=fs.loop.run_forever, daemon=True)
->>> thread.start()
->>> f = MultipartStream(fs, "bucket/key", part_size=5 << 20, parts_in_flight=2)
->>> _ = f.write(bytes(12 << 20))
->>> f.close()
->>> print(sorted(fs.calls))  # doctest: +NORMALIZE_WHITESPACE
-[('complete_multipart_upload', 0), ('create_multipart_upload', 0),
- ('upload_part', 2097152), ('upload_part', 5242880), ('upload_part', 5242880)]
->>> _ = fs.loop.call_soon_threadsafe(fs.loop.stop)
+    import s3fs
+    from tdz_numba.remote.upload import MultipartStream
+
+    f = MultipartStream(s3fs.S3FileSystem(), "bucket/ckpt.bin", part_size=16 << 20)
+    try:
+        for chunk in chunks:
+            f.write(chunk)  # a full part goes out at once; waits while 8 are uploading
+        f.close()  # the last part, then the upload completed: the object appears
+    except BaseException:
+        f.discard()  # the upload aborted: nothing appears
+        raise
+
+``tdz_numba.save(tree, "s3://bucket/ckpt.tdz")`` does this (:mod:`tdz_numba.remote.write`);
+``tests/test_remote_write.py`` runs it against moto's S3 server.
 """
 
 from __future__ import annotations
@@ -119,15 +110,10 @@ class MultipartStream:
 
     Examples
     --------
-    See the module's example; in use::
+    As a context manager (see the module's example for ``close``/``discard``)::
 
-        f = MultipartStream(s3fs.S3FileSystem(), "bucket/ckpt.tdz")
-        try:
-            f.write(data)
-            f.close()  # the object appears here
-        except BaseException:
-            f.discard()  # the upload is aborted: nothing appears
-            raise
+        with MultipartStream(s3fs.S3FileSystem(), "bucket/ckpt.bin") as f:
+            f.write(data)  # committed on a clean exit, aborted on an exception
     """
 
     def __init__(
@@ -215,17 +201,7 @@ class MultipartStream:
         number, body = self.parts, self._buf
         body.truncate(self._fill)  # (the last part: shorter than the buffer)
         body.seek(0)
-        fut = asyncio.run_coroutine_threadsafe(
-            self.fs._call_s3(
-                "upload_part",
-                Bucket=self.bucket,
-                Key=self.key,
-                UploadId=self._upload_id,
-                PartNumber=number,
-                Body=body,
-            ),
-            self.fs.loop,
-        )
+        fut = asyncio.run_coroutine_threadsafe(self._upload_part(number, body), self.fs.loop)
         with self._lock:
             self._futures.add(fut)
             self.peak_in_flight = max(self.peak_in_flight, len(self._futures))
@@ -236,6 +212,29 @@ class MultipartStream:
                 self._free.clear()
             self._buf = self._free.pop() if self._free else io.BytesIO()
         self._fill = 0
+
+    async def _upload_part(self, number: int, body: io.BytesIO) -> Any:
+        """``upload_part`` with s3fs's retries, the body rewound before every attempt.
+
+        (``fs._call_s3`` retries with the same arguments: a body that an
+        attempt had read, all or half, would send an empty or a short part,
+        with matching checksums, and S3 would complete the upload with it.)
+        """
+        from s3fs.core import _error_wrapper
+
+        fs = self.fs
+        await fs.set_session()
+        method = (await fs.get_s3(self.bucket)).upload_part
+        kwargs = fs._get_s3_method_kwargs(
+            method, Bucket=self.bucket, Key=self.key, UploadId=self._upload_id, PartNumber=number, Body=body
+        )
+
+        @functools.wraps(method)
+        async def attempt(**kw: Any) -> Any:
+            body.seek(0)
+            return await method(**kw)
+
+        return await _error_wrapper(attempt, kwargs=kwargs, retries=fs.retries)
 
     def _part_done(self, fut: Future[Any], *, number: int, body: io.BytesIO) -> None:
         """(On the loop thread.) Records the part's ETag or its error; frees the slot and the buffer."""
@@ -275,8 +274,8 @@ class MultipartStream:
         try:
             if self._upload_id is None:  # under one part: one PUT, no multipart upload
                 self._buf.truncate(self._fill)
-                self._buf.seek(0)
-                self._call("put_object", Body=self._buf)
+                # bytes, not the BytesIO: s3fs retries with the same arguments (see _upload_part)
+                self._call("put_object", Body=self._buf.getvalue())
             else:
                 if self._fill:
                     self._send_part()
