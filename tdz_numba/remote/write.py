@@ -1,17 +1,18 @@
-"""Saving to object stores: the writer's one sequential pass, streamed to ``fs.open(url, "wb")``.
+"""Saving to object stores: the writer's one sequential pass, streamed to the object.
 
 The writer plans every offset before writing a byte, so an archive can be
 written front to back into a stream: headers and payloads in order (CRC-32s
 computed in batches ahead of the writes, as the local writer does), then the
 central directory. No local temporary file; payloads are written in slices of
-at most :data:`SLICE_BYTES`, so memory stays bounded by the stream's buffer
-(s3fs uploads each ``block_size`` as one multipart part).
+at most :data:`SLICE_BYTES`, so memory stays bounded by the stream's buffer.
 
-The object appears only when the stream is complete: s3fs puts a small
-archive in one request at close and completes a multipart upload at close
-(aborted on error); other fsspec files honouring ``autocommit=False`` commit
-at the end or discard; other filesystems get a temporary name moved into
-place. An interrupted upload leaves no object and an existing one intact.
+On S3 (s3fs) the stream is a :class:`~tdz_numba.remote.upload.MultipartStream`:
+parts of 16 MiB are uploaded concurrently (at most 8 at once) while the writer
+fills the next, and the multipart upload is completed at close (an archive
+under one part goes in one PUT) or aborted on any error. Other fsspec files
+honouring ``autocommit=False`` (gcs, azure, local) commit at the end or
+discard; other filesystems get a temporary name moved into place. An
+interrupted upload leaves no object and an existing one intact.
 
 Examples
 --------
@@ -37,6 +38,7 @@ from ..errors import ArchiveExistsError, InternalError, InvalidArgumentError, Td
 from ..zipfmt import packers
 from ..zipfmt.entry import Entry
 from ..zipfmt.writer import crc_batches, prepare  # the local writer's preparation and CRC batches
+from .upload import PART_BYTES, PARTS_IN_FLIGHT, MultipartStream, supports_multipart
 
 __all__ = ["stream_entries", "save_remote", "SLICE_BYTES"]
 
@@ -152,13 +154,18 @@ def save_remote(
     storage_options: dict[str, Any] | None = None,
     existsok: bool = True,
     block_size: int | None = None,
+    parts_in_flight: int | None = None,
     **kwargs: Any,
 ) -> str:
     """Streams ``entries`` to an fsspec URL (or a writable file object); see :func:`tdz_numba.save`.
 
     The object is committed only after the last byte: on any error (or
-    interruption) a multipart upload is aborted (s3fs ``discard``) or the
-    temporary object removed, and an existing object is left intact.
+    interruption) a multipart upload is aborted or the temporary object
+    removed, and an existing object is left intact. On S3, ``block_size``
+    is the part size (default :data:`~tdz_numba.remote.upload.PART_BYTES`,
+    at least 5 MiB) and ``parts_in_flight`` the most parts uploading at once
+    (default :data:`~tdz_numba.remote.upload.PARTS_IN_FLIGHT`); elsewhere
+    ``block_size`` goes to ``fs.open``.
     """
     from ..errors import RemoteError
 
@@ -174,12 +181,18 @@ def save_remote(
         raise ArchiveExistsError(f"{target} already exists; pass existsok=True to overwrite it")
     opts: dict[str, Any] = {} if block_size is None else {"block_size": block_size}
     tmp = None
+    f: Any = None
     try:
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
         commit = False
-        if (
-            protocols & _COMMIT_ON_CLOSE
-        ):  # the object appears at close() (one PUT, or the multipart completion)
+        if supports_multipart(fs):  # S3: parts uploaded concurrently, the upload completed at close()
+            f = MultipartStream(
+                fs,
+                path,
+                part_size=block_size or PART_BYTES,
+                parts_in_flight=parts_in_flight or PARTS_IN_FLIGHT,
+            )
+        elif protocols & _COMMIT_ON_CLOSE:  # appears at close() (one PUT or the multipart completion)
             f = fs.open(path, "wb", **opts)
         elif protocols & _TRANSACTIONAL:  # the object appears at commit(); discard() aborts
             f = fs.open(path, "wb", autocommit=False, **opts)
@@ -187,6 +200,8 @@ def save_remote(
         else:  # e.g. memory:// creates the object at open: write elsewhere, move into place
             tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
             f = fs.open(tmp, "wb", **opts)
+    except TdzError:
+        raise
     except Exception as exc:
         raise RemoteError(
             f"{target}: cannot open the object for writing: {type(exc).__name__}: {exc}", path=target
