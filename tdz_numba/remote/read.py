@@ -33,14 +33,9 @@ Examples
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
-import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -51,15 +46,14 @@ from ..archive.state import ArchiveState, subpath_prefix
 from ..errors import (
     BadArchiveError,
     ChecksumError,
-    FileMissingError,
     InvalidArgumentError,
     MissingKeyError,
-    RemoteError,
     TdzError,
 )
 from ..tdz.source import TdzSource
 from ..zipfmt import eocd, records
 from ..zipfmt.index import ArchiveIndex
+from .object import RemoteObject, coalesce
 
 __all__ = [
     "RemoteIndex",
@@ -79,14 +73,10 @@ MAX_GAP = 4096
 MAX_WASTE = 0.02
 #: Largest single ranged request of a bulk fetch (larger extents are split for concurrency).
 PART_BYTES = 8 << 20
-#: Concurrent requests of a bulk fetch; a second group is in flight while one is copied into place.
+#: Kept for callers that tuned it: requests in flight are :data:`.object.CONCURRENCY`.
 GROUP_PARTS = 8
-#: Attempts per ranged request before :class:`RemoteError`.
-ATTEMPTS = 3
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*::?//|^[A-Za-z][A-Za-z0-9+.\-]*::")
-_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
-_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
 
 
 def is_remote(target: Any) -> bool:
@@ -103,114 +93,6 @@ def is_remote(target: Any) -> bool:
     return (
         hasattr(target, "read") and hasattr(target, "seek") and not isinstance(target, (bytes, os.PathLike))
     )
-
-
-# -- fetchers: how bytes come ----------------------------------------------------------------
-class _Fetcher:
-    """Ranged reads of one object: an fsspec filesystem path, or a seekable file object."""
-
-    label: str
-
-    def __init__(self, target: Any, storage_options: dict[str, Any] | None) -> None:
-        self.fs: Any = None
-        self.file: Any = None
-        self.lock = threading.Lock()
-        self.requests = 0
-        if isinstance(target, str):
-            import fsspec
-
-            try:
-                fs, path = fsspec.core.url_to_fs(target, **(storage_options or {}))
-            except (ImportError, ValueError) as exc:
-                raise InvalidArgumentError(
-                    f"{target}: cannot open this URL with fsspec: {exc}", path=target
-                ) from None
-            self.fs, self.path, self.label = fs, path, target
-        else:
-            if storage_options:
-                raise InvalidArgumentError("storage_options apply to URLs, not to file objects")
-            self.file = target
-            self.path = getattr(target, "path", None) or getattr(target, "name", None) or repr(target)
-            self.label = str(getattr(target, "full_name", None) or self.path)
-
-    def size(self) -> int:
-        """The object's size (one metadata request for a filesystem)."""
-        self.requests += 1
-        try:
-            if self.file is not None:
-                with self.lock:
-                    return int(self.file.seek(0, 2))
-            return int(self.fs.size(self.path))
-        except FileNotFoundError:
-            raise FileMissingError(f"{self.label}: no such object", path=self.label) from None
-        except Exception as exc:
-            raise RemoteError(f"{self.label}: cannot read the object's size: {exc}", path=self.label) from exc
-
-    def tail(self, n: int) -> bytes:
-        """The last ``n`` bytes (the whole object when shorter): one suffix-range request."""
-        self.requests += 1
-        try:
-            if self.file is not None:
-                with self.lock:
-                    size = self.file.seek(0, 2)
-                    self.file.seek(max(0, size - n))
-                    return bytes(self.file.read())
-            return bytes(self.fs.cat_file(self.path, start=-n))
-        except FileNotFoundError:
-            raise FileMissingError(f"{self.label}: no such object", path=self.label) from None
-        except Exception as exc:
-            raise RemoteError(
-                f"{self.label}: reading the last {n} bytes failed: {exc}", path=self.label
-            ) from exc
-
-    def ranges(self, starts: list[int], stops: list[int]) -> list[Any]:
-        """Bytes of each ``[start, stop)`` (or the exception that read raised), fetched concurrently."""
-        self.requests += len(starts)
-        if self.file is not None:
-            out: list[Any] = []
-            for a, b in zip(starts, stops):
-                try:
-                    with self.lock:
-                        self.file.seek(a)
-                        out.append(bytes(self.file.read(b - a)))
-                except Exception as exc:
-                    out.append(exc)
-            return out
-        try:
-            return list(self.fs.cat_ranges([self.path] * len(starts), starts, stops, on_error="return"))
-        except Exception as exc:
-            return [exc] * len(starts)
-
-
-def _infer_size(body: bytes, label: str) -> int | None:
-    """The object's size from its last ``len(body)`` bytes, when the end records tell it.
-
-    A standard zip's end record follows its central directory (and the zip64
-    locator gives the zip64 end record's offset), so the suffix read alone
-    places the tail; None when the records do not allow it (then a size
-    request is made).
-    """
-    pos = eocd.end_record_position(body)
-    if pos < 0:
-        return None
-    loc = pos - records.Zip64Locator.SIZEOF
-    if loc >= 0 and body[loc : loc + 4] == records.ZIP64_LOCATOR_SIG:
-        z_end = int(eocd.read_record(body, loc, records.ZIP64_LOCATOR_DT)["end_offset"])
-        q = body.rfind(records.ZIP64_END_SIG, 0, loc)
-        return None if q < 0 else z_end + (len(body) - q)
-    end = eocd.read_record(body, pos, records.END_DT)
-    count, cd_size, cd_offset = int(end["count"]), int(end["cd_size"]), int(end["cd_offset"])
-    size = cd_offset + cd_size + (len(body) - pos)
-    start = size - len(body)
-    if start < 0:
-        return None
-    if (
-        count
-        and cd_offset >= start
-        and body[cd_offset - start : cd_offset - start + 4] != records.CENTRAL_SIG.to_bytes(4, "little")
-    ):
-        return None
-    return size
 
 
 # -- the index -------------------------------------------------------------------------------
@@ -230,26 +112,22 @@ class RemoteIndex(ArchiveIndex):
         verify: bool = True,
         tail_bytes: int = TAIL_BYTES,
     ) -> None:
-        self.fetcher = _Fetcher(target, storage_options)
-        label = self.fetcher.label
+        obj = target if isinstance(target, RemoteObject) else RemoteObject(target, storage_options)
+        if obj.size < 0:
+            obj.start(tail=tail_bytes)
+        else:
+            obj.need(obj.size - tail_bytes, obj.size)
+        self.obj = obj
+        label = obj.label
         self.path = label  # type: ignore[assignment]  # a URL, not a local path
         self.writable = False
         self.verify = verify
-        body = self.fetcher.tail(tail_bytes)
-        self.bytes_fetched = len(body)
-        if not body:
+        size = self.size = obj.size
+        if not size:
             raise BadArchiveError(f"{label}: empty object, not a zip archive", path=label)
-        size = len(body) if len(body) < tail_bytes else _infer_size(body, label)
-        if size is None:
-            size = self.fetcher.size()
-        if len(body) > size:  # a server ignoring the Range header sent everything
-            body = body[-size:] if size else b""
-        self.size = size
-        self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE)
-        self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)
-        self.tail_start = size - len(body)
-        self.buffer[self.tail_start :] = np.frombuffer(body, np.uint8)
-        del body
+        self._mmap = obj._mmap  # type: ignore[assignment]  # the object's sparse mapping
+        self.buffer = obj.buffer
+        self.tail_start = max(0, size - tail_bytes)
         self._torch = None
         self._untyped = None
         self._rows = None
@@ -267,8 +145,13 @@ class RemoteIndex(ArchiveIndex):
 
     @property
     def requests(self) -> int:
-        """Requests made so far (tail, sizes, ranges; retries included)."""
-        return self.fetcher.requests
+        """Requests made so far (tail, ranges; retries included)."""
+        return self.obj.requests
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes fetched so far."""
+        return self.obj.bytes_fetched
 
     # -- fetching ----------------------------------------------------------------------------
     def _names_in(self, a: int, b: int) -> str:
@@ -284,82 +167,11 @@ class RemoteIndex(ArchiveIndex):
         return self.names[int(rows[0])] if rows.size else None
 
     def _get(self, spans: list[tuple[int, int]], what: Callable[[int, int], str] | None = None) -> None:
-        """Fetches ``[start, stop)`` spans into :attr:`buffer`: in parts of at most
-        :data:`PART_BYTES`, :data:`GROUP_PARTS` requests at a time; the next group is
-        requested while this one is copied into place; failed parts are retried."""
-        what = what or self._names_in
-        parts = [(a, min(a + PART_BYTES, b)) for a0, b in spans for a in range(a0, b, PART_BYTES)]
-        groups = [parts[g : g + GROUP_PARTS] for g in range(0, len(parts), GROUP_PARTS)]
-        if not groups:
-            return
-
-        def request(todo: list[tuple[int, int]]) -> list[Any]:
-            faults = self._populate(todo)  # page faults taken while the bytes travel
-            got = self.fetcher.ranges([a for a, _ in todo], [b for _, b in todo])
-            if faults is not None:
-                faults.join()
-            return got
-
-        pool = ThreadPoolExecutor(1) if len(groups) > 1 else None
-        try:
-            ahead = None
-            for k, todo in enumerate(groups):
-                got = ahead.result() if ahead is not None else request(todo)
-                ahead = (
-                    pool.submit(request, groups[k + 1]) if pool is not None and k + 1 < len(groups) else None
-                )
-                for attempt in range(ATTEMPTS):
-                    failed = []
-                    for (a, b), data in zip(todo, got):
-                        if isinstance(data, (bytes, bytearray, memoryview)) and len(data) == b - a:
-                            self.buffer[a:b] = np.frombuffer(data, np.uint8)
-                            self.bytes_fetched += b - a
-                        else:
-                            failed.append(((a, b), data))
-                    if not failed:
-                        break
-                    if attempt == ATTEMPTS - 1:
-                        (a, b), data = failed[0]
-                        why = (
-                            f"{type(data).__name__}: {data}"
-                            if isinstance(data, BaseException)
-                            else f"got {len(data)} bytes (the object is shorter than when it was opened?)"
-                        )
-                        raise RemoteError(
-                            f"{self.path}: reading bytes [{a}, {b}) ({what(a, b)}) failed after "
-                            f"{ATTEMPTS} attempts: {why}",
-                            path=self.path,
-                            entry=self._first_in(a, b),
-                            offset=a,
-                            expected=b - a,
-                            found=None if isinstance(data, BaseException) else len(data),
-                        )
-                    todo = [span for span, _ in failed]
-                    time.sleep(0.05 * 4**attempt)
-                    got = request(todo)
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-
-    def _populate(self, parts: list[tuple[int, int]]) -> threading.Thread | None:
-        """Pre-faults the pages of ``parts`` (``MADV_POPULATE_WRITE``, Linux >= 5.14) in a thread,
-        so that placing the fetched bytes is a plain copy. None when not worth it or unsupported."""
-        if _POPULATE_WRITE is None or sum(b - a for a, b in parts) < (1 << 20):
-            return None
-        page = mmap.PAGESIZE
-        spans = [(a - a % page, b) for a, b in parts]
-        mm = self._mmap
-
-        def run() -> None:
-            for a, b in spans:
-                try:
-                    mm.madvise(_POPULATE_WRITE, a, b - a)
-                except (OSError, ValueError):  # an older kernel: the copy faults the pages in
-                    return
-
-        t = threading.Thread(target=run, daemon=True)
-        t.start()
-        return t
+        """Fetches ``[start, stop)`` spans (already coalesced) into :attr:`buffer`, in parts of at
+        most :data:`PART_BYTES` fetched concurrently (:meth:`RemoteObject.need_spans`)."""
+        self.obj.need_spans(
+            spans, max_gap=0, max_waste=0.0, what=what or self._names_in, entry=self._first_in, part_bytes=PART_BYTES
+        )
 
     def _spans(self, rows: np.ndarray) -> list[tuple[int, int]]:
         """Coalesced extents of ``rows``: adjacent merged, gaps up to :data:`MAX_GAP` bridged
@@ -370,18 +182,7 @@ class RemoteIndex(ArchiveIndex):
         starts, stops = starts[~inside], np.minimum(stops[~inside], self.tail_start)
         if not starts.size:
             return []
-        order = np.argsort(starts, kind="stable")
-        starts, stops = starts[order], np.maximum.accumulate(stops[order])
-        gaps = starts[1:] - stops[:-1]  # > 0: bytes between an extent and the next
-        small = np.nonzero((gaps > 0) & (gaps <= MAX_GAP))[0]
-        budget = MAX_WASTE * float((stops - starts).sum())
-        n_bridge = int((np.cumsum(np.sort(gaps[small])) <= budget).sum())  # smallest gaps first
-        keep = small[np.argsort(gaps[small], kind="stable")][:n_bridge]
-        cut = gaps > 0
-        cut[keep] = False
-        first = np.concatenate(([0], np.nonzero(cut)[0] + 1))
-        last = np.concatenate((np.nonzero(cut)[0], [starts.size - 1]))
-        return list(zip(starts[first].tolist(), stops[last].tolist()))
+        return coalesce(starts, stops, MAX_GAP, MAX_WASTE)
 
     def fetch(self, rows: Sequence[int] | np.ndarray) -> None:
         """Makes entries ``rows`` readable: fetches what is not here, checks each local
