@@ -447,6 +447,7 @@ class RemoteObject:
 
     def __init__(self, target: Any, storage_options: dict[str, Any] | None = None) -> None:
         self.io = transport(target, storage_options)
+        self.storage_options = storage_options
         self.label: str = self.io.label
         self.requests = 0
         self.bytes_fetched = 0

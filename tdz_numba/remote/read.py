@@ -50,6 +50,7 @@ from ..errors import (
     MissingKeyError,
     TdzError,
 )
+from ..formats.detect import zip_kind
 from ..tdz.source import TdzSource
 from ..zipfmt import eocd, records
 from ..zipfmt.index import ArchiveIndex
@@ -75,6 +76,8 @@ MAX_WASTE = 0.02
 PART_BYTES = 8 << 20
 #: Kept for callers that tuned it: requests in flight are :data:`.object.CONCURRENCY`.
 GROUP_PARTS = 8
+#: Bytes of local extra fields a foreign zip's header fetch allows for (torch pads to 64).
+_LOCAL_EXTRA = 256
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*::?//|^[A-Za-z][A-Za-z0-9+.\-]*::")
 
@@ -115,7 +118,7 @@ class RemoteIndex(ArchiveIndex):
         obj = target if isinstance(target, RemoteObject) else RemoteObject(target, storage_options)
         if obj.size < 0:
             obj.start(tail=tail_bytes)
-        else:
+        elif not obj.present(obj.size - 22, obj.size):  # opened by a head read: the tail now
             obj.need(obj.size - tail_bytes, obj.size)
         self.obj = obj
         label = obj.label
@@ -127,7 +130,8 @@ class RemoteIndex(ArchiveIndex):
             raise BadArchiveError(f"{label}: empty object, not a zip archive", path=label)
         self._mmap = obj._mmap  # type: ignore[assignment]  # the object's sparse mapping
         self.buffer = obj.buffer
-        self.tail_start = max(0, size - tail_bytes)
+        last = obj.ranges[-1] if obj.ranges else (size, size)
+        self.tail_start = last[0] if last[1] == size else size  # the bytes of the tail read
         self._torch = None
         self._untyped = None
         self._rows = None
@@ -231,9 +235,27 @@ class RemoteIndex(ArchiveIndex):
             self.fetch([i])
         return int(self._cols[i, records.Col.PAYLOAD_OFFSET])
 
+    #: None: :meth:`check_all` fetches every entry (a ``.tdz``); an int: only each local
+    #: header and that many payload bytes after it (a foreign zip's open).
+    heads: int | None = None
+
     def check_all(self) -> None:
-        self.fetch(np.arange(len(self.names)))
-        super().check_all()
+        if self.heads is None:
+            self.fetch(np.arange(len(self.names)))
+            super().check_all()
+            return
+        if self.local_checked:
+            return
+        t = self.table
+        hoff = t["header_offset"]
+        name_len = np.fromiter((len(n.encode()) for n in self.names), np.int64, len(self.names))
+        stops = np.minimum(hoff + 30 + name_len + _LOCAL_EXTRA + self.heads, np.maximum(self._limit, hoff))
+        self._get(coalesce(hoff, stops, MAX_GAP, MAX_WASTE))
+        try:
+            super().check_all()
+        except TdzError:  # a local extra field longer than guessed: the whole entries, then again
+            self.heads = None
+            self.check_all()
 
 
 # -- archives ----------------------------------------------------------------------------------
@@ -303,8 +325,19 @@ def open_remote(
         raise InvalidArgumentError(
             f"tail_bytes must be an int >= {int(records.End.SIZEOF)}, got {tail_bytes!r}"
         )
-    index = RemoteIndex(target, storage_options=storage_options, verify=verify, tail_bytes=tail_bytes)
+    from . import foreign
+
+    obj = target if isinstance(target, RemoteObject) else RemoteObject(target, storage_options)
+    if obj.size < 0:
+        foreign.start(obj, tail_bytes)
+    if not foreign.is_zip(obj, tail_bytes):
+        return _foreign_archive(foreign.open_foreign(obj, {}), options)
+    index = RemoteIndex(obj, verify=verify, tail_bytes=tail_bytes)
     label = index.path
+    kind = zip_kind(index.names, label)
+    if kind != "tdz":
+        return _foreign_archive(foreign.open_foreign_zip(kind, index, {}), options)
+
     prefix = subpath_prefix(subpath)
     if prefix and prefix + "meta.json" not in index:
         raise MissingKeyError(
@@ -316,6 +349,24 @@ def open_remote(
         raise BadArchiveError(f"{label}: not a tensor archive: no top-level meta.json entry", path=label)
     source = TdzSource(index.path, allow_pickle=allow_pickle, num_threads=num_threads, index=index)
     return RemoteArchive(ArchiveState(source, copy=copy, device=device, dtype=dtype), prefix)
+
+
+def _foreign_archive(source: Any, options: OpenOptions) -> Archive:
+    """An :class:`~tdz_numba.Archive` over a remote source of another format (``subpath`` as
+    for a local open)."""
+    _, subpath, _, _, copy, device, dtype = options[:7]
+    source.copy = copy
+    state = ArchiveState(source, copy=copy, device=device, dtype=dtype)
+    state.aligned = bool(options.aligned)
+    state.dequantize = bool(options.dequantize)
+    try:
+        root = Archive(state, "")
+        if subpath is None or subpath_prefix(subpath) == "":
+            return root
+        return root.sublevel(subpath)
+    except BaseException:
+        source.close()
+        raise
 
 
 def load_remote(
@@ -372,7 +423,7 @@ def is_archive_remote(target: Any, *, storage_options: dict[str, Any] | None = N
     except (TdzError, OSError):
         return False
     try:
-        return isinstance(ar.meta, dict)
+        return ar.format == "tdz" and isinstance(ar.meta, dict)
     except (TdzError, OSError, ValueError):
         return False
     finally:

@@ -28,6 +28,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import gc
 import math
 import mmap
@@ -61,6 +62,8 @@ __all__ = [
     "own_views",
     "leaf_view",
     "paused_gc",
+    "make_present",
+    "mapped_as",
     "MAX_DEPTH",
 ]
 
@@ -81,8 +84,13 @@ class MappedFile:
 
     ``buffer`` is a uint8 numpy view of the whole mapping; :attr:`torch_u8`
     the same bytes as a torch tensor (created on first use). Views stay valid
-    after :meth:`close` (they keep the mapping alive).
+    after :meth:`close` (they keep the mapping alive). A reader calls :meth:`need`
+    before it reads bytes of ``buffer``: a no-op for a local file; a remote file
+    (:mod:`tdz_numba.remote`, ``remote = True``) fetches them into place.
     """
+
+    #: Whether :meth:`need` fetches (a remote object's sparse mapping).
+    remote = False
 
     def __init__(self, path: Path, mm: mmap.mmap | None, size: int, writable: bool) -> None:
         self.path = path
@@ -93,9 +101,22 @@ class MappedFile:
         self._torch = None
         self._typed: dict[tuple[Any, int], Any] = {}
 
+    def need(self, start: int, stop: int) -> None:
+        """Makes bytes ``[start, stop)`` of :attr:`buffer` readable (a no-op for a local file)."""
+
+    def need_spans(self, spans: list[tuple[int, int]]) -> None:
+        """:meth:`need` of many ``(start, stop)`` spans at once (a no-op for a local file)."""
+
     @classmethod
     def open(cls, path: str | os.PathLike, *, writable: bool = False) -> MappedFile:
-        """Maps ``path``; raises :class:`~tdz_numba.BadArchiveError` for a directory or a device."""
+        """Maps ``path``; raises :class:`~tdz_numba.BadArchiveError` for a directory or a device.
+
+        Inside :func:`mapped_as`, a path it names gives the file it maps it to."""
+        stand_in = _STAND_INS.get()
+        if stand_in is not None:
+            found = stand_in.get(str(path))
+            if found is not None:
+                return found
         p = Path(path)
         try:
             fd = os.open(p, (os.O_RDWR if writable else os.O_RDONLY) | getattr(os, "O_NONBLOCK", 0))
@@ -158,6 +179,37 @@ class MappedFile:
         self._torch = None
         self._typed = {}
         self._mmap = None
+
+
+_STAND_INS: contextvars.ContextVar[dict[str, MappedFile] | None] = contextvars.ContextVar(
+    "tdz_mapped_as", default=None
+)
+
+
+@contextlib.contextmanager
+def mapped_as(files: dict[str, MappedFile]):
+    """Within the block, :meth:`MappedFile.open` of a name in ``files`` returns that file (a
+    remote object's :class:`MappedFile`), so that a format's reader opens it unchanged."""
+    token = _STAND_INS.set(files)
+    try:
+        yield
+    finally:
+        _STAND_INS.reset(token)
+
+
+def make_present(specs: Any, files: Any) -> None:
+    """Fetches the bytes of many leaves of remote files in one batch per file (nothing
+    for local files): what a reader calls before it makes tensors of ``specs``."""
+    remote = [i for i, f in enumerate(files) if f.remote]
+    if not remote:
+        return
+    spans: dict[int, list[tuple[int, int]]] = {i: [] for i in remote}
+    for s in specs:
+        if type(s) is TensorSpec and s.nbytes > 0 and s.file in spans:
+            spans[s.file].append((s.offset, s.offset + s.nbytes))
+    for i, todo in spans.items():
+        if todo:
+            files[i].need_spans(todo)
 
 
 class TensorSpec(NamedTuple):
@@ -388,6 +440,8 @@ def tensor_from_spec(
     import torch
 
     where = where or (str(files[spec.file].path) if 0 <= spec.file < len(files) else "<file>")
+    if spec.nbytes and 0 <= spec.file < len(files) and files[spec.file].remote:
+        files[spec.file].need(spec.offset, spec.offset + spec.nbytes)
     if spec.loader is not None:
         value = spec.loader()
         t = (

@@ -1,0 +1,354 @@
+"""Every format over fsspec URLs and file objects, against a real loopback HTTP Range server:
+values bit for bit as a local open gives them, request and byte counts, and faults (dropped
+connections, truncated bodies, 5xx answers, stalls, objects replaced between requests)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import tdz_numba
+from tdz_numba.errors import RemoteError
+from tdz_numba.remote import object as remote_object
+
+pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")
+
+from servers import RangeServer  # noqa: E402
+
+N, ELEMS = 100, 4096  # 100 float32 tensors of 16 KiB
+
+
+class FaultServer(RangeServer):
+    """The loopback Range server, plus: ``If-Match`` answered with 412 when the object's ETag
+    differs, and ``faults``, modes the next GETs take one each: ``"500"`` (an error answer),
+    ``"short"`` (a 206 whose Content-Range and body stop halfway), ``"stall"`` (no answer for
+    :attr:`stall_s` seconds). ``drop`` (the base server's) cuts a body halfway."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.faults: list[str] = []
+        self.stall_s = 3.0
+        outer = self
+        base = self.httpd.RequestHandlerClass
+
+        class Handler(base):  # type: ignore[misc,valid-type]
+            def _plain(self, code: int, tag: str) -> None:
+                outer._record(tag, self.path, self.headers.get("Range"), 0)
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self):
+                data = outer.objects.get(self.path.split("?")[0])
+                want = self.headers.get("If-Match")
+                if data is not None and want and want != f'"{hash(data) & 0xFFFFFFFF:08x}"':
+                    return self._plain(412, "GET-412")
+                with outer.lock:
+                    mode = outer.faults.pop(0) if outer.faults else None
+                if mode == "500":
+                    return self._plain(500, "GET-500")
+                if mode == "stall":
+                    outer._record("GET-STALL", self.path, self.headers.get("Range"), 0)
+                    time.sleep(outer.stall_s)
+                    self.close_connection = True
+                    return None
+                if mode == "short" and data is not None:
+                    a, b = (int(x) for x in self.headers["Range"].split("=")[1].split("-"))
+                    b = a + (b + 1 - a) // 2
+                    outer._record("GET-SHORT", self.path, self.headers.get("Range"), b - a)
+                    self.send_response(206)
+                    self.send_header("Content-Length", str(b - a))
+                    self.send_header("ETag", f'"{hash(data) & 0xFFFFFFFF:08x}"')
+                    self.send_header("Content-Range", f"bytes {a}-{b - 1}/{len(data)}")
+                    self.end_headers()
+                    self.wfile.write(data[a:b])
+                    return None
+                return super().do_GET()
+
+        self.httpd.RequestHandlerClass = Handler
+
+
+@pytest.fixture(scope="module")
+def http():
+    server = FaultServer()
+    yield server
+    server.stop()
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {f"t{i:03d}": torch.randn(ELEMS, generator=g) for i in range(N)}
+
+
+def _gguf(path, tensors) -> None:
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_string("general.name", "remote-test")
+    for k, v in tensors.items():
+        w.add_tensor(k, v.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _onnx(path, tensors) -> None:
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper, numpy_helper
+
+    inits = [numpy_helper.from_array(v.numpy(), k) for k, v in tensors.items()]
+    outs = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in inits]
+    onnx.save(helper.make_model(helper.make_graph([], "g", [], outs, inits)), path)
+
+
+def _hdf5(path, tensors) -> None:
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(path, "w") as f:
+        for k, v in tensors.items():
+            f.create_dataset(k, data=v.numpy())
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """``{format: (local path, served name)}`` of the same 100 tensors in every format."""
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("formats")
+    t = _tensors()
+    out = {}
+    save_file(t, d / "m.safetensors")
+    out["safetensors"] = d / "m.safetensors"
+    torch.save(t, d / "m.pt")
+    out["torch"] = d / "m.pt"
+    np.savez(d / "m.npz", **{k: v.numpy() for k, v in t.items()})
+    out["npz"] = d / "m.npz"
+    np.save(d / "m.npy", torch.stack(list(t.values())).numpy())
+    out["npy"] = d / "m.npy"
+    _gguf(d / "m.gguf", t)
+    out["gguf"] = d / "m.gguf"
+    _onnx(d / "m.onnx", dict(list(t.items())[:20]))
+    out["onnx"] = d / "m.onnx"
+    _hdf5(d / "m.h5", dict(list(t.items())[:20]))
+    out["hdf5"] = d / "m.h5"
+    return t, out
+
+
+def _url(http, path) -> str:
+    return http.put(path.name, path.read_bytes())
+
+
+def _same(a, b) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        if isinstance(a[k], dict):
+            _same(a[k], b[k])
+        else:
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+            assert torch.equal(a[k].contiguous().view(torch.uint8), b[k].contiguous().view(torch.uint8)), k
+
+
+FORMATS = ["safetensors", "torch", "npz", "npy", "gguf", "onnx", "hdf5"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bit_exact_with_local(http, files, fmt):
+    _, paths = files
+    url = _url(http, paths[fmt])
+    local = tdz_numba.load(paths[fmt])
+    _same(tdz_numba.load(url), local)
+    with tdz_numba.open(url) as ar:
+        assert ar.format == tdz_numba.open(paths[fmt]).format
+        key = list(local)[len(local) // 2]
+        _same({key: ar[key]}, {key: local[key]})
+    _same(tdz_numba.load(url, copy=True), local)
+    with open(paths[fmt], "rb") as fh:  # a file object
+        _same(tdz_numba.load(io.BytesIO(fh.read())), local)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf", "npy"])
+def test_lazy_open_one_or_two_requests(http, files, fmt):
+    _, paths = files
+    url = _url(http, paths[fmt])
+    http.reset_log()
+    with tdz_numba.open(url) as ar:
+        keys = list(ar)
+        assert http.requests <= 2, http.log
+        assert ar.source.remote.requests == http.requests
+    assert keys == list(tdz_numba.open(paths[fmt]))
+
+
+@pytest.mark.parametrize("fmt", ["torch", "npz"])
+def test_zip_open_round_trips(http, files, fmt):
+    """A foreign zip: the tail (its central directory), the small records in one range, then one
+    concurrent batch of the members' local headers: never a leaf's bytes."""
+    t, paths = files
+    url = _url(http, paths[fmt])
+    http.reset_log()
+    with tdz_numba.open(url) as ar:
+        assert len(ar) == N
+        assert http.requests <= N + 3, http.log
+        assert http.bytes_served <= (64 << 10) + N * 1500 + 16384, http.bytes_served
+        assert http.log[0][2] == "bytes=-65536"
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf", "torch", "npz"])
+def test_partial_load_fetches_its_bytes(http, files, fmt):
+    t, paths = files
+    url = _url(http, paths[fmt])
+    with tdz_numba.open(url) as ar:
+        opened = http.bytes_served
+        http.reset_log()
+        x = ar["t042"]
+        assert torch.equal(x, t["t042"])
+        assert http.requests == 1, http.log
+        assert http.bytes_served <= ELEMS * 4 + (64 << 10), http.log
+        del opened
+    http.reset_log()
+    back = tdz_numba.load(url, keys=["t007", "t093"])
+    assert torch.equal(back["t007"], t["t007"]) and torch.equal(back["t093"], t["t093"])
+    if fmt in ("safetensors", "gguf"):  # the header + the two leaves' bytes
+        assert http.bytes_served <= 2 * ELEMS * 4 + (64 << 10) + (64 << 10), http.log
+
+
+# -- faults --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fault", ["drop", "short", "500"])
+def test_one_fault_is_retried(http, files, fmt, fault, monkeypatch):
+    t, paths = files
+    url = _url(http, paths[fmt])
+    local = tdz_numba.load(paths[fmt])
+    with tdz_numba.open(url) as ar:
+        http.reset_log()
+        if fault == "drop":
+            http.drop = 1
+        else:
+            http.faults = [fault]
+        back = ar.to_dict()
+    http.drop, http.faults = 0, []
+    _same(back, local)
+    if fmt not in ("onnx", "hdf5"):  # those read everything at open
+        assert any(m != "GET" for m, *_ in http.log), http.log
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_persistent_fault_names_url_and_range(http, files, fmt, monkeypatch):
+    _, paths = files
+    url = _url(http, paths[fmt])
+    monkeypatch.setattr(remote_object, "ATTEMPTS", 2)
+    http.faults = ["500"] * 50
+    try:
+        with pytest.raises(RemoteError, match=r"127\.0\.0\.1.*" + paths[fmt].name.replace(".", r"\.")) as info:
+            tdz_numba.load(url)
+    finally:
+        http.faults = []
+    assert info.value.path == url
+    assert "HTTP 500" in str(info.value) or "first request" in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch", "npz", "gguf", "npy"])
+def test_replaced_object_is_refused(http, files, fmt, tmp_path):
+    """Same name, same size, other bytes, after the open: RemoteError, never a mix."""
+    t, paths = files
+    data = paths[fmt].read_bytes()
+    url = http.put("swap-" + paths[fmt].name, data)
+    with tdz_numba.open(url) as ar:
+        keys = list(ar)
+        flipped = bytearray(data)
+        flipped[-1] ^= 0xFF
+        http.put("swap-" + paths[fmt].name, bytes(flipped))
+        with pytest.raises(RemoteError, match=r"swap-.*reading bytes \[\d+, \d+\).*changed since it was opened"):
+            ar[keys[-1]]
+    assert any(m == "GET-412" for m, *_ in http.log)
+
+
+def test_replaced_without_if_match_is_caught_by_etag(files):
+    """A server that ignores If-Match: the ETag of every response is compared with the pin."""
+    plain = RangeServer()
+    try:
+        t, paths = files
+        data = paths["safetensors"].read_bytes()
+        url = plain.put("m.safetensors", data)
+        with tdz_numba.open(url) as ar:
+            plain.put("m.safetensors", data[:-4] + b"\0\0\0\0")
+            with pytest.raises(RemoteError, match=r"m\.safetensors.*ETag"):
+                ar["t099"]
+    finally:
+        plain.stop()
+
+
+def test_stalled_server_times_out(http, files, monkeypatch):
+    t, paths = files
+    url = _url(http, paths["safetensors"])
+    monkeypatch.setattr(remote_object, "TIMEOUT_S", 0.3)
+    monkeypatch.setattr(remote_object, "ATTEMPTS", 2)
+    http.stall_s = 2.0
+    with tdz_numba.open(url) as ar:
+        http.faults = ["stall", "stall"]
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError, match=r"m\.safetensors: reading bytes \[\d+, \d+\).*Timeout"):
+            ar["t001"]
+        assert time.monotonic() - t0 < 2.0
+    http.faults = []
+
+
+def test_stall_once_then_retried(http, files, monkeypatch):
+    t, paths = files
+    url = _url(http, paths["gguf"])
+    monkeypatch.setattr(remote_object, "TIMEOUT_S", 0.3)
+    http.stall_s = 1.0
+    with tdz_numba.open(url) as ar:
+        http.faults = ["stall"]
+        assert torch.equal(ar["t003"], t["t003"])
+    http.faults = []
+
+
+# -- sharded safetensors, caching layers, memory:// ----------------------------------------------
+def test_sharded_index_relative_urls(http, files, tmp_path):
+    from safetensors.torch import save
+
+    t, _ = files
+    keys = list(t)
+    a, b = dict((k, t[k]) for k in keys[:50]), dict((k, t[k]) for k in keys[50:])
+    http.put("shard/m-1.safetensors", save(a))
+    http.put("shard/m-2.safetensors", save(b))
+    wmap = {**{k: "m-1.safetensors" for k in a}, **{k: "m-2.safetensors" for k in b}}
+    url = http.put("shard/m.safetensors.index.json", json.dumps({"weight_map": wmap}).encode())
+    http.reset_log()
+    with tdz_numba.open(url) as ar:
+        assert ar.format == "safetensors" and len(ar) == N
+        assert http.requests == 3, http.log  # the index, each shard's header
+        assert torch.equal(ar["t077"], t["t077"])
+    _same(tdz_numba.load(url), t)
+    bad = http.put("shard/bad.index.json", json.dumps({"weight_map": {"x": "../m.safetensors"}}).encode())
+    with pytest.raises(tdz_numba.BadArchiveError, match="not a file name next to the index"):
+        tdz_numba.open(bad)
+
+
+@pytest.mark.parametrize("layer", ["simplecache", "blockcache", "filecache"])
+def test_caching_layers(http, files, layer, tmp_path):
+    t, paths = files
+    url = _url(http, paths["safetensors"])
+    chained = f"{layer}::{url}"
+    opts = {layer: {"cache_storage": str(tmp_path / "cache")}}
+    back = tdz_numba.load(chained, storage_options=opts)
+    _same(back, t)
+    with tdz_numba.open(chained, storage_options=opts) as ar:
+        assert torch.equal(ar["t010"], t["t010"])
+
+
+def test_memory_filesystem_all_formats(files):
+    import fsspec
+
+    t, paths = files
+    fs = fsspec.filesystem("memory")
+    for fmt in ("safetensors", "gguf", "torch", "npz"):
+        url = f"memory://tdz-rf/{paths[fmt].name}"
+        fs.pipe(url, paths[fmt].read_bytes())
+        _same(tdz_numba.load(url), tdz_numba.load(paths[fmt]))
+    fs.rm("/tdz-rf", recursive=True)
