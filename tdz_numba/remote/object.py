@@ -210,6 +210,12 @@ class _Generic(_Transport):
         try:
             return dict(self.fs.info(self.path))
         except FileNotFoundError:
+            inner = getattr(self.fs, "fs", None)  # blockcache's info() misreads http URLs: ask the target
+            if inner is None:
+                raise _Missing() from None
+        try:
+            return dict(inner.info(self.path))
+        except FileNotFoundError:
             raise _Missing() from None
 
     def first(self, start: int | None, n: int) -> tuple[bytes, int, int, dict[str, Any]]:
