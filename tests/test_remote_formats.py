@@ -15,6 +15,7 @@ import torch
 import tdz_numba
 from tdz_numba.errors import RemoteError
 from tdz_numba.remote import object as remote_object
+from tdz_numba.remote import transports
 
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
@@ -285,7 +286,7 @@ def test_replaced_without_if_match_is_caught_by_etag(files):
 def test_stalled_server_times_out(http, files, monkeypatch):
     t, paths = files
     url = _url(http, paths["safetensors"])
-    monkeypatch.setattr(remote_object, "TIMEOUT_S", 0.3)
+    monkeypatch.setattr(transports, "TIMEOUT_S", 0.3)
     monkeypatch.setattr(remote_object, "ATTEMPTS", 2)
     http.stall_s = 2.0
     with tdz_numba.open(url) as ar:
@@ -300,7 +301,7 @@ def test_stalled_server_times_out(http, files, monkeypatch):
 def test_stall_once_then_retried(http, files, monkeypatch):
     t, paths = files
     url = _url(http, paths["gguf"])
-    monkeypatch.setattr(remote_object, "TIMEOUT_S", 0.3)
+    monkeypatch.setattr(transports, "TIMEOUT_S", 0.3)
     http.stall_s = 1.0
     with tdz_numba.open(url) as ar:
         http.faults = ["stall"]

@@ -54,7 +54,7 @@ from ..formats.detect import zip_kind
 from ..tdz.source import TdzSource
 from ..zipfmt import eocd, records
 from ..zipfmt.index import ArchiveIndex
-from .object import RemoteObject, coalesce
+from .object import RemoteObject, coalesce, fewer
 
 __all__ = [
     "RemoteIndex",
@@ -76,6 +76,9 @@ MAX_WASTE = 0.02
 PART_BYTES = 8 << 20
 #: Kept for callers that tuned it: requests in flight are :data:`.object.CONCURRENCY`.
 GROUP_PARTS = 8
+#: A batch of local headers is cut into at most this many requests, by bridging gaps of at
+#: most :data:`HEAD_GAP` bytes (members of small leaves are read through; big ones are not).
+HEAD_RANGES, HEAD_GAP = 64, 1 << 20
 #: Bytes of local extra fields a foreign zip's header fetch allows for (torch pads to 64).
 _LOCAL_EXTRA = 256
 
@@ -230,14 +233,26 @@ class RemoteIndex(ArchiveIndex):
         )
         self.fetch(np.fromiter(rows, np.int64))
 
+    def fetch_levels(self) -> None:
+        """Fetches every level's ``meta.json`` in one concurrent batch (once): walking the tree
+        (``tdz tree``, ``keys()`` of every level) then costs no request per level."""
+        if getattr(self, "_levels_fetched", False):
+            return
+        self._levels_fetched = True
+        rows = np.array([i for i, n in enumerate(self.names) if n.endswith("meta.json")], np.int64)
+        rows = rows[~self._ready[rows]] if rows.size else rows
+        if rows.size:
+            self._get(fewer(self._spans(rows), HEAD_RANGES, HEAD_GAP))
+            self.fetch(rows)
+
     def payload_offset(self, i: int) -> int:
         if not self._ready[i]:
             self.fetch([i])
         return int(self._cols[i, records.Col.PAYLOAD_OFFSET])
 
-    #: None: :meth:`check_all` fetches every entry (a ``.tdz``); an int: only each local
-    #: header and that many payload bytes after it (a foreign zip's open).
-    heads: int | None = None
+    #: None: :meth:`check_all` fetches every entry; an int: only each local header and that
+    #: many payload bytes after it (payload offsets: ``tdz info``, a foreign zip's open).
+    heads: int | None = 0
 
     def check_all(self) -> None:
         if self.heads is None:
@@ -250,9 +265,13 @@ class RemoteIndex(ArchiveIndex):
         hoff = t["header_offset"]
         name_len = np.fromiter((len(n.encode()) for n in self.names), np.int64, len(self.names))
         stops = np.minimum(hoff + 30 + name_len + _LOCAL_EXTRA + self.heads, np.maximum(self._limit, hoff))
-        self._get(coalesce(hoff, stops, MAX_GAP, MAX_WASTE))
+        metas = np.fromiter((n.endswith("meta.json") for n in self.names), bool, len(self.names))
+        stops[metas] = np.maximum(self._limit[metas], hoff[metas])  # every level's meta.json whole
+        self._get(fewer(coalesce(hoff, stops, MAX_GAP, MAX_WASTE), HEAD_RANGES, HEAD_GAP))
         try:
             super().check_all()
+            if metas.any():
+                self.fetch(np.nonzero(metas)[0])  # here already: CRCs checked, marked ready
         except TdzError:  # a local extra field longer than guessed: the whole entries, then again
             self.heads = None
             self.check_all()
@@ -395,8 +414,20 @@ def verify_remote(
 
     ar = open_remote(target, storage_options=storage_options)
     try:
+        if ar.format != "tdz":
+            from .foreign import verify_foreign
+
+            return verify_foreign(ar, progress)
         index = ar._index
-        index.check_all()  # fetches everything (CRCs of STORED entries checked) + every local header
+        obj = index.obj
+        todo = sum(b - a for a, b in obj.missing(0, obj.size))
+        with _progress(todo, "fetch", enabled=progress) as bar:
+            obj.progress = bar.update  # bytes and bytes per second while the object arrives
+            try:
+                index.fetch(np.arange(len(index.names)))  # everything, CRCs of STORED entries checked
+                index.check_all()  # every local header
+            finally:
+                obj.progress = None
         compressed = np.nonzero(index.table["method"] != records.STORED)[0].tolist()
         with _progress(int(index.table["csize"][compressed].sum()), "verify", enabled=progress) as bar:
             verify_compressed(index, compressed, bar)  # checks the CRCs, in bounded memory
