@@ -97,9 +97,11 @@ def is_zip(obj: RemoteObject, tail_bytes: int) -> bool:
     record in its tail (from a tail read)."""
     if obj.size < 22:
         return False
-    if obj.present(0, 4):
-        return bytes(obj.buffer[:4]) in (b"PK\x03\x04", b"PK\x05\x06")
-    return eocd.end_record_position(bytes(obj.buffer[max(0, obj.size - tail_bytes) :])) >= 0
+    if not obj.present(0, 4):
+        if eocd.end_record_position(bytes(obj.buffer[max(0, obj.size - tail_bytes) :])) >= 0:
+            return True
+        obj.need(0, min(obj.size, HEAD_BYTES))  # (the sniffers read these bytes next)
+    return bytes(obj.buffer[:4]) in (b"PK\x03\x04", b"PK\x05\x06")  # (a truncated zip too: its error)
 
 
 def sniff_remote(obj: RemoteObject) -> str:
