@@ -237,7 +237,7 @@ def _open_sharded(obj: RemoteObject, options: dict[str, Any]) -> Source:
         shard.need(8, 8 + min(n, shard.size))
         f = RemoteFile(shard)
         files.append(f)
-        specs, smeta = parse_header(f.buffer, f.size, f.path, file=i)
+        specs, smeta = parse_header(f.buffer, f.size, str(f.path), file=i)
         metadata.update(smeta)
         per[name] = specs
     tree: dict[str, TensorSpec] = {}

@@ -311,8 +311,8 @@ def open_remote(
     storage_options: dict[str, Any] | None = None,
     verify: bool = True,
     tail_bytes: int = TAIL_BYTES,
-) -> RemoteArchive:
-    """Opens a remote archive lazily; see :func:`tdz_numba.open`.
+) -> Archive:
+    """Opens a remote file of any format lazily; see :func:`tdz_numba.open`.
 
     Parameters
     ----------
@@ -353,7 +353,7 @@ def open_remote(
         return _foreign_archive(foreign.open_foreign(obj, {}), options)
     index = RemoteIndex(obj, verify=verify, tail_bytes=tail_bytes)
     label = index.path
-    kind = zip_kind(index.names, label)
+    kind = zip_kind(index.names, str(label))
     if kind != "tdz":
         return _foreign_archive(foreign.open_foreign_zip(kind, index, {}), options)
 

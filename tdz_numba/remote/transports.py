@@ -62,7 +62,7 @@ class _Transport:
 def _pin_of(info: dict[str, Any]) -> dict[str, Any]:
     """The identity fields of an fsspec ``info()`` (ETag, version, generation, mtime, size)."""
     keys = ("ETag", "etag", "VersionId", "version_id", "generation", "LastModified", "mtime", "created")
-    pin = {k: str(info[k]) for k in keys if info.get(k) is not None}
+    pin: dict[str, Any] = {k: str(info[k]) for k in keys if info.get(k) is not None}
     pin["size"] = int(info.get("size") or 0)
     return pin
 
