@@ -368,3 +368,30 @@ def test_memory_filesystem_all_formats(files):
         fs.pipe(url, paths[fmt].read_bytes())
         _same(tdz_numba.load(url), tdz_numba.load(paths[fmt]))
     fs.rm("/tdz-rf", recursive=True)
+
+
+def test_torch_open_two_requests_and_damaged_header(http, files):
+    """A torch.save zip: its payload offsets follow from its layout, so an open is the tail and
+    data.pkl; each leaf's fetch also reads its local header and checks the offset used."""
+    t, paths = files
+    data = paths["torch"].read_bytes()
+    url = http.put("two.pt", data)
+    http.reset_log()
+    with tdz_numba.open(url) as ar:
+        assert len(ar) == N
+        assert http.requests == 2, http.log
+        http.reset_log()
+        assert torch.equal(ar["t042"], t["t042"])
+        assert http.requests == 1 and http.bytes_served <= ELEMS * 4 + 128, http.log
+    import zipfile
+
+    with zipfile.ZipFile(paths["torch"]) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("/data/42"))
+    bad = bytearray(data)
+    bad[info.header_offset + 28] += 8  # its local extra field is 8 bytes longer: the payload moves
+    url = http.put("bad.pt", bytes(bad))
+    with tdz_numba.open(url) as ar:
+        key = next(k for k in ar if torch.equal(tdz_numba.open(paths["torch"])[k], t["t042"]))
+        with pytest.raises(tdz_numba.BadArchiveError, match=r"bad\.pt: entry '.*/data/42'.*local header"):
+            ar[key]
+        assert torch.equal(ar["t041"], t["t041"])

@@ -81,6 +81,38 @@ class RemoteFile(MappedFile):
         self.obj.need_spans(spans)
 
 
+class _PredictedZip(RemoteFile):
+    """A torch zip whose payload offsets were predicted (:meth:`RemoteIndex.predict_payloads`):
+    each leaf's fetch also fetches its member's local header (a few bytes before it: the
+    same request) and checks the prediction before the bytes are used."""
+
+    def __init__(self, obj: RemoteObject, index: Any) -> None:
+        super().__init__(obj)
+        t = index.table
+        order = np.argsort(t["payload_offset"], kind="stable")
+        self._index, self._order = index, order
+        self._starts = t["payload_offset"][order]
+        self._stops = self._starts + t["csize"][order]
+        self._hoff = t["header_offset"][order]
+
+    def need(self, start: int, stop: int) -> None:
+        self.need_spans([(start, stop)])
+
+    def need_spans(self, spans: list[tuple[int, int]]) -> None:
+        predicted = self._index.predicted
+        rows: list[int] = []
+        extra: list[tuple[int, int]] = []
+        for a, _ in spans:
+            k = int(np.searchsorted(self._starts, a, side="right")) - 1
+            if k >= 0 and a < self._stops[k] and predicted[self._order[k]]:
+                rows.append(int(self._order[k]))
+                extra.append((int(self._hoff[k]), int(self._starts[k])))
+        self.obj.need_spans(list(spans) + extra)
+        for i in rows:
+            if predicted[i]:
+                self._index.check_predicted(i)
+
+
 def start(obj: RemoteObject, tail_bytes: int) -> None:
     """The first request: the head of a head-first name, else the tail."""
     name = obj.label.split("?")[0].lower()
@@ -132,9 +164,11 @@ def sniff_remote(obj: RemoteObject) -> str:
     )
 
 
-def _opened(name: str, obj: RemoteObject, options: dict[str, Any], **kw: Any) -> Source:
+def _opened(
+    name: str, obj: RemoteObject, options: dict[str, Any], file: RemoteFile | None = None, **kw: Any
+) -> Source:
     """The format's own opener on the object (its ``MappedFile.open`` gives :class:`RemoteFile`)."""
-    rf = RemoteFile(obj)
+    rf = file if file is not None else RemoteFile(obj)
     key = obj.label
     with mapped_as({key: rf, str(Path(key)): rf}):
         src = opener(name)(key, **kw, **options)
@@ -194,14 +228,17 @@ def open_foreign_zip(kind: str, index: Any, options: dict[str, Any]) -> Source:
     headers) in one batch, then the reader runs unchanged."""
     obj: RemoteObject = index.obj
     names = index.names
+    file: RemoteFile | None = None
     if kind == "torch":
         small = [i for i, n in enumerate(names) if "/data/" not in n]
         index.fetch(small)  # data.pkl, byteorder, version: next to each other, one range
         index.heads = 0
+        if index.predict_payloads():  # torch.save's layout: no local header read at open
+            file = _PredictedZip(obj, index)
     else:
         index.heads = NPY_HEAD
-    index.check_all()  # every local header (+ head) in one concurrent batch
-    return _opened(kind, obj, options, index=index)
+    index.check_all()  # every local header (+ head) in one concurrent batch (unless predicted)
+    return _opened(kind, obj, options, file=file, index=index)
 
 
 def _open_sharded(obj: RemoteObject, options: dict[str, Any]) -> Source:

@@ -233,6 +233,45 @@ class RemoteIndex(ArchiveIndex):
         )
         self.fetch(np.fromiter(rows, np.int64))
 
+    def predict_payloads(self, alignment: int = 64) -> bool:
+        """Fills every payload offset without reading the local headers, as ``torch.save``'s
+        writer places them (the payload at the first multiple of ``alignment`` after the
+        header, its name and a 4-byte padding field), when every local header read so far
+        agrees; False (nothing changed) otherwise, or for zip64 members. The predicted
+        members are :attr:`predicted`; :meth:`check_predicted` checks one once its bytes are here."""
+        cols = self._cols.copy()
+        hoff, nlen = cols[:, records.Col.HEADER_OFFSET], cols[:, records.Col.NAME_LEN]
+        if not len(hoff) or int(hoff.max()) >= 0xFFFFFFFF or int(cols[:, records.Col.CSIZE].max()) >= 0xFFFFFFFF:
+            return False
+        pred = (hoff + 30 + nlen + 4 + alignment - 1) // alignment * alignment
+        known = np.nonzero(self._ready)[0]
+        if not known.size or not np.array_equal(cols[known, records.Col.PAYLOAD_OFFSET], pred[known]):
+            return False
+        self.predicted = ~self._ready.copy()
+        cols[:, records.Col.PAYLOAD_OFFSET] = pred
+        cols[:, records.Col.LOCAL_EXTRA_LEN] = pred - (hoff + 30 + nlen)
+        self._cols = cols
+        self._rows = None
+        self.local_checked = True
+        return True
+
+    def check_predicted(self, i: int) -> None:
+        """Checks member ``i``'s local header (fetched) against its predicted payload offset."""
+        t = self.table
+        h, n = int(t["header_offset"][i]), int(t["name_len"][i])
+        head = bytes(self.obj.buffer[h : h + 30])  # (the reader may have closed the index)
+        name_len, extra = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
+        if head[:4] != b"PK\x03\x04" or name_len != n or h + 30 + n + extra != int(t["payload_offset"][i]):
+            raise BadArchiveError(
+                f"{self.path}: entry {self.names[i]!r}: its local header (at {h}) does not place the "
+                f"payload at {int(t['payload_offset'][i])} as torch.save's writer does; the file is "
+                f"damaged or was written by another tool: load a local copy",
+                path=self.path,
+                entry=self.names[i],
+                offset=h,
+            )
+        self.predicted[i] = False
+
     def fetch_levels(self) -> None:
         """Fetches every level's ``meta.json`` in one concurrent batch (once): walking the tree
         (``tdz tree``, ``keys()`` of every level) then costs no request per level."""
@@ -253,6 +292,8 @@ class RemoteIndex(ArchiveIndex):
     #: None: :meth:`check_all` fetches every entry; an int: only each local header and that
     #: many payload bytes after it (payload offsets: ``tdz info``, a foreign zip's open).
     heads: int | None = 0
+    #: Members whose payload offset was predicted, their local header not checked yet.
+    predicted: np.ndarray | None = None
 
     def check_all(self) -> None:
         if self.heads is None:
