@@ -188,7 +188,10 @@ def open_foreign(obj: RemoteObject, options: dict[str, Any]) -> Source:
     elif name == "npy":
         from ..formats.numpy_fmt import MAX_HEADER
 
-        obj.need(0, MAX_HEADER + 12)
+        obj.need(0, 12)  # magic, version, header length (2 bytes in version 1, else 4)
+        head = bytes(obj.buffer[:12])
+        n = int.from_bytes(head[8:10], "little") + 10 if head[6] == 1 else int.from_bytes(head[8:12], "little") + 12
+        obj.need(0, min(n, MAX_HEADER + 12))
     elif name == "gguf":
         return _open_gguf(obj, options)
     elif name == "safetensors_index":

@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,9 @@ MAX_GAP = 4096
 MAX_WASTE = 0.02
 #: Largest single ranged request of a bulk fetch (larger extents are split for concurrency).
 PART_BYTES = 8 << 20
+#: Bytes of one group of a verified bulk fetch: the next group is fetched while this one's
+#: CRC-32s are computed.
+GROUP_BYTES = 16 << 20
 #: Kept for callers that tuned it: requests in flight are :data:`.object.CONCURRENCY`.
 GROUP_PARTS = 8
 #: A batch of local headers is cut into at most this many requests, by bridging gaps of at
@@ -198,7 +202,36 @@ class RemoteIndex(ArchiveIndex):
         rows = np.unique(rows[~self._ready[rows]])
         if not rows.size:
             return
-        self._get(self._spans(rows))
+        groups = self._groups(rows) if self.verify else [rows]
+        if len(groups) == 1:
+            self._get(self._spans(rows))
+            self._settle(rows)
+            return
+        # the next group travels (on fsspec's loop thread) while this one's CRCs are computed
+        with ThreadPoolExecutor(1) as pool:
+            ahead = pool.submit(self._get, self._spans(groups[0]))
+            for k, group in enumerate(groups):
+                ahead.result()
+                if k + 1 < len(groups):
+                    ahead = pool.submit(self._get, self._spans(groups[k + 1]))
+                try:
+                    self._settle(group)
+                except BaseException:
+                    ahead.cancel()
+                    raise
+
+    def _groups(self, rows: np.ndarray) -> list[np.ndarray]:
+        """``rows`` in file order, cut into groups of about :data:`GROUP_BYTES` bytes."""
+        t = self.table
+        rows = rows[np.argsort(t["header_offset"][rows], kind="stable")]
+        sizes = np.maximum(self._limit[rows] - t["header_offset"][rows], 0)
+        if int(sizes.sum()) <= 2 * GROUP_BYTES:
+            return [np.sort(rows)]
+        cut = np.nonzero(np.diff(np.cumsum(sizes) // GROUP_BYTES))[0] + 1
+        return [np.sort(g) for g in np.split(rows, cut) if g.size]
+
+    def _settle(self, rows: np.ndarray) -> None:
+        """Entries ``rows`` are here: their local headers checked, then their CRC-32s."""
         if int(self._ready.sum()) + rows.size == len(self.names):  # everything is here now:
             ArchiveIndex.check_all(self)  # every local header in one kernel pass
         else:
