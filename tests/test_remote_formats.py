@@ -395,3 +395,24 @@ def test_torch_open_two_requests_and_damaged_header(http, files):
         with pytest.raises(tdz_numba.BadArchiveError, match=r"bad\.pt: entry '.*/data/42'.*local header"):
             ar[key]
         assert torch.equal(ar["t041"], t["t041"])
+
+
+def test_tdz_groups_pipelined_crc(http, files, tmp_path, monkeypatch):
+    """A verified bulk fetch in groups (the next fetched while this one's CRCs are computed):
+    the same values; a flipped byte in a middle group is a ChecksumError naming its entry."""
+    from tdz_numba.remote import read
+
+    t, _ = files
+    p = tdz_numba.save(t, tmp_path / "g.tdz")
+    monkeypatch.setattr(read, "GROUP_BYTES", 64 << 10)
+    url = http.put("g.tdz", p.read_bytes())
+    with tdz_numba.open(url) as ar:
+        assert len(read.RemoteIndex._groups(ar._index, np.arange(len(ar._index.names)))) > 10
+        _same(ar.to_dict(), t)
+    with tdz_numba.open(p) as local:
+        off = local._index.entry("t050.memmap").payload_offset
+    bad = bytearray(p.read_bytes())
+    bad[off + 100] ^= 1
+    url = http.put("gbad.tdz", bytes(bad))
+    with pytest.raises(tdz_numba.ChecksumError, match=r"gbad\.tdz: entry 't050\.memmap'"):
+        tdz_numba.load(url)
