@@ -416,3 +416,46 @@ def test_tdz_groups_pipelined_crc(http, files, tmp_path, monkeypatch):
     url = http.put("gbad.tdz", bytes(bad))
     with pytest.raises(tdz_numba.ChecksumError, match=r"gbad\.tdz: entry 't050\.memmap'"):
         tdz_numba.load(url)
+
+
+def test_cli_info_tree_read_the_header_only(http, files, capsys):
+    from tdz_numba.cli import main
+
+    t, paths = files
+    for fmt in ("safetensors", "gguf", "torch"):
+        url = _url(http, paths[fmt])
+        for cmd in ("info", "tree"):
+            http.reset_log()
+            assert main([cmd, url]) == 0
+            assert http.requests <= 2 and http.bytes_served <= (80 << 10), (fmt, cmd, http.log)
+        http.reset_log()
+        assert main(["verify", url, "--json"]) == 0
+        assert '"ok": true' in capsys.readouterr().out
+        assert http.bytes_served >= paths[fmt].stat().st_size
+
+
+def test_s3_formats_pinned(files):
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from servers import MotoS3
+
+    t, paths = files
+    server = MotoS3()
+    try:
+        fs = server.fs()
+        fs.call_s3("create_bucket", Bucket="bucket")
+        opts = server.storage_options
+        for fmt in ("safetensors", "torch", "gguf"):
+            url = f"s3://bucket/{paths[fmt].name}"
+            fs.pipe(url, paths[fmt].read_bytes())
+            _same(tdz_numba.load(url, storage_options=opts), tdz_numba.load(paths[fmt]))
+        url = "s3://bucket/m.safetensors"
+        with tdz_numba.open(url, storage_options=opts) as ar:
+            assert ar.source.remote.pin.get("ETag")
+            data = bytearray(paths["safetensors"].read_bytes())
+            data[-1] ^= 1
+            fs.pipe(url, bytes(data))
+            with pytest.raises(RemoteError, match=r"s3://bucket/m\.safetensors: reading bytes.*changed"):
+                ar["t050"]
+    finally:
+        server.stop()

@@ -287,9 +287,10 @@ class _S3(_Transport):
         except FileNotFoundError:
             raise _Missing() from None
         except Exception as exc:
-            if "PreconditionFailed" in str(exc) or "412" in str(exc):
+            text = str(exc)
+            if "PreconditionFailed" in text or "412" in text or "pre-condition" in text:
                 raise _Replaced("the server refused IfMatch (412)") from None
-            if "InvalidRange" in str(exc) or "416" in str(exc):
+            if "InvalidRange" in text or "416" in text:
                 return b"", {"size": 0}
             raise
         try:
