@@ -459,3 +459,32 @@ def test_s3_formats_pinned(files):
                 ar["t050"]
     finally:
         server.stop()
+
+
+def test_memmap_dir_under_url_prefix(http, files, tmp_path):
+    """A tensordict memmap directory under a URL prefix: each level's meta.json and the
+    listing at open, each leaf's file fetched when used (memory:// and HTTP, which lists no
+    folders: sizes from HEAD requests)."""
+    import fsspec
+
+    t, _ = files
+    tree = {"a": {k: t[k] for k in list(t)[:5]}, "b": t["t099"], "tag": "x"}
+    d = tdz_numba.unpack(tdz_numba.save(tree, tmp_path / "d.tdz"), tmp_path / "d")
+    local = tdz_numba.load(d)
+    fs = fsspec.filesystem("memory")
+    fs.put(str(d), "/tdz-md/d", recursive=True)
+    try:
+        with tdz_numba.open("memory://tdz-md/d") as ar:
+            assert ar.format == "memmap_dir" and sorted(ar) == sorted(local)
+            assert all(not f.obj.ranges for f in ar.source.files)  # nothing fetched at open
+            assert torch.equal(ar["a/t003"], t["t003"])
+        back = tdz_numba.load("memory://tdz-md/d")
+        assert back["tag"] == "x" and torch.equal(back["b"], t["t099"])
+        _same(back["a"], local["a"])
+    finally:
+        fs.rm("/tdz-md", recursive=True)
+    for p in d.rglob("*"):
+        if p.is_file():
+            http.put("md/" + str(p.relative_to(d)), p.read_bytes())
+    back = tdz_numba.load(http.url("md"))
+    assert torch.equal(back["a"]["t001"], t["t001"]) and back["tag"] == "x"

@@ -36,7 +36,7 @@ Examples
 ...     _ = f.write(bytes(range(200)))
 >>> obj = RemoteObject("memory://doc-obj/x.bin")
 >>> obj.start(tail=16)                    # the first request: the last 16 bytes, size and pin
->>> obj.size, obj.buffer[-1], obj.missing(0, obj.size)
+>>> obj.size, int(obj.buffer[-1]), obj.missing(0, obj.size)
 (200, 199, [(0, 184)])
 >>> obj.need(10, 20); obj.buffer[10:13].tolist(), obj.bytes_fetched
 ([10, 11, 12], 26)
@@ -90,7 +90,7 @@ def coalesce(starts: np.ndarray, stops: np.ndarray, max_gap: int, max_waste: flo
     --------
     >>> import numpy as np
     >>> from tdz_numba.remote.object import coalesce
-    >>> coalesce(np.array([0, 100, 10, 5000]), np.array([10, 200, 20, 6000]), 4096, 0.5)
+    >>> coalesce(np.array([0, 100, 10, 5000]), np.array([10, 200, 20, 6000]), 4096, 0.01)
     [(0, 20), (100, 200), (5000, 6000)]
     >>> coalesce(np.array([0, 100]), np.array([10, 200]), 4096, 1.0)
     [(0, 200)]
@@ -194,6 +194,15 @@ class RemoteObject:
             self.buffer[a : a + len(data)] = np.frombuffer(data, np.uint8)
             self._add(a, a + len(data))
         self.bytes_fetched += len(data)
+
+    def sized(self, size: int, pin: dict[str, Any]) -> None:
+        """Starts without a request: the size and pin come from a listing (``fs.ls``)."""
+        keep = ("ETag", "etag", "VersionId", "version_id", "generation")  # (a listing's times differ from info()'s)
+        self.size, self.pin = int(size), {k: v for k, v in pin.items() if k in keep}
+        self.pin["size"] = self.size
+        if self.size:
+            self._mmap = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE)
+            self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)
 
     # -- what is here ----------------------------------------------------------------------
     def _add(self, a: int, b: int) -> None:

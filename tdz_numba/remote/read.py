@@ -47,6 +47,7 @@ from ..archive.state import ArchiveState, subpath_prefix
 from ..errors import (
     BadArchiveError,
     ChecksumError,
+    FileMissingError,
     InvalidArgumentError,
     MissingKeyError,
     TdzError,
@@ -422,7 +423,14 @@ def open_remote(
 
     obj = target if isinstance(target, RemoteObject) else RemoteObject(target, storage_options)
     if obj.size < 0:
-        foreign.start(obj, tail_bytes)
+        try:
+            foreign.start(obj, tail_bytes)
+        except FileMissingError:
+            from .memmapdir import is_memmap_dir, open_memmap_dir_remote
+
+            if not isinstance(target, str) or not is_memmap_dir(target, storage_options):
+                raise
+            return _foreign_archive(open_memmap_dir_remote(target, storage_options), options)
     if not foreign.is_zip(obj, tail_bytes):
         return _foreign_archive(foreign.open_foreign(obj, {}), options)
     index = RemoteIndex(obj, verify=verify, tail_bytes=tail_bytes)

@@ -132,7 +132,10 @@ class _Generic(_Transport):
             raise _Missing() from None
 
     def first(self, start: int | None, n: int) -> tuple[bytes, int, int, dict[str, Any]]:
-        pin = _pin_of(self._info())
+        info = self._info()
+        if info.get("type") == "directory":  # not an object (a memmap directory's prefix?)
+            raise _Missing()
+        pin = _pin_of(info)
         size = pin["size"]
         a = max(0, size - n) if start is None else min(start, size)
         b = min(size, a + n)
@@ -149,7 +152,8 @@ class _Generic(_Transport):
         return [_place(dest, a, b, d) for (a, b), d in zip(parts, got)]
 
     def check(self, pin: dict[str, Any]) -> None:
-        now = _pin_of(self._info())
+        full = _pin_of(self._info())
+        now = {k: full.get(k) for k in pin}
         if now != pin:
             raise _Replaced(f"was {pin}, now {now}")
 
