@@ -258,7 +258,9 @@ def test_persistent_fault_names_url_and_range(http, files, fmt, monkeypatch):
     monkeypatch.setattr(remote_object, "ATTEMPTS", 2)
     http.faults = ["500"] * 50
     try:
-        with pytest.raises(RemoteError, match=r"127\.0\.0\.1.*" + paths[fmt].name.replace(".", r"\.")) as info:
+        with pytest.raises(
+            RemoteError, match=r"127\.0\.0\.1.*" + paths[fmt].name.replace(".", r"\.")
+        ) as info:
             tdz_numba.load(url)
     finally:
         http.faults = []
@@ -277,7 +279,9 @@ def test_replaced_object_is_refused(http, files, fmt, tmp_path):
         flipped = bytearray(data)
         flipped[-1] ^= 0xFF
         http.put("swap-" + paths[fmt].name, bytes(flipped))
-        with pytest.raises(RemoteError, match=r"swap-.*reading bytes \[\d+, \d+\).*changed since it was opened"):
+        with pytest.raises(
+            RemoteError, match=r"swap-.*reading bytes \[\d+, \d+\).*changed since it was opened"
+        ):
             ar[keys[len(keys) // 2]]  # (not in the first read)
     assert any(m == "GET-412" for m, *_ in http.log)
 

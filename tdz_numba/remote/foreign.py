@@ -190,7 +190,11 @@ def open_foreign(obj: RemoteObject, options: dict[str, Any]) -> Source:
 
         obj.need(0, 12)  # magic, version, header length (2 bytes in version 1, else 4)
         head = bytes(obj.buffer[:12])
-        n = int.from_bytes(head[8:10], "little") + 10 if head[6] == 1 else int.from_bytes(head[8:12], "little") + 12
+        n = (
+            int.from_bytes(head[8:10], "little") + 10
+            if head[6] == 1
+            else int.from_bytes(head[8:12], "little") + 12
+        )
         obj.need(0, min(n, MAX_HEADER + 12))
     elif name == "gguf":
         return _open_gguf(obj, options)
@@ -269,7 +273,9 @@ def _open_sharded(obj: RemoteObject, options: dict[str, Any]) -> Source:
     storage = getattr(obj, "storage_options", None)
     for i, name in enumerate(shards):
         if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
-            raise BadArchiveError(f"{where}: weight_map names shard {name!r}: not a file name next to the index")
+            raise BadArchiveError(
+                f"{where}: weight_map names shard {name!r}: not a file name next to the index"
+            )
         shard = RemoteObject(base + name, storage)
         shard.start(head=PROBE_BYTES)
         shard.need(0, 8)
@@ -290,11 +296,15 @@ def _open_sharded(obj: RemoteObject, options: dict[str, Any]) -> Source:
     for key, shard_name in wmap.items():
         spec = per[shard_name].get(key)
         if spec is None:
-            raise BadArchiveError(f"{where}: weight_map puts {key!r} in {shard_name!r}, which does not hold it")
+            raise BadArchiveError(
+                f"{where}: weight_map puts {key!r} in {shard_name!r}, which does not hold it"
+            )
         tree[key] = spec
     extra = [k for k in owner if k not in wmap]
     if extra:
-        raise BadArchiveError(f"{where}: shard {owner[extra[0]]!r} holds {extra[0]!r}, which weight_map does not list")
+        raise BadArchiveError(
+            f"{where}: shard {owner[extra[0]]!r} holds {extra[0]!r}, which weight_map does not list"
+        )
     metadata.update(meta)
     src = flat_source("safetensors", Path(where), tree, files=files, metadata=metadata)
     src.path = where  # type: ignore[assignment]
@@ -379,4 +389,3 @@ def read_all(src: Source) -> None:
     top = getattr(src, "remote", None)
     if top is not None:
         top.read_all()
-

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from typing import Any
 
 from ..errors import BadArchiveError, UnsupportedError
@@ -116,10 +117,12 @@ def open_memmap_dir_remote(url: str, storage_options: dict[str, Any] | None) -> 
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise BadArchiveError(f"{where}/meta.json: not valid JSON: {exc}", path=top) from None
         keyed, children = describe_level(
-            meta, prefix, lambda prefix=prefix: listing(prefix), has_level, f"{where}/meta.json"
+            meta, prefix, partial(listing, prefix), has_level, f"{where}/meta.json"
         )
         keys = {c.key for c in children}
-        level = Level(meta={k: v for k, v in meta.items() if k not in keys} if keyed else dict(meta), keyed=keyed)
+        level = Level(
+            meta={k: v for k, v in meta.items() if k not in keys} if keyed else dict(meta), keyed=keyed
+        )
         if parent is None:
             out = level
         else:
@@ -152,7 +155,9 @@ def _leaf(
         return TensorSpec(leaf.key, dtype, leaf.shape, None, 0, 0, 0, leaf.dtype)
     info = ls(leaf.entry)
     if info is None:
-        raise BadArchiveError(f"{entry}: leaf {leaf.key!r} of shape {list(leaf.shape)} has no file {leaf.entry!r}")
+        raise BadArchiveError(
+            f"{entry}: leaf {leaf.key!r} of shape {list(leaf.shape)} has no file {leaf.entry!r}"
+        )
     obj = RemoteObject(f"{top}/{leaf.entry}", storage)
     obj.sized(int(info.get("size") or 0), _pin_of(info))
     f = RemoteFile(obj)
@@ -165,4 +170,3 @@ def _leaf(
     spec = TensorSpec(leaf.key, dtype, leaf.shape, None, len(files) - 1, 0, nbytes, leaf.dtype)
     check_extent(spec, f.size, entry)
     return spec
-

@@ -197,7 +197,13 @@ class RemoteObject:
 
     def sized(self, size: int, pin: dict[str, Any]) -> None:
         """Starts without a request: the size and pin come from a listing (``fs.ls``)."""
-        keep = ("ETag", "etag", "VersionId", "version_id", "generation")  # (a listing's times differ from info()'s)
+        keep = (
+            "ETag",
+            "etag",
+            "VersionId",
+            "version_id",
+            "generation",
+        )  # (a listing's times differ from info()'s)
         self.size, self.pin = int(size), {k: v for k, v in pin.items() if k in keep}
         self.pin["size"] = self.size
         if self.size:

@@ -182,7 +182,12 @@ class RemoteIndex(ArchiveIndex):
         """Fetches ``[start, stop)`` spans (already coalesced) into :attr:`buffer`, in parts of at
         most :data:`PART_BYTES` fetched concurrently (:meth:`RemoteObject.need_spans`)."""
         self.obj.need_spans(
-            spans, max_gap=0, max_waste=0.0, what=what or self._names_in, entry=self._first_in, part_bytes=PART_BYTES
+            spans,
+            max_gap=0,
+            max_waste=0.0,
+            what=what or self._names_in,
+            entry=self._first_in,
+            part_bytes=PART_BYTES,
         )
 
     def _spans(self, rows: np.ndarray) -> list[tuple[int, int]]:
@@ -275,7 +280,11 @@ class RemoteIndex(ArchiveIndex):
         members are :attr:`predicted`; :meth:`check_predicted` checks one once its bytes are here."""
         cols = self._cols.copy()
         hoff, nlen = cols[:, records.Col.HEADER_OFFSET], cols[:, records.Col.NAME_LEN]
-        if not len(hoff) or int(hoff.max()) >= 0xFFFFFFFF or int(cols[:, records.Col.CSIZE].max()) >= 0xFFFFFFFF:
+        if (
+            not len(hoff)
+            or int(hoff.max()) >= 0xFFFFFFFF
+            or int(cols[:, records.Col.CSIZE].max()) >= 0xFFFFFFFF
+        ):
             return False
         pred = (hoff + 30 + nlen + 4 + alignment - 1) // alignment * alignment
         known = np.nonzero(self._ready)[0]
@@ -304,7 +313,8 @@ class RemoteIndex(ArchiveIndex):
                 entry=self.names[i],
                 offset=h,
             )
-        self.predicted[i] = False
+        if self.predicted is not None:
+            self.predicted[i] = False
 
     def fetch_levels(self) -> None:
         """Fetches every level's ``meta.json`` in one concurrent batch (once): walking the tree

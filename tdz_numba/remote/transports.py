@@ -351,12 +351,12 @@ def transport(target: Any, storage_options: dict[str, Any] | None) -> _Transport
     try:
         fs, path = fsspec.core.url_to_fs(target, **(storage_options or {}))
     except (ImportError, ValueError) as exc:
-        raise InvalidArgumentError(f"{target}: cannot open this URL with fsspec: {exc}", path=target) from None
+        raise InvalidArgumentError(
+            f"{target}: cannot open this URL with fsspec: {exc}", path=target
+        ) from None
     kind = type(fs).__name__
     if kind == "HTTPFileSystem" and hasattr(fs, "set_session"):
         return _Http(fs, path, target)
     if kind == "S3FileSystem" and hasattr(fs, "_call_s3"):
         return _S3(fs, path, target)
     return _Generic(fs, path, target)
-
-
