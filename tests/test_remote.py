@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import tdz_numba
-from tdz_numba.errors import BadArchiveError, ChecksumError, MissingKeyError, TdzError
+from tdz_numba.errors import BadArchiveError, MissingKeyError, TdzError
 from tdz_numba.remote import read as remote
 from tdz_numba.remote import write as remote_write
 from tdz_numba.tdz.tree import flatten
