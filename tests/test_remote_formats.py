@@ -492,3 +492,31 @@ def test_memmap_dir_under_url_prefix(http, files, tmp_path):
             http.put("md/" + str(p.relative_to(d)), p.read_bytes())
     back = tdz_numba.load(http.url("md"))
     assert torch.equal(back["a"]["t001"], t["t001"]) and back["tag"] == "x"
+
+
+def test_onnx_external_data_next_to_the_model(http, files, tmp_path):
+    """ONNX external data: files named relative to the model's URL, fetched when used; a
+    location leaving the folder is refused as for a local file."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    t, _ = files
+    inits = [numpy_helper.from_array(t[k].numpy(), k) for k in list(t)[:10]]
+    outs = [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in inits]
+    model = helper.make_model(helper.make_graph([], "g", [], outs, inits))
+    convert_model_to_external_data(model, all_tensors_to_one_file=True, location="w.bin", size_threshold=0)
+    onnx.save(model, tmp_path / "m.onnx")
+    http.put("ext/w.bin", (tmp_path / "w.bin").read_bytes())
+    url = http.put("ext/m.onnx", (tmp_path / "m.onnx").read_bytes())
+    http.reset_log()
+    with tdz_numba.open(url) as ar:
+        assert sum(m == "GET" for m, *_ in http.log) == 1  # the model; w.bin: one HEAD, no bytes
+        http.reset_log()
+        assert torch.equal(ar["t004"], t["t004"])
+        assert http.bytes_served == ELEMS * 4, http.log
+    _same(tdz_numba.load(url), tdz_numba.load(tmp_path / "m.onnx"))
+    with tdz_numba.open(url) as ar:
+        http.put("ext/w.bin", b"\0" * len((tmp_path / "w.bin").read_bytes()))
+        with pytest.raises(RemoteError, match=r"ext/w\.bin: reading bytes.*changed"):
+            ar["t007"]

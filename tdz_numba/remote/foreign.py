@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import struct
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from ..formats.detect import FORMATS, HEAD_BYTES, _no_duplicates, opener
 from ..tdz.sources import MappedFile, Source, TensorSpec, mapped_as
 from ..zipfmt import eocd
 from .object import RemoteObject
+from .transports import _S3, _Generic, _Http
 
 __all__ = ["RemoteFile", "PROBE_BYTES", "start", "is_zip", "sniff_remote", "open_foreign", "open_foreign_zip"]
 
@@ -170,11 +172,28 @@ def _opened(
     """The format's own opener on the object (its ``MappedFile.open`` gives :class:`RemoteFile`)."""
     rf = file if file is not None else RemoteFile(obj)
     key = obj.label
-    with mapped_as({key: rf, str(Path(key)): rf}):
+    with mapped_as({key: rf, str(Path(key)): rf}, partial(_neighbour, obj)):
         src = opener(name)(key, **kw, **options)
     src.path = obj.label  # type: ignore[assignment]  # a URL names the source
     src.remote = obj  # type: ignore[attr-defined]  # traffic counters, read_all for verify
     return src
+
+
+def _neighbour(obj: RemoteObject, location: str) -> RemoteFile:
+    """The object at ``location`` (checked by the reader: relative, no ``..``) in the folder of
+    ``obj``'s URL, sized and pinned by one metadata request; its bytes come when used."""
+    if not isinstance(obj.io, (_Http, _S3, _Generic)):
+        raise UnsupportedError(
+            f"{obj.label}: names another file ({location!r}); a file object has no folder: use a URL",
+            path=obj.label,
+        )
+    parts = [p for p in location.replace("\\", "/").split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise BadArchiveError(f"{obj.label}: {location!r} is not a file inside its folder", path=obj.label)
+    url = obj.label.split("?")[0].rsplit("/", 1)[0] + "/" + "/".join(parts)
+    other = RemoteObject(url, obj.storage_options)
+    other.stat()
+    return RemoteFile(other)
 
 
 def open_foreign(obj: RemoteObject, options: dict[str, Any]) -> Source:

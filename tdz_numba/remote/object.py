@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FileMissingError, InvalidArgumentError, RemoteError
-from .transports import _Missing, _Replaced, transport
+from .transports import _Missing, _pin_of, _Replaced, transport
 
 __all__ = [
     "RemoteObject",
@@ -194,6 +194,17 @@ class RemoteObject:
             self.buffer[a : a + len(data)] = np.frombuffer(data, np.uint8)
             self._add(a, a + len(data))
         self.bytes_fetched += len(data)
+
+    def stat(self) -> None:
+        """Starts with one metadata request (``fs.info``: size and identity), no bytes."""
+        self.requests += 1
+        try:
+            info = dict(self.io.fs.info(self.io.path))  # type: ignore[attr-defined]  # fsspec transports
+        except FileNotFoundError:
+            raise FileMissingError(f"{self.label}: no such object", path=self.label) from None
+        except Exception as exc:
+            raise RemoteError(f"{self.label}: cannot read its size: {exc}", path=self.label) from exc
+        self.sized(int(info.get("size") or 0), _pin_of(info))
 
     def sized(self, size: int, pin: dict[str, Any]) -> None:
         """Starts without a request: the size and pin come from a listing (``fs.ls``)."""

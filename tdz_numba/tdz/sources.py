@@ -64,6 +64,7 @@ __all__ = [
     "paused_gc",
     "make_present",
     "mapped_as",
+    "stand_in_external",
     "MAX_DEPTH",
 ]
 
@@ -186,15 +187,31 @@ _STAND_INS: contextvars.ContextVar[dict[str, MappedFile] | None] = contextvars.C
 )
 
 
+_NEIGHBOURS: contextvars.ContextVar[Callable[[str], MappedFile] | None] = contextvars.ContextVar(
+    "tdz_neighbours", default=None
+)
+
+
 @contextlib.contextmanager
-def mapped_as(files: dict[str, MappedFile]):
+def mapped_as(files: dict[str, MappedFile], neighbours: Callable[[str], MappedFile] | None = None):
     """Within the block, :meth:`MappedFile.open` of a name in ``files`` returns that file (a
-    remote object's :class:`MappedFile`), so that a format's reader opens it unchanged."""
+    remote object's :class:`MappedFile`), so that a format's reader opens it unchanged;
+    ``neighbours(location)`` gives the file a reader names relative to it (ONNX external data),
+    the location already checked by the reader (relative, no ``..``)."""
     token = _STAND_INS.set(files)
+    other = _NEIGHBOURS.set(neighbours)
     try:
         yield
     finally:
+        _NEIGHBOURS.reset(other)
         _STAND_INS.reset(token)
+
+
+def stand_in_external(location: str) -> MappedFile | None:
+    """The file at ``location`` next to a remote file being opened (inside :func:`mapped_as`);
+    None otherwise (a local reader maps the file itself)."""
+    found = _NEIGHBOURS.get()
+    return None if found is None else found(location)
 
 
 def make_present(specs: Any, files: Any) -> None:
