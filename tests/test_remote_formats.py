@@ -520,3 +520,14 @@ def test_onnx_external_data_next_to_the_model(http, files, tmp_path):
         http.put("ext/w.bin", b"\0" * len((tmp_path / "w.bin").read_bytes()))
         with pytest.raises(RemoteError, match=r"ext/w\.bin: reading bytes.*changed"):
             ar["t007"]
+
+
+def test_hdf5_needing_h5py_is_refused_clearly(http, tmp_path):
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f.create_dataset("c", data=np.arange(1000.0), chunks=(100,), compression="gzip")
+    url = http.put("c.h5", (tmp_path / "c.h5").read_bytes())
+    with pytest.raises(
+        tdz_numba.UnsupportedError, match=r"c\.h5: an HDF5 file with datasets only h5py reads"
+    ):
+        tdz_numba.open(url)
