@@ -531,3 +531,37 @@ def test_hdf5_needing_h5py_is_refused_clearly(http, tmp_path):
         tdz_numba.UnsupportedError, match=r"c\.h5: an HDF5 file with datasets only h5py reads"
     ):
         tdz_numba.open(url)
+
+
+def test_sharded_and_memmap_dir_faults(http, files, tmp_path, monkeypatch):
+    """The readers of several objects: a dropped body is retried, a persistent 5xx names the
+    shard's (or leaf file's) URL and range."""
+    from safetensors.torch import save
+
+    t, _ = files
+    keys = list(t)
+    http.put("sh2/a.safetensors", save({k: t[k] for k in keys[:50]}))
+    http.put("sh2/b.safetensors", save({k: t[k] for k in keys[50:]}))
+    wmap = {k: "a.safetensors" if i < 50 else "b.safetensors" for i, k in enumerate(keys)}
+    url = http.put("sh2/m.safetensors.index.json", json.dumps({"weight_map": wmap}).encode())
+    with tdz_numba.open(url) as ar:
+        http.drop = 1
+        _same(ar.to_dict(), t)
+    monkeypatch.setattr(remote_object, "ATTEMPTS", 2)
+    with tdz_numba.open(url) as ar:
+        http.faults = ["500"] * 10
+        with pytest.raises(RemoteError, match=r"sh2/b\.safetensors: reading bytes \[\d+, \d+\)"):
+            ar["t080"]
+    http.faults, http.drop = [], 0
+    d = tdz_numba.unpack(tdz_numba.save({"a": t["t001"], "b": t["t002"]}, tmp_path / "d.tdz"), tmp_path / "d")
+    for p in d.rglob("*"):
+        if p.is_file():
+            http.put("md2/" + str(p.relative_to(d)), p.read_bytes())
+    with tdz_numba.open(http.url("md2")) as ar:
+        http.faults = ["500"] * 10
+        with pytest.raises(RemoteError, match=r"md2/b\.memmap: reading bytes \[0, 16384\)"):
+            ar["b"]
+        http.faults = []
+        http.drop = 1
+        assert torch.equal(ar["a"], t["t001"])
+    http.drop = 0
