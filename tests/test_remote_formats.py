@@ -565,3 +565,12 @@ def test_sharded_and_memmap_dir_faults(http, files, tmp_path, monkeypatch):
         http.drop = 1
         assert torch.equal(ar["a"], t["t001"])
     http.drop = 0
+
+
+def test_is_archive_reads_one_range(http, files):
+    t, paths = files
+    for fmt in ("safetensors", "onnx", "torch"):
+        url = _url(http, paths[fmt])
+        http.reset_log()
+        assert not tdz_numba.is_archive(url)
+        assert http.requests <= 2 and http.bytes_served <= (68 << 10), (fmt, http.log)

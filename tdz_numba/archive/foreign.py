@@ -166,7 +166,7 @@ def copy_specs(
     n = len(leaves)
     if n == 0:
         return []
-    if any(f.remote for f in files):  # fetched in one batch, then copied from the mapping
+    if any(getattr(f, "remote", False) for f in files):  # fetched in one batch, then copied from the mapping
         make_present(leaves, files)
         return [tensor_from_spec(s, files, copy=True, where=where, num_threads=num_threads) for s in leaves]
     ext = plain_extents(leaves, files)

@@ -541,8 +541,14 @@ def verify_remote(
 
 def is_archive_remote(target: Any, *, storage_options: dict[str, Any] | None = None) -> bool:
     """Whether the remote object is a zip with a top-level ``meta.json`` (tail + meta.json read)."""
+    from .foreign import is_zip, start
+
     try:
-        ar = open_remote(target, storage_options=storage_options)
+        obj = RemoteObject(target, storage_options)
+        start(obj, TAIL_BYTES)
+        if not is_zip(obj, TAIL_BYTES) or "meta.json" not in RemoteIndex(obj):  # another format
+            return False
+        ar = open_remote(obj)
     except (TdzError, OSError):
         return False
     try:

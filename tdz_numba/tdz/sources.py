@@ -217,7 +217,7 @@ def stand_in_external(location: str) -> MappedFile | None:
 def make_present(specs: Any, files: Any) -> None:
     """Fetches the bytes of many leaves of remote files in one batch per file (nothing
     for local files): what a reader calls before it makes tensors of ``specs``."""
-    remote = [i for i, f in enumerate(files) if f.remote]
+    remote = [i for i, f in enumerate(files) if getattr(f, "remote", False)]
     if not remote:
         return
     spans: dict[int, list[tuple[int, int]]] = {i: [] for i in remote}
@@ -457,7 +457,7 @@ def tensor_from_spec(
     import torch
 
     where = where or (str(files[spec.file].path) if 0 <= spec.file < len(files) else "<file>")
-    if spec.nbytes and 0 <= spec.file < len(files) and files[spec.file].remote:
+    if spec.nbytes and 0 <= spec.file < len(files) and getattr(files[spec.file], "remote", False):
         files[spec.file].need(spec.offset, spec.offset + spec.nbytes)
     if spec.loader is not None:
         value = spec.loader()
