@@ -574,3 +574,24 @@ def test_is_archive_reads_one_range(http, files):
         http.reset_log()
         assert not tdz_numba.is_archive(url)
         assert http.requests <= 2 and http.bytes_served <= (68 << 10), (fmt, http.log)
+
+
+def test_gguf_header_longer_than_the_first_read(http, files, tmp_path):
+    """A GGUF header of ~300 KiB (a tokenizer's vocabulary): the prefix grows until the parse
+    ends inside it; the values are the local open's."""
+    gguf = pytest.importorskip("gguf")
+    t, _ = files
+    w = gguf.GGUFWriter(str(tmp_path / "big.gguf"), "llama")
+    w.add_array("tokenizer.ggml.tokens", [f"token-{i:06d}" for i in range(20000)])
+    for k in list(t)[:20]:
+        w.add_tensor(k, t[k].numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    url = http.put("big.gguf", (tmp_path / "big.gguf").read_bytes())
+    http.reset_log()
+    with tdz_numba.open(url) as ar:
+        assert http.requests <= 3, http.log
+        assert ar.metadata["tokenizer.ggml.tokens"][-1] == "token-019999"
+    _same(tdz_numba.load(url), tdz_numba.load(tmp_path / "big.gguf"))
