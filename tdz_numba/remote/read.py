@@ -84,6 +84,8 @@ GROUP_PARTS = 8
 #: A batch of local headers is cut into at most this many requests, by bridging gaps of at
 #: most :data:`HEAD_GAP` bytes (members of small leaves are read through; big ones are not).
 HEAD_RANGES, HEAD_GAP = 64, 1 << 20
+#: Levels reached one by one before every level's ``meta.json`` is fetched in one batch.
+WALK_LEVELS = 4
 #: Bytes of local extra fields a foreign zip's header fetch allows for (torch pads to 64).
 _LOCAL_EXTRA = 256
 
@@ -374,9 +376,12 @@ class RemoteArchive(Archive):
         self._prefix = prefix
 
     def _sub(self, prefix: str) -> Archive:
-        view = self._state.views.get(prefix)
+        views = self._state.views
+        view = views.get(prefix)
         if view is None:
-            view = self._state.views[prefix] = RemoteArchive(self._state, prefix)
+            view = views[prefix] = RemoteArchive(self._state, prefix)
+            if len(views) == WALK_LEVELS:  # a walk (tree, iter_leaves): every meta.json at once
+                self._index.fetch_levels()
         return view
 
     def to_dict(self, **kwargs: Any):  # noqa: D102 - Archive.to_dict
