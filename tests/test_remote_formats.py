@@ -609,3 +609,11 @@ def test_tdz_walk_fetches_levels_in_one_batch(http, tmp_path):
         assert [list(ar[k]) for k in ar] == [["x"]] * 100
         assert http.requests <= 1 + read.WALK_LEVELS + read.HEAD_RANGES + 1, len(http.log)
         assert ar["g077/x"][0] == 77.0
+
+
+def test_convert_from_urls_of_other_formats(http, files, tmp_path):
+    t, paths = files
+    for fmt in ("safetensors", "gguf", "torch"):
+        url = _url(http, paths[fmt])
+        out = tdz_numba.convert(url, tmp_path / f"{fmt}.tdz")
+        _same(tdz_numba.load(out), tdz_numba.load(paths[fmt]))
