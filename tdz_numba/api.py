@@ -62,13 +62,14 @@ def open(
     Parameters
     ----------
     path : str or os.PathLike
-        The file (or memmap directory, or safetensors index); for ``.tdz``
-        archives also an fsspec URL (``s3://``, ``gs://``, ``https://``,
-        ``memory://``, ...) or a seekable binary file object.
-        Remote archives are read with ranged requests: the tail at open, each
-        level's meta.json when reached, leaves on access; ``to_dict`` fetches
-        a level's entries in one coalesced concurrent batch. Every fetched
-        entry's CRC-32 is checked.
+        The file (or memmap directory, or safetensors index), or an fsspec URL
+        (``s3://``, ``gs://``, ``https://``, ``memory://``, ``simplecache::...``)
+        or a seekable binary file object, of any format. Remote files are read
+        with ranged requests: the header (or a zip's tail and index) at open,
+        leaves on access; ``to_dict`` fetches a level's leaves in one coalesced
+        concurrent batch. The object is pinned (ETag) at open: a replaced object
+        raises :class:`~tdz_numba.RemoteError`. A ``.tdz``'s fetched entries are
+        CRC-checked. See ``docs/remote.md`` for the requests each format costs.
     mode : {"r", "r+"}
         ``"r"`` maps the file privately: leaves are writable but writes stay
         in memory. ``"r+"`` maps it shared: in-place writes reach the file
@@ -251,8 +252,8 @@ def load(
     Parameters
     ----------
     path : str or os.PathLike
-        The file, memmap directory or safetensors index; for ``.tdz`` archives
-        also an fsspec URL (see :func:`open`).
+        The file, memmap directory or safetensors index; also an fsspec URL or
+        a file object, of any format (see :func:`open`).
     subpath : str or tuple of str, optional
         Load only the level at ``"a/b"`` or ``("a", "b")``.
     mode : {"r", "r+"}
@@ -303,7 +304,9 @@ def load(
         ``subpath`` that names a leaf.
     UnsupportedError
         A leaf this reader cannot produce (e.g. ``mode="r+"`` on a
-        compressed leaf), or a file object.
+        compressed leaf).
+    RemoteError
+        A URL's object could not be read (after retries) or changed since it was opened.
     FileMissingError, AccessDeniedError
         The file is missing or not readable, naming the user's path (also
         ``FileNotFoundError`` / ``PermissionError``).

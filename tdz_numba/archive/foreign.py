@@ -42,7 +42,7 @@ import torch
 
 from ..errors import BadArchiveError
 from ..files.memory import readahead
-from ..tdz.sources import Source, TensorSpec, tensor_from_spec
+from ..tdz.sources import Source, TensorSpec, make_present, tensor_from_spec
 from ..tdz.specbulk import plain_extents, spec_views
 
 __all__ = ["spec_tensors", "copy_specs", "hint", "all_specs", "PIECE", "MAX_GAP"]
@@ -64,6 +64,7 @@ def spec_tensors(source: Source, leaves: list[TensorSpec], *, aligned: bool = Fa
     """The zero-copy tensors of many leaves of ``source``, as ``tensor_from_spec`` makes them
     (``aligned=True``: misaligned leaves copied); its errors, for the first bad leaf in order."""
     files, where = source.files, str(source.path)
+    make_present(leaves, files)  # a remote file's leaves fetched in one batch (nothing locally)
     out = spec_views(leaves, files, aligned=aligned)
     if any(map(is_, out, repeat(None))):
         for i in [i for i, t in enumerate(out) if t is None]:
@@ -171,6 +172,9 @@ def copy_specs(
     n = len(leaves)
     if n == 0:
         return []
+    if any(getattr(f, "remote", False) for f in files):  # fetched in one batch, then copied from the mapping
+        make_present(leaves, files)
+        return [tensor_from_spec(s, files, copy=True, where=where, num_threads=num_threads) for s in leaves]
     ext = plain_extents(leaves, files)
     take = ext.ok & ext.dense
     out: list[Any] = [None] * n

@@ -55,7 +55,7 @@ import numpy as np
 
 from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
 from ..files.confine import MemberMissingError, map_inside
-from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent
+from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent, stand_in_external
 from ._common import as_tensor, no_gc, quote
 from ._flat import flat_source
 from ._shape import MAX_NDIM, check_shape
@@ -573,18 +573,20 @@ def _open(path: str | os.PathLike, where: str, model_dir: Path, files: list[Mapp
                     f"shape {list(shape)} needs {nbytes}"
                 )
             if full not in by_location:
-                try:  # inside the model's folder, a regular file, no symlink leading out
-                    mm, size = map_inside(
-                        model_dir,
-                        dict(t["external"])["location"],
-                        where=where,
-                        entry=f"initializer {quote(key)}",
-                    )
-                except MemberMissingError:
-                    raise BadArchiveError(
-                        f"{where}: initializer {quote(key)}: external file {quote(full, 200)} is missing"
-                    ) from None
-                mf = MappedFile(Path(full), mm, size, False)
+                mf = stand_in_external(dict(t["external"])["location"])  # a remote model's neighbour
+                if mf is None:
+                    try:  # inside the model's folder, a regular file, no symlink leading out
+                        mm, size = map_inside(
+                            model_dir,
+                            dict(t["external"])["location"],
+                            where=where,
+                            entry=f"initializer {quote(key)}",
+                        )
+                    except MemberMissingError:
+                        raise BadArchiveError(
+                            f"{where}: initializer {quote(key)}: external file {quote(full, 200)} is missing"
+                        ) from None
+                    mf = MappedFile(Path(full), mm, size, False)
                 by_location[full] = len(files)
                 files.append(mf)
             spec = TensorSpec(key, dtype, shape, None, by_location[full], offset, nbytes, type_name)

@@ -33,12 +33,8 @@ Examples
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
-import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -54,12 +50,13 @@ from ..errors import (
     FileMissingError,
     InvalidArgumentError,
     MissingKeyError,
-    RemoteError,
     TdzError,
 )
+from ..formats.detect import zip_kind
 from ..tdz.source import TdzSource
 from ..zipfmt import eocd, records
 from ..zipfmt.index import ArchiveIndex
+from .object import RemoteObject, coalesce, fewer
 
 __all__ = [
     "RemoteIndex",
@@ -79,14 +76,20 @@ MAX_GAP = 4096
 MAX_WASTE = 0.02
 #: Largest single ranged request of a bulk fetch (larger extents are split for concurrency).
 PART_BYTES = 8 << 20
-#: Concurrent requests of a bulk fetch; a second group is in flight while one is copied into place.
+#: Bytes of one group of a verified bulk fetch: the next group is fetched while this one's
+#: CRC-32s are computed.
+GROUP_BYTES = 16 << 20
+#: Kept for callers that tuned it: requests in flight are :data:`.object.CONCURRENCY`.
 GROUP_PARTS = 8
-#: Attempts per ranged request before :class:`RemoteError`.
-ATTEMPTS = 3
+#: A batch of local headers is cut into at most this many requests, by bridging gaps of at
+#: most :data:`HEAD_GAP` bytes (members of small leaves are read through; big ones are not).
+HEAD_RANGES, HEAD_GAP = 64, 1 << 20
+#: Levels reached one by one before every level's ``meta.json`` is fetched in one batch.
+WALK_LEVELS = 4
+#: Bytes of local extra fields a foreign zip's header fetch allows for (torch pads to 64).
+_LOCAL_EXTRA = 256
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*::?//|^[A-Za-z][A-Za-z0-9+.\-]*::")
-_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
-_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
 
 
 def is_remote(target: Any) -> bool:
@@ -103,114 +106,6 @@ def is_remote(target: Any) -> bool:
     return (
         hasattr(target, "read") and hasattr(target, "seek") and not isinstance(target, (bytes, os.PathLike))
     )
-
-
-# -- fetchers: how bytes come ----------------------------------------------------------------
-class _Fetcher:
-    """Ranged reads of one object: an fsspec filesystem path, or a seekable file object."""
-
-    label: str
-
-    def __init__(self, target: Any, storage_options: dict[str, Any] | None) -> None:
-        self.fs: Any = None
-        self.file: Any = None
-        self.lock = threading.Lock()
-        self.requests = 0
-        if isinstance(target, str):
-            import fsspec
-
-            try:
-                fs, path = fsspec.core.url_to_fs(target, **(storage_options or {}))
-            except (ImportError, ValueError) as exc:
-                raise InvalidArgumentError(
-                    f"{target}: cannot open this URL with fsspec: {exc}", path=target
-                ) from None
-            self.fs, self.path, self.label = fs, path, target
-        else:
-            if storage_options:
-                raise InvalidArgumentError("storage_options apply to URLs, not to file objects")
-            self.file = target
-            self.path = getattr(target, "path", None) or getattr(target, "name", None) or repr(target)
-            self.label = str(getattr(target, "full_name", None) or self.path)
-
-    def size(self) -> int:
-        """The object's size (one metadata request for a filesystem)."""
-        self.requests += 1
-        try:
-            if self.file is not None:
-                with self.lock:
-                    return int(self.file.seek(0, 2))
-            return int(self.fs.size(self.path))
-        except FileNotFoundError:
-            raise FileMissingError(f"{self.label}: no such object", path=self.label) from None
-        except Exception as exc:
-            raise RemoteError(f"{self.label}: cannot read the object's size: {exc}", path=self.label) from exc
-
-    def tail(self, n: int) -> bytes:
-        """The last ``n`` bytes (the whole object when shorter): one suffix-range request."""
-        self.requests += 1
-        try:
-            if self.file is not None:
-                with self.lock:
-                    size = self.file.seek(0, 2)
-                    self.file.seek(max(0, size - n))
-                    return bytes(self.file.read())
-            return bytes(self.fs.cat_file(self.path, start=-n))
-        except FileNotFoundError:
-            raise FileMissingError(f"{self.label}: no such object", path=self.label) from None
-        except Exception as exc:
-            raise RemoteError(
-                f"{self.label}: reading the last {n} bytes failed: {exc}", path=self.label
-            ) from exc
-
-    def ranges(self, starts: list[int], stops: list[int]) -> list[Any]:
-        """Bytes of each ``[start, stop)`` (or the exception that read raised), fetched concurrently."""
-        self.requests += len(starts)
-        if self.file is not None:
-            out: list[Any] = []
-            for a, b in zip(starts, stops):
-                try:
-                    with self.lock:
-                        self.file.seek(a)
-                        out.append(bytes(self.file.read(b - a)))
-                except Exception as exc:
-                    out.append(exc)
-            return out
-        try:
-            return list(self.fs.cat_ranges([self.path] * len(starts), starts, stops, on_error="return"))
-        except Exception as exc:
-            return [exc] * len(starts)
-
-
-def _infer_size(body: bytes, label: str) -> int | None:
-    """The object's size from its last ``len(body)`` bytes, when the end records tell it.
-
-    A standard zip's end record follows its central directory (and the zip64
-    locator gives the zip64 end record's offset), so the suffix read alone
-    places the tail; None when the records do not allow it (then a size
-    request is made).
-    """
-    pos = eocd.end_record_position(body)
-    if pos < 0:
-        return None
-    loc = pos - records.Zip64Locator.SIZEOF
-    if loc >= 0 and body[loc : loc + 4] == records.ZIP64_LOCATOR_SIG:
-        z_end = int(eocd.read_record(body, loc, records.ZIP64_LOCATOR_DT)["end_offset"])
-        q = body.rfind(records.ZIP64_END_SIG, 0, loc)
-        return None if q < 0 else z_end + (len(body) - q)
-    end = eocd.read_record(body, pos, records.END_DT)
-    count, cd_size, cd_offset = int(end["count"]), int(end["cd_size"]), int(end["cd_offset"])
-    size = cd_offset + cd_size + (len(body) - pos)
-    start = size - len(body)
-    if start < 0:
-        return None
-    if (
-        count
-        and cd_offset >= start
-        and body[cd_offset - start : cd_offset - start + 4] != records.CENTRAL_SIG.to_bytes(4, "little")
-    ):
-        return None
-    return size
 
 
 # -- the index -------------------------------------------------------------------------------
@@ -230,26 +125,23 @@ class RemoteIndex(ArchiveIndex):
         verify: bool = True,
         tail_bytes: int = TAIL_BYTES,
     ) -> None:
-        self.fetcher = _Fetcher(target, storage_options)
-        label = self.fetcher.label
+        obj = target if isinstance(target, RemoteObject) else RemoteObject(target, storage_options)
+        if obj.size < 0:
+            obj.start(tail=tail_bytes)
+        elif not obj.present(obj.size - 22, obj.size):  # opened by a head read: the tail now
+            obj.need(obj.size - tail_bytes, obj.size)
+        self.obj = obj
+        label = obj.label
         self.path = label  # type: ignore[assignment]  # a URL, not a local path
         self.writable = False
         self.verify = verify
-        body = self.fetcher.tail(tail_bytes)
-        self.bytes_fetched = len(body)
-        if not body:
+        size = self.size = obj.size
+        if not size:
             raise BadArchiveError(f"{label}: empty object, not a zip archive", path=label)
-        size = len(body) if len(body) < tail_bytes else _infer_size(body, label)
-        if size is None:
-            size = self.fetcher.size()
-        if len(body) > size:  # a server ignoring the Range header sent everything
-            body = body[-size:] if size else b""
-        self.size = size
-        self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE)
-        self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)
-        self.tail_start = size - len(body)
-        self.buffer[self.tail_start :] = np.frombuffer(body, np.uint8)
-        del body
+        self._mmap = obj._mmap  # type: ignore[assignment]  # the object's sparse mapping
+        self.buffer = obj.buffer
+        last = obj.ranges[-1] if obj.ranges else (size, size)
+        self.tail_start = last[0] if last[1] == size else size  # the bytes of the tail read
         self._torch = None
         self._untyped = None
         self._rows = None
@@ -267,8 +159,13 @@ class RemoteIndex(ArchiveIndex):
 
     @property
     def requests(self) -> int:
-        """Requests made so far (tail, sizes, ranges; retries included)."""
-        return self.fetcher.requests
+        """Requests made so far (tail, ranges; retries included)."""
+        return self.obj.requests
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes fetched so far."""
+        return self.obj.bytes_fetched
 
     # -- fetching ----------------------------------------------------------------------------
     def _names_in(self, a: int, b: int) -> str:
@@ -284,82 +181,16 @@ class RemoteIndex(ArchiveIndex):
         return self.names[int(rows[0])] if rows.size else None
 
     def _get(self, spans: list[tuple[int, int]], what: Callable[[int, int], str] | None = None) -> None:
-        """Fetches ``[start, stop)`` spans into :attr:`buffer`: in parts of at most
-        :data:`PART_BYTES`, :data:`GROUP_PARTS` requests at a time; the next group is
-        requested while this one is copied into place; failed parts are retried."""
-        what = what or self._names_in
-        parts = [(a, min(a + PART_BYTES, b)) for a0, b in spans for a in range(a0, b, PART_BYTES)]
-        groups = [parts[g : g + GROUP_PARTS] for g in range(0, len(parts), GROUP_PARTS)]
-        if not groups:
-            return
-
-        def request(todo: list[tuple[int, int]]) -> list[Any]:
-            faults = self._populate(todo)  # page faults taken while the bytes travel
-            got = self.fetcher.ranges([a for a, _ in todo], [b for _, b in todo])
-            if faults is not None:
-                faults.join()
-            return got
-
-        pool = ThreadPoolExecutor(1) if len(groups) > 1 else None
-        try:
-            ahead = None
-            for k, todo in enumerate(groups):
-                got = ahead.result() if ahead is not None else request(todo)
-                ahead = (
-                    pool.submit(request, groups[k + 1]) if pool is not None and k + 1 < len(groups) else None
-                )
-                for attempt in range(ATTEMPTS):
-                    failed = []
-                    for (a, b), data in zip(todo, got):
-                        if isinstance(data, (bytes, bytearray, memoryview)) and len(data) == b - a:
-                            self.buffer[a:b] = np.frombuffer(data, np.uint8)
-                            self.bytes_fetched += b - a
-                        else:
-                            failed.append(((a, b), data))
-                    if not failed:
-                        break
-                    if attempt == ATTEMPTS - 1:
-                        (a, b), data = failed[0]
-                        why = (
-                            f"{type(data).__name__}: {data}"
-                            if isinstance(data, BaseException)
-                            else f"got {len(data)} bytes (the object is shorter than when it was opened?)"
-                        )
-                        raise RemoteError(
-                            f"{self.path}: reading bytes [{a}, {b}) ({what(a, b)}) failed after "
-                            f"{ATTEMPTS} attempts: {why}",
-                            path=self.path,
-                            entry=self._first_in(a, b),
-                            offset=a,
-                            expected=b - a,
-                            found=None if isinstance(data, BaseException) else len(data),
-                        )
-                    todo = [span for span, _ in failed]
-                    time.sleep(0.05 * 4**attempt)
-                    got = request(todo)
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
-
-    def _populate(self, parts: list[tuple[int, int]]) -> threading.Thread | None:
-        """Pre-faults the pages of ``parts`` (``MADV_POPULATE_WRITE``, Linux >= 5.14) in a thread,
-        so that placing the fetched bytes is a plain copy. None when not worth it or unsupported."""
-        if _POPULATE_WRITE is None or sum(b - a for a, b in parts) < (1 << 20):
-            return None
-        page = mmap.PAGESIZE
-        spans = [(a - a % page, b) for a, b in parts]
-        mm = self._mmap
-
-        def run() -> None:
-            for a, b in spans:
-                try:
-                    mm.madvise(_POPULATE_WRITE, a, b - a)
-                except (OSError, ValueError):  # an older kernel: the copy faults the pages in
-                    return
-
-        t = threading.Thread(target=run, daemon=True)
-        t.start()
-        return t
+        """Fetches ``[start, stop)`` spans (already coalesced) into :attr:`buffer`, in parts of at
+        most :data:`PART_BYTES` fetched concurrently (:meth:`RemoteObject.need_spans`)."""
+        self.obj.need_spans(
+            spans,
+            max_gap=0,
+            max_waste=0.0,
+            what=what or self._names_in,
+            entry=self._first_in,
+            part_bytes=PART_BYTES,
+        )
 
     def _spans(self, rows: np.ndarray) -> list[tuple[int, int]]:
         """Coalesced extents of ``rows``: adjacent merged, gaps up to :data:`MAX_GAP` bridged
@@ -370,18 +201,7 @@ class RemoteIndex(ArchiveIndex):
         starts, stops = starts[~inside], np.minimum(stops[~inside], self.tail_start)
         if not starts.size:
             return []
-        order = np.argsort(starts, kind="stable")
-        starts, stops = starts[order], np.maximum.accumulate(stops[order])
-        gaps = starts[1:] - stops[:-1]  # > 0: bytes between an extent and the next
-        small = np.nonzero((gaps > 0) & (gaps <= MAX_GAP))[0]
-        budget = MAX_WASTE * float((stops - starts).sum())
-        n_bridge = int((np.cumsum(np.sort(gaps[small])) <= budget).sum())  # smallest gaps first
-        keep = small[np.argsort(gaps[small], kind="stable")][:n_bridge]
-        cut = gaps > 0
-        cut[keep] = False
-        first = np.concatenate(([0], np.nonzero(cut)[0] + 1))
-        last = np.concatenate((np.nonzero(cut)[0], [starts.size - 1]))
-        return list(zip(starts[first].tolist(), stops[last].tolist()))
+        return coalesce(starts, stops, MAX_GAP, MAX_WASTE)
 
     def fetch(self, rows: Sequence[int] | np.ndarray) -> None:
         """Makes entries ``rows`` readable: fetches what is not here, checks each local
@@ -390,7 +210,36 @@ class RemoteIndex(ArchiveIndex):
         rows = np.unique(rows[~self._ready[rows]])
         if not rows.size:
             return
-        self._get(self._spans(rows))
+        groups = self._groups(rows) if self.verify else [rows]
+        if len(groups) == 1:
+            self._get(self._spans(rows))
+            self._settle(rows)
+            return
+        # the next group travels (on fsspec's loop thread) while this one's CRCs are computed
+        with ThreadPoolExecutor(1) as pool:
+            ahead = pool.submit(self._get, self._spans(groups[0]))
+            for k, group in enumerate(groups):
+                ahead.result()
+                if k + 1 < len(groups):
+                    ahead = pool.submit(self._get, self._spans(groups[k + 1]))
+                try:
+                    self._settle(group)
+                except BaseException:
+                    ahead.cancel()
+                    raise
+
+    def _groups(self, rows: np.ndarray) -> list[np.ndarray]:
+        """``rows`` in file order, cut into groups of about :data:`GROUP_BYTES` bytes."""
+        t = self.table
+        rows = rows[np.argsort(t["header_offset"][rows], kind="stable")]
+        sizes = np.maximum(self._limit[rows] - t["header_offset"][rows], 0)
+        if int(sizes.sum()) <= 2 * GROUP_BYTES:
+            return [np.sort(rows)]
+        cut = np.nonzero(np.diff(np.cumsum(sizes) // GROUP_BYTES))[0] + 1
+        return [np.sort(g) for g in np.split(rows, cut) if g.size]
+
+    def _settle(self, rows: np.ndarray) -> None:
+        """Entries ``rows`` are here: their local headers checked, then their CRC-32s."""
         if int(self._ready.sum()) + rows.size == len(self.names):  # everything is here now:
             ArchiveIndex.check_all(self)  # every local header in one kernel pass
         else:
@@ -425,14 +274,94 @@ class RemoteIndex(ArchiveIndex):
         )
         self.fetch(np.fromiter(rows, np.int64))
 
+    def predict_payloads(self, alignment: int = 64) -> bool:
+        """Fills every payload offset without reading the local headers, as ``torch.save``'s
+        writer places them (the payload at the first multiple of ``alignment`` after the
+        header, its name and a 4-byte padding field), when every local header read so far
+        agrees; False (nothing changed) otherwise, or for zip64 members. The predicted
+        members are :attr:`predicted`; :meth:`check_predicted` checks one once its bytes are here."""
+        cols = self._cols.copy()
+        hoff, nlen = cols[:, records.Col.HEADER_OFFSET], cols[:, records.Col.NAME_LEN]
+        if (
+            not len(hoff)
+            or int(hoff.max()) >= 0xFFFFFFFF
+            or int(cols[:, records.Col.CSIZE].max()) >= 0xFFFFFFFF
+        ):
+            return False
+        pred = (hoff + 30 + nlen + 4 + alignment - 1) // alignment * alignment
+        known = np.nonzero(self._ready)[0]
+        if not known.size or not np.array_equal(cols[known, records.Col.PAYLOAD_OFFSET], pred[known]):
+            return False
+        self.predicted = ~self._ready.copy()
+        cols[:, records.Col.PAYLOAD_OFFSET] = pred
+        cols[:, records.Col.LOCAL_EXTRA_LEN] = pred - (hoff + 30 + nlen)
+        self._cols = cols
+        self._rows = None
+        self.local_checked = True
+        return True
+
+    def check_predicted(self, i: int) -> None:
+        """Checks member ``i``'s local header (fetched) against its predicted payload offset."""
+        t = self.table
+        h, n = int(t["header_offset"][i]), int(t["name_len"][i])
+        head = bytes(self.obj.buffer[h : h + 30])  # (the reader may have closed the index)
+        name_len, extra = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
+        if head[:4] != b"PK\x03\x04" or name_len != n or h + 30 + n + extra != int(t["payload_offset"][i]):
+            raise BadArchiveError(
+                f"{self.path}: entry {self.names[i]!r}: its local header (at {h}) does not place the "
+                f"payload at {int(t['payload_offset'][i])} as torch.save's writer does; the file is "
+                f"damaged or was written by another tool: load a local copy",
+                path=self.path,
+                entry=self.names[i],
+                offset=h,
+            )
+        if self.predicted is not None:
+            self.predicted[i] = False
+
+    def fetch_levels(self) -> None:
+        """Fetches every level's ``meta.json`` in one concurrent batch (once): walking the tree
+        (``tdz tree``, ``keys()`` of every level) then costs no request per level."""
+        if getattr(self, "_levels_fetched", False):
+            return
+        self._levels_fetched = True
+        rows = np.array([i for i, n in enumerate(self.names) if n.endswith("meta.json")], np.int64)
+        rows = rows[~self._ready[rows]] if rows.size else rows
+        if rows.size:
+            self._get(fewer(self._spans(rows), HEAD_RANGES, HEAD_GAP))
+            self.fetch(rows)
+
     def payload_offset(self, i: int) -> int:
         if not self._ready[i]:
             self.fetch([i])
         return int(self._cols[i, records.Col.PAYLOAD_OFFSET])
 
+    #: None: :meth:`check_all` fetches every entry; an int: only each local header and that
+    #: many payload bytes after it (payload offsets: ``tdz info``, a foreign zip's open).
+    heads: int | None = 0
+    #: Members whose payload offset was predicted, their local header not checked yet.
+    predicted: np.ndarray | None = None
+
     def check_all(self) -> None:
-        self.fetch(np.arange(len(self.names)))
-        super().check_all()
+        if self.heads is None:
+            self.fetch(np.arange(len(self.names)))
+            super().check_all()
+            return
+        if self.local_checked:
+            return
+        t = self.table
+        hoff = t["header_offset"]
+        name_len = np.fromiter((len(n.encode()) for n in self.names), np.int64, len(self.names))
+        stops = np.minimum(hoff + 30 + name_len + _LOCAL_EXTRA + self.heads, np.maximum(self._limit, hoff))
+        metas = np.fromiter((n.endswith("meta.json") for n in self.names), bool, len(self.names))
+        stops[metas] = np.maximum(self._limit[metas], hoff[metas])  # every level's meta.json whole
+        self._get(fewer(coalesce(hoff, stops, MAX_GAP, MAX_WASTE), HEAD_RANGES, HEAD_GAP))
+        try:
+            super().check_all()
+            if metas.any():
+                self.fetch(np.nonzero(metas)[0])  # here already: CRCs checked, marked ready
+        except TdzError:  # a local extra field longer than guessed: the whole entries, then again
+            self.heads = None
+            self.check_all()
 
 
 # -- archives ----------------------------------------------------------------------------------
@@ -447,9 +376,12 @@ class RemoteArchive(Archive):
         self._prefix = prefix
 
     def _sub(self, prefix: str) -> Archive:
-        view = self._state.views.get(prefix)
+        views = self._state.views
+        view = views.get(prefix)
         if view is None:
-            view = self._state.views[prefix] = RemoteArchive(self._state, prefix)
+            view = views[prefix] = RemoteArchive(self._state, prefix)
+            if len(views) == WALK_LEVELS:  # a walk (tree, iter_leaves): every meta.json at once
+                self._index.fetch_levels()
         return view
 
     def to_dict(self, **kwargs: Any):  # noqa: D102 - Archive.to_dict
@@ -469,8 +401,8 @@ def open_remote(
     storage_options: dict[str, Any] | None = None,
     verify: bool = True,
     tail_bytes: int = TAIL_BYTES,
-) -> RemoteArchive:
-    """Opens a remote archive lazily; see :func:`tdz_numba.open`.
+) -> Archive:
+    """Opens a remote file of any format lazily; see :func:`tdz_numba.open`.
 
     Parameters
     ----------
@@ -502,8 +434,26 @@ def open_remote(
         raise InvalidArgumentError(
             f"tail_bytes must be an int >= {int(records.End.SIZEOF)}, got {tail_bytes!r}"
         )
-    index = RemoteIndex(target, storage_options=storage_options, verify=verify, tail_bytes=tail_bytes)
+    from . import foreign
+
+    obj = target if isinstance(target, RemoteObject) else RemoteObject(target, storage_options)
+    if obj.size < 0:
+        try:
+            foreign.start(obj, tail_bytes)
+        except FileMissingError:
+            from .memmapdir import is_memmap_dir, open_memmap_dir_remote
+
+            if not isinstance(target, str) or not is_memmap_dir(target, storage_options):
+                raise
+            return _foreign_archive(open_memmap_dir_remote(target, storage_options), options)
+    if not foreign.is_zip(obj, tail_bytes):
+        return _foreign_archive(foreign.open_foreign(obj, {}), options)
+    index = RemoteIndex(obj, verify=verify, tail_bytes=tail_bytes)
     label = index.path
+    kind = zip_kind(index.names, str(label))
+    if kind != "tdz":
+        return _foreign_archive(foreign.open_foreign_zip(kind, index, {}), options)
+
     prefix = subpath_prefix(subpath)
     if prefix and prefix + "meta.json" not in index:
         raise MissingKeyError(
@@ -515,6 +465,24 @@ def open_remote(
         raise BadArchiveError(f"{label}: not a tensor archive: no top-level meta.json entry", path=label)
     source = TdzSource(index.path, allow_pickle=allow_pickle, num_threads=num_threads, index=index)
     return RemoteArchive(ArchiveState(source, copy=copy, device=device, dtype=dtype), prefix)
+
+
+def _foreign_archive(source: Any, options: OpenOptions) -> Archive:
+    """An :class:`~tdz_numba.Archive` over a remote source of another format (``subpath`` as
+    for a local open)."""
+    _, subpath, _, _, copy, device, dtype = options[:7]
+    source.copy = copy
+    state = ArchiveState(source, copy=copy, device=device, dtype=dtype)
+    state.aligned = bool(options.aligned)
+    state.dequantize = bool(options.dequantize)
+    try:
+        root = Archive(state, "")
+        if subpath is None or subpath_prefix(subpath) == "":
+            return root
+        return root.sublevel(subpath)
+    except BaseException:
+        source.close()
+        raise
 
 
 def load_remote(
@@ -543,8 +511,20 @@ def verify_remote(
 
     ar = open_remote(target, storage_options=storage_options)
     try:
+        if ar.format != "tdz":
+            from .foreign import verify_foreign
+
+            return verify_foreign(ar, progress)
         index = ar._index
-        index.check_all()  # fetches everything (CRCs of STORED entries checked) + every local header
+        obj = index.obj
+        todo = sum(b - a for a, b in obj.missing(0, obj.size))
+        with _progress(todo, "fetch", enabled=progress) as bar:
+            obj.progress = bar.update  # bytes and bytes per second while the object arrives
+            try:
+                index.fetch(np.arange(len(index.names)))  # everything, CRCs of STORED entries checked
+                index.check_all()  # every local header
+            finally:
+                obj.progress = None
         compressed = np.nonzero(index.table["method"] != records.STORED)[0].tolist()
         with _progress(int(index.table["csize"][compressed].sum()), "verify", enabled=progress) as bar:
             verify_compressed(index, compressed, bar)  # checks the CRCs, in bounded memory
@@ -566,12 +546,18 @@ def verify_remote(
 
 def is_archive_remote(target: Any, *, storage_options: dict[str, Any] | None = None) -> bool:
     """Whether the remote object is a zip with a top-level ``meta.json`` (tail + meta.json read)."""
+    from .foreign import is_zip, start
+
     try:
-        ar = open_remote(target, storage_options=storage_options)
+        obj = RemoteObject(target, storage_options)
+        start(obj, TAIL_BYTES)
+        if not is_zip(obj, TAIL_BYTES) or "meta.json" not in RemoteIndex(obj):  # another format
+            return False
+        ar = open_remote(obj)
     except (TdzError, OSError):
         return False
     try:
-        return isinstance(ar.meta, dict)
+        return ar.format == "tdz" and isinstance(ar.meta, dict)
     except (TdzError, OSError, ValueError):
         return False
     finally:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..errors import BadArchiveError, InvalidArgumentError
+from .standins import _STAND_INS, make_present, mapped_as, stand_in_external
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -61,6 +62,9 @@ __all__ = [
     "own_views",
     "leaf_view",
     "paused_gc",
+    "make_present",
+    "mapped_as",
+    "stand_in_external",
     "MAX_DEPTH",
 ]
 
@@ -81,8 +85,13 @@ class MappedFile:
 
     ``buffer`` is a uint8 numpy view of the whole mapping; :attr:`torch_u8`
     the same bytes as a torch tensor (created on first use). Views stay valid
-    after :meth:`close` (they keep the mapping alive).
+    after :meth:`close` (they keep the mapping alive). A reader calls :meth:`need`
+    before it reads bytes of ``buffer``: a no-op for a local file; a remote file
+    (:mod:`tdz_numba.remote`, ``remote = True``) fetches them into place.
     """
+
+    #: Whether :meth:`need` fetches (a remote object's sparse mapping).
+    remote = False
 
     def __init__(self, path: Path, mm: mmap.mmap | None, size: int, writable: bool) -> None:
         self.path = path
@@ -93,9 +102,22 @@ class MappedFile:
         self._torch = None
         self._typed: dict[tuple[Any, int], Any] = {}
 
+    def need(self, start: int, stop: int) -> None:
+        """Makes bytes ``[start, stop)`` of :attr:`buffer` readable (a no-op for a local file)."""
+
+    def need_spans(self, spans: list[tuple[int, int]]) -> None:
+        """:meth:`need` of many ``(start, stop)`` spans at once (a no-op for a local file)."""
+
     @classmethod
     def open(cls, path: str | os.PathLike, *, writable: bool = False) -> MappedFile:
-        """Maps ``path``; raises :class:`~tdz_numba.BadArchiveError` for a directory or a device."""
+        """Maps ``path``; raises :class:`~tdz_numba.BadArchiveError` for a directory or a device.
+
+        Inside :func:`mapped_as`, a path it names gives the file it maps it to."""
+        stand_in = _STAND_INS.get()
+        if stand_in is not None:
+            found = stand_in.get(str(path))
+            if found is not None:
+                return found
         p = Path(path)
         try:
             fd = os.open(p, (os.O_RDWR if writable else os.O_RDONLY) | getattr(os, "O_NONBLOCK", 0))
@@ -392,6 +414,8 @@ def tensor_from_spec(
     import torch
 
     where = where or (str(files[spec.file].path) if 0 <= spec.file < len(files) else "<file>")
+    if spec.nbytes and 0 <= spec.file < len(files) and getattr(files[spec.file], "remote", False):
+        files[spec.file].need(spec.offset, spec.offset + spec.nbytes)
     if spec.loader is not None:
         value = spec.loader()
         t = (
