@@ -77,7 +77,9 @@ def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[
             pos += 16 + 8 * nd
         if pos > size or not n:
             return None
-        names = list(map(str, map(mv.__getitem__, map(slice, starts, ends_)), repeat("utf-8"), repeat("replace")))
+        names = list(
+            map(str, map(mv.__getitem__, map(slice, starts, ends_)), repeat("utf-8"), repeat("replace"))
+        )
         ends, ndims = np.array(ends_, dtype=np.int64), np.array(ndims_, dtype=np.int64)
     data_start = -(-pos // alignment) * alignment
     if len(set(names)) != n:
