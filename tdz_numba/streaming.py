@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,6 +61,22 @@ class _Level:
 def _shown(key: str | tuple[str, ...]) -> str:
     """A key as messages show it (a tuple joined with "/")."""
     return key if isinstance(key, str) else "/".join(key)
+
+
+#: Bytes of the pinned host buffer through which a :class:`Writer`'s sinks take CUDA chunks
+#: (one buffer per Writer, made on the first device chunk, reused for every later one).
+STAGE_BYTES = 8 << 20
+
+
+def _staged(t: torch.Tensor, staging: torch.Tensor) -> Iterator[memoryview]:
+    """The bytes of a device tensor, copied to the host through ``staging`` (a uint8 host tensor,
+    pinned where CUDA is available) one piece of ``staging.numel()`` bytes at a time."""
+    flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    n, step = flat.numel(), staging.numel()
+    for a in range(0, n, step):
+        k = min(step, n - a)
+        staging[:k].copy_(flat[a : a + k])  # blocking: the bytes are written before the next piece
+        yield memoryview(staging[:k].numpy())  # type: ignore[arg-type]
 
 
 def _as_bytes(chunk: Any, key: str) -> memoryview:
@@ -116,8 +133,20 @@ class Sink:
         """Writes the next bytes of the payload; returns how many."""
         if self.closed:
             raise TdzError(f"stream {self.key!r}: write after close")
+        if isinstance(chunk, torch.Tensor) and not chunk.is_cpu:  # through the pinned buffer
+            n = chunk.numel() * chunk.element_size()
+            self._check_room(n)
+            for view in _staged(chunk, self._writer._stage()):
+                self._put(view)
+            return n
         view = _as_bytes(chunk, self.key)
         n = view.nbytes
+        self._check_room(n)
+        if n:
+            self._put(view)
+        return n
+
+    def _check_room(self, n: int) -> None:
         if self.written + n > self.nbytes:
             raise TdzError(
                 f"stream {self.key!r}: {self.written + n} bytes written, more than the "
@@ -126,16 +155,18 @@ class Sink:
                 expected=self.nbytes,
                 found=self.written + n,
             )
-        if n:
-            from .zipfmt.payload import write_segments
 
-            write_segments(self._writer._fd, [(self._pos, view)])
-            self._crc = self._crc32(view, self._crc)
-            if self._hasher is not None:
-                self._hasher.update(view)
-            self._pos += n
-            self.written += n
-        return n
+    def _put(self, view: memoryview) -> None:
+        """Writes ``view`` at the sink's position, CRC and digest updated."""
+        from .zipfmt.payload import write_segments
+
+        n = view.nbytes
+        write_segments(self._writer._fd, [(self._pos, view)])
+        self._crc = self._crc32(view, self._crc)
+        if self._hasher is not None:
+            self._hasher.update(view)
+        self._pos += n
+        self.written += n
 
     def close(self) -> None:
         """Checks the byte count and records the leaf (its CRC patched into its local header)."""
@@ -233,6 +264,14 @@ class Writer:
         self._existsok = existsok
         self._fd = -1
         self._cm: Any = None
+        self._staging: torch.Tensor | None = None
+
+    def _stage(self) -> torch.Tensor:
+        """The reusable host buffer of device chunks (:data:`STAGE_BYTES`, pinned with CUDA)."""
+        if self._staging is None:
+            pin = torch.cuda.is_available()
+            self._staging = torch.empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=pin)
+        return self._staging
 
     # -- the file ----------------------------------------------------------------------------
     def __enter__(self) -> Writer:
@@ -364,7 +403,7 @@ class Writer:
     def stream(self, key: str | tuple[str, ...], shape: Any, dtype: Any) -> Sink:
         """A :class:`Sink` for the payload of leaf ``key`` of ``shape`` and ``dtype`` (a torch
         dtype, a numpy dtype or its name): ``sink.write(chunk)`` with tensors (CUDA ones copied to
-        the host), arrays, bytes or memoryviews, ``sink.close()`` (or its ``with`` block) at the
+        the host through one reused pinned buffer of :data:`STAGE_BYTES`), arrays, bytes or memoryviews, ``sink.close()`` (or its ``with`` block) at the
         end; a byte count other than the shape's raises :class:`~tdz_numba.TdzError` naming
         ``key``. The leaf is stored (not compressed)."""
         self._need_open()

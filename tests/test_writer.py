@@ -178,3 +178,35 @@ def test_peak_memory_is_bounded(tmp_path):
     got = tdz_numba.load(p)
     assert got["layer15"]["w"][0].item() == 15.0 and got["stream"][(3 << 20) + 5].item() == 3
     tdz_numba.verify(p)
+
+
+def test_device_chunks_staged_through_one_host_buffer():
+    """A device chunk is copied to the host piece by piece through one reused buffer: every byte
+    arrives, in order, whatever the buffer's size against the chunk's (CPU tensors stand in)."""
+    from tdz_numba.streaming import _staged
+
+    t = torch.arange(1000, dtype=torch.float32).reshape(10, 100).t()  # non-contiguous
+    want = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    for size in (1, 3, 64, 4000, 1 << 16):
+        staging = torch.empty(size, dtype=torch.uint8)
+        got, ptrs = b"", set()
+        for view in _staged(t, staging):
+            assert view.nbytes <= size
+            got += bytes(view)
+            ptrs.add(np.frombuffer(view, np.uint8).ctypes.data)
+        assert got == want
+        assert ptrs == {staging.data_ptr()}  # one buffer, reused
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_stream_through_pinned_buffer(tmp_path, monkeypatch):
+    import tdz_numba.streaming as st
+
+    monkeypatch.setattr(st, "STAGE_BYTES", 4096)
+    x = torch.randn(3000, device="cuda")
+    with tdz_numba.Writer(tmp_path / "c.tdz") as w:
+        with w.stream("x", x.shape, x.dtype) as sink:
+            sink.write(x[:1000])
+            sink.write(x[1000:])
+        assert w._staging is not None and w._staging.is_pinned() and w._staging.numel() == 4096
+    assert torch.equal(tdz_numba.load(tmp_path / "c.tdz")["x"], x.cpu())
