@@ -19,7 +19,12 @@ except ImportError:  # Python 3.10
 ROOT = Path(__file__).resolve().parent.parent
 
 # PyPI name -> conda-forge name, where they differ
-CONDA_NAME = {"torch": "pytorch", "zlib-ng": "python-zlib-ng", "build": "python-build"}
+CONDA_NAME = {
+    "torch": "pytorch",
+    "zlib-ng": "python-zlib-ng",
+    "build": "python-build",
+    "xxhash": "python-xxhash",
+}
 
 
 # -- tiny parsers ------------------------------------------------------------------------------

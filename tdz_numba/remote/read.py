@@ -86,6 +86,8 @@ GROUP_PARTS = 8
 HEAD_RANGES, HEAD_GAP = 64, 1 << 20
 #: Levels reached one by one before every level's ``meta.json`` is fetched in one batch.
 WALK_LEVELS = 4
+_L = records.Local
+_LH = int(_L.SIZEOF)  # a local header's fixed part
 #: Bytes of local extra fields a foreign zip's header fetch allows for (torch pads to 64).
 _LOCAL_EXTRA = 256
 
@@ -288,13 +290,13 @@ class RemoteIndex(ArchiveIndex):
             or int(cols[:, records.Col.CSIZE].max()) >= 0xFFFFFFFF
         ):
             return False
-        pred = (hoff + 30 + nlen + 4 + alignment - 1) // alignment * alignment
+        pred = (hoff + _LH + nlen + 4 + alignment - 1) // alignment * alignment
         known = np.nonzero(self._ready)[0]
         if not known.size or not np.array_equal(cols[known, records.Col.PAYLOAD_OFFSET], pred[known]):
             return False
         self.predicted = ~self._ready.copy()
         cols[:, records.Col.PAYLOAD_OFFSET] = pred
-        cols[:, records.Col.LOCAL_EXTRA_LEN] = pred - (hoff + 30 + nlen)
+        cols[:, records.Col.LOCAL_EXTRA_LEN] = pred - (hoff + _LH + nlen)
         self._cols = cols
         self._rows = None
         self.local_checked = True
@@ -304,9 +306,11 @@ class RemoteIndex(ArchiveIndex):
         """Checks member ``i``'s local header (fetched) against its predicted payload offset."""
         t = self.table
         h, n = int(t["header_offset"][i]), int(t["name_len"][i])
-        head = bytes(self.obj.buffer[h : h + 30])  # (the reader may have closed the index)
-        name_len, extra = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
-        if head[:4] != b"PK\x03\x04" or name_len != n or h + 30 + n + extra != int(t["payload_offset"][i]):
+        head = bytes(self.obj.buffer[h : h + _LH])  # (the reader may have closed the index)
+        name_len = int.from_bytes(head[_L.NAME_LEN : _L.NAME_LEN + 2], "little")
+        extra = int.from_bytes(head[_L.EXTRA_LEN : _L.EXTRA_LEN + 2], "little")
+        sig = int.from_bytes(head[:4], "little")
+        if sig != records.LOCAL_SIG or name_len != n or h + _LH + n + extra != int(t["payload_offset"][i]):
             raise BadArchiveError(
                 f"{self.path}: entry {self.names[i]!r}: its local header (at {h}) does not place the "
                 f"payload at {int(t['payload_offset'][i])} as torch.save's writer does; the file is "
@@ -351,7 +355,7 @@ class RemoteIndex(ArchiveIndex):
         t = self.table
         hoff = t["header_offset"]
         name_len = np.fromiter((len(n.encode()) for n in self.names), np.int64, len(self.names))
-        stops = np.minimum(hoff + 30 + name_len + _LOCAL_EXTRA + self.heads, np.maximum(self._limit, hoff))
+        stops = np.minimum(hoff + _LH + name_len + _LOCAL_EXTRA + self.heads, np.maximum(self._limit, hoff))
         metas = np.fromiter((n.endswith("meta.json") for n in self.names), bool, len(self.names))
         stops[metas] = np.maximum(self._limit[metas], hoff[metas])  # every level's meta.json whole
         self._get(fewer(coalesce(hoff, stops, MAX_GAP, MAX_WASTE), HEAD_RANGES, HEAD_GAP))
