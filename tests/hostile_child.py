@@ -48,7 +48,10 @@ def _chunks(value: Any, out: list[bytes], depth: int = 0) -> None:
 
     if depth > 200:
         return
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor) and value.is_nested:  # its components, one by one
+        for part in value.unbind():
+            _chunks(part, out, depth + 1)
+    elif isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
         out.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     elif isinstance(value, np.ndarray):
