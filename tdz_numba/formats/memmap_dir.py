@@ -47,17 +47,17 @@ from ..files.confine import (
     read_inside,
 )
 from ..tdz.dtypes import torch_dtype
+from ..tdz.source import PICKLE_SUFFIXES
 from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
 from ..tdz.tree import NON_TENSOR_DATA_TYPE, Level, PickledData, RawFile, describe_level
 from ._shape import check_shape
 
-__all__ = ["open_memmap_dir", "MAX_META_BYTES", "MAX_FILE_BYTES"]
+__all__ = ["open_memmap_dir", "leaf_claims", "MAX_META_BYTES", "MAX_FILE_BYTES"]
 
 #: Largest meta.json read.
 MAX_META_BYTES = 64 << 20
 #: Largest other file (``other.pickle``, ``json_types.json``) read into memory.
 MAX_FILE_BYTES = 1 << 30
-_PICKLE_SUFFIXES = (".pickle", ".pkl")
 
 
 def _listing(root: Path, prefix: str, fd: int, where: str) -> tuple[set[str], set[str]]:
@@ -178,20 +178,26 @@ def _walk(root: Path, files: list[MappedFile]) -> Level:
                 stack.append((c.path, depth + 1, level, c.key))
             elif c.kind == "file":
                 data = read_inside(root, c.path, where=top, entry=c.path, max_bytes=MAX_FILE_BYTES)
-                level[c.key] = PickledData(data) if c.path.endswith(_PICKLE_SUFFIXES) else RawFile(data)
+                level[c.key] = PickledData(data) if c.path.endswith(PICKLE_SUFFIXES) else RawFile(data)
             else:
                 level[c.key] = _leaf(root, c.leaf, files, where)
     assert out is not None
     return out
 
 
-def _leaf(root: Path, leaf: Any, files: list[MappedFile], where: str) -> TensorSpec:
+def leaf_claims(leaf: Any, where: str) -> tuple[str, Any, int]:
+    """A leaf's label in messages, torch dtype and byte count, its claims checked (the local
+    reader's and the one under a URL prefix, :mod:`tdz_numba.remote.memmapdir`)."""
     entry = f"{where}: {leaf.entry}"
     dtype = torch_dtype(leaf.dtype, entry=entry)
     if leaf.nested:
         raise UnsupportedError(f"{entry}: nested (jagged) tensor leaves are not read from memmap directories")
     check_shape(leaf.shape, None, dtype.itemsize, f"{entry}: leaf {leaf.key!r}")
-    nbytes = math.prod(leaf.shape) * dtype.itemsize
+    return entry, dtype, math.prod(leaf.shape) * dtype.itemsize
+
+
+def _leaf(root: Path, leaf: Any, files: list[MappedFile], where: str) -> TensorSpec:
+    entry, dtype, nbytes = leaf_claims(leaf, where)
     if nbytes == 0:
         return TensorSpec(leaf.key, dtype, leaf.shape, None, 0, 0, 0, leaf.dtype)
     try:

@@ -23,14 +23,12 @@ memmap_dir [0, 1, 2]
 from __future__ import annotations
 
 import json
-import math
 from functools import partial
 from typing import Any
 
-from ..errors import BadArchiveError, UnsupportedError
-from ..formats._shape import check_shape
-from ..formats.memmap_dir import _PICKLE_SUFFIXES, MAX_FILE_BYTES, MAX_META_BYTES
-from ..tdz.dtypes import torch_dtype
+from ..errors import BadArchiveError
+from ..formats.memmap_dir import MAX_FILE_BYTES, MAX_META_BYTES, leaf_claims
+from ..tdz.source import PICKLE_SUFFIXES
 from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec, TreeSource, check_extent
 from ..tdz.tree import Level, PickledData, RawFile, describe_level
 from .foreign import RemoteFile
@@ -135,7 +133,7 @@ def open_memmap_dir_remote(url: str, storage_options: dict[str, Any] | None) -> 
                 stack.append((c.path, depth + 1, level, c.key))
             elif c.kind == "file":
                 data = read(c.path, MAX_FILE_BYTES)
-                level[c.key] = PickledData(data) if c.path.endswith(_PICKLE_SUFFIXES) else RawFile(data)
+                level[c.key] = PickledData(data) if c.path.endswith(PICKLE_SUFFIXES) else RawFile(data)
             else:
                 level[c.key] = _leaf(storage_options, top, c.leaf, files, where, lookup)
     assert out is not None
@@ -145,12 +143,7 @@ def open_memmap_dir_remote(url: str, storage_options: dict[str, Any] | None) -> 
 def _leaf(
     storage: dict[str, Any] | None, top: str, leaf: Any, files: list[MappedFile], where: str, ls: Any
 ) -> TensorSpec:
-    entry = f"{where}: {leaf.entry}"
-    dtype = torch_dtype(leaf.dtype, entry=entry)
-    if leaf.nested:
-        raise UnsupportedError(f"{entry}: nested (jagged) tensor leaves are not read from memmap directories")
-    check_shape(leaf.shape, None, dtype.itemsize, f"{entry}: leaf {leaf.key!r}")
-    nbytes = math.prod(leaf.shape) * dtype.itemsize
+    entry, dtype, nbytes = leaf_claims(leaf, where)
     if nbytes == 0:
         return TensorSpec(leaf.key, dtype, leaf.shape, None, 0, 0, 0, leaf.dtype)
     info = ls(leaf.entry)

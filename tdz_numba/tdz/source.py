@@ -52,13 +52,14 @@ from .plainlevel import (
 from .sources import Child, LeafInfo, LevelInfo, Location, Source, leaf_view, own_views
 from .tree import LeafSpec, Level, PickledData, RawFile, describe_level
 
-__all__ = ["TdzSource", "METADATA_ENTRY"]
+__all__ = ["PICKLE_SUFFIXES", "TdzSource", "METADATA_ENTRY"]
 
 DTYPES = dtype_table()
 #: The entry ``save(..., metadata=)`` writes: a top-level file that tensordict
 #: (which reads only the keys its meta.json lists) ignores.
 METADATA_ENTRY = "__metadata__.json"
-_PICKLE_SUFFIXES = (".pickle", ".pkl")
+#: Names of the files in which tensordict keeps pickled non-tensor data.
+PICKLE_SUFFIXES = (".pickle", ".pkl")
 
 
 def _from_bytes(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -291,7 +292,7 @@ class TdzSource(Source):
         """A non-payload file of a level: :class:`RawFile`, or :class:`PickledData`
         (unpickled when the source allows pickle)."""
         data = self.index.read_bytes(child.path)
-        if child.path.endswith(_PICKLE_SUFFIXES):
+        if child.path.endswith(PICKLE_SUFFIXES):
             pickled = PickledData(data)
             return pickled.load(allow_pickle=True) if self.allow_pickle else pickled
         return RawFile(data)
