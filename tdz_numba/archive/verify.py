@@ -26,7 +26,7 @@ from ..zipfmt import records
 from ..zipfmt.checksums import stored_crcs
 from ..zipfmt.index import ArchiveIndex
 
-__all__ = ["VerifyReport", "verify", "verify_compressed", "is_archive"]
+__all__ = ["VerifyReport", "verify", "verify_compressed", "check_leaves", "is_archive"]
 
 
 def _count(n: int, word: str, plural: str | None = None) -> str:
@@ -245,14 +245,9 @@ def _crc_error(index: ArchiveIndex, row: int, found: int) -> ChecksumError:
 
 def _verify_other(ar, path: str | os.PathLike, progress: bool | None) -> VerifyReport:
     """verify of a non-``.tdz`` file: bounds of every leaf, codecs, zip CRCs."""
-    from ..tdz.sources import TensorSpec, check_extent, tensor_from_spec
-
-    source = ar.source
-    files = source.files
-    levels = leaves = payload = entries = decoded = 0
-    crc_bytes = 0  # bytes of zip members whose CRC-32 was compared
+    files = ar.source.files
+    entries = 0
     zipped: set[int] = set()  # files that are zip containers: every member CRC-checked
-    stack = [ar]
     with _progress(None, "verify", enabled=progress) as bar:
         for n, f in enumerate(files):
             with open(f.path, "rb") as fh:
@@ -272,30 +267,46 @@ def _verify_other(ar, path: str | os.PathLike, progress: bool | None) -> VerifyR
                     zipped.add(n)
                 finally:
                     index.close()
-        while stack:
-            node = stack.pop()
-            levels += 1
-            for spec in node.level_info().children.values():
-                if spec.kind == "leaf":
-                    leaves += 1
-                    leaf = spec.leaf
-                    if isinstance(leaf, TensorSpec):
-                        if leaf.loader is None and 0 <= leaf.file < len(files):
-                            check_extent(leaf, files[leaf.file].size, str(files[leaf.file].path))
-                        if leaf.codec != "stored" or leaf.loader is not None:
-                            tensor_from_spec(leaf, files, where=str(source.path))
-                            decoded += leaf.codec != "stored"
-                        nbytes = leaf.size if leaf.codec != "stored" else leaf.numel * leaf.dtype.itemsize
-                        payload += nbytes
-                        if leaf.file in zipped:
-                            crc_bytes += nbytes
-                    else:
-                        node.leaf(spec)
-                elif spec.kind == "level":
-                    stack.append(node.sublevel(spec))
+        levels, leaves, payload, decoded, crc_bytes = check_leaves(ar, zipped)
     return VerifyReport(
         Path(path), entries or leaves, levels, leaves, payload, ar.format, min(crc_bytes, payload), decoded
     )
+
+
+def check_leaves(ar: Any, zipped: set[int]) -> tuple[int, int, int, int, int]:
+    """Every leaf of a foreign file's levels checked: its bounds in its file, compressed leaves
+    and loaders decoded. ``zipped``: the files whose members' CRC-32s were compared. Returns
+    ``(levels, leaves, payload bytes, decoded leaves, bytes under a CRC-32)``; shared by the
+    local and the remote verify."""
+    from ..tdz.sources import TensorSpec, check_extent, tensor_from_spec
+
+    source = ar.source
+    files = source.files
+    levels = leaves = payload = decoded = crc_bytes = 0
+    stack = [ar]
+    while stack:
+        node = stack.pop()
+        levels += 1
+        for spec in node.level_info().children.values():
+            if spec.kind == "level":
+                stack.append(node.sublevel(spec))
+                continue
+            if spec.kind != "leaf":
+                continue
+            leaves += 1
+            leaf = spec.leaf
+            if not isinstance(leaf, TensorSpec):
+                node.leaf(spec)
+                continue
+            if leaf.loader is None and 0 <= leaf.file < len(files):
+                check_extent(leaf, files[leaf.file].size, str(files[leaf.file].path))
+            if leaf.codec != "stored" or leaf.loader is not None:
+                tensor_from_spec(leaf, files, where=str(source.path))
+                decoded += leaf.codec != "stored"
+            nbytes = leaf.size if leaf.codec != "stored" else leaf.numel * leaf.dtype.itemsize
+            payload += nbytes
+            crc_bytes += nbytes if leaf.file in zipped else 0
+    return levels, leaves, payload, decoded, crc_bytes
 
 
 def _walk_structure(ar) -> tuple[int, int]:

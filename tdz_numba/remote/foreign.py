@@ -347,9 +347,8 @@ def verify_foreign(ar: Any, progress: bool | None) -> Any:
     """``verify`` of a remote file of another format: every object fetched (a progress bar
     with bytes per second), then the checks of a local verify: zip members' CRC-32s (a
     ``.pt`` or ``.npz``), every leaf's bounds, compressed leaves and loaders decoded."""
-    from ..archive.verify import VerifyReport, verify_compressed
+    from ..archive.verify import VerifyReport, check_leaves, verify_compressed
     from ..files.progress import progress as _progress
-    from ..tdz.sources import check_extent, tensor_from_spec
     from ..zipfmt import records
     from .read import RemoteIndex
 
@@ -357,7 +356,7 @@ def verify_foreign(ar: Any, progress: bool | None) -> Any:
     files = source.files
     objs = list({id(f.obj): f.obj for f in files if isinstance(f, RemoteFile)}.values())
     todo = sum(sum(b - a for a, b in o.missing(0, o.size)) for o in objs)
-    entries = levels = leaves = payload = decoded = crc_bytes = 0
+    entries = 0
     zipped: set[int] = set()
     with _progress(todo, "fetch", enabled=progress) as bar:
         for o in objs:
@@ -375,29 +374,7 @@ def verify_foreign(ar: Any, progress: bool | None) -> Any:
                 verify_compressed(index, rows, bar)
             entries += len(index.names)
             zipped.add(n)
-    stack = [ar]
-    while stack:
-        node = stack.pop()
-        levels += 1
-        for spec in node.level_info().children.values():
-            if spec.kind == "level":
-                stack.append(node.sublevel(spec))
-                continue
-            if spec.kind != "leaf":
-                continue
-            leaves += 1
-            leaf = spec.leaf
-            if not isinstance(leaf, TensorSpec):
-                node.leaf(spec)
-                continue
-            if leaf.loader is None and 0 <= leaf.file < len(files):
-                check_extent(leaf, files[leaf.file].size, str(files[leaf.file].path))
-            if leaf.codec != "stored" or leaf.loader is not None:
-                tensor_from_spec(leaf, files, where=str(source.path))
-                decoded += leaf.codec != "stored"
-            nbytes = leaf.size if leaf.codec != "stored" else leaf.numel * leaf.dtype.itemsize
-            payload += nbytes
-            crc_bytes += nbytes if leaf.file in zipped else 0
+    levels, leaves, payload, decoded, crc_bytes = check_leaves(ar, zipped)
     return VerifyReport(
         source.path, entries or leaves, levels, leaves, payload, ar.format, min(crc_bytes, payload), decoded
     )
