@@ -357,6 +357,11 @@ def test_sharded_index_relative_urls(http, files, tmp_path):
     bad = http.put("shard/bad.index.json", json.dumps({"weight_map": {"x": "../m.safetensors"}}).encode())
     with pytest.raises(tdz_numba.BadArchiveError, match="not a file name next to the index"):
         tdz_numba.open(bad)
+    # values that are not names (lists, objects): refused as locally, not a TypeError (unhashable)
+    for value in (["m-1.safetensors"], {"a": 1}):
+        odd = http.put("shard/odd.index.json", json.dumps({"weight_map": {"x": value}}).encode())
+        with pytest.raises(tdz_numba.BadArchiveError, match="must be a shard file name"):
+            tdz_numba.open(odd)
 
 
 @pytest.mark.parametrize("layer", ["simplecache", "blockcache", "filecache"])

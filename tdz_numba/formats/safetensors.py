@@ -46,7 +46,15 @@ from ._flat import flat_source, make_specs
 from ._shape import MAX_NDIM, check_shape
 from .detect import read_json_file
 
-__all__ = ["open_safetensors", "open_sharded", "parse_header", "DTYPES", "MAX_HEADER_SIZE"]
+__all__ = [
+    "open_safetensors",
+    "open_sharded",
+    "parse_header",
+    "index_claims",
+    "join_shards",
+    "DTYPES",
+    "MAX_HEADER_SIZE",
+]
 
 #: safetensors' own limit on the JSON header.
 MAX_HEADER_SIZE = 100_000_000
@@ -360,18 +368,10 @@ def _shard_path(root: Path, name: Any, where: str) -> Path:
     return root / name
 
 
-def open_sharded(path: str | os.PathLike, **options: Any) -> TreeSource:
-    """A sharded checkpoint: ``path`` is its ``*.safetensors.index.json`` or a directory
-    holding exactly one. One flat name space over every shard, each shard mapped once;
-    every name of the ``weight_map`` must be in its shard, and every shard tensor in the map."""
-    p = Path(path)
-    if p.is_dir():
-        found = sorted(p.glob("*.safetensors.index.json"))
-        if len(found) != 1:
-            raise UnsupportedError(f"{p}: expected one *.safetensors.index.json, found {len(found)}")
-        p = found[0]
-    where = str(p)
-    index = read_json_file(p)
+def index_claims(index: Any, where: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The ``weight_map`` and ``metadata`` of a parsed ``*.safetensors.index.json``, checked:
+    an object whose ``weight_map`` values are shard names (str) and whose metadata is an object
+    (the local and the remote sharded readers)."""
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         raise BadArchiveError(f"{where}: an index must be a JSON object with a 'weight_map' object")
     wmap: dict[str, Any] = index["weight_map"]
@@ -384,9 +384,52 @@ def open_sharded(path: str | os.PathLike, **options: Any) -> TreeSource:
     meta = index.get("metadata") or {}
     if not isinstance(meta, dict):
         raise BadArchiveError(f"{where}: 'metadata' must be an object, found {quote(meta, 100)}")
+    return wmap, meta
+
+
+def join_shards(
+    per_shard: dict[str, dict[str, TensorSpec]], wmap: dict[str, str], where: str
+) -> dict[str, TensorSpec]:
+    """One flat name space over the shards' tensors: every ``weight_map`` name in its shard,
+    every shard tensor in the map, no name in two shards."""
+    owner: dict[str, str] = {}
+    for name, specs in per_shard.items():
+        for key in specs:
+            if key in owner:
+                raise BadArchiveError(
+                    f"{where}: tensor {quote(key)} is in shards {quote(owner[key])} and {quote(name)}"
+                )
+            owner[key] = name
+    tree: dict[str, TensorSpec] = {}
+    for key, shard in wmap.items():
+        spec = per_shard[shard].get(key)
+        if spec is None:
+            raise BadArchiveError(
+                f"{where}: weight_map puts {quote(key)} in {quote(shard)}, which does not hold it"
+            )
+        tree[key] = spec
+    extra = [k for k in owner if k not in wmap]
+    if extra:
+        raise BadArchiveError(
+            f"{where}: shard {quote(owner[extra[0]])} holds {quote(extra[0])}, which weight_map does not list"
+        )
+    return tree
+
+
+def open_sharded(path: str | os.PathLike, **options: Any) -> TreeSource:
+    """A sharded checkpoint: ``path`` is its ``*.safetensors.index.json`` or a directory
+    holding exactly one. One flat name space over every shard, each shard mapped once;
+    every name of the ``weight_map`` must be in its shard, and every shard tensor in the map."""
+    p = Path(path)
+    if p.is_dir():
+        found = sorted(p.glob("*.safetensors.index.json"))
+        if len(found) != 1:
+            raise UnsupportedError(f"{p}: expected one *.safetensors.index.json, found {len(found)}")
+        p = found[0]
+    where = str(p)
+    wmap, meta = index_claims(read_json_file(p), where)
     shard_names = list(dict.fromkeys(wmap.values()))
     files: list[MappedFile] = []
-    tree: dict[str, TensorSpec] = {}
     metadata: dict[str, Any] = {}
     try:
         per_shard: dict[str, dict[str, TensorSpec]] = {}
@@ -402,26 +445,7 @@ def open_sharded(path: str | os.PathLike, **options: Any) -> TreeSource:
             specs, smeta = parse_header(f.buffer, f.size, str(sp), file=i)
             metadata.update(smeta)
             per_shard[name] = specs
-        owner: dict[str, str] = {}
-        for name, specs in per_shard.items():
-            for key in specs:
-                if key in owner:
-                    raise BadArchiveError(
-                        f"{where}: tensor {quote(key)} is in shards {quote(owner[key])} and {quote(name)}"
-                    )
-                owner[key] = name
-        for key, shard in wmap.items():
-            spec = per_shard[shard].get(key)
-            if spec is None:
-                raise BadArchiveError(
-                    f"{where}: weight_map puts {quote(key)} in {quote(shard)}, which does not hold it"
-                )
-            tree[key] = spec
-        extra = [k for k in owner if k not in wmap]
-        if extra:
-            raise BadArchiveError(
-                f"{where}: shard {quote(owner[extra[0]])} holds {quote(extra[0])}, which weight_map does not list"
-            )
+        tree = join_shards(per_shard, wmap, where)
     except BaseException:
         for f in files:
             f.close()

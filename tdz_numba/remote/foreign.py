@@ -282,20 +282,16 @@ def open_foreign_zip(kind: str, index: Any, options: dict[str, Any]) -> Source:
 def _open_sharded(obj: RemoteObject, options: dict[str, Any]) -> Source:
     """A sharded safetensors checkpoint: the index, then every shard's header; shards are
     file names next to the index (a name with ``/`` or ``\\`` is refused)."""
+    from ..formats._common import quote
     from ..formats._flat import flat_source
-    from ..formats.safetensors import parse_header
+    from ..formats.safetensors import index_claims, join_shards, parse_header
 
     where = obj.label
     try:
         index = json.loads(bytes(obj.buffer).decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise BadArchiveError(f"{where}: not valid JSON: {exc}", path=where) from None
-    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
-        raise BadArchiveError(f"{where}: an index must be a JSON object with a 'weight_map' object")
-    wmap: dict[str, Any] = index["weight_map"]
-    meta = index.get("metadata") or {}
-    if not isinstance(meta, dict):
-        raise BadArchiveError(f"{where}: 'metadata' must be an object")
+    wmap, meta = index_claims(index, where)
     base = where.split("?")[0].rsplit("/", 1)[0] + "/"
     shards = list(dict.fromkeys(wmap.values()))
     files: list[MappedFile] = []
@@ -305,7 +301,7 @@ def _open_sharded(obj: RemoteObject, options: dict[str, Any]) -> Source:
     for i, name in enumerate(shards):
         if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
             raise BadArchiveError(
-                f"{where}: weight_map names shard {name!r}: not a file name next to the index"
+                f"{where}: weight_map names shard {quote(name)}: not a file name next to the index"
             )
         shard = RemoteObject(base + name, storage)
         shard.start(head=PROBE_BYTES)
@@ -317,25 +313,7 @@ def _open_sharded(obj: RemoteObject, options: dict[str, Any]) -> Source:
         specs, smeta = parse_header(f.buffer, f.size, str(f.path), file=i)
         metadata.update(smeta)
         per[name] = specs
-    tree: dict[str, TensorSpec] = {}
-    owner: dict[str, str] = {}
-    for name, specs in per.items():
-        for key in specs:
-            if key in owner:
-                raise BadArchiveError(f"{where}: tensor {key!r} is in shards {owner[key]!r} and {name!r}")
-            owner[key] = name
-    for key, shard_name in wmap.items():
-        spec = per[shard_name].get(key)
-        if spec is None:
-            raise BadArchiveError(
-                f"{where}: weight_map puts {key!r} in {shard_name!r}, which does not hold it"
-            )
-        tree[key] = spec
-    extra = [k for k in owner if k not in wmap]
-    if extra:
-        raise BadArchiveError(
-            f"{where}: shard {owner[extra[0]]!r} holds {extra[0]!r}, which weight_map does not list"
-        )
+    tree = join_shards(per, wmap, where)
     metadata.update(meta)
     src = flat_source("safetensors", Path(where), tree, files=files, metadata=metadata)
     src.path = where  # type: ignore[assignment]
