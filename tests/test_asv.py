@@ -80,3 +80,17 @@ def test_peak_rss_growth_tells_operations_apart():
     idle = peak.measure_here(lambda: None)
     assert 60 << 20 <= grow <= 80 << 20
     assert idle < 8 << 20
+
+
+def test_project_url_is_a_page_that_exists():
+    """The published pages' project link (asv's ``project_url``, relative to ``html_dir``)
+    opens the README: the package has no public home page yet, and a link to a page that
+    does not exist (the PyPI page before publication) is worse than a local one."""
+    import json
+
+    conf = json.loads((ASV_DIR / "asv.conf.json").read_text())
+    url = conf["project_url"]
+    assert "://" not in url, url
+    target = (ASV_DIR / conf["html_dir"] / url).resolve()
+    assert target == ROOT / "README.md"
+    assert target.read_text().startswith("# tdz_numba")

@@ -168,9 +168,9 @@ _STYLE = (
     ".tdz-archive .tdz-meta{font-family:monospace;color:#555;margin:0.1em 0}</style>"
 )
 #: Leaves with at most this many values show them all in the preview; larger ones their
-#: first and last :data:`PREVIEW_EDGE` values.
-PREVIEW_ALL = 6
+#: first and last :data:`PREVIEW_EDGE` values (an ellipsis stands for at least three values).
 PREVIEW_EDGE = 3
+PREVIEW_ALL = 2 * PREVIEW_EDGE + 2
 _HEAD = (
     '<thead><tr class="tdz-head"><th>key</th><th>dtype</th><th>shape</th>'
     '<th style="text-align:right">size</th><th>storage</th><th>values</th></tr></thead>'
@@ -185,7 +185,16 @@ def _num(x: Any) -> str:
 
 
 def value_preview(t: Any) -> str:
-    """First and last values of a tensor, flattened, like xarray's preview: ``0 1 2 ... 97 98 99``."""
+    """First and last values of a tensor, flattened, like xarray's preview: ``0 1 2 ... 97 98 99``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> value_preview(torch.arange(100))
+    '0 1 2 ... 97 98 99'
+    >>> value_preview(torch.arange(8)), value_preview(torch.tensor([0.5, 2.0]))
+    ('0 1 2 3 4 5 6 7', '0.5 2.')
+    """
     flat = t.reshape(-1)
     n = int(flat.numel())
     if n == 0:
