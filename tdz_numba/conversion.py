@@ -37,7 +37,7 @@ import torch
 from .errors import InvalidArgumentError, InvalidTreeError, UnsupportedError
 from .files.memory import evict_span
 
-__all__ = ["convert", "write_safetensors", "jsonable", "TENSORDICT_DTYPES", "WRITES"]
+__all__ = ["convert", "write_safetensors", "jsonable", "tensordict_levels", "TENSORDICT_DTYPES", "WRITES"]
 
 _BATCH = 64 << 20
 #: dtypes tensordict 0.15.3 can load from a memmap directory (``tensordict.utils._TORCH_DTYPES``);
@@ -128,7 +128,7 @@ def convert(
             return write_safetensors(ar, dst, sep=nest or ".", progress=progress)  # type: ignore[arg-type]
         tree: Any = ar.to_dict()
         if ar.format != "tdz":
-            tree = nest_flat(tree, nest) if nest is not None else _tensordict_levels(tree)
+            tree = nest_flat(tree, nest) if nest is not None else tensordict_levels(tree)
         _warn_tensordict_dtypes(tree, dst)
         metadata = {str(k): jsonable(v) for k, v in (ar.metadata or {}).items()} or None
         if ar.format != "tdz" and not remote_dst:
@@ -150,10 +150,19 @@ def convert(
         ar.close()
 
 
-def _tensordict_levels(tree: Any) -> Any:
+def tensordict_levels(tree: Any) -> Any:
     """A foreign file's tree with each level's meta cut to what a tensordict meta.json holds
     (a reader's own fields, such as the ``.pt`` reader's ``_torch_type``, are not meta.json
-    fields); a level left without a batch ``shape`` becomes a plain dict (saved as a TensorDict)."""
+    fields); a level left without a batch ``shape`` becomes a plain dict (saved as a TensorDict).
+
+    Examples
+    --------
+    >>> from tdz_numba.tdz.tree import Level
+    >>> tree = Level({"x": 1}, meta={"shape": [2], "_torch_type": "x"}, keyed=True)
+    >>> out = tensordict_levels(tree)
+    >>> out.meta, out["x"]
+    ({'shape': [2]}, 1)
+    """
     from .tdz.tree import RESERVED_FIELDS, Level
 
     def level(node: Any) -> Any:

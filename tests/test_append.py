@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -456,14 +457,19 @@ def test_cli_repair_and_compact(tmp_path, capsys):
 
     p = tdz_numba.save(BASE, tmp_path / "x.tdz")
     old = _uncommitted(p)
-    assert main(["repair", str(p)]) == 0
-    assert f"truncated from {len(old) + 100_000 + 22} to {len(old)} bytes" in capsys.readouterr().out
+    assert main(["repair", "--bytes", str(p)]) == 0
+    assert f"truncated from {len(old) + 100_000 + 22} B to {len(old)} B" in capsys.readouterr().out
     assert main(["repair", str(p)]) == 0 and "nothing to repair" in capsys.readouterr().out
     tdz_numba.append(p, {"a": torch.zeros(10)}, replace=True)
     grown = p.stat().st_size
-    assert main(["compact", str(p)]) == 0
+    assert main(["compact", "--bytes", str(p)]) == 0
     out = capsys.readouterr().out
-    assert f"compacted from {grown} to {p.stat().st_size} bytes" in out and p.stat().st_size < grown
+    assert f"compacted from {grown} B to {p.stat().st_size} B" in out and p.stat().st_size < grown
+    tdz_numba.append(p, {"a": torch.zeros(10)}, replace=True)
+    assert main(["compact", str(p)]) == 0  # human sizes by default, as every verb
+    assert re.search(
+        r"compacted from [\d.]+ KiB to [\d.]+ KiB \([\d.]+ (B|KiB) of superseded", capsys.readouterr().out
+    )
     assert torch.equal(tdz_numba.load(p)["a"], torch.zeros(10))
 
 

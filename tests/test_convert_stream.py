@@ -17,7 +17,7 @@ from ziputil import zero_timestamps
 import tdz_numba
 from tdz_numba import conversion_stream
 from tdz_numba.archive.state import nest_flat
-from tdz_numba.conversion import _tensordict_levels, jsonable
+from tdz_numba.conversion import jsonable, tensordict_levels
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -26,7 +26,7 @@ def _whole_tree_save(src: Path, dst: Path, nest: str | None) -> Path:
     """What convert wrote before it streamed: save() of the whole tree of views."""
     with tdz_numba.open(src) as ar:
         tree = ar.to_dict()
-        tree = nest_flat(tree, nest) if nest is not None else _tensordict_levels(tree)
+        tree = nest_flat(tree, nest) if nest is not None else tensordict_levels(tree)
         metadata = {str(k): jsonable(v) for k, v in (ar.metadata or {}).items()} or None
         return tdz_numba.save(tree, dst, metadata=metadata)
 
@@ -98,7 +98,7 @@ def test_convert_error_leaves_no_file(tmp_path, monkeypatch):
 _CHILD = textwrap.dedent(
     """
     import os, sys, torch, tdz_numba
-    from tdz_numba.conversion import _tensordict_levels
+    from tdz_numba.conversion import tensordict_levels
 
     def status(field):
         for line in open("/proc/self/status"):
@@ -109,7 +109,7 @@ _CHILD = textwrap.dedent(
 
     def whole(src, dst):
         with tdz_numba.open(src) as ar:
-            return tdz_numba.save(_tensordict_levels(ar.to_dict()), dst)
+            return tdz_numba.save(tensordict_levels(ar.to_dict()), dst)
 
     run = tdz_numba.convert if mode == "stream" else whole
     run(small, dst)  # imports and kernels warm

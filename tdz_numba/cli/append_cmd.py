@@ -16,8 +16,8 @@ import os
 __all__ = ["add_parser", "cmd_append"]
 
 
-def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Registers ``tdz append``."""
+def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Registers ``tdz append``; returns its parser."""
     s = sub.add_parser(
         "append",
         parents=[common],
@@ -32,19 +32,20 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     s.add_argument("--replace", action="store_true", help="supersede existing keys")
     s.add_argument("--digest", action="store_true", help="store XXH3-128 digests of the new payloads")
     s.set_defaults(func=cmd_append)
+    return s
 
 
 def cmd_append(args: argparse.Namespace) -> int:
     import tdz_numba
 
-    from ..conversion import _tensordict_levels
-    from .commands import EXIT_OK, _human
+    from ..conversion import tensordict_levels
+    from .commands import EXIT_OK, plural, sizer
 
     before = os.path.getsize(args.archive)
     with tdz_numba.open(args.file) as ar:
         tree = ar.to_dict()  # (views of FILE's mapping: written from there)
         if ar.format != "tdz":
-            tree = _tensordict_levels(tree)
+            tree = tensordict_levels(tree)
         leaves = sum(1 for _ in ar.leaves())
         tdz_numba.append(
             args.archive,
@@ -55,5 +56,6 @@ def cmd_append(args: argparse.Namespace) -> int:
         )
     after = os.path.getsize(args.archive)
     where = f" under {args.subpath!r}" if args.subpath else ""
-    print(f"{args.archive}: {leaves} leaves of {args.file} appended{where} (+{_human(after - before)})")
+    grown = sizer(args)(after - before)
+    print(f"{args.archive}: {plural(leaves, 'leaf', 'leaves')} of {args.file} appended{where} (+{grown})")
     return EXIT_OK

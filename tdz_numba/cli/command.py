@@ -41,20 +41,22 @@ from .commands import (
     PROG,
     UsageError,
     cmd_bench,
+    cmd_info,
+    cmd_show,
+    cmd_tree,
+    cmd_verify,
+    cmd_warmup,
+    one_line,
+)
+from .file_cmds import (
     cmd_clean,
     cmd_compact,
     cmd_convert,
     cmd_diff,
-    cmd_info,
     cmd_pack,
     cmd_refresh,
     cmd_repair,
-    cmd_show,
-    cmd_tree,
     cmd_unpack,
-    cmd_verify,
-    cmd_warmup,
-    one_line,
 )
 from .report import SHOW_VALUES
 
@@ -218,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="stored",
         help="codec of the .tdz payloads (default: stored, zero-copy)",
     )
+    _bytes_flag(s)
     _progress_flag(s)
     s.set_defaults(func=cmd_convert)
 
@@ -267,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         "end record (tdz_numba reads it, zip tools do not): truncate it back to the old bytes.",
     )
     s.add_argument("file", metavar="FILE", help="the .tdz archive (modified in place)")
+    _bytes_flag(s)
     s.set_defaults(func=cmd_repair)
 
     s = sub.add_parser(
@@ -276,11 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rewrite FILE (atomically, as save does) with only its live entries.",
     )
     s.add_argument("file", metavar="FILE", help="the .tdz archive (replaced atomically)")
+    _bytes_flag(s)
     s.set_defaults(func=cmd_compact)
 
     from .append_cmd import add_parser as _add_append
 
-    _add_append(sub, common)
+    _bytes_flag(_add_append(sub, common))
 
     s = sub.add_parser(
         "warmup",

@@ -18,24 +18,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ChecksumError, TdzError
-from ..files.progress import human_bytes, progress, stderr_is_tty
+from ..files.progress import human_bytes, stderr_is_tty
 
 __all__ = [
     "cmd_info",
     "cmd_tree",
     "cmd_show",
     "cmd_verify",
-    "cmd_pack",
-    "cmd_unpack",
-    "cmd_convert",
-    "cmd_refresh",
-    "cmd_clean",
-    "cmd_repair",
-    "cmd_compact",
     "cmd_warmup",
     "cmd_bench",
     "one_line",
     "want_progress",
+    "plural",
+    "sizer",
+    "archive_sizes",
+    "dir_sizes",
+    "print_json",
     "UsageError",
     "PROG",
     "EXIT_OK",
@@ -82,7 +80,7 @@ def sizer(args: argparse.Namespace) -> Any:
     return _human
 
 
-def _print_json(obj: Any) -> None:
+def print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=1))
 
 
@@ -138,7 +136,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     d = info_dict(args.file)
     if args.json:
-        _print_json(d)
+        print_json(d)
         return EXIT_OK
     size = sizer(args)
     if d["format"] != "tdz":
@@ -253,7 +251,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
         raise UsageError("--max-leaves must be >= 0 (0: no limit)")
     d = tree_dict(args.file, args.subpath, args.depth, args.max_leaves or None)
     if args.json:
-        _print_json(d)
+        print_json(d)
         return EXIT_OK
     size = sizer(args)
     rows: list[list[str]] = []
@@ -306,7 +304,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             d["values"] = [json_float(v) if isinstance(v, float) else v for v in d["values"]]
             if d["stats"]:
                 d["stats"] = {k: json_float(v) if isinstance(v, float) else v for k, v in d["stats"].items()}
-        _print_json(d)
+        print_json(d)
         return EXIT_OK
     if d["kind"] == "value":
         kind = f"non-tensor data ({d['type']})" if "type" in d else "plain value (NonTensorData)"
@@ -397,7 +395,7 @@ def want_progress(args: argparse.Namespace) -> bool:
     return stderr_is_tty() if flag is None else bool(flag)
 
 
-def _archive_sizes(path: str | os.PathLike) -> dict[str, int] | None:
+def archive_sizes(path: str | os.PathLike) -> dict[str, int] | None:
     """Entries, uncompressed payload bytes and STORED entries of an archive (None if unreadable:
     the command itself then reports the error)."""
     from tdz_numba.zipfmt import records
@@ -418,7 +416,7 @@ def _archive_sizes(path: str | os.PathLike) -> dict[str, int] | None:
         index.close()
 
 
-def _dir_sizes(directory: str | os.PathLike) -> tuple[int, int]:
+def dir_sizes(directory: str | os.PathLike) -> tuple[int, int]:
     files = nbytes = 0
     for root, _, names in os.walk(os.fspath(directory)):
         for name in names:
@@ -438,7 +436,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except (TdzError, OSError) as exc:
         code = EXIT_FAILED if isinstance(exc, ChecksumError) else EXIT_USAGE
         if args.json:
-            _print_json(
+            print_json(
                 {
                     "path": str(args.file),
                     "ok": False,
@@ -453,7 +451,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             traceback.print_exception(exc)
         return code
     if args.json:
-        _print_json(
+        print_json(
             {
                 "path": str(args.file),
                 "ok": True,
@@ -469,127 +467,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     else:
         print(report.describe(sizer(args)))
-    return EXIT_OK
-
-
-# -- pack / unpack / refresh -------------------------------------------------------------------
-
-
-def cmd_pack(args: argparse.Namespace) -> int:
-    import tdz_numba
-
-    if not os.path.isdir(args.directory):
-        raise UsageError(f"{args.directory}: not a directory")
-    files, nbytes = _dir_sizes(args.directory)
-    compression = None if args.compression == "stored" else args.compression
-    out = tdz_numba.pack(
-        args.directory,
-        args.file,
-        compression=compression,
-        compresslevel=args.level,
-        num_threads=args.threads,
-        progress=want_progress(args),
-    )
-    size, nbytes_out = sizer(args), os.path.getsize(out)
-    print(
-        f"{out}: packed {plural(files, 'file')} ({size(nbytes)}) from {args.directory}, "
-        f"{args.compression}, {size(nbytes_out)}"
-    )
-    return EXIT_OK
-
-
-def cmd_unpack(args: argparse.Namespace) -> int:
-    import tdz_numba
-
-    sizes = _archive_sizes(args.file)
-    out = tdz_numba.unpack(args.file, args.directory, progress=want_progress(args))
-    what = (
-        f"{plural(sizes['entries'], 'entry', 'entries')} ({sizer(args)(sizes['payload_bytes'])})"
-        if sizes
-        else "entries"
-    )
-    print(f"{out}: unpacked {what} from {args.file}")
-    return EXIT_OK
-
-
-def cmd_convert(args: argparse.Namespace) -> int:
-    import tdz_numba
-
-    nest = None if args.flat else args.nest
-    compression = None if args.compression == "stored" else args.compression
-    out = tdz_numba.convert(
-        args.src, args.dst, nest=nest, compression=compression, progress=want_progress(args)
-    )
-    if isinstance(out, str) and "://" in out:  # an fsspec URL (streamed there)
-        import fsspec
-
-        fs, where = fsspec.core.url_to_fs(out)
-        size = int(fs.size(where))
-    else:
-        size = os.path.getsize(out)
-    print(f"{out}: converted from {args.src}, {size} bytes ({_human(size)})")
-    return EXIT_OK
-
-
-def cmd_diff(args: argparse.Namespace) -> int:
-    import tdz_numba
-
-    report = tdz_numba.diff(args.a, args.b, allow_pickle=args.allow_pickle)
-    if args.json:
-        _print_json(
-            {k: getattr(report, k) for k in ("a", "b", "added", "removed", "changed", "same", "details")}
-        )
-    else:
-        print(report)
-    return EXIT_FAILED if report else EXIT_OK
-
-
-def cmd_refresh(args: argparse.Namespace) -> int:
-    import tdz_numba
-
-    sizes = _archive_sizes(args.file)
-    total = sizes["payload_bytes"] if sizes else None
-    with progress(total, "refresh", enabled=want_progress(args)) as bar:
-        out = tdz_numba.refresh_checksums(args.file)
-        bar.finish()
-    what = plural(sizes["stored_entries"], "stored entry", "stored entries") if sizes else "stored entries"
-    print(f"{out}: CRC-32 of {what} re-stamped")
-    return EXIT_OK
-
-
-def cmd_clean(args: argparse.Namespace) -> int:
-    from ..saving import clean
-
-    removed = clean(args.directory, dry_run=args.dry_run)
-    for path in removed:
-        print(f"{'would remove' if args.dry_run else 'removed'} {path}")
-    print(
-        f"{args.directory}: {len(removed)} stale temporary {'entry' if len(removed) == 1 else 'entries'}"
-        f"{' (dry run)' if args.dry_run else ''}"
-    )
-    return EXIT_OK
-
-
-def cmd_repair(args: argparse.Namespace) -> int:
-    from ..growing import repair
-
-    r = repair(args.file)
-    if r.action == "ok":
-        print(f"{args.file}: committed, nothing to repair ({r.size} bytes)")
-    else:
-        print(f"{args.file}: an uncommitted append removed: truncated from {r.old_size} to {r.size} bytes")
-    return EXIT_OK
-
-
-def cmd_compact(args: argparse.Namespace) -> int:
-    from ..growing import compact
-
-    before = os.path.getsize(args.file)
-    out = compact(args.file)
-    after = os.path.getsize(out)
-    print(
-        f"{out}: compacted from {before} to {after} bytes ({_human(before - after)} of superseded data removed)"
-    )
     return EXIT_OK
 
 
