@@ -29,16 +29,15 @@ import numpy as np
 
 from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
 from .dtypes import dtype_table
+from .keys import _ENCODED, encode_key
 from .sources import Child
 from .tree import (
-    _ENCODED,
     FORMAT_VERSION,
     NON_TENSOR_DATA_TYPE,
     RESERVED_FIELDS,
     TD_CLASS,
     TD_TYPE,
     LeafSpec,
-    encode_key,
     is_keyed,
 )
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -36,6 +35,7 @@ from ..errors import BadArchiveError, InvalidTreeError, UnsafeContentError
 from ..zipfmt.entry import Entry
 from .bounds import check_shape, shape_nbytes
 from .dtypes import dtype_table, from_numpy_dtype
+from .keys import decode_key, encode_key
 from .sources import Child
 
 __all__ = [
@@ -61,52 +61,6 @@ FORMAT_VERSION = 1
 RESERVED_FIELDS = ("shape", "device", "_type", "_format_version", "_class", "_names")
 #: Files that hold non-tensor data next to a meta.json.
 AUX_FILES = ("other.pickle", "pickle.pkl", "json_types.json")
-
-# ---------------------------------------------------------------------------
-# robust_key: tensordict's percent-encoding of keys into file names
-# ---------------------------------------------------------------------------
-_UNSAFE = set('/<>:"|?*\\ \0%') | {chr(i) for i in range(32)} | {chr(127)}
-_ENCODE = str.maketrans({c: f"%{ord(c):02X}" for c in _UNSAFE})
-_NEEDS_ENCODING = re.compile("[" + re.escape("".join(sorted(_UNSAFE))) + "]")
-
-
-_ENCODED: dict[str, str] = {}  # keys repeat across levels (x0..x19 in every group): encode each once
-_ENCODED_MAX = 1 << 16
-
-
-def encode_key(key: str) -> str:
-    """File-name form of a key (tensordict's ``robust_key`` encoding)."""
-    out = _ENCODED.get(key)
-    if out is not None:
-        return out
-    if not key:
-        out = "%"
-    elif key in (".", ".."):
-        out = "%2E" * len(key)
-    else:  # str.translate with multi-character replacements is slow: most keys need none
-        out = key.translate(_ENCODE) if _NEEDS_ENCODING.search(key) else key
-    if len(_ENCODED) < _ENCODED_MAX:
-        _ENCODED[key] = out
-    return out
-
-
-def decode_key(name: str) -> str:
-    """Inverse of :func:`encode_key` (tensordict's decoder, bug for bug)."""
-    if name == "%":
-        return ""
-    out = []
-    i = 0
-    while i < len(name):
-        if name[i] == "%" and i + 2 < len(name):
-            try:
-                out.append(chr(int(name[i + 1 : i + 3], 16)))
-                i += 3
-                continue
-            except ValueError:
-                pass
-        out.append(name[i])
-        i += 1
-    return "".join(out)
 
 
 # ---------------------------------------------------------------------------
