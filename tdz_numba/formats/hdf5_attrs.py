@@ -49,7 +49,7 @@ import numpy as np
 
 from .hdf5_objects import AINFO, ATTR, DTYPE, Header, Layout
 
-__all__ = ["Attrs", "read_attributes", "MAX_TYPE_DEPTH"]
+__all__ = ["Attrs", "read_attributes", "heap_collection", "MAX_TYPE_DEPTH"]
 
 #: Deepest nesting of datatypes (compound members, array and sequence bases) read.
 MAX_TYPE_DEPTH = 16
@@ -456,6 +456,17 @@ def read_attributes(lay: Layout, h: Header, path: str, heaps: dict[int, Any]) ->
         else:
             values[name] = value
     return Attrs(values, later, skipped, False, [n for n, _v in found])
+
+
+def heap_collection(lay: Layout, addr: int, heaps: dict[int, Any]) -> tuple[dict[int, tuple[int, int]], int]:
+    """The objects of the global heap collection at absolute ``addr`` (index -> (data offset,
+    size)) and where it ends, walked the way libhdf5 walks it with every claim checked
+    (``heaps`` caches the collections of the file).
+
+    Raises :class:`~tdz_numba.BadArchiveError` for a collection libhdf5 would misread or loop on
+    (a free-space object of 0 bytes, an object past the collection, a size past the file).
+    """
+    return _Reader(lay, heaps).collection(addr)
 
 
 def _tracked(lay: Layout, h: Header) -> bool:
