@@ -56,10 +56,21 @@ def _seqs() -> np.ndarray:
     return a
 
 
+def _nested() -> np.ndarray:
+    """Sequences of sequences of int32: the outer heap objects hold references themselves."""
+    a = np.empty(2, object)
+    a[0] = np.empty(2, object)
+    a[0][0], a[0][1] = np.arange(3, dtype="<i4"), np.arange(1, dtype="<i4")
+    a[1] = np.empty(1, object)
+    a[1][0] = np.arange(2, dtype="<i4")
+    return a
+
+
+_NESTED = h5py.vlen_dtype(h5py.vlen_dtype(np.dtype("<i4")))
 _COMP = np.dtype([("a", "<i4"), ("s", h5py.string_dtype()), ("b", "<f8")])
 _ARR = np.dtype([("n", "<i2"), ("pair", h5py.string_dtype(), (2,))])
 
-#: name -> (libver, writer of dataset "s" into an open file)
+#: name -> (libver or h5py.File keywords, writer of dataset "s" into an open file)
 _KINDS = {
     "vstr": ("earliest", lambda f: f.create_dataset("s", data=_strings(4))),
     "vstr_latest": ("latest", lambda f: f.create_dataset("s", data=_strings(4))),
@@ -87,6 +98,11 @@ _KINDS = {
         "latest",
         lambda f: f.create_dataset("s", data=_strings(4), chunks=(2,), maxshape=(None,)),
     ),
+    "chunked_userblock": (
+        {"userblock_size": 512},
+        lambda f: f.create_dataset("s", data=_strings(4), chunks=(2,), compression="gzip"),
+    ),
+    "nested": ("earliest", lambda f: f.create_dataset("s", data=_nested(), dtype=_NESTED)),
     "chunked_gzip": (
         "earliest",
         lambda f: f.create_dataset("s", data=_strings(4), chunks=(3,), compression="gzip", shuffle=True),
@@ -106,7 +122,8 @@ def vlen_files(folder: Path) -> dict[str, tuple[Path, Path]]:
     out = {}
     for name, (libver, write) in _KINDS.items():
         p = folder / f"{name}.h5"
-        with h5py.File(p, "w", libver=libver) as f:
+        kw = libver if isinstance(libver, dict) else {"libver": libver}
+        with h5py.File(p, "w", **kw) as f:
             f["ok"] = np.arange(3.0)
             write(f)
         data = p.read_bytes()
@@ -208,6 +225,25 @@ def test_reference_past_the_file(files, tmp_path):
     q.write_bytes(bytes(data))
     got = _open_in_child([q])[str(q)]
     assert "a heap reference to address" in got and "past the end of the file" in got, got
+
+
+def test_nested_reference_checked(files, tmp_path):
+    """The references inside a sequence of sequences' outer heap objects are checked too: an
+    inner reference to an object the collection lacks is refused."""
+    from tdz_numba.formats.hdf5_attrs import heap_collection
+    from tdz_numba.formats.hdf5_objects import Layout
+
+    p = files["nested"][0]
+    data = bytearray(p.read_bytes())
+    lay = Layout.read(np.frombuffer(bytes(data), np.uint8), str(p))
+    objs, _end = heap_collection(lay, data.find(b"GCOL"), {})
+    outer = [pos for pos, size in objs.values() if size == 32]  # [[0, 1, 2], [0]]: two references
+    assert len(outer) == 1
+    data[outer[0] + 12 : outer[0] + 16] = (99).to_bytes(4, "little")  # the first one's index
+    q = tmp_path / "nested_inner.h5"
+    q.write_bytes(bytes(data))
+    got = _open_in_child([q])[str(q)]
+    assert got.startswith(f"REFUSED {q}: dataset '/s': no object 99 in the global heap collection"), got
 
 
 def test_chunk_filter_not_checked_is_a_refused_leaf(tmp_path):

@@ -432,26 +432,36 @@ class VlenCheck:
             if int(addr.max()) >= lay.size:
                 raise lay.bad(f"a heap reference to address {int(addr.max())} past the end of the file")
             want = length * slot.unit
-            for a in np.unique(addr).tolist():
-                objs, _end = heap_collection(lay, a + lay.base, self.heaps)
-                sel = addr == a
-                keys = np.array(sorted(objs), np.int64)
-                at_ = np.searchsorted(keys, idx[sel])
-                hit = at_ < keys.size
-                hit[hit] = keys[at_[hit]] == idx[sel][hit]
-                if not hit.all():
-                    miss = int(idx[sel][~hit][0])
-                    raise lay.bad(f"no object {miss} in the global heap collection at {a}")
-                sizes = np.array([objs[k][1] for k in keys.tolist()], np.int64)[at_]
-                bad = sizes != want[sel]
-                if bad.any():
-                    i = int(np.flatnonzero(bad)[0])
-                    raise lay.bad(
-                        f"global heap collection at {a}: object {int(idx[sel][i])} holds {int(sizes[i])} "
-                        f"bytes, its reference claims {int(want[sel][i])}"
-                    )
-                if slot.base is not None:
-                    self._nested(a, objs, idx[sel], length[sel], slot.base, depth)
+            order = np.argsort(addr, kind="stable")  # the references of one collection side by side
+            addr, idx, length, want = addr[order], idx[order], length[order], want[order]
+            cuts = [0, *(np.flatnonzero(np.diff(addr)) + 1).tolist(), len(addr)]
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                a = int(addr[lo])
+                self._collection(a, idx[lo:hi], length[lo:hi], want[lo:hi], slot.base, depth)
+
+    def _collection(
+        self, a: int, idx: np.ndarray, length: np.ndarray, want: np.ndarray, base: Any, depth: int
+    ) -> None:
+        """Checks references to the collection at (relative) address ``a``: each object there,
+        of the size its reference claims."""
+        lay = self.lay
+        objs, _end = heap_collection(lay, a + lay.base, self.heaps)
+        keys = np.array(sorted(objs), np.int64)
+        at = np.searchsorted(keys, idx)
+        hit = at < keys.size
+        hit[hit] = keys[at[hit]] == idx[hit]
+        if not hit.all():
+            raise lay.bad(f"no object {int(idx[~hit][0])} in the global heap collection at {a}")
+        sizes = np.array([objs[k][1] for k in keys.tolist()], np.int64)[at]
+        bad = np.flatnonzero(sizes != want)
+        if bad.size:
+            i = int(bad[0])
+            raise lay.bad(
+                f"global heap collection at {a}: object {int(idx[i])} holds {int(sizes[i])} "
+                f"bytes, its reference claims {int(want[i])}"
+            )
+        if base is not None:
+            self._nested(a, objs, idx, length, base, depth)
 
     def _nested(
         self, a: int, objs: dict, idx: np.ndarray, length: np.ndarray, base: _VType, depth: int
