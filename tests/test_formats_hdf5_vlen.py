@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fuzz_readers import fuzz_iterations, run_fuzz
 from hdf5_oracle import compare
 
 from tdz_numba.errors import UnsupportedError
@@ -309,3 +310,20 @@ def test_real_files_references_checked(name, datasets):
             check = VlenCheck(lay, lay.header(h5py.h5o.get_info(f[key].id).addr + lay.base), key, {})
             assert check.has_vlen and not check.limit
             assert check.contiguous() == max(f[key].size, 1)
+
+
+def test_fuzz_vlen_seed(tmp_path):
+    """Mutants of a file of variable-length datasets (strings, sequences, a compound, a fill
+    value, gzip chunks) and their heaps: each opens or is refused, never a hang or a stray error
+    (in a child with a timeout); a share still opens and reads every leaf."""
+    p = tmp_path / "seed.h5"
+    with h5py.File(p, "w", libver="earliest") as f:
+        f["n"] = np.arange(4.0)
+        f["s"] = _strings(4)
+        f.create_dataset("q", data=_seqs(), dtype=h5py.vlen_dtype("<i4"))
+        f["c"] = np.array([(1, "x", 0.5), (2, "yz", -1.0)], _COMP)
+        f.create_dataset("fill", (3,), dtype=h5py.string_dtype(), fillvalue="abc")
+        f.create_dataset("z", data=_strings(4), chunks=(2,), compression="gzip", shuffle=True)
+    n = fuzz_iterations(300)
+    accepted = run_fuzz(p, "tdz_numba.formats.hdf5.open_hdf5", n, tmp_path, rseed=5, suffix=".h5")
+    assert n // 20 <= accepted < n, f"{accepted} of {n} mutants accepted"

@@ -376,17 +376,23 @@ class VlenCheck:
         lay, vt = self.lay, self.vt
         if vt is None or not vt.slots:
             return 0
-        plist = dset.id.get_create_plist()
-        filters = []
-        for i in range(plist.get_nfilters()):
-            code, _flags, values, _name = plist.get_filter(i)
-            if code not in CHUNK_FILTERS:
-                self.limit = f"variable-length data in chunks with filter {code}: only deflate, shuffle and fletcher32 are checked"
-                return 0
-            filters.append((code, tuple(values)))
-        nbytes = int(np.prod(plist.get_chunk(), dtype=object)) * vt.size
-        chunks: list[Any] = []
-        dset.id.chunk_iter(chunks.append)
+        try:
+            plist = dset.id.get_create_plist()
+            filters = []
+            for i in range(plist.get_nfilters()):
+                code, _flags, values, _name = plist.get_filter(i)
+                if code not in CHUNK_FILTERS:
+                    self.limit = (
+                        f"variable-length data in chunks with filter {code}: "
+                        "only deflate, shuffle and fletcher32 are checked"
+                    )
+                    return 0
+                filters.append((code, tuple(values)))
+            nbytes = int(np.prod(plist.get_chunk(), dtype=object)) * vt.size
+            chunks: list[Any] = []
+            dset.id.chunk_iter(chunks.append)
+        except Exception as e:  # noqa: BLE001 - h5py raises many kinds on damaged chunk indexes
+            raise self.lay.bad(f"dataset {self.name[:80]!r}: cannot list its chunks: {e}") from None
         for info in chunks:
             start, size = int(info.byte_offset), int(info.size)
             if start < 0 or size < 0 or start + size > lay.size:
@@ -475,4 +481,8 @@ class VlenCheck:
                 continue
             self._seen.add(key)
             pos, size = objs[i]
+            if count * base.size != size:
+                raise self.lay.bad(
+                    f"global heap collection at {a}: object {i} holds {size} bytes, not {count} values"
+                )
             self._refs(self.lay.buf[pos : pos + size], base, count, depth + 1)
