@@ -6,7 +6,8 @@ million levels deep or blowing the memo/stack/opcode budgets, stride-0 views of 
 odd keys; memmap directories whose leaves, levels or ``other.pickle`` lead outside the folder
 or are FIFOs or ``/dev/zero``; HDF5 virtual datasets, external storage pointing at
 ``/etc/passwd`` and external/soft links through other files; the damaged HDF5 files that once
-hung libhdf5), plus every kept ``.tdz`` fuzz mutant (``tests/fixtures/hostile``). Ops:
+hung libhdf5, and variable-length string/sequence/compound datasets, fill values and chunks
+whose global heap holds a 0-byte free-space object, ``tests/test_formats_hdf5_vlen.py``), plus every kept ``.tdz`` fuzz mutant (``tests/fixtures/hostile``). Ops:
 ``read`` (the reader's source, every leaf), ``open`` (``to_dict``), ``load``, ``convert`` (to
 .tdz, its bytes scanned) and ``tdz info``. A secret planted outside each input's folder (and
 ``/etc/passwd``'s first bytes) must never appear in what an op returns.
@@ -45,6 +46,7 @@ def _cases(tmp: Path) -> list[dict]:
     """Every case: ``{"family", "name", "path", "ops", "options"}``."""
     import test_memmapdir_hdf5_hostile as mh
     import test_pt_hostile as ph
+    from test_formats_hdf5_vlen import vlen_files
 
     cases = []
     pt = tmp / "pt"
@@ -69,6 +71,8 @@ def _cases(tmp: Path) -> list[dict]:
                 "options": {"allow_external": True},
             }
         )
+    for name, (_ok, bad) in vlen_files(hd / "vlen").items():  # damaged heaps behind vlen datasets
+        cases.append({"family": "hdf5", "name": f"hdf5:vlen_{name}_bad", "path": str(bad), "ops": list(OPS)})
     for p in sorted((ROOT / "tests" / "fixtures").glob("hdf5_*_mutant_hang.h5")):
         cases.append({"family": "hdf5", "name": f"hdf5:{p.name}", "path": str(p), "ops": list(OPS)})
     td = tmp / "tdz"

@@ -32,6 +32,14 @@ its level's ``metadata`` (``ar["g"].metadata``), a dataset's are its
 (``ar.source.attributes("g/w")``), :meth:`HDF5Source.skipped_attributes` those
 left out and why.
 
+Variable-length data (strings, sequences, compounds and arrays holding them) live in global
+heap collections, on some damaged ones of which libhdf5 loops forever: before h5py reads such a
+dataset, :mod:`~tdz_numba.formats.hdf5_vlen` reads its references itself (compact and
+contiguous data, the fill value, each chunk) and walks every collection they name; a damaged
+one is a :class:`~tdz_numba.BadArchiveError` naming the dataset, and variable-length data it
+cannot check (chunks with a filter other than deflate/shuffle/Fletcher-32, virtual datasets) a
+leaf that raises :class:`~tdz_numba.UnsupportedError` when read.
+
 Other files: virtual datasets, external raw storage and external links name
 other files. None of them is read unless the caller opens with
 ``allow_external=True``: a virtual or external-storage dataset of any type

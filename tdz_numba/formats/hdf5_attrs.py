@@ -49,7 +49,7 @@ import numpy as np
 
 from .hdf5_objects import AINFO, ATTR, DTYPE, Header, Layout
 
-__all__ = ["Attrs", "read_attributes", "MAX_TYPE_DEPTH"]
+__all__ = ["Attrs", "read_attributes", "heap_collection", "MAX_TYPE_DEPTH"]
 
 #: Deepest nesting of datatypes (compound members, array and sequence bases) read.
 MAX_TYPE_DEPTH = 16
@@ -264,23 +264,25 @@ class _Reader:
         if csize < hdr or addr + csize > lay.size:
             raise lay.bad(f"{where}: a size of {csize} bytes past the end of the file")
         end = addr + csize
-        p = addr + hdr
+        blob = memoryview(lay.buf[addr:end])  # type: ignore[arg-type]  # fields read from the mapping
+        lsz, undefined = lay.lsz, (1 << (8 * lay.lsz)) - 1
+        p = hdr  # offsets in the collection from here on
         objs: dict[int, tuple[int, int]] = {}
-        while p + hdr <= end:  # what is left past the last header is free space
-            idx = int.from_bytes(lay.bytes_at(p, 2), "little")
-            osize = lay.uint(p + 8, lay.lsz)
-            if osize < 0:
+        while p + hdr <= csize:  # what is left past the last header is free space
+            idx = int.from_bytes(blob[p : p + 2], "little")
+            osize = int.from_bytes(blob[p + 8 : p + 8 + lsz], "little")
+            if osize == undefined:
                 raise lay.bad(f"{where}: object {idx} of an undefined size")
             if idx > 0:
                 if idx in objs:
                     raise lay.bad(f"{where}: object {idx} twice")
-                objs[idx] = (p + hdr, osize)
+                objs[idx] = (addr + p + hdr, osize)
                 need = hdr + _pad8(osize)
             elif osize == 0:
                 raise lay.bad(f"{where}: a free-space object of 0 bytes (libhdf5 loops on it)")
             else:
                 need = osize
-            if need > end - p:
+            if need > csize - p:
                 if idx > 0:
                     raise lay.bad(f"{where}: object {idx} of {osize} bytes runs past the collection")
                 break
@@ -456,6 +458,17 @@ def read_attributes(lay: Layout, h: Header, path: str, heaps: dict[int, Any]) ->
         else:
             values[name] = value
     return Attrs(values, later, skipped, False, [n for n, _v in found])
+
+
+def heap_collection(lay: Layout, addr: int, heaps: dict[int, Any]) -> tuple[dict[int, tuple[int, int]], int]:
+    """The objects of the global heap collection at absolute ``addr`` (index -> (data offset,
+    size)) and where it ends, walked the way libhdf5 walks it with every claim checked
+    (``heaps`` caches the collections of the file).
+
+    Raises :class:`~tdz_numba.BadArchiveError` for a collection libhdf5 would misread or loop on
+    (a free-space object of 0 bytes, an object past the collection, a size past the file).
+    """
+    return _Reader(lay, heaps).collection(addr)
 
 
 def _tracked(lay: Layout, h: Header) -> bool:

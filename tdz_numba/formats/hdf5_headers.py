@@ -16,7 +16,7 @@ integer, contiguous layout version 3/4 with an allocated address and no
 filter, external storage or shared message), the dtype, shape, address and
 size: the hot path of :func:`~tdz_numba.formats.hdf5.open_hdf5`. Everything
 else gets status :data:`SLOW` and is decoded in Python
-(:mod:`tdz_numba.formats.hdf5_messages`).
+(:mod:`~tdz_numba.formats.hdf5_objects`, :mod:`~tdz_numba.formats.hdf5_walk`).
 
 Statuses (negative: the header itself is damaged):
 

@@ -43,6 +43,7 @@ from .hdf5_objects import (
     Links,
     dtype_of,
 )
+from .hdf5_vlen import VlenCheck
 
 __all__ = ["Walk", "MAX_OBJECTS", "is_group", "probe_in_child", "PROBE_TIMEOUT"]
 
@@ -395,39 +396,57 @@ class Walk:
         virtual, external = 3 in classes, h.has(EXTERNAL)
         if (virtual or external) and not self.ctx.allow_external:
             self._attrs(h, chain, tree_path, h5py_ok=False)  # libhdf5 never opens it
-            space = h.find(DATASPACE)
-            shape = lay.dataspace(space[0][1], space[0][2]) if space else ()
-            if shape is None:  # a null dataspace: no data
-                return None
-            dts = h.find(DTYPE)
-            dtype = dtype_of(lay, dts[0][1], dts[0][2]) if dts and not dts[0][0] & 2 else None
             why = "a virtual dataset" if virtual else "external raw storage"
             reason = (
                 f"{why} (its data live in other files): open with allow_external=True to read files "
                 f"inside {str(self.ctx.folder)!r}"
             )
-            import torch
-
-            from ..tdz.dtypes import from_numpy_dtype
-
-            tdtype = from_numpy_dtype(dtype.newbyteorder("=")) if dtype is not None else torch.uint8
-            name = "/" + "/".join(n for n, _a in chain)
-            return TensorSpec(
-                key,
-                tdtype,
-                shape,
-                None,
-                0,
-                0,
-                0,
-                dtype.str if dtype is not None else "",
-                loader=refused(name, reason),
-            )
+            return self._refusal(h, key, chain, reason)
+        # variable-length data: every global heap collection its references name is walked here
+        # before libhdf5 reads one (it loops on some damaged ones); the fill value is checked now
+        vlen = VlenCheck(lay, h, "/" + tree_path, self._heaps)
+        if vlen.has_vlen and (virtual or vlen.limit):
+            self._attrs(h, chain, tree_path, h5py_ok=False)
+            why = "its global heap is in other files" if virtual else vlen.limit
+            return self._refusal(h, key, chain, f"variable-length data not checked ({why})")
         if virtual:  # allowed: libhdf5 loops forever on some damaged ones, so it opens it in a child first
             probe_in_child(self.path, chain, self.where)
+        checked = vlen.contiguous() if vlen.has_vlen else 0
         self._attrs(h, chain, tree_path)
         obj = self.open_h5(chain)
+        if checked is None:  # chunked: libhdf5's chunk index says where the chunks are
+            vlen.chunked(obj)
+            if vlen.limit:
+                return self._refusal(h, key, chain, f"variable-length data not checked ({vlen.limit})")
         return described(self.ctx, obj, key, self.f, tree_path, None, foreign=False)
+
+    def _refusal(self, h: Header, key: str, chain: Chain, reason: str) -> Any:
+        """A leaf that refuses when read (:class:`~tdz_numba.UnsupportedError` saying ``reason``),
+        of the dataset's shape and, when numeric, dtype; None for a null dataspace."""
+        lay = self.lay
+        space = h.find(DATASPACE)
+        shape = lay.dataspace(space[0][1], space[0][2]) if space else ()
+        if shape is None:  # a null dataspace: no data
+            return None
+        dts = h.find(DTYPE)
+        dtype = dtype_of(lay, dts[0][1], dts[0][2]) if dts and not dts[0][0] & 2 else None
+        import torch
+
+        from ..tdz.dtypes import from_numpy_dtype
+
+        tdtype = from_numpy_dtype(dtype.newbyteorder("=")) if dtype is not None else torch.uint8
+        name = "/" + "/".join(n for n, _a in chain)
+        return TensorSpec(
+            key,
+            tdtype,
+            shape,
+            None,
+            0,
+            0,
+            0,
+            dtype.str if dtype is not None else "",
+            loader=refused(name, reason),
+        )
 
     def _external(self, chain: Chain, name: str, node: Group, prefix: str) -> None:
         """An external link, or a soft link through one, with ``allow_external=True``: h5py follows it
