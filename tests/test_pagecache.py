@@ -200,6 +200,8 @@ def test_lazy_open_and_copy_keep_default_read_around(tmp_path):
     assert torch.equal(owned["w2"], tree["w2"])
     shared = tdz_numba.load(path, mode="r+")
     assert "hg" not in _vm_flags(shared["w0"].data_ptr())
+    part = tdz_numba.load(path, keys=["w1"])  # a part of the file: the kernel's read-around
+    assert "hg" not in _vm_flags(part["w1"].data_ptr())
 
 
 def test_whole_file_mappings_scope(tmp_path):

@@ -135,8 +135,8 @@ def load(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, nest: str |
     Views of a whole file opened ``mode="r"`` are read through mappings advised for reading
     the whole file (:func:`~tdz_numba.files.memory.whole_file_mappings`: the page cache fills
     with 2 MiB folios, whatever order the tensors are first touched in); ``copy=True`` reads
-    with ``preadv`` and ``mode="r+"`` maps shared: neither is advised."""
-    whole = options.mode == "r" and not options.copy
+    with ``preadv``, ``mode="r+"`` maps shared and a ``subpath`` reads a part: none is advised."""
+    whole = options.mode == "r" and not options.copy and options.subpath is None
     with whole_file_mappings() if whole else nullcontext():
         ar = open_archive(path, options)
         try:
