@@ -95,6 +95,20 @@ def test_read_pieces_where_the_file_refuses_nowait(tmp_path, monkeypatch):
     assert sum(1 for f in calls if f and f[0]) == 1  # asked once, then plain reads
 
 
+def test_read_pieces_where_the_file_takes_no_advice(tmp_path, monkeypatch):
+    import errno
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(3 * PAGE))
+
+    def refusing(fd, offset, length, advice):
+        raise OSError(errno.EINVAL, "no advice here")
+
+    monkeypatch.setattr(os, "posix_fadvise", refusing)
+    offsets, sizes = [10, PAGE - 3, 2 * PAGE], [5, 9, PAGE]
+    assert bytes(_read(path, offsets, sizes)) == _oracle(path, offsets, sizes)
+
+
 def test_read_pieces_drops_only_what_it_brought_in(tmp_path):
     path = tmp_path / "f.bin"
     path.write_bytes(os.urandom(16 * PAGE))

@@ -86,13 +86,17 @@ def read_pieces(fd: int, offsets: Sequence[int], sizes: Sequence[int]) -> bytear
         starts[i] = pos
         pos += n
     flag = _NOWAIT if _FADVISE and not _NOWAIT_REFUSED else None
+    if flag is not None:
+        # read-ahead off while reading: a miss (even one that RWF_NOWAIT refuses, which still
+        # starts the read) brings in exactly the pages of its piece
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        except OSError:  # (a file system that takes no advice: plain reads)
+            flag = None
     if flag is None:  # plain reads, nothing known about what was cached
         for i, n in enumerate(sizes):
             _read_full(fd, view[starts[i] : starts[i] + n], offsets[i])
         return out
-    # read-ahead off while reading: a miss (even one that RWF_NOWAIT refuses, which still
-    # starts the read) brings in exactly the pages of its piece
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     pages: list[tuple[int, int]] = []  # (first, stop) of the pages read in that were not cached
     try:
         preadv, size = os.preadv, -1
@@ -122,8 +126,11 @@ def read_pieces(fd: int, offsets: Sequence[int], sizes: Sequence[int]) -> bytear
             if read and flag is not None:
                 pages.append((start // _PAGE, -(-(start + read) // _PAGE)))
     finally:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
-        drop_pages(fd, pages)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_NORMAL)
+            drop_pages(fd, pages)
+        except OSError:  # advice only: never an error
+            pass
     return out
 
 
