@@ -5,16 +5,18 @@ A whole-archive open reads one small header per entry (a zip local header, 30 by
 kernel whose file system caches files in large folios (ext4 on Linux 6.18 here), a later page fault
 of the mapping reads ahead into large folios only where the range it reads around holds no cached
 page: one stray 4 KiB page in the read-around window (8 MiB with this disk's ``read_ahead_kb``) and
-the rest of the window comes in as 4 KiB folios. Measured on a 512 MiB model-shaped ``.tdz`` of 146
-leaves: after a cache drop and a load that read the headers, 62% of the file sat in 4 KiB folios and
-every later mmap + touch of it cost 23 ms (6,500 page faults), against 2.4 ms (500 faults, 2 MiB
-folios) after a plain mmap + touch.
+the rest of the window comes in as 4 KiB folios (and a 2 MiB folio needs its whole aligned block
+free). Measured on a 512 MiB model-shaped ``.tdz`` of 146 leaves: after a cache drop and a load that
+read the headers, 62% of the file sat in 4 KiB folios and every later mmap + touch of it cost 23 ms
+(6,500 page faults), against 2.4 ms (500 faults, 2 MiB folios) after a plain mmap + touch.
 
 :func:`read_pieces` reads the pieces first with ``RWF_NOWAIT`` (served only from the page cache, so a
 cached piece costs one system call as before and nothing changes), then the missing pieces with
 ``POSIX_FADV_RANDOM`` on its descriptor (exactly the pages asked for, no read-ahead), and drops those
 pages again (``POSIX_FADV_DONTNEED`` on exactly the pages that were not cached before). The mapping's
-first fault there then reads them back with the rest of its window in large folios.
+first fault there then reads them back with the rest of its block in large folios (with
+:func:`tdz_numba.files.memory.whole_file_mappings` around a load: 2 MiB folios in any touch order;
+either change alone left the warm touch at 15-21 ms there).
 :func:`cached` says which pages of a file are in the page cache (``mincore`` of a mapping never
 touched), for tests and diagnostics.
 
