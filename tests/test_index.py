@@ -314,10 +314,13 @@ def test_spaced_headers_are_read_with_pread_and_fill_the_same_columns(tmp_path, 
 
     p = _spaced(tmp_path)
     calls = []
-    real = os.pread
+    real, realv = os.pread, os.preadv
     monkeypatch.setattr(os, "pread", lambda fd, n, off: calls.append(off) or real(fd, n, off))
+    monkeypatch.setattr(os, "preadv", lambda fd, b, off, *f: calls.append(off) or realv(fd, b, off, *f))
     eager = ArchiveIndex(p, check_local=True)
-    assert len(calls) == len(eager.names)  # one pread per entry, no page fault per header
+    assert len(calls) == len(
+        eager.names
+    )  # one read per entry (cached: files.pagecache), no page fault per header
     monkeypatch.setattr(central, "PREAD_SPACING", 1 << 62)  # the mapped path
     mapped = ArchiveIndex(p, check_local=True)
     assert len(calls) == len(eager.names)
@@ -405,9 +408,15 @@ def test_spaced_short_read_keeps_the_other_headers_in_place(tmp_path, monkeypatc
     last = int(np.argmax(idx.table["header_offset"]))
     cut = int(idx.table["header_offset"][last])
     idx.close()
-    real = os.pread
+    real, realv = os.pread, os.preadv
     # the file seen shorter from inside the last local header (as if cut while being read)
     monkeypatch.setattr(os, "pread", lambda fd, n, off: real(fd, n, off)[: max(0, cut + 10 - off)])
+
+    def short_preadv(fd, bufs, off, *flags):  # (the headers are read with preadv: files.pagecache)
+        keep = max(0, cut + 10 - off)
+        return realv(fd, [memoryview(b)[:keep] for b in bufs], off, *flags) if keep else 0
+
+    monkeypatch.setattr(os, "preadv", short_preadv)
     with pytest.raises(BadArchiveError, match="local header name differs") as info:
         ArchiveIndex(p, check_local=True)
     assert info.value.entry == idx.names[last]  # every earlier header was read in its place

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 from builtins import open as builtins_open
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import formats
 from ..errors import InternalError, MissingKeyError, TdzError, UnsupportedError
+from ..files.memory import whole_file_mappings
 from ..tdz.source import TdzSource, open_tdz
 from ..tdz.sources import Source
 from ..tdz.tree import Level
@@ -128,9 +130,16 @@ def _plain_zip(path: str | os.PathLike) -> bool:
 
 
 def load(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, nest: str | None = None) -> Level:
-    """Loads a local file as nested dicts; see :func:`tdz_numba.load`."""
-    ar = open_archive(path, options)
-    try:
-        return ar.to_dict(nest=nest)
-    finally:
-        ar.close()
+    """Loads a local file as nested dicts; see :func:`tdz_numba.load`.
+
+    Views of a whole file opened ``mode="r"`` are read through mappings advised for reading
+    the whole file (:func:`~tdz_numba.files.memory.whole_file_mappings`: the page cache fills
+    with 2 MiB folios, whatever order the tensors are first touched in); ``copy=True`` reads
+    with ``preadv``, ``mode="r+"`` maps shared and a ``subpath`` reads a part: none is advised."""
+    whole = options.mode == "r" and not options.copy and options.subpath is None
+    with whole_file_mappings() if whole else nullcontext():
+        ar = open_archive(path, options)
+        try:
+            return ar.to_dict(nest=nest)
+        finally:
+            ar.close()

@@ -36,6 +36,7 @@ from zlib import crc32
 import numpy as np
 
 from ..errors import BadArchiveError, UnsupportedError
+from ..files.pagecache import read_pieces
 from . import eocd, records
 from .kernels.central_twin import Central, CentralRows
 from .kernels.dispatch import parse_central
@@ -259,7 +260,8 @@ def check_local_headers(
 
 def check_local_by_pread(buf, cols, cd_offset: int, path, ident: tuple[int, int, int]) -> np.ndarray | None:
     """Checks every local header from copies read with ``pread``: one system call per
-    entry instead of a page fault per entry when the headers are far apart. None when
+    entry instead of a page fault per entry when the headers are far apart, leaving the page
+    cache as it was (:func:`tdz_numba.files.pagecache.read_pieces`). None when
     ``path`` no longer names the file ``ident`` that ``buf`` maps."""
     from .kernels.dispatch import check_local_headers as check  # the kernel or its twin
 
@@ -276,11 +278,9 @@ def check_local_by_pread(buf, cols, cd_offset: int, path, ident: tuple[int, int,
         lengths = cols[:, Col.NAME_LEN] + _LH_SIZEOF
         hpos = np.zeros(len(cols), np.int64)
         np.cumsum(lengths[:-1], out=hpos[1:])
-        pread, sizes = os.pread, lengths.tolist()
-        chunks = [pread(fd, n, h) for h, n in zip(cols[:, Col.HEADER_OFFSET].tolist(), sizes)]
-        data = b"".join(chunks)
-        if len(data) != sum(sizes):  # a short read (past the end): zeros keep the positions
-            data = b"".join(c.ljust(n, b"\0") for c, n in zip(chunks, sizes))
+        # pages not cached before are dropped again (files.pagecache: the mapping's faults then
+        # read them back in large folios); a short read (past the end) leaves zeros
+        data = read_pieces(fd, cols[:, Col.HEADER_OFFSET].tolist(), lengths.tolist())
         hdr = np.frombuffer(data, np.uint8)
     finally:
         os.close(fd)

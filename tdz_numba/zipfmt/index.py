@@ -35,6 +35,7 @@ from zlib import crc32
 import numpy as np
 
 from ..errors import BadArchiveError, ChecksumError
+from ..files.memory import advise_new_mapping
 from . import compression as codecs
 from . import eocd, members, records
 from .central import (
@@ -51,6 +52,7 @@ from .central import (
     status_error,
     tail_start,
 )
+from .listing import build_listing
 from .records import Col, IndexRow, Status
 
 __all__ = ["ArchiveIndex", "EntryInfo"]
@@ -171,6 +173,8 @@ class ArchiveIndex:
             elif mapping is None or writable:
                 access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
                 mapping = mmap.mmap(fd, size, access=access)  # type: ignore[arg-type]
+                if not writable:  # (2 MiB folios inside files.memory.whole_file_mappings: a load)
+                    advise_new_mapping(mapping)
             self._map = mapping
         finally:
             if own:
@@ -224,6 +228,7 @@ class ArchiveIndex:
                     found=st.st_size,
                 )
             self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)  # type: ignore[arg-type]
+            advise_new_mapping(self._map)
         finally:
             self._drop_fd()
         return self._map
@@ -407,26 +412,7 @@ class ArchiveIndex:
         return decode_name(raw, r.flags, i, str(self.path), r.name_offset)
 
     def _build_listing(self) -> None:
-        files: dict[str, set[str]] = {"": set()}
-        dirs: dict[str, set[str]] = {"": set()}
-        self._files, self._dirs = files, dirs
-        for name in self.names:
-            if name.count("/") >= records.MAX_NAME_DEPTH:
-                raise BadArchiveError(
-                    f"{self.path}: entry {name[:60]!r}... has {name.count('/') + 1} path components, "
-                    f"more than the {records.MAX_NAME_DEPTH} tdz_numba reads",
-                    path=str(self.path),
-                    entry=name,
-                    expected=records.MAX_NAME_DEPTH,
-                    found=name.count("/") + 1,
-                )
-            if name.endswith("/"):
-                self._add_dir(name.rstrip("/"))
-                continue
-            parent, _, base = name.rpartition("/")
-            if parent not in dirs:
-                self._add_dir(parent)
-            files[parent].add(base)
+        self._files, self._dirs = build_listing(self.names, str(self.path))
 
     @property
     def files(self) -> dict[str, set[str]]:
@@ -441,20 +427,6 @@ class ArchiveIndex:
         if self._dirs is None:
             self._build_listing()
         return self._dirs  # type: ignore[return-value]
-
-    def _add_dir(self, d: str) -> None:
-        """Adds directory ``d`` and its missing ancestors (a loop: names may be deep)."""
-        dirs: dict[str, set[str]] = self._dirs  # type: ignore[assignment]  # built by _build_listing
-        files: dict[str, set[str]] = self._files  # type: ignore[assignment]
-        missing = []
-        while d not in dirs:  # "" (the root) is always there
-            missing.append(d)
-            d = d.rpartition("/")[0]
-        for d in reversed(missing):
-            parent, _, base = d.rpartition("/")
-            dirs[d] = set()
-            files[d] = set()
-            dirs[parent].add(base)
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name

@@ -1,0 +1,228 @@
+"""Reads that leave the page cache as they found it (files.pagecache), and loads whose mappings are
+advised for reading the whole file (files.memory.whole_file_mappings): behaviour, not timing."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import tdz_numba
+from tdz_numba.files import memory, pagecache
+from tdz_numba.zipfmt.index import ArchiveIndex
+
+PAGE = mmap.PAGESIZE
+
+
+def _oracle(path, offsets, sizes) -> bytes:
+    """The slow obvious reference: one plain pread per piece, zeros past the end."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return b"".join(os.pread(fd, n, o).ljust(n, b"\0") for o, n in zip(offsets, sizes))
+    finally:
+        os.close(fd)
+
+
+def _drop(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _dropped_or_skip(path) -> None:
+    """Drops ``path`` from the page cache; skips where the file system keeps it (tmpfs) or the
+    kernel does not say (mincore)."""
+    _drop(path)
+    try:
+        left = pagecache.cached(path, 0, os.path.getsize(path))
+    except tdz_numba.TdzError as exc:  # pragma: no cover - a platform without mincore
+        pytest.skip(f"no page-cache residency here: {exc}")
+    if left.any():
+        pytest.skip("this file system keeps the file's pages cached after POSIX_FADV_DONTNEED")
+
+
+def _read(path, offsets, sizes) -> bytearray:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return pagecache.read_pieces(fd, offsets, sizes)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("nowait", [True, False])
+def test_read_pieces_matches_plain_pread(tmp_path, monkeypatch, nowait):
+    if not nowait:  # a kernel without RWF_NOWAIT: plain reads, the same bytes
+        monkeypatch.setattr(pagecache, "_NOWAIT", None)
+    rng = np.random.default_rng(7)
+    size = 5 * PAGE + 123
+    path = tmp_path / "f.bin"
+    path.write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    offsets = [0, 1, PAGE - 2, 3 * PAGE, size - 5, size - 1, size, size + 10, 7, 2 * PAGE + 5]
+    sizes = [1, 0, 30, PAGE + 7, 5, 40, 3, 8, 0, 2 * PAGE]
+    assert bytes(_read(path, offsets, sizes)) == _oracle(path, offsets, sizes)
+    _drop(path)  # the same from a cold file
+    assert bytes(_read(path, offsets, sizes)) == _oracle(path, offsets, sizes)
+    assert _read(path, [], []) == bytearray()
+
+
+def test_read_pieces_where_the_file_refuses_nowait(tmp_path, monkeypatch):
+    import errno
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(3 * PAGE))
+    real = os.preadv
+    calls = []
+
+    def refusing(fd, bufs, off, *flags):
+        calls.append(flags)
+        if flags and flags[0]:
+            raise OSError(errno.EOPNOTSUPP, "no RWF_NOWAIT here")
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(pagecache, "_NOWAIT_REFUSED", [])
+    monkeypatch.setattr(os, "preadv", refusing)
+    offsets, sizes = [10, PAGE - 3, 2 * PAGE], [5, 9, PAGE]
+    assert bytes(_read(path, offsets, sizes)) == _oracle(path, offsets, sizes)
+    assert bytes(_read(path, offsets, sizes)) == _oracle(path, offsets, sizes)
+    assert sum(1 for f in calls if f and f[0]) == 1  # asked once, then plain reads
+
+
+def test_read_pieces_where_the_file_takes_no_advice(tmp_path, monkeypatch):
+    import errno
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(3 * PAGE))
+
+    def refusing(fd, offset, length, advice):
+        raise OSError(errno.EINVAL, "no advice here")
+
+    monkeypatch.setattr(os, "posix_fadvise", refusing)
+    offsets, sizes = [10, PAGE - 3, 2 * PAGE], [5, 9, PAGE]
+    assert bytes(_read(path, offsets, sizes)) == _oracle(path, offsets, sizes)
+
+
+def test_read_pieces_drops_only_what_it_brought_in(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(16 * PAGE))
+    _dropped_or_skip(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.pread(fd, 10, 9 * PAGE + 5)  # page 9 cached before (with whatever read-ahead brings)
+        before = pagecache.cached(path, 0, 16 * PAGE)
+        assert before[9] and not before[2]
+        offsets, sizes = [2 * PAGE + 100, 9 * PAGE + 40, 4 * PAGE - 10], [50, 30, 20]
+        got = pagecache.read_pieces(fd, offsets, sizes)
+    finally:
+        os.close(fd)
+    after = pagecache.cached(path, 0, 16 * PAGE)
+    np.testing.assert_array_equal(after, before)  # pages 2, 3, 4 read and dropped again; 9 kept
+    assert bytes(got) == _oracle(path, offsets, sizes)
+
+
+def _spaced_archive(tmp_path, n=8, leaf_bytes=64 * 1024):
+    tree = {f"w{i}": torch.full((leaf_bytes // 4,), float(i)) for i in range(n)}
+    return tdz_numba.save(tree, tmp_path / "spaced.tdz"), tree
+
+
+def test_load_leaves_header_pages_uncached(tmp_path):
+    """A whole load reads every local header with pread (far apart: >= PREAD_SPACING per entry);
+    the header pages that were not cached are not cached after it (the old reads left them)."""
+    path, tree = _spaced_archive(tmp_path)
+    _dropped_or_skip(path)
+    index = ArchiveIndex(path)
+    headers = [index.row_at(index.row(f"w{i}.memmap")).header_offset for i in range(8)]
+    index.close()
+    _drop(path)  # (the open read the tail)
+    back = tdz_numba.load(path)
+    for k, v in tree.items():
+        assert torch.equal(back[k], v)  # (values read through the mapping after the check)
+    del back  # (pages a mapping holds stay cached)
+    gc.collect()
+    _drop(path)
+    back = tdz_numba.load(path)  # the check alone, nothing touched
+    size = os.path.getsize(path)
+    tail = (size - 64 * 1024) // PAGE  # the open reads the file's tail (central directory)
+    # (and format detection its first bytes: page 0)
+    pages = sorted({h // PAGE for h in headers if 0 < h // PAGE < tail})
+    assert len(pages) >= 6
+    cached = pagecache.cached(path, 0, size)
+    assert not cached[pages].any(), f"header pages left cached: {np.flatnonzero(cached[pages])}"
+    del back
+
+
+def test_load_keeps_cached_header_pages(tmp_path):
+    path, _ = _spaced_archive(tmp_path)
+    _dropped_or_skip(path)
+    index = ArchiveIndex(path)
+    first = index.row_at(index.row("w0.memmap")).header_offset
+    index.close()
+    _drop(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.pread(fd, 30, first)  # someone else read it: it stays
+    finally:
+        os.close(fd)
+    tdz_numba.load(path)
+    assert pagecache.cached(path, first, 30).all()
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds ``address``."""
+    with open("/proc/self/smaps") as f:
+        text = f.read()
+    for m in re.finditer(r"^([0-9a-f]+)-([0-9a-f]+) [^\n]*\n((?:[A-Za-z_]+:[^\n]*\n)+)", text, re.M):
+        if int(m.group(1), 16) <= address < int(m.group(2), 16):
+            line = [ln for ln in m.group(3).splitlines() if ln.startswith("VmFlags:")]
+            return line[0].split()[1:] if line else []
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+needs_smaps = pytest.mark.skipif(
+    not os.path.exists("/proc/self/smaps") or not hasattr(mmap, "MADV_HUGEPAGE"),
+    reason="Linux /proc/self/smaps and MADV_HUGEPAGE",
+)
+
+
+@needs_smaps
+def test_load_views_map_for_the_whole_file(tmp_path):
+    from safetensors.torch import save_file
+
+    path, tree = _spaced_archive(tmp_path, n=3)
+    back = tdz_numba.load(path)
+    assert "hg" in _vm_flags(back["w0"].data_ptr())  # a load: 2 MiB folios, any touch order
+    st = tmp_path / "x.safetensors"
+    save_file({"a": torch.ones(1000), "b": torch.zeros(64)}, str(st))
+    other = tdz_numba.load(st)
+    assert "hg" in _vm_flags(other["a"].data_ptr())
+    assert torch.equal(other["a"], torch.ones(1000))
+
+
+@needs_smaps
+def test_lazy_open_and_copy_keep_default_read_around(tmp_path):
+    path, tree = _spaced_archive(tmp_path, n=3)
+    with tdz_numba.open(path) as ar:  # a lazy open reads a small part: the kernel's read-around
+        assert "hg" not in _vm_flags(ar["w1"].data_ptr())
+    owned = tdz_numba.load(path, copy=True)
+    assert torch.equal(owned["w2"], tree["w2"])
+    shared = tdz_numba.load(path, mode="r+")
+    assert "hg" not in _vm_flags(shared["w0"].data_ptr())
+    part = tdz_numba.load(path, keys=["w1"])  # a part of the file: the kernel's read-around
+    assert "hg" not in _vm_flags(part["w1"].data_ptr())
+
+
+def test_whole_file_mappings_scope(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(4 * PAGE))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        assert memory.advise_new_mapping(mm) is False
+        with memory.whole_file_mappings():
+            assert memory.advise_new_mapping(mm) is hasattr(mmap, "MADV_HUGEPAGE")
+        assert memory.advise_new_mapping(mm) is False
