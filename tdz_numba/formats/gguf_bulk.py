@@ -93,19 +93,23 @@ def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[
     offsets = offsets.astype(np.int64)
     if np.any(offsets % alignment):
         return None
-    dims: list[tuple[int, ...]] = [()] * n
+    # each record's (type, dimension count, dimensions) as one row: the distinct rows (a handful,
+    # whatever the tensor count) are checked and sized once, with Python's unbounded ints
+    rows_of = np.zeros((n, 2 + MAX_DIMS), np.uint64)
+    rows_of[:, 0] = types
+    rows_of[:, 1] = nd_arr
     for k in np.unique(nd_arr).tolist():  # dimensions, grouped by rank
-        rows = np.flatnonzero(nd_arr == k)
         if k:
+            rows = np.flatnonzero(nd_arr == k)
             block = np.ascontiguousarray(buf[at[rows, None] + np.arange(8 * k)]).view("<u8")
-            values = list(map(tuple, block.tolist()))
-        else:
-            values = [()] * len(rows)
-        for r, v in zip(rows.tolist(), values):
-            dims[r] = v
-    kinds: dict[tuple[int, tuple[int, ...]], tuple[str, tuple[int, ...], int]] = {}
-    for key in set(zip(types.tolist(), dims)):  # each distinct (type, dims): exact checks
-        ggml_type, d = key
+            rows_of[rows, 2 : 2 + k] = block
+    if (rows_of == rows_of[0]).all():
+        distinct, inverse = rows_of[:1], None
+    else:
+        distinct, inverse = np.unique(rows_of, axis=0, return_inverse=True)
+    kinds: list[tuple[int, str, tuple[int, ...], int]] = []
+    for row in distinct.tolist():  # each distinct (type, dims): exact checks
+        ggml_type, d = row[0], tuple(row[2 : 2 + row[1]])
         if ggml_type not in GGML_TYPES:
             return None
         tname, block_len, tsize = GGML_TYPES[ggml_type]
@@ -113,9 +117,18 @@ def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[
             return None
         if math.prod(max(x, 1) for x in d) * 8 >= _LIMIT:
             return None
-        kinds[key] = (tname, tuple(reversed(d)), math.prod(d) // block_len * tsize)
-    per = list(map(kinds.__getitem__, zip(types.tolist(), dims)))
-    nbytes = np.array([p[2] for p in per], dtype=np.int64)
+        kinds.append((ggml_type, tname, tuple(reversed(d)), math.prod(d) // block_len * tsize))
+    kind_bytes = np.array([k[3] for k in kinds], dtype=np.int64)
+    if inverse is None:
+        type_col, tname_col, shape_col = ([kinds[0][i]] * n for i in range(3))
+        nbytes = np.full(n, kind_bytes[0], np.int64)
+    else:
+        inv = inverse.reshape(-1)
+        pick = inv.tolist()
+        type_col, tname_col, shape_col = (
+            list(map([k[i] for k in kinds].__getitem__, pick)) for i in range(3)
+        )
+        nbytes = kind_bytes[inv]
     start = offsets + data_start
     if np.any(start > size - nbytes):
         return None
@@ -123,14 +136,7 @@ def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[
     infos = list(
         map(
             new,
-            zip(
-                names,
-                types.tolist(),
-                [p[0] for p in per],
-                [p[1] for p in per],
-                start.tolist(),
-                nbytes.tolist(),
-            ),
+            zip(names, type_col, tname_col, shape_col, start.tolist(), nbytes.tolist()),
         )
     )
     return infos, data_start
