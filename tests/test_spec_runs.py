@@ -39,3 +39,25 @@ def test_runs_equal_one_by_one(tmp_path, shape, gap):
         assert [t._version for t in made] == [v + (i == 3) for i, v in enumerate(before)]
     finally:
         f.close()
+
+
+@pytest.mark.parametrize("odd", [(2, -1), (True, 2), (1.0, 2), (np.int64(1), 2), (2, [1])])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_odd_dimensions_are_left_to_the_one_by_one_path(tmp_path, odd, mixed):
+    """Shapes whose dimensions are not plain non-negative ints come back as None, whether every
+    spec has the same one (the one-distinct-shape path) or they sit next to equal int shapes."""
+    p = tmp_path / "raw.bin"
+    p.write_bytes(np.arange(256, dtype=np.float32).tobytes())
+    f = MappedFile.open(p)
+    try:
+        specs = [TensorSpec(f"k{i}", torch.float32, odd, None, 0, 8 * i, 8) for i in range(20)]
+        if mixed:
+            specs[::2] = [TensorSpec(f"g{i}", torch.float32, (1, 2), None, 0, 8 * i, 8) for i in range(10)]
+        out = spec_views(specs, [f])
+        for s, t in zip(specs, out):
+            if s.shape is odd:
+                assert t is None, s.key
+            else:
+                assert t is not None and torch.equal(t, tensor_from_spec(s, [f])), s.key
+    finally:
+        f.close()

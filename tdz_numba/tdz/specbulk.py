@@ -36,7 +36,7 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -108,24 +108,33 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
     if set(map(type, shapes)) != {tuple}:
         ok &= np.fromiter((isinstance(s, (tuple, list)) for s in shapes), bool, n)
         shapes = tuple(s if type(s) is tuple else tuple(s) if isinstance(s, list) else () for s in shapes)
-    flat = list(chain.from_iterable(shapes))
-    if flat and (set(map(type, flat)) != {int} or min(flat) < 0):
+    dim_types = set(map(type, chain.from_iterable(shapes)))
+    # only ints: equal shapes hold equal values, so the distinct ones tell the smallest dimension
+    if dim_types and (dim_types != {int} or min(min(s) for s in set(shapes) if s) < 0):
         ok &= np.fromiter((all(type(d) is int and d >= 0 for d in s) for s in shapes), bool, n)
         shapes = tuple(s if good else () for s, good in zip(shapes, ok.tolist()))
     distinct = set(shapes)  # tuples of ints (True == 1 cannot merge two of them: no bools left)
     prod_of = {s: math.prod(s) for s in distinct}
-    prods = list(map(prod_of.__getitem__, shapes))
+    prods: Sequence[int] = (
+        repeat(prod_of[shapes[0]], n) if len(distinct) == 1 else list(map(prod_of.__getitem__, shapes))
+    )
     sizes = {d: d.itemsize for d in set(dtypes)}
-    isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, n)
+    if len(sizes) == 1:
+        isz = np.full(n, sizes[dtypes[0]], np.int64)
+    else:
+        isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, n)
     nfiles = len(files)
-    if set(fidx) - set(range(nfiles)):
+    file_set = set(fidx)
+    if file_set - set(range(nfiles)):
         ok &= np.fromiter((type(i) is int and 0 <= i < nfiles for i in fidx), bool, n)
         fidx = tuple(i if good else 0 for i, good in zip(fidx, ok.tolist()))
+        file_set = set(fidx)
     try:
         off = np.fromiter(offsets, np.int64, n)
         nb = np.fromiter(nbytes, np.int64, n)
         cnt = np.fromiter(prods, np.int64, n)
     except (OverflowError, TypeError, ValueError):  # a claim beyond int64 (or not an int): one by one
+        prods = list(map(prod_of.__getitem__, shapes))
         big = np.fromiter(
             (
                 not (type(o) is int and type(b) is int and type(c) is int)
@@ -170,9 +179,9 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
         ok &= span_el < _BIG
         need = span_el * isz
     else:
-        elements = _contiguous_of(shapes)
+        elements = [_contiguous_of([shapes[0]])[0]] * n if len(distinct) == 1 else _contiguous_of(shapes)
         need = cnt * isz
-    file_rows = np.fromiter(fidx, np.int64, n)
+    file_rows = np.zeros(n, np.int64) if file_set == {0} else np.fromiter(fidx, np.int64, n)
     fsize = np.array([f.size for f in files] or [0], np.int64)[file_rows]
     ok &= (nb >= need) & (off + nb <= fsize)
     return Extents(ok, dense, list(dtypes), list(shapes), elements, off, isz, cnt, file_rows)
