@@ -51,7 +51,7 @@ from ..tdz.sources import (
     tensor_from_spec,
 )
 from ..tdz.tree import Level
-from .foreign import all_specs, copy_specs, hint, spec_tensors
+from .foreign import all_specs, copy_specs, spec_tensors
 
 __all__ = ["build_tree", "materialize", "read_into", "spec_info", "meta_tensor", "COPY_PIECE"]
 
@@ -286,9 +286,7 @@ def materialize(ar: Any, leaves: list[Any], *, hint_ahead: bool = True) -> list[
         tensors, copied = copy_specs(source, leaves, threads), True
     else:
         aligned = getattr(state, "aligned", False)
-        tensors = spec_tensors(source, leaves, aligned=aligned)
-        if hint_ahead:
-            hint(source, leaves)
+        tensors = spec_tensors(source, leaves, aligned=aligned, hint_ahead=hint_ahead)
     if getattr(state, "dequantize", False):
         tensors = [dequantized(leaf, t) for leaf, t in zip(leaves, tensors)]
     if state.dtype is None and state.device is None:

@@ -44,7 +44,7 @@ import numpy as np
 from . import sources as _sources
 from .sources import MappedFile, TensorSpec, leaf_view, needs_alignment, own_views
 
-__all__ = ["spec_views", "plain_extents", "Extents"]
+__all__ = ["spec_views", "views_and_extents", "plain_extents", "Extents"]
 
 #: Beyond this many elements (or bytes) a claim is checked one by one with Python ints
 #: (numpy's int64 sums could wrap): no real tensor comes near it.
@@ -90,6 +90,7 @@ class Extents(NamedTuple):
     itemsizes: np.ndarray  # int64
     numels: np.ndarray  # int64
     files: np.ndarray  # int64 file indices
+    nbytes: np.ndarray  # int64 bytes the spec claims (0 where not ok)
 
 
 def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> Extents:
@@ -184,7 +185,9 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
     file_rows = np.zeros(n, np.int64) if file_set == {0} else np.fromiter(fidx, np.int64, n)
     fsize = np.array([f.size for f in files] or [0], np.int64)[file_rows]
     ok &= (nb >= need) & (off + nb <= fsize)
-    return Extents(ok, dense, list(dtypes), list(shapes), elements, off, isz, cnt, file_rows)
+    return Extents(
+        ok, dense, list(dtypes), list(shapes), elements, off, isz, cnt, file_rows, np.where(ok, nb, 0)
+    )
 
 
 def spec_views(
@@ -196,9 +199,17 @@ def spec_views(
     With ``aligned=True`` leaves whose offset is not a multiple of their element size
     come back as None too (the one-by-one path copies them).
     """
+    return views_and_extents(specs, files, aligned=aligned)[0]
+
+
+def views_and_extents(
+    specs: Sequence[TensorSpec], files: Sequence[MappedFile], *, aligned: bool = False
+) -> tuple[list[Any], Extents | None]:
+    """:func:`spec_views` and the :class:`Extents` it checked (None when ``specs`` is empty):
+    what a caller that hints the leaves' bytes ahead needs, without taking the specs apart again."""
     n = len(specs)
     if n == 0:
-        return []
+        return [], None
     was = gc.isenabled()
     gc.disable()  # tens of thousands of new tensors: no cycles among them, the collector's passes cost
     try:
@@ -219,7 +230,7 @@ def spec_views(
         rows = np.flatnonzero(ok)
         out: list[Any] = [None] * n
         if not rows.size:
-            return out
+            return out, ext
         fidx = ext.files if len(files) > 1 else None
         # one typed view per (file, dtype, shift): a small table, looked up per leaf
         codes = {d: i for i, d in enumerate(set(dtypes))}
@@ -260,10 +271,10 @@ def spec_views(
             else:
                 made = list(map(leaf_view, views, sel_shapes, sel_strides, elem))
         if every:
-            return made
+            return made, ext
         for i, t in zip(pick, made):
             out[i] = t
-        return out
+        return out, ext
     finally:
         if was:
             gc.enable()
