@@ -181,7 +181,7 @@ def _copy_tdz_leaves(
             slabbed.append(j)
         else:
             owned = out[j] = torch.empty(t.shape, dtype=t.dtype)
-            jobs.append((offset, memoryview(_u8(owned))))
+            jobs.append((offset, memoryview(_u8(owned))))  # type: ignore[arg-type]  # ndarray is a buffer
     if slabbed:
         jobs.extend(_slabs(views, slabbed, nbytes, offsets, out))
     _scatter_read(source.path, jobs, num_threads)
@@ -221,7 +221,7 @@ def _slabs(
                 for j, piece in zip(part, pieces):
                     shape = views[j].shape
                     out[j] = piece if piece.shape == shape else piece.view(shape)
-            mv = memoryview(_u8(slab))
+            mv = memoryview(_u8(slab))  # type: ignore[arg-type]  # ndarray is a buffer (numpy stubs)
             at = 0
             for j, s in zip(part, sizes):
                 jobs.append((offsets[j], mv[at : at + s]))

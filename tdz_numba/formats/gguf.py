@@ -313,9 +313,17 @@ class GGUFSource(TreeSource):
     :meth:`dequantize` decodes any tensor to float32.
     """
 
-    tensor_info: dict[str, GGUFTensorInfo]
     version: int
     data_start: int
+    _info_columns: tuple[tuple[str, ...], list[GGUFTensorInfo]] = ((), [])
+    _info_table: dict[str, GGUFTensorInfo] | None = None
+
+    @property
+    def tensor_info(self) -> dict[str, GGUFTensorInfo]:
+        """``{name: GGUFTensorInfo}`` of every tensor, in file order (built on first use)."""
+        if self._info_table is None:
+            self._info_table = dict(zip(*self._info_columns))
+        return self._info_table
 
     def dequantize(self, key: str, *, num_threads: int | None = None) -> Any:
         """Tensor ``key`` decoded to a float32 torch tensor of its logical shape.
@@ -329,6 +337,16 @@ class GGUFSource(TreeSource):
         spec = self.level("").children[key].leaf
         raw = tensor_from_spec(spec, self.files, where=str(self.path))
         return dequantize(raw, info.type_name, info.shape, num_threads=num_threads)
+
+
+def _kind(torch: Any, tname: str, shape: tuple[int, ...]) -> tuple[Any, tuple[int, ...]]:
+    """The torch dtype and leaf shape of a tensor of ggml type ``tname`` and logical ``shape``
+    (quantized: ``uint8`` blocks, ``(*rows, bytes_per_row)``)."""
+    plain = _PLAIN.get(tname)
+    if plain is not None:
+        return getattr(torch, plain), shape
+    _, block, tsize = GGML_TYPES[_BY_NAME[tname]]
+    return torch.uint8, (*shape[:-1], shape[-1] // block * tsize)
 
 
 def open_gguf(path: str | os.PathLike, **kw: Any) -> GGUFSource:
@@ -345,23 +363,21 @@ def open_gguf(path: str | os.PathLike, **kw: Any) -> GGUFSource:
         with no_gc():  # millions of small metadata values: several times faster
             meta, infos, version, data_start = _parse(memoryview(f.buffer.data), where)
         names, _, tnames, shapes, offsets, nbytes = zip(*infos) if infos else ((),) * 6
-        kinds: dict[tuple[str, tuple[int, ...]], tuple[Any, tuple[int, ...]]] = {}
-        for key in set(zip(tnames, shapes)):
-            tname, shape = key
-            plain = _PLAIN.get(tname)
-            if plain is not None:
-                kinds[key] = (getattr(torch, plain), shape)
-            else:
-                _, block, tsize = GGML_TYPES[_BY_NAME[tname]]
-                kinds[key] = (torch.uint8, (*shape[:-1], shape[-1] // block * tsize))
-        per = list(map(kinds.__getitem__, zip(tnames, shapes)))
+        n = len(names)
+        if n and tnames.count(tnames[0]) == n and shapes.count(shapes[0]) == n:  # one kind (C-level ==)
+            dtype, shape = _kind(torch, tnames[0], shapes[0])
+            dtypes, leaf_shapes = [dtype] * n, [shape] * n
+        else:
+            kinds = {key: _kind(torch, *key) for key in set(zip(tnames, shapes))}
+            per = list(map(kinds.__getitem__, zip(tnames, shapes)))
+            dtypes, leaf_shapes = [p[0] for p in per], [p[1] for p in per]
         # every extent was checked against the file by _parse (or bulk_infos)
-        tree = make_specs(names, [p[0] for p in per], [p[1] for p in per], 0, offsets, nbytes, tnames)
+        tree = make_specs(names, dtypes, leaf_shapes, 0, offsets, nbytes, tnames)
         src = cast(GGUFSource, flat_source("gguf", path, tree, files=[f], metadata=meta, cls=GGUFSource))
     except BaseException:
         f.close()
         raise
-    src.tensor_info = dict(zip(names, infos))
+    src._info_columns = (names, infos)
     src.version = version
     src.data_start = data_start
     return src

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
 from typing import Any, NamedTuple
 
@@ -116,7 +116,7 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
         shapes = tuple(s if good else () for s, good in zip(shapes, ok.tolist()))
     distinct = set(shapes)  # tuples of ints (True == 1 cannot merge two of them: no bools left)
     prod_of = {s: math.prod(s) for s in distinct}
-    prods: Sequence[int] = (
+    prods: Iterable[int] = (
         repeat(prod_of[shapes[0]], n) if len(distinct) == 1 else list(map(prod_of.__getitem__, shapes))
     )
     sizes = {d: d.itemsize for d in set(dtypes)}
