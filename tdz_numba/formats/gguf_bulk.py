@@ -32,7 +32,7 @@ import numpy as np
 from ..jit.policy import use_kernels
 from .gguf_types import GGML_TYPES, MAX_DIMS, GGUFTensorInfo
 
-__all__ = ["bulk_infos"]
+__all__ = ["bulk_infos", "bulk_columns", "infos_of"]
 
 _U64 = struct.Struct("<Q").unpack_from
 _U32 = struct.Struct("<I").unpack_from
@@ -47,6 +47,13 @@ def _gather(buf: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarr
 def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[Any], int] | None:
     """``(infos, data_start)`` of the ``n`` tensor infos from byte ``pos`` of ``buf`` (uint8), each a
     :class:`~tdz_numba.formats.gguf.GGUFTensorInfo` with an absolute offset, or None (see the module)."""
+    got = bulk_columns(buf, pos, n, alignment)
+    return None if got is None else (infos_of(got[0]), got[1])
+
+
+def bulk_columns(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[tuple[Any, ...], int] | None:
+    """:func:`bulk_infos` as columns: ``((names, ggml types, type names, shapes, offsets, byte
+    sizes), data_start)``, one list per field (no tuple per info), or None."""
     size = len(buf)
     mv = buf.data  # a memoryview of the same bytes
     if use_kernels(n):
@@ -132,11 +139,9 @@ def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[
     start = offsets + data_start
     if np.any(start > size - nbytes):
         return None
-    new = partial(tuple.__new__, GGUFTensorInfo)
-    infos = list(
-        map(
-            new,
-            zip(names, type_col, tname_col, shape_col, start.tolist(), nbytes.tolist()),
-        )
-    )
-    return infos, data_start
+    return (names, type_col, tname_col, shape_col, start.tolist(), nbytes.tolist()), data_start
+
+
+def infos_of(cols: tuple[Any, ...]) -> list[Any]:
+    """The :class:`~tdz_numba.formats.gguf.GGUFTensorInfo` of each row of ``cols`` (the six fields' lists)."""
+    return list(map(partial(tuple.__new__, GGUFTensorInfo), zip(*cols)))
