@@ -10,8 +10,14 @@ write to one leaf (BatchNorm's running stats) leaves the others' autograd state
 alone. Measured the cheapest of tracked ``as_strided``, ``set_`` on the
 storage, ``.data``, numpy views + ``from_numpy``, ``torch.frombuffer`` and
 ``unsafe_split_with_sizes``). With ``copy=True`` the payloads are
-read with :func:`read_into`: ``os.preadv`` calls on a thread pool (they
-release the GIL), each into a preallocated tensor.
+read by scatter ``os.preadv`` calls in file order on a thread pool (they
+release the GIL), into preallocated tensors: a leaf above :data:`SLAB_LEAF`
+bytes gets its own allocation; smaller ones share slabs of at most
+:data:`SLAB` bytes (one allocation per slab, not per leaf: 20,000 leaves of
+10 KiB copy in about half the CPU time), each still its own tensor with its
+own version counter and its own bytes. The trade-off: a small leaf keeps its
+slab alive (at most :data:`SLAB` bytes), and ``torch.save`` of that one leaf
+alone writes its slab's storage.
 
 Examples
 --------
@@ -45,7 +51,7 @@ from ..tdz.sources import (
     tensor_from_spec,
 )
 from ..tdz.tree import Level
-from .foreign import all_specs, copy_specs, hint, spec_tensors
+from .foreign import all_specs, copy_specs, spec_tensors
 
 __all__ = ["build_tree", "materialize", "read_into", "spec_info", "meta_tensor", "COPY_PIECE"]
 
@@ -53,6 +59,11 @@ __all__ = ["build_tree", "materialize", "read_into", "spec_info", "meta_tensor",
 COPY_PIECE = 8 << 20
 #: Below this total, copies come from the mapping (one memcpy each): threads cost more.
 _SMALL_COPY = 4 << 20
+#: Leaves of at most this many bytes are copied into shared slabs (see :func:`_slabs`).
+SLAB_LEAF = 64 << 10
+#: Bytes of one slab at most: what one small leaf can keep alive.
+SLAB = 1 << 20
+_NESTED = attrgetter("is_nested")
 
 
 def read_into(
@@ -145,33 +156,81 @@ def _copy_tdz_leaves(
     from ..files.memory import PAGE_SIZE, aligned_empty
 
     views = source.tensors(leaves)
-    total = sum(t.numel() * t.element_size() for t in views if not t.is_nested)
-    out: list[torch.Tensor] = []
-    jobs: list[tuple[int, np.ndarray]] = []
+    n = len(views)
+    nested = list(map(_NESTED, views))
+    nbytes = [0 if nst else t.numel() * t.element_size() for t, nst in zip(views, nested)]
+    total = sum(nbytes)
+    out: list[Any] = [None] * n
+    jobs: list[tuple[int, memoryview]] = []
     direct_jobs: list[tuple[int, np.ndarray]] = []
     base = source.index.buffer.ctypes.data if (total >= _SMALL_COPY or direct) else 0
-    for t in views:
-        shared = base and not t.is_nested and t.numel() and t.untyped_storage().data_ptr() == base
-        if shared:
-            offset = t.data_ptr() - base
-            nbytes = t.numel() * t.element_size()
-            if direct and offset % PAGE_SIZE == 0:
-                buf = aligned_empty(-(-nbytes // PAGE_SIZE) * PAGE_SIZE)  # whole pages, page-aligned
-                direct_jobs.append((offset, buf))
-                owned = torch.from_numpy(buf[:nbytes]).view(t.dtype).view(t.shape)
-            else:
-                owned = torch.empty(t.shape, dtype=t.dtype)
-                jobs.append((offset, _u8(owned)))
-            out.append(owned)
+    slabbed: list[int] = []
+    offsets = [0] * n
+    for j, t in enumerate(views):
+        shared = base and not nested[j] and nbytes[j] and t.untyped_storage().data_ptr() == base
+        if not shared:
+            out[j] = t.clone()
+            continue
+        offset = offsets[j] = t.data_ptr() - base
+        if direct and offset % PAGE_SIZE == 0:
+            size = nbytes[j]
+            buf = aligned_empty(-(-size // PAGE_SIZE) * PAGE_SIZE)  # whole pages, page-aligned
+            direct_jobs.append((offset, buf))
+            out[j] = torch.from_numpy(buf[:size]).view(t.dtype).view(t.shape)
+        elif nbytes[j] <= SLAB_LEAF:
+            slabbed.append(j)
         else:
-            out.append(t.clone())
+            owned = out[j] = torch.empty(t.shape, dtype=t.dtype)
+            jobs.append((offset, memoryview(_u8(owned))))  # type: ignore[arg-type]  # ndarray is a buffer
+    if slabbed:
+        jobs.extend(_slabs(views, slabbed, nbytes, offsets, out))
     _scatter_read(source.path, jobs, num_threads)
     if direct_jobs:
         read_into(source.path, direct_jobs, num_threads, direct=True)
     return out
 
 
-def _scatter_read(path: Any, jobs: list[tuple[int, np.ndarray]], num_threads: int | None) -> None:
+def _slabs(
+    views: list[torch.Tensor], rows: list[int], nbytes: list[int], offsets: list[int], out: list[Any]
+) -> list[tuple[int, memoryview]]:
+    """Owned tensors of the small leaves ``rows`` (``out[j]`` for each), made from shared slabs:
+    the leaves of one dtype, in file order, packed into allocations of at most :data:`SLAB`
+    bytes, each leaf its own tensor (its own version counter: made below autograd's view
+    tracking) on a slice of its slab's storage. Returns the ``(file offset, destination)``
+    reads that fill them."""
+    from ..tdz.sources import own_views
+
+    groups: dict[Any, list[int]] = {}
+    for j in rows:
+        groups.setdefault(views[j].dtype, []).append(j)
+    jobs: list[tuple[int, memoryview]] = []
+    for dtype, members in groups.items():
+        members.sort(key=offsets.__getitem__)
+        itemsize = dtype.itemsize
+        start = 0
+        while start < len(members):
+            stop, size = start, 0
+            while stop < len(members) and (stop == start or size + nbytes[members[stop]] <= SLAB):
+                size += nbytes[members[stop]]
+                stop += 1
+            part = members[start:stop]
+            sizes = [nbytes[j] for j in part]
+            slab = torch.empty(size // itemsize, dtype=dtype)
+            with own_views():
+                pieces = slab.split_with_sizes([s // itemsize for s in sizes])
+                for j, piece in zip(part, pieces):
+                    shape = views[j].shape
+                    out[j] = piece if piece.shape == shape else piece.view(shape)
+            mv = memoryview(_u8(slab))  # type: ignore[arg-type]  # ndarray is a buffer (numpy stubs)
+            at = 0
+            for j, s in zip(part, sizes):
+                jobs.append((offsets[j], mv[at : at + s]))
+                at += s
+            start = stop
+    return jobs
+
+
+def _scatter_read(path: Any, jobs: list[tuple[int, memoryview]], num_threads: int | None) -> None:
     """Reads ``(file offset, destination)`` jobs in file order, leaves that follow each other in
     one scatter ``preadv`` (the foreign readers' plan): 20,000 small leaves are a few hundred
     reads, not 20,000 thread-pool tasks."""
@@ -181,7 +240,7 @@ def _scatter_read(path: Any, jobs: list[tuple[int, np.ndarray]], num_threads: in
         return
     offsets = np.fromiter((o for o, _ in jobs), np.int64, len(jobs))
     order = np.argsort(offsets, kind="stable")
-    dests = [memoryview(jobs[k][1]).cast("B") for k in order.tolist()]  # type: ignore[arg-type]
+    dests = [jobs[k][1] for k in order.tolist()]
     sizes = np.fromiter(map(len, dests), np.int64, len(dests))
     work = _jobs(offsets[order], sizes, dests)
     fd = os.open(path, os.O_RDONLY)
@@ -227,9 +286,7 @@ def materialize(ar: Any, leaves: list[Any], *, hint_ahead: bool = True) -> list[
         tensors, copied = copy_specs(source, leaves, threads), True
     else:
         aligned = getattr(state, "aligned", False)
-        tensors = spec_tensors(source, leaves, aligned=aligned)
-        if hint_ahead:
-            hint(source, leaves)
+        tensors = spec_tensors(source, leaves, aligned=aligned, hint_ahead=hint_ahead)
     if getattr(state, "dequantize", False):
         tensors = [dequantized(leaf, t) for leaf, t in zip(leaves, tensors)]
     if state.dtype is None and state.device is None:

@@ -43,7 +43,7 @@ import torch
 from ..errors import BadArchiveError
 from ..files.memory import readahead
 from ..tdz.sources import Source, TensorSpec, make_present, tensor_from_spec
-from ..tdz.specbulk import plain_extents, spec_views
+from ..tdz.specbulk import plain_extents, views_and_extents
 
 __all__ = ["spec_tensors", "copy_specs", "hint", "all_specs", "PIECE", "MAX_GAP"]
 
@@ -60,15 +60,24 @@ def all_specs(leaves: list[Any]) -> bool:
     return bool(leaves) and set(map(type, leaves)) == {TensorSpec}
 
 
-def spec_tensors(source: Source, leaves: list[TensorSpec], *, aligned: bool = False) -> list[torch.Tensor]:
+def spec_tensors(
+    source: Source, leaves: list[TensorSpec], *, aligned: bool = False, hint_ahead: bool = False
+) -> list[torch.Tensor]:
     """The zero-copy tensors of many leaves of ``source``, as ``tensor_from_spec`` makes them
-    (``aligned=True``: misaligned leaves copied); its errors, for the first bad leaf in order."""
+    (``aligned=True``: misaligned leaves copied); its errors, for the first bad leaf in order.
+    ``hint_ahead``: then :func:`hint` of the leaves (from the columns the views were checked with
+    when the bulk path took every leaf)."""
     files, where = source.files, str(source.path)
     make_present(leaves, files)  # a remote file's leaves fetched in one batch (nothing locally)
-    out = spec_views(leaves, files, aligned=aligned)
+    out, ext = views_and_extents(leaves, files, aligned=aligned)
     if any(map(is_, out, repeat(None))):
         for i in [i for i, t in enumerate(out) if t is None]:
             out[i] = tensor_from_spec(leaves[i], files, where=where, aligned=aligned)
+    if hint_ahead:
+        if ext is not None and ext.ok.all():  # every leaf STORED, loader-less and in bounds
+            _hint_columns(files, ext.files, ext.offsets, ext.nbytes)
+        else:
+            hint(source, leaves)
     return out
 
 
@@ -89,10 +98,18 @@ def hint(source: Source, leaves: list[TensorSpec]) -> int:
             nb[np.fromiter(map(is_not, loaders, repeat(None)), bool, n)] = 0
     except (OverflowError, TypeError, ValueError):  # a claim beyond int64: the leaves say what is wrong
         return 0
+    return _hint_columns(files, fidx, off, nb)
+
+
+def _hint_columns(files: list[Any], fidx: np.ndarray, off: np.ndarray, nb: np.ndarray) -> int:
+    """:func:`hint` of leaves given as columns (file index, offset, bytes)."""
     done = 0
     for i, f in enumerate(files):
         mm = getattr(f, "_mmap", None)
         if mm is None:
+            continue
+        if len(files) == 1:
+            done += readahead(mm, off, nb)
             continue
         mine = fidx == i
         if mine.any():

@@ -52,7 +52,7 @@ from ..errors import BadArchiveError, InvalidArgumentError, MissingKeyError, Uns
 from ..tdz.sources import MappedFile, TreeSource, tensor_from_spec
 from ._common import no_gc, quote
 from ._flat import flat_source, make_specs
-from .gguf_bulk import bulk_infos
+from .gguf_bulk import bulk_columns, bulk_infos, infos_of
 from .gguf_types import GGML_TYPES, MAX_DIMS, GGUFTensorInfo
 
 __all__ = [
@@ -226,7 +226,9 @@ def detect_gguf(head: bytes, path: str | os.PathLike | None = None) -> bool:
     return bytes(head[:4]) == MAGIC
 
 
-def _parse(buf: memoryview, where: str) -> tuple[dict[str, Any], list[GGUFTensorInfo], int, int]:
+def _parse(buf: memoryview, where: str, *, columns: bool = False) -> tuple[dict[str, Any], Any, int, int]:
+    """``(metadata, infos, version, data_start)`` of a GGUF file; ``columns=True``: the infos as the
+    tuple of their six fields' lists (:func:`~tdz_numba.formats.gguf_bulk.bulk_columns`)."""
     c = _Cursor(buf, where)
     c.need(4, "magic")
     if bytes(buf[:4]) != MAGIC:
@@ -255,7 +257,9 @@ def _parse(buf: memoryview, where: str) -> tuple[dict[str, Any], list[GGUFTensor
     alignment = meta.get("general.alignment", 32)
     if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
         raise BadArchiveError(f"{where}: general.alignment {quote(alignment)} is not a power of two")
-    bulk = bulk_infos(np.frombuffer(buf, np.uint8), c.pos, n_tensors, alignment)
+    bulk = (bulk_columns if columns else bulk_infos)(
+        np.frombuffer(buf, np.uint8), c.pos, n_tensors, alignment
+    )
     if bulk is not None:
         return meta, bulk[0], version, bulk[1]
     infos: list[tuple[str, int, tuple[int, ...], int]] = []
@@ -303,6 +307,8 @@ def _parse(buf: memoryview, where: str) -> tuple[dict[str, Any], list[GGUFTensor
                 f"outside the file ({len(buf)} bytes)"
             )
         out.append(GGUFTensorInfo(name, ggml_type, tname, tuple(reversed(dims)), start, nbytes))
+    if columns:
+        return meta, tuple(map(list, zip(*out))) if out else ([],) * 6, version, data_start
     return meta, out, version, data_start
 
 
@@ -313,9 +319,17 @@ class GGUFSource(TreeSource):
     :meth:`dequantize` decodes any tensor to float32.
     """
 
-    tensor_info: dict[str, GGUFTensorInfo]
     version: int
     data_start: int
+    _info_columns: tuple[Any, ...] = ([],) * 6  # the infos' six fields, one list each
+    _info_table: dict[str, GGUFTensorInfo] | None = None
+
+    @property
+    def tensor_info(self) -> dict[str, GGUFTensorInfo]:
+        """``{name: GGUFTensorInfo}`` of every tensor, in file order (built on first use)."""
+        if self._info_table is None:
+            self._info_table = dict(zip(self._info_columns[0], infos_of(self._info_columns)))
+        return self._info_table
 
     def dequantize(self, key: str, *, num_threads: int | None = None) -> Any:
         """Tensor ``key`` decoded to a float32 torch tensor of its logical shape.
@@ -331,6 +345,16 @@ class GGUFSource(TreeSource):
         return dequantize(raw, info.type_name, info.shape, num_threads=num_threads)
 
 
+def _kind(torch: Any, tname: str, shape: tuple[int, ...]) -> tuple[Any, tuple[int, ...]]:
+    """The torch dtype and leaf shape of a tensor of ggml type ``tname`` and logical ``shape``
+    (quantized: ``uint8`` blocks, ``(*rows, bytes_per_row)``)."""
+    plain = _PLAIN.get(tname)
+    if plain is not None:
+        return getattr(torch, plain), shape
+    _, block, tsize = GGML_TYPES[_BY_NAME[tname]]
+    return torch.uint8, (*shape[:-1], shape[-1] // block * tsize)
+
+
 def open_gguf(path: str | os.PathLike, **kw: Any) -> GGUFSource:
     """Maps a GGUF file and describes its tensors (see the module docstring for shapes).
 
@@ -343,25 +367,23 @@ def open_gguf(path: str | os.PathLike, **kw: Any) -> GGUFSource:
     where = str(path)
     try:
         with no_gc():  # millions of small metadata values: several times faster
-            meta, infos, version, data_start = _parse(memoryview(f.buffer.data), where)
-        names, _, tnames, shapes, offsets, nbytes = zip(*infos) if infos else ((),) * 6
-        kinds: dict[tuple[str, tuple[int, ...]], tuple[Any, tuple[int, ...]]] = {}
-        for key in set(zip(tnames, shapes)):
-            tname, shape = key
-            plain = _PLAIN.get(tname)
-            if plain is not None:
-                kinds[key] = (getattr(torch, plain), shape)
-            else:
-                _, block, tsize = GGML_TYPES[_BY_NAME[tname]]
-                kinds[key] = (torch.uint8, (*shape[:-1], shape[-1] // block * tsize))
-        per = list(map(kinds.__getitem__, zip(tnames, shapes)))
+            meta, cols, version, data_start = _parse(memoryview(f.buffer.data), where, columns=True)
+        names, _, tnames, shapes, offsets, nbytes = cols
+        n = len(names)
+        if n and tnames.count(tnames[0]) == n and shapes.count(shapes[0]) == n:  # one kind (C-level ==)
+            dtype, shape = _kind(torch, tnames[0], shapes[0])
+            dtypes, leaf_shapes = [dtype] * n, [shape] * n
+        else:
+            kinds = {key: _kind(torch, *key) for key in set(zip(tnames, shapes))}
+            per = list(map(kinds.__getitem__, zip(tnames, shapes)))
+            dtypes, leaf_shapes = [p[0] for p in per], [p[1] for p in per]
         # every extent was checked against the file by _parse (or bulk_infos)
-        tree = make_specs(names, [p[0] for p in per], [p[1] for p in per], 0, offsets, nbytes, tnames)
+        tree = make_specs(names, dtypes, leaf_shapes, 0, offsets, nbytes, tnames)
         src = cast(GGUFSource, flat_source("gguf", path, tree, files=[f], metadata=meta, cls=GGUFSource))
     except BaseException:
         f.close()
         raise
-    src.tensor_info = dict(zip(names, infos))
+    src._info_columns = cols
     src.version = version
     src.data_start = data_start
     return src

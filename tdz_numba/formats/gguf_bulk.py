@@ -32,7 +32,7 @@ import numpy as np
 from ..jit.policy import use_kernels
 from .gguf_types import GGML_TYPES, MAX_DIMS, GGUFTensorInfo
 
-__all__ = ["bulk_infos"]
+__all__ = ["bulk_infos", "bulk_columns", "infos_of"]
 
 _U64 = struct.Struct("<Q").unpack_from
 _U32 = struct.Struct("<I").unpack_from
@@ -47,6 +47,13 @@ def _gather(buf: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarr
 def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[Any], int] | None:
     """``(infos, data_start)`` of the ``n`` tensor infos from byte ``pos`` of ``buf`` (uint8), each a
     :class:`~tdz_numba.formats.gguf.GGUFTensorInfo` with an absolute offset, or None (see the module)."""
+    got = bulk_columns(buf, pos, n, alignment)
+    return None if got is None else (infos_of(got[0]), got[1])
+
+
+def bulk_columns(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[tuple[Any, ...], int] | None:
+    """:func:`bulk_infos` as columns: ``((names, ggml types, type names, shapes, offsets, byte
+    sizes), data_start)``, one list per field (no tuple per info), or None."""
     size = len(buf)
     mv = buf.data  # a memoryview of the same bytes
     if use_kernels(n):
@@ -93,19 +100,23 @@ def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[
     offsets = offsets.astype(np.int64)
     if np.any(offsets % alignment):
         return None
-    dims: list[tuple[int, ...]] = [()] * n
+    # each record's (type, dimension count, dimensions) as one row: the distinct rows (a handful,
+    # whatever the tensor count) are checked and sized once, with Python's unbounded ints
+    rows_of = np.zeros((n, 2 + MAX_DIMS), np.uint64)
+    rows_of[:, 0] = types
+    rows_of[:, 1] = nd_arr
     for k in np.unique(nd_arr).tolist():  # dimensions, grouped by rank
-        rows = np.flatnonzero(nd_arr == k)
         if k:
+            rows = np.flatnonzero(nd_arr == k)
             block = np.ascontiguousarray(buf[at[rows, None] + np.arange(8 * k)]).view("<u8")
-            values = list(map(tuple, block.tolist()))
-        else:
-            values = [()] * len(rows)
-        for r, v in zip(rows.tolist(), values):
-            dims[r] = v
-    kinds: dict[tuple[int, tuple[int, ...]], tuple[str, tuple[int, ...], int]] = {}
-    for key in set(zip(types.tolist(), dims)):  # each distinct (type, dims): exact checks
-        ggml_type, d = key
+            rows_of[rows, 2 : 2 + k] = block
+    if (rows_of == rows_of[0]).all():
+        distinct, inverse = rows_of[:1], None
+    else:
+        distinct, inverse = np.unique(rows_of, axis=0, return_inverse=True)
+    kinds: list[tuple[int, str, tuple[int, ...], int]] = []
+    for row in distinct.tolist():  # each distinct (type, dims): exact checks
+        ggml_type, d = row[0], tuple(row[2 : 2 + row[1]])
         if ggml_type not in GGML_TYPES:
             return None
         tname, block_len, tsize = GGML_TYPES[ggml_type]
@@ -113,24 +124,24 @@ def bulk_infos(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[list[
             return None
         if math.prod(max(x, 1) for x in d) * 8 >= _LIMIT:
             return None
-        kinds[key] = (tname, tuple(reversed(d)), math.prod(d) // block_len * tsize)
-    per = list(map(kinds.__getitem__, zip(types.tolist(), dims)))
-    nbytes = np.array([p[2] for p in per], dtype=np.int64)
+        kinds.append((ggml_type, tname, tuple(reversed(d)), math.prod(d) // block_len * tsize))
+    kind_bytes = np.array([k[3] for k in kinds], dtype=np.int64)
+    if inverse is None:
+        type_col, tname_col, shape_col = ([kinds[0][i]] * n for i in range(3))
+        nbytes = np.full(n, kind_bytes[0], np.int64)
+    else:
+        inv = inverse.reshape(-1)
+        pick = inv.tolist()
+        type_col, tname_col, shape_col = (
+            list(map([k[i] for k in kinds].__getitem__, pick)) for i in range(3)
+        )
+        nbytes = kind_bytes[inv]
     start = offsets + data_start
     if np.any(start > size - nbytes):
         return None
-    new = partial(tuple.__new__, GGUFTensorInfo)
-    infos = list(
-        map(
-            new,
-            zip(
-                names,
-                types.tolist(),
-                [p[0] for p in per],
-                [p[1] for p in per],
-                start.tolist(),
-                nbytes.tolist(),
-            ),
-        )
-    )
-    return infos, data_start
+    return (names, type_col, tname_col, shape_col, start.tolist(), nbytes.tolist()), data_start
+
+
+def infos_of(cols: tuple[Any, ...]) -> list[Any]:
+    """The :class:`~tdz_numba.formats.gguf.GGUFTensorInfo` of each row of ``cols`` (the six fields' lists)."""
+    return list(map(partial(tuple.__new__, GGUFTensorInfo), zip(*cols)))

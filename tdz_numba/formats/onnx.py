@@ -507,11 +507,12 @@ def _open(path: str | os.PathLike, where: str, model_dir: Path, files: list[Mapp
         inits: list[Any] = [parse_tensor(buf, where)]
     else:
         metadata, inits = parse_model(buf, where, compact=True)
-        if all(type(t) is tuple for t in inits):
+        kinds = set(map(type, inits))
+        if kinds == {tuple}:
             specs = bulk_specs(inits, torch_dtypes(ONNX_DTYPES), files[0].size)
             if specs is not None:
                 return flat_source("onnx", path, specs, files=files, metadata=metadata)
-        if any(type(t) is tuple for t in inits):  # the per-initializer path reads every one
+        if tuple in kinds:  # the per-initializer path reads every one
             metadata, inits = parse_model(buf, where)
     by_location: dict[str, int] = {}
     tree: dict[str, Any] = {}

@@ -169,17 +169,17 @@ def bulk_specs(
         except Exception:  # noqa: BLE001 - the per-initializer path raises it with the name
             return None
         numel_of[shape] = math.prod(shape)
-    itemsize = {t: dtypes[t][0].itemsize for t in set(types)}
-    need = np.array([numel_of[s] * itemsize[t] for s, t in zip(shapes, types)], dtype=np.int64)
+    kinds = set(types)
+    itemsize = {t: dtypes[t][0].itemsize for t in kinds}
+    n = len(names)
+    if len(kinds) == 1 and len(numel_of) == 1:  # one type, one shape: the columns repeat one value
+        (t,) = kinds
+        need = np.full(n, numel_of[shapes[0]] * itemsize[t], np.int64)
+        torch_types, type_names = [dtypes[t][0]] * n, [dtypes[t][1]] * n
+    else:
+        need = np.array([numel_of[s] * itemsize[t] for s, t in zip(shapes, types)], dtype=np.int64)
+        torch_types, type_names = [dtypes[t][0] for t in types], [dtypes[t][1] for t in types]
     off = np.array(offsets, dtype=np.int64)
     if not np.array_equal(need, np.array(lengths, dtype=np.int64)) or np.any(off > size - need):
         return None
-    return make_specs(
-        names,
-        [dtypes[t][0] for t in types],
-        shapes,
-        0,
-        offsets,
-        need.tolist(),
-        [dtypes[t][1] for t in types],
-    )
+    return make_specs(names, torch_types, shapes, 0, offsets, need.tolist(), type_names)
