@@ -283,14 +283,31 @@ class RemoteObject:
                     todo.extend(self.missing(a, b))
             if not todo:
                 return
+            gap = MAX_GAP if max_gap is None else max_gap
+            todo = self._over_present(sorted(todo), gap)
             merged = coalesce(
                 np.array([a for a, _ in todo]),
                 np.array([b for _, b in todo]),
-                MAX_GAP if max_gap is None else max_gap,
+                gap,
                 MAX_WASTE if max_waste is None else max_waste,
             )
             self._what, self._entry = what, entry
             self._fetch(merged, PART_BYTES if part_bytes is None else part_bytes)
+
+    def _over_present(self, todo: list[tuple[int, int]], max_gap: int) -> list[tuple[int, int]]:
+        """Missing parts (sorted) joined across gaps of at most ``max_gap`` bytes that are here
+        already: fetching a few known bytes again costs less than a request (a member's
+        headers fetched first, then the data of many members: one range, not one per member)."""
+        if max_gap <= 0 or len(todo) < 2:
+            return todo
+        out = [todo[0]]
+        for a, b in todo[1:]:
+            pa, pb = out[-1]
+            if 0 < a - pb <= max_gap and self.present(pb, a):
+                out[-1] = (pa, max(pb, b))
+            else:
+                out.append((a, b))
+        return out
 
     def _fetch(self, spans: list[tuple[int, int]], part_bytes: int) -> None:
         parts = [(a, min(a + part_bytes, b)) for a0, b in spans for a in range(a0, b, part_bytes)]

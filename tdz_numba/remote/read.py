@@ -335,9 +335,35 @@ class RemoteIndex(ArchiveIndex):
             self.fetch(rows)
 
     def payload_offset(self, i: int) -> int:
+        if self.header_only:
+            offset = int(self.table["payload_offset"][i])
+            if offset >= 0:
+                return offset
+            self.fetch_header(i)
+            return ArchiveIndex.payload_offset(self, i)
         if not self._ready[i]:
             self.fetch([i])
         return int(self._cols[i, records.Col.PAYLOAD_OFFSET])
+
+    def header_span(self, i: int, after: int = 0) -> tuple[int, int]:
+        """``[start, stop)`` of entry ``i``'s local header (its name and up to 256 bytes of
+        extra field) and ``after`` more bytes, within the entry."""
+        t = self.table
+        h = int(t["header_offset"][i])
+        return h, min(h + _LH + int(t["name_len"][i]) + _LOCAL_EXTRA + after, max(h, int(self._limit[i])))
+
+    def fetch_header(self, i: int) -> None:
+        """Fetches entry ``i``'s local header (:meth:`header_span`), or the whole entry when its
+        extra field is longer than guessed."""
+        a, b = self.header_span(i)
+        self.obj.need(a, b)
+        extra = int.from_bytes(bytes(self.obj.buffer[a + _L.EXTRA_LEN : a + _L.EXTRA_LEN + 2]), "little")
+        if a + _LH + int(self.table["name_len"][i]) + extra > b:
+            self.obj.need(a, int(self._limit[i]))
+
+    #: True: :meth:`payload_offset` reads only the local header (the reader fetches the
+    #: payload itself, a remote ``.npz``); False: the whole entry, CRC checked.
+    header_only = False
 
     #: None: :meth:`check_all` fetches every entry; an int: only each local header and that
     #: many payload bytes after it (payload offsets: ``tdz info``, a foreign zip's open).
