@@ -147,7 +147,7 @@ class LazyNpzSource(TreeSource):
 def open_npz_remote(index: Any, file: MappedFile) -> LazyNpzSource:
     """The lazy source of the remote ``.npz`` whose central directory ``index`` holds (a
     :class:`~tdz_numba.remote.read.RemoteIndex`; ``file`` maps the same object)."""
-    index.header_only = True
+    index.raw_fetches = False
     src = LazyNpzSource(str(index.path), file, index)
     src.path = index.path  # a URL names the source
     return src

@@ -84,6 +84,8 @@ GROUP_PARTS = 8
 #: A batch of local headers is cut into at most this many requests, by bridging gaps of at
 #: most :data:`HEAD_GAP` bytes (members of small leaves are read through; big ones are not).
 HEAD_RANGES, HEAD_GAP = 64, 1 << 20
+#: At most this many local headers are fetched ahead by :meth:`RemoteIndex.payload_offset`.
+HEAD_AHEAD = 64
 #: Levels reached one by one before every level's ``meta.json`` is fetched in one batch.
 WALK_LEVELS = 4
 _L = records.Local
@@ -335,15 +337,37 @@ class RemoteIndex(ArchiveIndex):
             self.fetch(rows)
 
     def payload_offset(self, i: int) -> int:
-        if self.header_only:
-            offset = int(self.table["payload_offset"][i])
-            if offset >= 0:
-                return offset
-            self.fetch_header(i)
-            return ArchiveIndex.payload_offset(self, i)
-        if not self._ready[i]:
+        """Payload offset of entry ``i``: its local header fetched (not its payload: the bytes
+        come with :meth:`fetch`, :meth:`raw` or :meth:`read_bytes`) and checked. Headers that
+        are asked for one after another (``tdz tree``, ``info`` of many leaves) come in
+        growing concurrent batches: the next unread headers in entry order, 2, 4, ... 64 of
+        them while the entries asked for follow each other."""
+        offset = int(self.table["payload_offset"][i])
+        if offset >= 0:
+            return offset
+        self._ahead = min(2 * self._ahead, HEAD_AHEAD) if i == self._last + 1 else 1
+        self._last = i
+        a, b = self.header_span(i)
+        if not self.obj.present(a, b):  # (fetched ahead already: no request)
+            unread = np.nonzero(self.table["payload_offset"][i:] < 0)[0][: self._ahead] + i
+            spans = [self.header_span(int(k)) for k in unread.tolist()]
+            self.obj.need_spans(spans, max_gap=0, max_waste=0.0, what=self._names_in, entry=self._first_in)
+        self.fetch_header(i)  # (a local extra field longer than guessed: the whole entry)
+        return ArchiveIndex.payload_offset(self, i)
+
+    def raw(self, e: Any) -> np.ndarray:
+        """An entry's stored bytes (fetched first, CRC-32 checked when STORED, unless
+        :attr:`raw_fetches` is False)."""
+        if self.raw_fetches:
+            self.fetch([e.index])
+        return super().raw(e)
+
+    def read_bytes(self, name: str) -> bytes:
+        """An entry's bytes (``meta.json``): the entry fetched in one range first."""
+        i = self.row(name)
+        if i is not None:
             self.fetch([i])
-        return int(self._cols[i, records.Col.PAYLOAD_OFFSET])
+        return super().read_bytes(name)
 
     def header_span(self, i: int, after: int = 0) -> tuple[int, int]:
         """``[start, stop)`` of entry ``i``'s local header (its name and up to 256 bytes of
@@ -361,9 +385,12 @@ class RemoteIndex(ArchiveIndex):
         if a + _LH + int(self.table["name_len"][i]) + extra > b:
             self.obj.need(a, int(self._limit[i]))
 
-    #: True: :meth:`payload_offset` reads only the local header (the reader fetches the
-    #: payload itself, a remote ``.npz``); False: the whole entry, CRC checked.
-    header_only = False
+    #: Local headers fetched by the next :meth:`payload_offset` that needs one (it doubles),
+    #: and the entry that one read last.
+    _ahead, _last = 1, -2
+    #: True: :meth:`raw` fetches the entry first; False: the reader fetches the bytes it reads
+    #: (a remote ``.npz``: a member's headers, its data when the tensor is made).
+    raw_fetches = True
 
     #: None: :meth:`check_all` fetches every entry; an int: only each local header and that
     #: many payload bytes after it (payload offsets: ``tdz info``, a foreign zip's open).
