@@ -56,7 +56,8 @@ from ..formats.detect import zip_kind
 from ..tdz.source import TdzSource
 from ..zipfmt import eocd, records
 from ..zipfmt.index import ArchiveIndex
-from .object import RemoteObject, coalesce, fewer
+from .object import RemoteObject, coalesce, fewer, part_size
+from .transports import CONCURRENCY
 
 __all__ = [
     "RemoteIndex",
@@ -77,8 +78,9 @@ MAX_WASTE = 0.02
 #: Largest single ranged request of a bulk fetch (larger extents are split for concurrency).
 PART_BYTES = 8 << 20
 #: Bytes of one group of a verified bulk fetch: the next group is fetched while this one's
-#: CRC-32s are computed.
-GROUP_BYTES = 16 << 20
+#: CRC-32s are computed. A group holds at least :data:`~tdz_numba.remote.transports.CONCURRENCY`
+#: parts, so that every request slot is busy (16 MiB groups of 8 MiB parts kept 2 requests in flight).
+GROUP_BYTES = 64 << 20
 #: Kept for callers that tuned it: requests in flight are :data:`.object.CONCURRENCY`.
 GROUP_PARTS = 8
 #: A batch of local headers is cut into at most this many requests, by bridging gaps of at
@@ -184,16 +186,22 @@ class RemoteIndex(ArchiveIndex):
         rows = np.nonzero((hoff < b) & (self._limit > a))[0]
         return self.names[int(rows[0])] if rows.size else None
 
-    def _get(self, spans: list[tuple[int, int]], what: Callable[[int, int], str] | None = None) -> None:
-        """Fetches ``[start, stop)`` spans (already coalesced) into :attr:`buffer`, in parts of at
-        most :data:`PART_BYTES` fetched concurrently (:meth:`RemoteObject.need_spans`)."""
+    def _get(
+        self,
+        spans: list[tuple[int, int]],
+        what: Callable[[int, int], str] | None = None,
+        part_bytes: int | None = None,
+    ) -> None:
+        """Fetches ``[start, stop)`` spans (already coalesced) into :attr:`buffer`, in parts
+        (:func:`~tdz_numba.remote.object.part_size`: :data:`PART_BYTES` or more on large reads)
+        fetched concurrently (:meth:`RemoteObject.need_spans`)."""
         self.obj.need_spans(
             spans,
             max_gap=0,
             max_waste=0.0,
             what=what or self._names_in,
             entry=self._first_in,
-            part_bytes=PART_BYTES,
+            part_bytes=part_bytes or part_size(sum(b - a for a, b in spans), PART_BYTES),
         )
 
     def _spans(self, rows: np.ndarray) -> list[tuple[int, int]]:
@@ -214,32 +222,36 @@ class RemoteIndex(ArchiveIndex):
         rows = np.unique(rows[~self._ready[rows]])
         if not rows.size:
             return
-        groups = self._groups(rows) if self.verify else [rows]
+        spans = self._spans(rows)
+        part = part_size(sum(b - a for a, b in spans), PART_BYTES)
+        group = GROUP_BYTES if part <= PART_BYTES else max(GROUP_BYTES, CONCURRENCY * part)
+        groups = self._groups(rows, group) if self.verify else [rows]
         if len(groups) == 1:
-            self._get(self._spans(rows))
+            self._get(spans, part_bytes=part)
             self._settle(rows)
             return
         # the next group travels (on fsspec's loop thread) while this one's CRCs are computed
         with ThreadPoolExecutor(1) as pool:
-            ahead = pool.submit(self._get, self._spans(groups[0]))
+            ahead = pool.submit(self._get, self._spans(groups[0]), None, part)
             for k, group in enumerate(groups):
                 ahead.result()
                 if k + 1 < len(groups):
-                    ahead = pool.submit(self._get, self._spans(groups[k + 1]))
+                    ahead = pool.submit(self._get, self._spans(groups[k + 1]), None, part)
                 try:
                     self._settle(group)
                 except BaseException:
                     ahead.cancel()
                     raise
 
-    def _groups(self, rows: np.ndarray) -> list[np.ndarray]:
-        """``rows`` in file order, cut into groups of about :data:`GROUP_BYTES` bytes."""
+    def _groups(self, rows: np.ndarray, group_bytes: int | None = None) -> list[np.ndarray]:
+        """``rows`` in file order, cut into groups of about ``group_bytes`` (:data:`GROUP_BYTES`) bytes."""
+        group = GROUP_BYTES if group_bytes is None else group_bytes
         t = self.table
         rows = rows[np.argsort(t["header_offset"][rows], kind="stable")]
         sizes = np.maximum(self._limit[rows] - t["header_offset"][rows], 0)
-        if int(sizes.sum()) <= 2 * GROUP_BYTES:
+        if int(sizes.sum()) <= 2 * group:
             return [np.sort(rows)]
-        cut = np.nonzero(np.diff(np.cumsum(sizes) // GROUP_BYTES))[0] + 1
+        cut = np.nonzero(np.diff(np.cumsum(sizes) // group))[0] + 1
         return [np.sort(g) for g in np.split(rows, cut) if g.size]
 
     def _settle(self, rows: np.ndarray) -> None:
