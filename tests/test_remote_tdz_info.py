@@ -81,3 +81,25 @@ def test_a_leaf_after_every_local_header_was_read(served, tmp_path):
     with tdz_numba.open(url) as ar:
         ar._index.check_all()
         assert torch.equal(ar["b1"], tree["b1"])
+
+
+def test_a_verified_bulk_fetch_keeps_every_request_slot_busy(served, tmp_path, monkeypatch):
+    """Regression: a verified bulk fetch went in groups of 16 MiB (2 parts of 8 MiB: 2 requests in
+    flight of 8); 40 MiB now go in one batch of 5 parts, requested together."""
+    from tdz_numba.remote import read
+
+    server = served[0]
+    tree = {f"w{i}": torch.full((1 << 20,), float(i)) for i in range(10)}  # 40 MiB
+    url = server.put("wide40.tdz", tdz_numba.save(tree, tmp_path / "w.tdz").read_bytes())
+    batches = []
+    get = read.RemoteIndex._get
+    monkeypatch.setattr(
+        read.RemoteIndex,
+        "_get",
+        lambda self, spans, *a, **k: batches.append(list(spans)) or get(self, spans, *a, **k),
+    )
+    with tdz_numba.open(url) as ar:
+        back = ar.to_dict()
+    assert all(torch.equal(back[k], tree[k]) for k in tree)
+    big = [b for b in batches if sum(e - s for s, e in b) > 1 << 20]
+    assert len(big) == 1, [sum(e - s for s, e in b) >> 20 for b in batches]

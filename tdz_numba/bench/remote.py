@@ -143,7 +143,8 @@ def _read_rows(
         sizes[fmt] = fs.size(path)
         ops[f"{fmt}/load"] = functools.partial(tdz_numba.load, url, storage_options=so)
         ops[f"{fmt}/cat"] = functools.partial(fs.cat_file, path)
-        part = parts[fmt] = part_size(sizes[fmt])  # the parts of a load's bulk read
+        cap = (32 if server == "s3" else 8) << 20  # the transports' max_part
+        part = parts[fmt] = part_size(sizes[fmt], cap=cap)  # the parts of a load's bulk read
         starts = list(range(0, sizes[fmt], part))
         ends = [min(sizes[fmt], a + part) for a in starts]
         ops[f"{fmt}/ranges"] = functools.partial(fs.cat_ranges, [path] * len(starts), starts, ends)

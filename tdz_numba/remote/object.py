@@ -5,8 +5,8 @@ Every remote reader (the ``.tdz`` index of :mod:`.read`, the foreign formats of
 the object (``MAP_NORESERVE``: pages exist only where bytes were placed) and
 asks :meth:`RemoteObject.need` / :meth:`RemoteObject.need_spans` for the byte
 ranges it is about to read. Only what is missing is fetched: the ranges are
-merged (small gaps bridged), cut into parts (:func:`part_size`: 8 MiB, up to 32 MiB
-on large reads so that about one part goes to each request slot) and fetched concurrently (at most :data:`~tdz_numba.remote.transports.CONCURRENCY` requests in flight), each
+merged (small gaps bridged), cut into parts (:func:`part_size`: 8 MiB; on S3 up to 32 MiB
+on large reads, about one part per request slot) and fetched concurrently (at most :data:`~tdz_numba.remote.transports.CONCURRENCY` requests in flight), each
 part written straight into its place.
 
 How bytes come (the *transport*):
@@ -144,20 +144,22 @@ def fewer(spans: list[tuple[int, int]], limit: int, max_gap: int) -> list[tuple[
     return out
 
 
-def part_size(total: int, floor: int = PART_BYTES) -> int:
+def part_size(total: int, floor: int = PART_BYTES, cap: int = MAX_PART_BYTES) -> int:
     """The part size of a read of ``total`` bytes: about ``total / CONCURRENCY`` (whole MiB), at
-    least ``floor`` and at most :data:`MAX_PART_BYTES`: every request slot busy with the fewest
-    requests (each request has a fixed cost; an object store's too).
+    least ``floor`` and at most ``cap`` (a transport's ``max_part``: 32 MiB on S3, whose requests
+    have a high fixed cost, 8 MiB elsewhere): every request slot busy with the fewest requests.
 
     Examples
     --------
     >>> from tdz_numba.remote.object import part_size
     >>> [part_size(n << 20) >> 20 for n in (1, 64, 128, 256, 4096)]
     [8, 8, 16, 32, 32]
+    >>> part_size(256 << 20, cap=8 << 20) >> 20
+    8
     """
     want = -(-int(total) // CONCURRENCY)
     want = -(-want // (1 << 20)) << 20
-    return max(int(floor), min(MAX_PART_BYTES, want))
+    return max(int(floor), min(int(cap), MAX_PART_BYTES, want))
 
 
 # -- the object ------------------------------------------------------------------------------
@@ -185,6 +187,11 @@ class RemoteObject:
         self._lock = threading.RLock()
         self._what: Callable[[int, int], str] | None = None
         self._entry: Callable[[int, int], str | None] | None = None
+
+    @property
+    def max_part(self) -> int:
+        """The largest part of a large read over this object's transport (:func:`part_size`)."""
+        return int(getattr(self.io, "max_part", PART_BYTES))
 
     # -- the first request -----------------------------------------------------------------
     def start(self, *, tail: int | None = None, head: int | None = None) -> None:
@@ -314,7 +321,7 @@ class RemoteObject:
             )
             self._what, self._entry = what, entry
             if part_bytes is None:
-                part_bytes = part_size(sum(b - a for a, b in merged))
+                part_bytes = part_size(sum(b - a for a, b in merged), cap=self.max_part)
             self._fetch(merged, part_bytes)
 
     def _over_present(self, todo: list[tuple[int, int]], max_gap: int) -> list[tuple[int, int]]:

@@ -201,7 +201,7 @@ class RemoteIndex(ArchiveIndex):
             max_waste=0.0,
             what=what or self._names_in,
             entry=self._first_in,
-            part_bytes=part_bytes or part_size(sum(b - a for a, b in spans), PART_BYTES),
+            part_bytes=part_bytes or part_size(sum(b - a for a, b in spans), PART_BYTES, self.obj.max_part),
         )
 
     def _spans(self, rows: np.ndarray) -> list[tuple[int, int]]:
@@ -223,9 +223,9 @@ class RemoteIndex(ArchiveIndex):
         if not rows.size:
             return
         spans = self._spans(rows)
-        part = part_size(sum(b - a for a, b in spans), PART_BYTES)
-        group = GROUP_BYTES if part <= PART_BYTES else max(GROUP_BYTES, CONCURRENCY * part)
-        groups = self._groups(rows, group) if self.verify else [rows]
+        part = part_size(sum(b - a for a, b in spans), PART_BYTES, self.obj.max_part)
+        group_bytes = GROUP_BYTES if part <= PART_BYTES else max(GROUP_BYTES, CONCURRENCY * part)
+        groups = self._groups(rows, group_bytes) if self.verify else [rows]
         if len(groups) == 1:
             self._get(spans, part_bytes=part)
             self._settle(rows)
