@@ -109,7 +109,16 @@ def test_report_fits_100_columns():
         "size_mib": 256,
         "repeat": 3,
         "read_all": [
-            dict(server="http", format="tdz", load_mib_s=812.5, cat_mib_s=900.1, ratio=0.9, error=None),
+            dict(
+                server="http",
+                format="tdz",
+                load_mib_s=812.5,
+                cat_mib_s=900.1,
+                ratio=0.9,
+                ranges_mib_s=700.0,
+                ratio_ranges=0.86,
+                error=None,
+            ),
             dict(
                 server="s3",
                 format="safetensors",
@@ -151,12 +160,17 @@ def test_report_fits_100_columns():
     }
     text = bench_remote.report(res)
     assert max(map(len, text.splitlines())) <= 100, text
-    assert "0.90x" in text and "n/a: BadArchiveError" in text and "gguf         n/a" in text
+    assert (
+        "0.90x" in text and "0.86x" in text and "n/a: BadArchiveError" in text and "gguf         n/a" in text
+    )
     assert "+140" in text and "1,048,576" in text
 
 
 def test_cli_remote_small_run():
     """One small run of every section but DCP: every figure present, with the right type."""
+    from tdz_numba.remote import transports
+    from tdz_numba.remote.object import part_size
+
     proc = subprocess.run(
         [
             sys.executable,
@@ -184,6 +198,10 @@ def test_cli_remote_small_run():
         assert r["cat_s"] > 0 and isinstance(r["rss_cat_mib"], float), r
         if r["error"] is None:
             assert r["load_s"] > 0 and r["ratio"] == pytest.approx(r["cat_s"] / r["load_s"])
+            assert r["ratio_ranges"] == pytest.approx(r["ranges_s"] / r["load_s"])  # the same requests
+            assert r["part_bytes"] == part_size(
+                r["bytes"], cap=getattr(transports, f"_{_server.title()}").max_part
+            )
             assert isinstance(r["rss_load_mib"], float)
         else:  # a format this version cannot read over a URL: reported, not fatal
             assert r["load_s"] is None and r["ratio"] is None and fmt != "tdz"

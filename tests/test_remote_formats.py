@@ -173,7 +173,7 @@ def test_bit_exact_with_local(http, files, fmt):
         _same(tdz_numba.load(io.BytesIO(fh.read())), local)
 
 
-@pytest.mark.parametrize("fmt", ["safetensors", "gguf", "npy"])
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf", "npy", "torch", "npz"])
 def test_lazy_open_one_or_two_requests(http, files, fmt):
     _, paths = files
     url = _url(http, paths[fmt])

@@ -134,27 +134,39 @@ def _read_rows(
 
     fs, _ = fsspec.core.url_to_fs(next(iter(urls.values())), **opts)
     so = opts or None
+    from ..remote.object import part_size
+
     ops: dict[str, Callable[[], Any]] = {}
-    sizes = {}
+    sizes, parts = {}, {}
     for fmt, url in urls.items():
         path = fs._strip_protocol(url)
         sizes[fmt] = fs.size(path)
         ops[f"{fmt}/load"] = functools.partial(tdz_numba.load, url, storage_options=so)
         ops[f"{fmt}/cat"] = functools.partial(fs.cat_file, path)
+        cap = (32 if server == "s3" else 8) << 20  # the transports' max_part
+        part = parts[fmt] = part_size(sizes[fmt], cap=cap)  # the parts of a load's bulk read
+        starts = list(range(0, sizes[fmt], part))
+        ends = [min(sizes[fmt], a + part) for a in starts]
+        ops[f"{fmt}/ranges"] = functools.partial(fs.cat_ranges, [path] * len(starts), starts, ends)
     med, errors = _rounds(ops, repeat)
     rows = []
     for fmt, url in urls.items():
         mib = sizes[fmt] / 2**20
-        load, cat = med.get(f"{fmt}/load"), med.get(f"{fmt}/cat")
+        load, cat, ranges = med.get(f"{fmt}/load"), med.get(f"{fmt}/cat"), med.get(f"{fmt}/ranges")
         row: dict[str, Any] = {
             "server": server,
             "format": fmt,
             "bytes": sizes[fmt],
             "load_s": load,
             "cat_s": cat,
+            "ranges_s": ranges,
             "load_mib_s": None if load is None else mib / load,
             "cat_mib_s": None if cat is None else mib / cat,
             "ratio": None if load is None or cat is None else cat / load,
+            # fs.cat_ranges over the parts a load requests (part_bytes each): the same requests
+            "part_bytes": parts[fmt],
+            "ranges_mib_s": None if ranges is None else mib / ranges,
+            "ratio_ranges": None if load is None or ranges is None else ranges / load,
             "goal": GOAL_RATIO,
             "error": errors.get(f"{fmt}/load") or errors.get(f"{fmt}/cat"),
         }
@@ -379,13 +391,15 @@ def report(res: dict[str, Any]) -> str:
             "",
             f"read-all: tdz_numba.load(url) vs fs.cat_file(url)  (goal >= {GOAL_RATIO}x; peak RSS in MiB "
             "beyond the object)",
-            f"{'server':7s} {'format':12s} {'tdz_numba':>14s} {'fs.cat':>14s} {'ratio':>7s} "
-            f"{'RSS ours':>9s} {'RSS cat':>8s}",
+            "(ranges: fs.cat_ranges of the parts a load requests (remote.object.part_size), the ratio to it)",
+            f"{'server':7s} {'format':12s} {'tdz_numba':>11s} {'fs.cat':>11s} {'ratio':>6s} "
+            f"{'ranges':>11s} {'ratio':>6s} {'RSS ours':>9s} {'RSS cat':>8s}",
         ]
         for r in res["read_all"]:
             lines.append(
-                f"{r['server']:7s} {r['format']:12s} {_mbs(r['load_mib_s']):>14s} {_mbs(r['cat_mib_s']):>14s} "
-                f"{_x(r['ratio']):>7s} {_mib(r.get('rss_load_mib')):>9s} {_mib(r.get('rss_cat_mib')):>8s}"
+                f"{r['server']:7s} {r['format']:12s} {_mbs(r['load_mib_s']):>11s} {_mbs(r['cat_mib_s']):>11s} "
+                f"{_x(r['ratio']):>6s} {_mbs(r.get('ranges_mib_s')):>11s} {_x(r.get('ratio_ranges')):>6s} "
+                f"{_mib(r.get('rss_load_mib')):>9s} {_mib(r.get('rss_cat_mib')):>8s}"
             )
             if r["error"]:
                 lines.append(f"  n/a: {r['error'][:92]}")

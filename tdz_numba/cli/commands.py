@@ -145,6 +145,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     compressed = f"; {n_mm - n_stored} compressed (decoded, not mapped)" if n_mm > n_stored else ""
     if n_stored == 0:
         align = "no stored .memmap payloads" + compressed
+    elif d["all_aligned"] is None:  # a URL: the local headers are not read
+        align = f"not read (remote: local headers not fetched; a local copy shows it){compressed}"
     elif d["all_aligned"]:
         what = plural(n_stored, "stored .memmap payload" if compressed else ".memmap payload")
         align = f"all {what} {d['alignment']}-byte aligned{compressed}"

@@ -96,7 +96,9 @@ def info_dict(path: str | os.PathLike) -> dict[str, Any]:
         from ..zipfmt import records
 
         index = ar.source.index  # type: ignore[attr-defined]  # format "tdz": a TdzSource
-        index.check_all()  # payload offsets of every entry
+        remote = getattr(index, "fetch", None) is not None  # a URL: its local headers are not read
+        if not remote:
+            index.check_all()  # payload offsets of every entry
         names = index.names
         table = index.table
         methods: dict[str, int] = {}
@@ -108,7 +110,10 @@ def info_dict(path: str | os.PathLike) -> dict[str, Any]:
         # only a STORED payload is mapped in place: a compressed one is decoded into new memory,
         # so alignment means nothing for it
         stored_memmaps = [i for i in memmaps if int(method[i]) == records.STORED]
-        misaligned = [names[i] for i in stored_memmaps if int(payload[i]) % records.ALIGNMENT]
+        unread = sum(int(payload[i]) < 0 for i in stored_memmaps)  # (remote: offsets not read)
+        misaligned = [
+            names[i] for i in stored_memmaps if int(payload[i]) % records.ALIGNMENT and payload[i] >= 0
+        ]
         compressed = len(memmaps) - len(stored_memmaps)
         misaligned_stored = len(misaligned)
         dtypes: dict[str, int] = {}
@@ -131,8 +136,9 @@ def info_dict(path: str | os.PathLike) -> dict[str, Any]:
             "alignment": records.ALIGNMENT,
             "memmap_entries": len(memmaps),
             "memmap_stored": len(stored_memmaps),
-            "memmap_aligned": len(stored_memmaps) - len(misaligned),
-            "all_aligned": not misaligned,
+            "memmap_aligned": len(stored_memmaps) - len(misaligned) - unread,
+            "all_aligned": not misaligned if not unread else None,  # None: not read (a URL)
+            "alignment_unread": unread,
             "dtypes": dtypes,
             "misaligned": misaligned[:20],
             "misaligned_stored": misaligned_stored,

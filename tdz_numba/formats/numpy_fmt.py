@@ -46,7 +46,7 @@ from ._common import as_tensor, no_gc, quote
 from ._flat import flat_source, make_specs
 from ._shape import check_shape
 
-__all__ = ["open_npy", "open_npz", "parse_npy_header", "NpyHeader", "MAX_HEADER"]
+__all__ = ["open_npy", "open_npz", "member_spec", "parse_npy_header", "NpyHeader", "MAX_HEADER"]
 
 MAGIC = b"\x93NUMPY"
 #: Longest header read (numpy itself refuses headers over 10,000 bytes without allow_pickle).
@@ -289,6 +289,62 @@ def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, Tenso
     return specs
 
 
+def member_spec(index: ArchiveIndex, f: MappedFile, name: str, where: str) -> tuple[str, TensorSpec]:
+    """``(key, spec)`` of the ``.npz`` member ``name`` (``<key>.npy``): its local header and
+    ``.npy`` header read and checked (a deflated member's header inflated from its first
+    bytes). The per-member path of :func:`open_npz`, and what a remote ``.npz`` runs for one
+    member when it is first asked for (:mod:`tdz_numba.remote.npz`).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, numpy as np
+    >>> from tdz_numba.formats.numpy_fmt import member_spec
+    >>> from tdz_numba.tdz.sources import MappedFile
+    >>> from tdz_numba.zipfmt.index import ArchiveIndex
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = pathlib.Path(d) / "x.npz"
+    ...     np.savez(p, a=np.zeros((2, 3), np.float32))
+    ...     key, spec = member_spec(ArchiveIndex(p), MappedFile.open(p), "a.npy", str(p))
+    ...     print(key, spec.shape, spec.type_name, spec.nbytes)
+    a (2, 3) <f4 24
+    """
+    if not name.endswith(".npy"):
+        raise UnsupportedError(f"{where}: member {quote(name)} is not a .npy array")
+    key = name[: -len(".npy")]
+    e = index.entry(name)
+    what = f"{where}: member {quote(name)}"
+    if e.method == STORED:
+        if e.size != e.compressed_size:
+            raise BadArchiveError(f"{what}: stored with sizes {e.compressed_size} and {e.size}")
+        head = index.raw(e)[: MAX_HEADER + 12].tobytes()
+        h = parse_npy_header(head, what)
+        return key, _spec(key, h, f, 0, e.payload_offset + h.data_offset, e.size - h.data_offset, what)
+    if e.method != DEFLATED:
+        raise UnsupportedError(f"{what}: compression method {e.method} (numpy writes stored or deflate)")
+    h = parse_npy_header(_inflate_head(index.raw(e), what), what)
+    need = math.prod(h.shape) * h.dtype.itemsize
+    if e.size != h.data_offset + need:
+        raise BadArchiveError(f"{what}: holds {e.size} bytes, header and shape say {h.data_offset + need}")
+    if e.size > e.compressed_size * _MAX_DEFLATE_RATIO + 4096:
+        raise BadArchiveError(f"{what}: {e.compressed_size} deflated bytes cannot inflate to {e.size}")
+    dtype = from_numpy_dtype(h.dtype.newbyteorder("="))
+    # size: the leaf's own bytes (the member also holds the .npy header); crc: the member's
+    return key, TensorSpec(
+        key,
+        dtype,
+        h.shape,
+        None,
+        0,
+        e.payload_offset,
+        e.compressed_size,
+        h.dtype.str,
+        codec="deflate",
+        size=need,
+        crc=e.crc,
+        loader=_deflated_loader(index, name, h, what),
+    )
+
+
 def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **options: Any) -> TreeSource:
     """An ``.npz`` file: one leaf per ``<name>.npy`` member, keyed ``<name>``.
 
@@ -308,48 +364,7 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
         bulk = _bulk_npz(index, f, where)
         tree: dict[str, TensorSpec] = bulk if bulk is not None else {}
         for name in index.names if bulk is None else ():
-            if not name.endswith(".npy"):
-                raise UnsupportedError(f"{where}: member {quote(name)} is not a .npy array")
-            key = name[: -len(".npy")]
-            e = index.entry(name)
-            what = f"{where}: member {quote(name)}"
-            if e.method == STORED:
-                if e.size != e.compressed_size:
-                    raise BadArchiveError(f"{what}: stored with sizes {e.compressed_size} and {e.size}")
-                head = index.raw(e)[: MAX_HEADER + 12].tobytes()
-                h = parse_npy_header(head, what)
-                spec = _spec(key, h, f, 0, e.payload_offset + h.data_offset, e.size - h.data_offset, what)
-            elif e.method == DEFLATED:
-                h = parse_npy_header(_inflate_head(index.raw(e), what), what)
-                need = math.prod(h.shape) * h.dtype.itemsize
-                if e.size != h.data_offset + need:
-                    raise BadArchiveError(
-                        f"{what}: holds {e.size} bytes, header and shape say {h.data_offset + need}"
-                    )
-                if e.size > e.compressed_size * _MAX_DEFLATE_RATIO + 4096:
-                    raise BadArchiveError(
-                        f"{what}: {e.compressed_size} deflated bytes cannot inflate to {e.size}"
-                    )
-                dtype = from_numpy_dtype(h.dtype.newbyteorder("="))
-                # size: the leaf's own bytes (the member also holds the .npy header); crc: the member's
-                spec = TensorSpec(
-                    key,
-                    dtype,
-                    h.shape,
-                    None,
-                    0,
-                    e.payload_offset,
-                    e.compressed_size,
-                    h.dtype.str,
-                    codec="deflate",
-                    size=need,
-                    crc=e.crc,
-                    loader=_deflated_loader(index, name, h, what),
-                )
-            else:
-                raise UnsupportedError(
-                    f"{what}: compression method {e.method} (numpy writes stored or deflate)"
-                )
+            key, spec = member_spec(index, f, name, where)
             if key in tree:
                 raise BadArchiveError(f"{where}: two members named {quote(name)}")
             tree[key] = spec

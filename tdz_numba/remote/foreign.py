@@ -13,9 +13,12 @@ first read costs that one request):
 - safetensors: the 8-byte length and the JSON header (in the first read when the
   header is shorter than it); GGUF: the header (the prefix grows until the parse ends
   inside it); ``.npy``: its header;
-- torch ``.pt`` and ``.npz`` (zips): the tail, then ``data.pkl`` and the small records
-  in one range, then every member's local header (and ``.npy`` header) in one
+- torch ``.pt`` (a zip): the tail, then ``data.pkl`` and the small records in one
+  range; the payload offsets follow from ``torch.save``'s layout (checked against each
+  member's local header when its bytes come), else every local header in one
   concurrent batch (members next to each other share a range);
+- ``.npz`` (a zip): the tail only; a member's headers and data when it is first asked
+  for (:mod:`~tdz_numba.remote.npz`);
 - ONNX, HDF5, legacy (non-zip) torch files: the whole object (their structure is
   spread through the file);
 - sharded safetensors (``*.index.json``): the index, then each shard's header; shard
@@ -59,8 +62,6 @@ PROBE_BYTES = 64 << 10
 ZIP_NAMES, ZIP_TAIL = (".pt", ".pth", ".bin", ".ckpt", ".npz"), 64 << 10
 #: Name endings whose first request reads the head, not the tail.
 HEAD_FIRST = (".safetensors", ".gguf", ".npy", ".onnx", ".h5", ".hdf5", ".he5", ".json")
-#: Bytes read after a member's local header for its ``.npy`` header (``.npz``).
-NPY_HEAD = 1024 + 10
 #: Readers that get the whole object at open.
 _WHOLE = ("onnx", "hdf5", "torch_legacy")
 
@@ -273,9 +274,13 @@ def open_foreign_zip(kind: str, index: Any, options: dict[str, Any]) -> Source:
         index.heads = 0
         if index.predict_payloads():  # torch.save's layout: no local header read at open
             file = _PredictedZip(obj, index)
-    else:
-        index.heads = NPY_HEAD
-    index.check_all()  # every local header (+ head) in one concurrent batch (unless predicted)
+    else:  # npz: the keys from the central directory; a member's headers when it is asked for
+        from .npz import open_npz_remote
+
+        src = open_npz_remote(index, RemoteFile(obj))
+        src.remote = obj  # type: ignore[attr-defined]  # traffic counters, read_all for verify
+        return src
+    index.check_all()  # every local header in one concurrent batch (unless predicted)
     return _opened(kind, obj, options, file=file, index=index)
 
 

@@ -5,8 +5,8 @@ Every remote reader (the ``.tdz`` index of :mod:`.read`, the foreign formats of
 the object (``MAP_NORESERVE``: pages exist only where bytes were placed) and
 asks :meth:`RemoteObject.need` / :meth:`RemoteObject.need_spans` for the byte
 ranges it is about to read. Only what is missing is fetched: the ranges are
-merged (small gaps bridged), cut into parts of at most :data:`PART_BYTES` and
-fetched concurrently (at most :data:`~tdz_numba.remote.transports.CONCURRENCY` requests in flight), each
+merged (small gaps bridged), cut into parts (:func:`part_size`: 8 MiB; on S3 up to 32 MiB
+on large reads, about one part per request slot) and fetched concurrently (at most :data:`~tdz_numba.remote.transports.CONCURRENCY` requests in flight), each
 part written straight into its place.
 
 How bytes come (the *transport*):
@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FileMissingError, InvalidArgumentError, RemoteError
-from .transports import _Missing, _pin_of, _Replaced, transport
+from .transports import CONCURRENCY, _Missing, _pin_of, _Replaced, transport
 
 __all__ = [
     "RemoteObject",
@@ -65,6 +65,8 @@ __all__ = [
     "MAX_GAP",
     "MAX_WASTE",
     "PART_BYTES",
+    "MAX_PART_BYTES",
+    "part_size",
     "ATTEMPTS",
 ]
 
@@ -72,8 +74,11 @@ __all__ = [
 MAX_GAP = 4096
 #: Bridged gaps may add at most this fraction of the bytes needed.
 MAX_WASTE = 0.02
-#: Largest single ranged request (larger ranges are split, for concurrency).
+#: Smallest part of a split range: larger ranges are split, for concurrency (:func:`part_size`).
 PART_BYTES = 8 << 20
+#: Largest part of a large read: a batch is cut into about ``CONCURRENCY`` parts of
+#: :data:`PART_BYTES` to this many bytes (:func:`part_size`).
+MAX_PART_BYTES = 32 << 20
 #: Attempts per ranged request before :class:`~tdz_numba.RemoteError`.
 ATTEMPTS = 3
 
@@ -139,6 +144,24 @@ def fewer(spans: list[tuple[int, int]], limit: int, max_gap: int) -> list[tuple[
     return out
 
 
+def part_size(total: int, floor: int = PART_BYTES, cap: int = MAX_PART_BYTES) -> int:
+    """The part size of a read of ``total`` bytes: about ``total / CONCURRENCY`` (whole MiB), at
+    least ``floor`` and at most ``cap`` (a transport's ``max_part``: 32 MiB on S3, whose requests
+    have a high fixed cost, 8 MiB elsewhere): every request slot busy with the fewest requests.
+
+    Examples
+    --------
+    >>> from tdz_numba.remote.object import part_size
+    >>> [part_size(n << 20) >> 20 for n in (1, 64, 128, 256, 4096)]
+    [8, 8, 16, 32, 32]
+    >>> part_size(256 << 20, cap=8 << 20) >> 20
+    8
+    """
+    want = -(-int(total) // CONCURRENCY)
+    want = -(-want // (1 << 20)) << 20
+    return max(int(floor), min(int(cap), MAX_PART_BYTES, want))
+
+
 # -- the object ------------------------------------------------------------------------------
 class RemoteObject:
     """A remote object's bytes in a sparse mapping, fetched by range on demand (see the module).
@@ -164,6 +187,11 @@ class RemoteObject:
         self._lock = threading.RLock()
         self._what: Callable[[int, int], str] | None = None
         self._entry: Callable[[int, int], str | None] | None = None
+
+    @property
+    def max_part(self) -> int:
+        """The largest part of a large read over this object's transport (:func:`part_size`)."""
+        return int(getattr(self.io, "max_part", PART_BYTES))
 
     # -- the first request -----------------------------------------------------------------
     def start(self, *, tail: int | None = None, head: int | None = None) -> None:
@@ -283,14 +311,33 @@ class RemoteObject:
                     todo.extend(self.missing(a, b))
             if not todo:
                 return
+            gap = MAX_GAP if max_gap is None else max_gap
+            todo = self._over_present(sorted(todo), gap)
             merged = coalesce(
                 np.array([a for a, _ in todo]),
                 np.array([b for _, b in todo]),
-                MAX_GAP if max_gap is None else max_gap,
+                gap,
                 MAX_WASTE if max_waste is None else max_waste,
             )
             self._what, self._entry = what, entry
-            self._fetch(merged, PART_BYTES if part_bytes is None else part_bytes)
+            if part_bytes is None:
+                part_bytes = part_size(sum(b - a for a, b in merged), cap=self.max_part)
+            self._fetch(merged, part_bytes)
+
+    def _over_present(self, todo: list[tuple[int, int]], max_gap: int) -> list[tuple[int, int]]:
+        """Missing parts (sorted) joined across gaps of at most ``max_gap`` bytes that are here
+        already: fetching a few known bytes again costs less than a request (a member's
+        headers fetched first, then the data of many members: one range, not one per member)."""
+        if max_gap <= 0 or len(todo) < 2:
+            return todo
+        out = [todo[0]]
+        for a, b in todo[1:]:
+            pa, pb = out[-1]
+            if 0 < a - pb <= max_gap and self.present(pb, a):
+                out[-1] = (pa, max(pb, b))
+            else:
+                out.append((a, b))
+        return out
 
     def _fetch(self, spans: list[tuple[int, int]], part_bytes: int) -> None:
         parts = [(a, min(a + part_bytes, b)) for a0, b in spans for a in range(a0, b, part_bytes)]

@@ -56,7 +56,8 @@ from ..formats.detect import zip_kind
 from ..tdz.source import TdzSource
 from ..zipfmt import eocd, records
 from ..zipfmt.index import ArchiveIndex
-from .object import RemoteObject, coalesce, fewer
+from .object import RemoteObject, coalesce, fewer, part_size
+from .transports import CONCURRENCY
 
 __all__ = [
     "RemoteIndex",
@@ -77,13 +78,16 @@ MAX_WASTE = 0.02
 #: Largest single ranged request of a bulk fetch (larger extents are split for concurrency).
 PART_BYTES = 8 << 20
 #: Bytes of one group of a verified bulk fetch: the next group is fetched while this one's
-#: CRC-32s are computed.
-GROUP_BYTES = 16 << 20
+#: CRC-32s are computed. A group holds at least :data:`~tdz_numba.remote.transports.CONCURRENCY`
+#: parts, so that every request slot is busy (16 MiB groups of 8 MiB parts kept 2 requests in flight).
+GROUP_BYTES = 64 << 20
 #: Kept for callers that tuned it: requests in flight are :data:`.object.CONCURRENCY`.
 GROUP_PARTS = 8
 #: A batch of local headers is cut into at most this many requests, by bridging gaps of at
 #: most :data:`HEAD_GAP` bytes (members of small leaves are read through; big ones are not).
 HEAD_RANGES, HEAD_GAP = 64, 1 << 20
+#: At most this many local headers are fetched ahead by :meth:`RemoteIndex.payload_offset`.
+HEAD_AHEAD = 64
 #: Levels reached one by one before every level's ``meta.json`` is fetched in one batch.
 WALK_LEVELS = 4
 _L = records.Local
@@ -182,16 +186,22 @@ class RemoteIndex(ArchiveIndex):
         rows = np.nonzero((hoff < b) & (self._limit > a))[0]
         return self.names[int(rows[0])] if rows.size else None
 
-    def _get(self, spans: list[tuple[int, int]], what: Callable[[int, int], str] | None = None) -> None:
-        """Fetches ``[start, stop)`` spans (already coalesced) into :attr:`buffer`, in parts of at
-        most :data:`PART_BYTES` fetched concurrently (:meth:`RemoteObject.need_spans`)."""
+    def _get(
+        self,
+        spans: list[tuple[int, int]],
+        what: Callable[[int, int], str] | None = None,
+        part_bytes: int | None = None,
+    ) -> None:
+        """Fetches ``[start, stop)`` spans (already coalesced) into :attr:`buffer`, in parts
+        (:func:`~tdz_numba.remote.object.part_size`: :data:`PART_BYTES` or more on large reads)
+        fetched concurrently (:meth:`RemoteObject.need_spans`)."""
         self.obj.need_spans(
             spans,
             max_gap=0,
             max_waste=0.0,
             what=what or self._names_in,
             entry=self._first_in,
-            part_bytes=PART_BYTES,
+            part_bytes=part_bytes or part_size(sum(b - a for a, b in spans), PART_BYTES, self.obj.max_part),
         )
 
     def _spans(self, rows: np.ndarray) -> list[tuple[int, int]]:
@@ -212,32 +222,36 @@ class RemoteIndex(ArchiveIndex):
         rows = np.unique(rows[~self._ready[rows]])
         if not rows.size:
             return
-        groups = self._groups(rows) if self.verify else [rows]
+        spans = self._spans(rows)
+        part = part_size(sum(b - a for a, b in spans), PART_BYTES, self.obj.max_part)
+        group_bytes = GROUP_BYTES if part <= PART_BYTES else max(GROUP_BYTES, CONCURRENCY * part)
+        groups = self._groups(rows, group_bytes) if self.verify else [rows]
         if len(groups) == 1:
-            self._get(self._spans(rows))
+            self._get(spans, part_bytes=part)
             self._settle(rows)
             return
         # the next group travels (on fsspec's loop thread) while this one's CRCs are computed
         with ThreadPoolExecutor(1) as pool:
-            ahead = pool.submit(self._get, self._spans(groups[0]))
+            ahead = pool.submit(self._get, self._spans(groups[0]), None, part)
             for k, group in enumerate(groups):
                 ahead.result()
                 if k + 1 < len(groups):
-                    ahead = pool.submit(self._get, self._spans(groups[k + 1]))
+                    ahead = pool.submit(self._get, self._spans(groups[k + 1]), None, part)
                 try:
                     self._settle(group)
                 except BaseException:
                     ahead.cancel()
                     raise
 
-    def _groups(self, rows: np.ndarray) -> list[np.ndarray]:
-        """``rows`` in file order, cut into groups of about :data:`GROUP_BYTES` bytes."""
+    def _groups(self, rows: np.ndarray, group_bytes: int | None = None) -> list[np.ndarray]:
+        """``rows`` in file order, cut into groups of about ``group_bytes`` (:data:`GROUP_BYTES`) bytes."""
+        group = GROUP_BYTES if group_bytes is None else group_bytes
         t = self.table
         rows = rows[np.argsort(t["header_offset"][rows], kind="stable")]
         sizes = np.maximum(self._limit[rows] - t["header_offset"][rows], 0)
-        if int(sizes.sum()) <= 2 * GROUP_BYTES:
+        if int(sizes.sum()) <= 2 * group:
             return [np.sort(rows)]
-        cut = np.nonzero(np.diff(np.cumsum(sizes) // GROUP_BYTES))[0] + 1
+        cut = np.nonzero(np.diff(np.cumsum(sizes) // group))[0] + 1
         return [np.sort(g) for g in np.split(rows, cut) if g.size]
 
     def _settle(self, rows: np.ndarray) -> None:
@@ -335,9 +349,60 @@ class RemoteIndex(ArchiveIndex):
             self.fetch(rows)
 
     def payload_offset(self, i: int) -> int:
-        if not self._ready[i]:
+        """Payload offset of entry ``i``: its local header fetched (not its payload: the bytes
+        come with :meth:`fetch`, :meth:`raw` or :meth:`read_bytes`) and checked. Headers that
+        are asked for one after another (``tdz tree``, ``info`` of many leaves) come in
+        growing concurrent batches: the next unread headers in entry order, 2, 4, ... 64 of
+        them while the entries asked for follow each other."""
+        offset = int(self.table["payload_offset"][i])
+        if offset >= 0:
+            return offset
+        self._ahead = min(2 * self._ahead, HEAD_AHEAD) if i == self._last + 1 else 1
+        self._last = i
+        a, b = self.header_span(i)
+        if not self.obj.present(a, b):  # (fetched ahead already: no request)
+            unread = np.nonzero(self.table["payload_offset"][i:] < 0)[0][: self._ahead] + i
+            spans = [self.header_span(int(k)) for k in unread.tolist()]
+            self.obj.need_spans(spans, max_gap=0, max_waste=0.0, what=self._names_in, entry=self._first_in)
+        self.fetch_header(i)  # (a local extra field longer than guessed: the whole entry)
+        return ArchiveIndex.payload_offset(self, i)
+
+    def raw(self, e: Any) -> np.ndarray:
+        """An entry's stored bytes (fetched first, CRC-32 checked when STORED, unless
+        :attr:`raw_fetches` is False)."""
+        if self.raw_fetches:
+            self.fetch([e.index])
+        return super().raw(e)
+
+    def read_bytes(self, name: str) -> bytes:
+        """An entry's bytes (``meta.json``): the entry fetched in one range first."""
+        i = self.row(name)
+        if i is not None:
             self.fetch([i])
-        return int(self._cols[i, records.Col.PAYLOAD_OFFSET])
+        return super().read_bytes(name)
+
+    def header_span(self, i: int, after: int = 0) -> tuple[int, int]:
+        """``[start, stop)`` of entry ``i``'s local header (its name and up to 256 bytes of
+        extra field) and ``after`` more bytes, within the entry."""
+        t = self.table
+        h = int(t["header_offset"][i])
+        return h, min(h + _LH + int(t["name_len"][i]) + _LOCAL_EXTRA + after, max(h, int(self._limit[i])))
+
+    def fetch_header(self, i: int) -> None:
+        """Fetches entry ``i``'s local header (:meth:`header_span`), or the whole entry when its
+        extra field is longer than guessed."""
+        a, b = self.header_span(i)
+        self.obj.need(a, b)
+        extra = int.from_bytes(bytes(self.obj.buffer[a + _L.EXTRA_LEN : a + _L.EXTRA_LEN + 2]), "little")
+        if a + _LH + int(self.table["name_len"][i]) + extra > b:
+            self.obj.need(a, int(self._limit[i]))
+
+    #: Local headers fetched by the next :meth:`payload_offset` that needs one (it doubles),
+    #: and the entry that one read last.
+    _ahead, _last = 1, -2
+    #: True: :meth:`raw` fetches the entry first; False: the reader fetches the bytes it reads
+    #: (a remote ``.npz``: a member's headers, its data when the tensor is made).
+    raw_fetches = True
 
     #: None: :meth:`check_all` fetches every entry; an int: only each local header and that
     #: many payload bytes after it (payload offsets: ``tdz info``, a foreign zip's open).

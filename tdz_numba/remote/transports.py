@@ -48,6 +48,8 @@ class _Transport:
 
     label: str
     cheap_check = False  # whether check() must run after every batch
+    #: Largest part of a large read (object.part_size): 8 MiB parts measured best over HTTP
+    max_part = 8 << 20
 
     def first(self, start: int | None, n: int) -> tuple[bytes, int, int, dict[str, Any]]:
         raise NotImplementedError
@@ -273,6 +275,9 @@ class _Http(_Transport):
 
 
 class _S3(_Transport):
+    #: An S3 request has a high fixed cost (first-byte latency, per-request price; moto copies
+    #: the whole object per range): a large read goes in about one part per request slot.
+    max_part = 32 << 20
     """s3fs: ``GetObject`` with ``Range``, ``IfMatch`` and the pinned version."""
 
     def __init__(self, fs: Any, path: str, label: str) -> None:

@@ -115,6 +115,8 @@ class TdzSource(Source):
         self._plain: dict[bytes, PlainLevel | None] = {}  # meta.json text -> what it says
         self._columns: tuple[np.ndarray, list[int], list[int], list[int]] | None = None
         self._metadata: dict[str, Any] | None = None
+        #: A remote index's ``fetch`` (None for a local file): a leaf's bytes are fetched before use.
+        self._fetch = getattr(self.index, "fetch", None)
         if "meta.json" not in self.index:
             self.index.close()
             raise BadArchiveError(f"{path}: not a tensor archive: no top-level meta.json entry")
@@ -329,6 +331,8 @@ class TdzSource(Source):
         index = self.index
         dtype = DTYPES.get(leaf.dtype) if type(leaf.dtype) is str else None
         i = index.row(leaf.entry)
+        if self._fetch is not None and i is not None:  # a remote archive: the entry's bytes, CRC checked
+            self._fetch([i])
         if dtype is not None and i is not None and not leaf.nested:
             # the common case, kept lean: one view into the file's single mapping
             r = index.row_at(i)
