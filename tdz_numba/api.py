@@ -26,6 +26,7 @@ from .archive.mapping import Archive
 from .archive.options import OpenOptions, load_keys, open_options
 from .errors import MissingKeyError, UnsupportedError
 from .files.paths import as_local_path, user_errors
+from .remote import archive as _remote_archive
 from .remote import read as _remote
 from .tdz.tree import Level
 from .zipfmt import checksums
@@ -200,7 +201,7 @@ def _open_checked(path: PathLike, options: OpenOptions, storage_options: dict[st
     local = _plain_local_path(path) if storage_options is None else None
     if local is None:
         if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: ranged reads
-            return _remote.open_remote(path, options, storage_options=storage_options)
+            return _remote_archive.open_remote(path, options, storage_options=storage_options)
     try:  # (not `with user_errors(path)`: its cost, ~25 us of a cold open, is paid on errors only)
         return _opening.open_archive(local if local is not None else as_local_path(path), options)
     except OSError:
@@ -343,7 +344,7 @@ def load(
         finally:
             ar.close()
     if storage_options is not None or _remote.is_remote(path):
-        return _remote.load_remote(path, options, nest=nest, storage_options=storage_options)
+        return _remote_archive.load_remote(path, options, nest=nest, storage_options=storage_options)
     with user_errors(path, action="load"):
         return _opening.load(as_local_path(path), options, nest=nest)
 
@@ -379,7 +380,7 @@ def is_archive(path: PathLike, *, storage_options: dict[str, Any] | None = None)
     False
     """
     if storage_options is not None or _remote.is_remote(path):
-        return _remote.is_archive_remote(path, storage_options=storage_options)
+        return _remote_archive.is_archive_remote(path, storage_options=storage_options)
     return _integrity.is_archive(as_local_path(path))
 
 
@@ -432,7 +433,7 @@ def verify(
     if storage_options is not None or _remote.is_remote(path):
         if deep:
             raise UnsupportedError("verify(deep=True) checks local files only, not a URL")
-        return _remote.verify_remote(path, storage_options=storage_options, progress=progress)
+        return _remote_archive.verify_remote(path, storage_options=storage_options, progress=progress)
     with user_errors(path, action="verify"):
         return _integrity.verify(as_local_path(path), progress=progress, deep=deep)
 

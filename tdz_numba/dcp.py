@@ -342,7 +342,7 @@ class TdzStorageReader(StorageReader):
 
     def _open(self, rel: str):
         from . import api
-        from .remote.read import open_remote
+        from .remote.archive import open_remote
 
         target = self.location.join(rel)
         if self.location.url:

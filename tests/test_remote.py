@@ -18,6 +18,7 @@ import torch
 
 import tdz_numba
 from tdz_numba.errors import BadArchiveError, MissingKeyError, TdzError
+from tdz_numba.remote import archive as remote_archive
 from tdz_numba.remote import read as remote
 from tdz_numba.remote import write as remote_write
 from tdz_numba.tdz.tree import flatten
@@ -161,7 +162,7 @@ def test_big_central_directory_third_request(http, wide):
     _, _, data = wide
     url = http.put("wide.tdz", data)
     http.reset_log()
-    with remote.open_remote(url, tail_bytes=4096) as ar:
+    with remote_archive.open_remote(url, tail_bytes=4096) as ar:
         assert len(ar) == GROUPS
     assert http.requests == 3  # tail, rest of the central directory, root meta.json
 
@@ -199,13 +200,13 @@ def test_object_replaced_between_open_and_read(http, tmp_path):
     new = tdz_numba.save({"w": torch.ones(1000)}, tmp_path / "b.tdz").read_bytes()
     assert len(old) == len(new)
     url = http.put("swap.tdz", old)
-    with remote.open_remote(url, tail_bytes=64) as ar:  # the leaf is not in the tail read
+    with remote_archive.open_remote(url, tail_bytes=64) as ar:  # the leaf is not in the tail read
         assert list(ar) == ["w"]  # the root meta.json fetched before the swap
         http.put("swap.tdz", new)  # same size, another ETag: refused before any byte is used
         with pytest.raises(tdz_numba.RemoteError, match=r"swap\.tdz: .*'w\.memmap'.*changed") as info:
             ar["w"]
         assert info.value.entry == "w.memmap" and info.value.path == url
-    with remote.open_remote(url, tail_bytes=64, verify=False) as ar:
+    with remote_archive.open_remote(url, tail_bytes=64, verify=False) as ar:
         assert ar["w"].sum() == 1000
 
 
@@ -395,7 +396,7 @@ def _naive_spans(extents, max_gap, waste):
 def test_spans_match_oracle(wide, http):
     rng = np.random.default_rng(0)
     url = http.put("wide.tdz", wide[2])
-    with remote.open_remote(url, tail_bytes=64) as ar:
+    with remote_archive.open_remote(url, tail_bytes=64) as ar:
         idx = ar._index
         for _ in range(50):
             rows = rng.choice(len(idx.names), size=int(rng.integers(1, 300)), replace=False)
@@ -461,7 +462,7 @@ def test_many_groups_pipelined_with_drops(http, wide, monkeypatch):
     url = http.put("wide.tdz", data)
     monkeypatch.setattr(remote, "PART_BYTES", 256 << 10)
     monkeypatch.setattr(remote, "GROUP_PARTS", 3)
-    with remote.open_remote(url) as ar:
+    with remote_archive.open_remote(url) as ar:
         http.reset_log()
         http.drop = 2
         back = ar.to_dict()

@@ -614,12 +614,13 @@ def test_gguf_header_longer_than_the_first_read(http, files, tmp_path):
 def test_tdz_walk_fetches_levels_in_one_batch(http, tmp_path):
     """Walking many levels of a remote .tdz: after a few levels reached one by one, every
     level's meta.json comes in one concurrent batch (at most HEAD_RANGES requests)."""
+    from tdz_numba.remote import archive as remote_archive
     from tdz_numba.remote import read
 
     tree = {f"g{i:03d}": {"x": torch.full((8,), float(i))} for i in range(100)}
     url = http.put("walk.tdz", tdz_numba.save(tree, tmp_path / "walk.tdz").read_bytes())
     http.reset_log()
-    with read.open_remote(url, tail_bytes=4096) as ar:  # the levels are not in the tail read
+    with remote_archive.open_remote(url, tail_bytes=4096) as ar:  # the levels are not in the tail read
         assert [list(ar[k]) for k in ar] == [["x"]] * 100
         assert http.requests <= 1 + read.WALK_LEVELS + read.HEAD_RANGES + 1, len(http.log)
         assert ar["g077/x"][0] == 77.0
