@@ -167,6 +167,16 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(int64, 1, 'C', False, aligned=True)",
         ),
     ),
+    "tdz_numba.formats.safetensors_scan.scan_entries": (
+        (
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
     "tdz_numba.formats.pickle_scan.scan_state_dict": (
         (
             "Array(uint8, 1, 'C', True, aligned=True)",

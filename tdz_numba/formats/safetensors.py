@@ -40,6 +40,7 @@ import torch
 
 from ..errors import BadArchiveError, UnsupportedError
 from ..files.confine import MemberMissingError, map_inside
+from ..jit.policy import use_kernels
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource
 from ._common import no_gc, quote
 from ._flat import flat_source, make_specs
@@ -289,15 +290,11 @@ def _fast_header(
     body = text[start:end]
     if "\\" in body:  # an escape in a name: json decodes it
         return None
-    found = _ENTRY.findall(body)
-    n = len(found)
-    if not n:
+    got = _entries(body)
+    if got is None:
         return None
-    names, tnames, shape_texts, begin_texts, end_texts = zip(*found)
-    matched = n * _FIXED + (n - 1) + sum(map(len, names)) + sum(map(len, tnames))
-    matched += sum(map(len, shape_texts)) + sum(map(len, begin_texts)) + sum(map(len, end_texts))
-    if matched != len(body):  # the entries must tile the body (see test_fast_header_tiles)
-        return None
+    names, tnames, shape_texts, begins, ends = got
+    n = len(names)
     if "__metadata__" in metadata or len(set(names)) != n or "__metadata__" in names:
         return None
     dtypes_of = {t: DTYPES.get(t) for t in set(tnames)}
@@ -312,8 +309,6 @@ def _fast_header(
             return None
         shapes_of[text_] = shape
         numel_of[text_] = numel
-    begins = np.array(list(map(int, begin_texts)), dtype=np.int64)
-    ends = np.array(list(map(int, end_texts)), dtype=np.int64)
     sizes = {t: d.itemsize for t, d in dtypes_of.items() if d is not None}
     itemsize = np.array(list(map(sizes.__getitem__, tnames)), dtype=np.int64)
     numels = np.array(list(map(numel_of.__getitem__, shape_texts)), dtype=np.int64)
@@ -338,6 +333,28 @@ def _fast_header(
         tnames,
     )
     return specs, metadata
+
+
+def _entries(body: str) -> tuple[Any, Any, Any, np.ndarray, np.ndarray] | None:
+    """``(names, dtype texts, shape texts, begins, ends)`` of the entries that tile ``body``, or
+    None: one compiled pass (:func:`~tdz_numba.formats.safetensors_scan.entries`) with the
+    kernels on, else one regex pass and a check that the matches tile the body (the same result)."""
+    if use_kernels(len(body) >> 6):
+        from .safetensors_scan import entries  # imports Numba
+
+        return entries(body)
+    found = _ENTRY.findall(body)
+    n = len(found)
+    if not n:
+        return None
+    names, tnames, shape_texts, begin_texts, end_texts = zip(*found)
+    matched = n * _FIXED + (n - 1) + sum(map(len, names)) + sum(map(len, tnames))
+    matched += sum(map(len, shape_texts)) + sum(map(len, begin_texts)) + sum(map(len, end_texts))
+    if matched != len(body):  # the entries must tile the body (see test_fast_header_tiles)
+        return None
+    begins = np.fromiter(map(int, begin_texts), np.int64, n)
+    ends = np.fromiter(map(int, end_texts), np.int64, n)
+    return names, tnames, shape_texts, begins, ends
 
 
 def _shape_ok(shape: tuple[int, ...]) -> bool:
