@@ -51,7 +51,8 @@ import os
 import struct
 from collections.abc import Mapping
 from functools import partial
-from itertools import repeat
+from itertools import compress, repeat
+from operator import eq
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -198,7 +199,8 @@ def _prefix(index: ArchiveIndex, where: str) -> str:
     kind = zip_kind(index.names, where)  # TorchScript archives are refused here
     if kind != "torch":
         raise UnsupportedError(f"{where}: not a torch.save archive (a {kind} zip)")
-    pkls = [n for n in index.names if n.count("/") == 1 and n.endswith("/data.pkl")]
+    names = index.names  # map() of str methods: no Python frame per name (20,000+ members)
+    pkls = [n for n in compress(names, map(str.endswith, names, repeat("/data.pkl"))) if n.count("/") == 1]
     if len(pkls) != 1:
         raise BadArchiveError(f"{where}: expected one <archive>/data.pkl entry, found {pkls[:4]}")
     return pkls[0][: -len("data.pkl")]
@@ -316,9 +318,9 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
             return None
         stypes[t] = v
     keys = dict.fromkeys(s.storage_keys)
-    if any("/" in k for k in keys):
+    if "/" in "".join(keys):
         return None
-    rows = [index.row(prefix + "data/" + k) for k in keys]
+    rows = list(map(index.row, map((prefix + "data/").__add__, keys)))
     if None in rows:
         return None
     table = index.table
@@ -329,7 +331,8 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
     which = np.fromiter(map(slot.__getitem__, s.storage_keys), np.int64, len(s.names))
     rec_bytes = table["size"][at].astype(np.int64)[which]
     rec_offset = table["payload_offset"][at].astype(np.int64)[which]
-    dtypes = [stypes[t].dtype for t in s.storage_types]
+    dtype_of = {t: v.dtype for t, v in stypes.items()}
+    dtypes = list(map(dtype_of.__getitem__, s.storage_types))
     sizes = {d: d.itemsize for d in set(dtypes)}
     isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, len(dtypes))
     numel, offset = s.numels, s.offsets
@@ -339,14 +342,22 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
     dense: dict[tuple[int, ...], tuple[tuple[int, ...] | None, int]] = {}
     for shape in set(s.shapes):
         dense[shape] = (_c_strides(shape) if len(shape) <= MAX_NDIM else None, math.prod(shape))
-    info = list(map(dense.__getitem__, s.shapes))
-    fast = np.fromiter((c == st for (c, _), st in zip(info, s.strides)), bool, len(info))
-    count = np.fromiter((k for _, k in info), np.int64, len(info))
+    n = len(s.names)
+    if len(dense) == 1:  # one shape (a model's many equal layers): its C strides and size for all
+        ((c_one, k_one),) = dense.values()
+        if s.strides.count(c_one) == n:
+            fast = np.ones(n, bool)
+        else:
+            fast = np.fromiter(map(eq, repeat(c_one), s.strides), bool, n)
+        count = np.full(n, k_one, np.int64)
+    else:
+        c_strides, counts = zip(*map(dense.__getitem__, s.shapes))
+        fast = np.fromiter(map(eq, c_strides, s.strides), bool, n)
+        count = np.fromiter(counts, np.int64, n)
     whole = rec_bytes // isz  # elements the record holds
     fast &= (offset <= whole) & (count <= whole - np.minimum(offset, whole))
     start = np.where(fast, offset * isz, 0)
-    names = [_TYPE_NAMES[d] for d in dtypes]
-    n = len(s.names)
+    names = list(map(_TYPE_NAMES.__getitem__, dtypes))
     specs = dict(
         zip(
             s.names,
