@@ -240,7 +240,8 @@ def _slow_header(
 #
 # ``{"__metadata__":{...},"name":{"dtype":"F16","shape":[2,3],"data_offsets":[0,12]},...}`` with no
 # whitespace (but after the closing brace), no escapes in names, the fields in this order and ints
-# of at most 18 digits. One regex pass pulls every entry's fields out (C speed), the checks run on
+# of at most 18 digits. One compiled pass (formats/safetensors_scan.py; with the kernels off, one
+# regex pass and a tiling check) pulls every entry's fields out, the checks run on
 # numpy columns and on the few distinct dtype/shape texts. Anything else, and any header that
 # fails a check, goes to _slow_header(), which accepts or names the error exactly as before.
 
