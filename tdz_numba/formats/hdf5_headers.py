@@ -17,6 +17,9 @@ filter, external storage or shared message), the dtype, shape, address and
 size: the hot path of :func:`~tdz_numba.formats.hdf5.open_hdf5`. Everything
 else gets status :data:`SLOW` and is decoded in Python
 (:mod:`~tdz_numba.formats.hdf5_objects`, :mod:`~tdz_numba.formats.hdf5_walk`).
+:func:`global_heap` walks a global heap collection (the bytes of variable-length
+strings and sequences) into a table of objects, or a ``G_*`` status
+(:mod:`~tdz_numba.formats.hdf5_heap` words them).
 
 Statuses (negative: the header itself is damaged):
 
