@@ -77,11 +77,13 @@ import h5py
 with h5py.File(d + "/m.h5", "w") as f:  # contiguous datasets: located by the header kernels
     f.create_dataset("w", data=np.arange(6.0).reshape(2, 3))
     f.create_group("g").create_dataset("i", data=np.arange(4, dtype=np.int32))
+    f["s"] = np.array(["a", "bc"], dtype=h5py.string_dtype())  # global heap: walked by its kernel
 with h5py.File(d + "/m2.h5", "w", libver="latest") as f:  # object header v2, link messages
     f.create_dataset("w", data=np.arange(3.0))
 for h in ("/m.h5", "/m2.h5"):
     assert float(tdz_numba.load(d + h)["w"].sum()) in (15.0, 3.0)
 assert tdz_numba.load(d + "/m.h5")["g"]["i"].tolist() == [0, 1, 2, 3]
+assert tdz_numba.load(d + "/m.h5")["s"] == ["a", "bc"]
 from tdz_numba.cli import command
 with contextlib.redirect_stdout(io.StringIO()):
     for argv in (["show", z, "x"], ["info", z], ["tree", z], ["verify", z], ["show", d + "/m.gguf", "q4k"]):

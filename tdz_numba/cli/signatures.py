@@ -125,6 +125,15 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
     "tdz_numba.formats.hdf5_headers._uint": (
         ("Array(uint8, 1, 'C', False, aligned=True)", "int64", "int64"),
     ),
+    "tdz_numba.formats.hdf5_headers.global_heap": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "int64",
+            "int64",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
     "tdz_numba.formats.hdf5_headers.header_messages": (
         (
             "Array(uint8, 1, 'C', False, aligned=True)",

@@ -47,6 +47,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .hdf5_heap import Collection, heap_collection
 from .hdf5_objects import AINFO, ATTR, DTYPE, Header, Layout
 
 __all__ = ["Attrs", "read_attributes", "heap_collection", "MAX_TYPE_DEPTH"]
@@ -248,47 +249,9 @@ class _Reader:
         return self.dtype(q, q + size)[0]
 
     # -- the global heap --------------------------------------------------------------------------
-    def collection(self, addr: int) -> tuple[dict[int, tuple[int, int]], int]:
-        """The objects of the global heap collection at ``addr``: index -> (data offset, size)."""
-        got = self.heaps.get(addr)
-        if got is not None:
-            return got
-        lay = self.lay
-        where = f"global heap collection at {addr}"
-        if not 0 <= addr <= lay.size - 8 or lay.bytes_at(addr, 4) != b"GCOL":
-            raise lay.bad(f"{where}: no collection there")
-        if lay.uint(addr + 4, 1) != 1:
-            raise lay.bad(f"{where}: version {lay.uint(addr + 4, 1)}")
-        csize = lay.uint(addr + 8, lay.lsz)
-        hdr = 8 + lay.lsz
-        if csize < hdr or addr + csize > lay.size:
-            raise lay.bad(f"{where}: a size of {csize} bytes past the end of the file")
-        end = addr + csize
-        blob = memoryview(lay.buf[addr:end])  # type: ignore[arg-type]  # fields read from the mapping
-        lsz, undefined = lay.lsz, (1 << (8 * lay.lsz)) - 1
-        p = hdr  # offsets in the collection from here on
-        objs: dict[int, tuple[int, int]] = {}
-        while p + hdr <= csize:  # what is left past the last header is free space
-            idx = int.from_bytes(blob[p : p + 2], "little")
-            osize = int.from_bytes(blob[p + 8 : p + 8 + lsz], "little")
-            if osize == undefined:
-                raise lay.bad(f"{where}: object {idx} of an undefined size")
-            if idx > 0:
-                if idx in objs:
-                    raise lay.bad(f"{where}: object {idx} twice")
-                objs[idx] = (addr + p + hdr, osize)
-                need = hdr + _pad8(osize)
-            elif osize == 0:
-                raise lay.bad(f"{where}: a free-space object of 0 bytes (libhdf5 loops on it)")
-            else:
-                need = osize
-            if need > csize - p:
-                if idx > 0:
-                    raise lay.bad(f"{where}: object {idx} of {osize} bytes runs past the collection")
-                break
-            p += need
-        self.heaps[addr] = (objs, end)
-        return objs, end
+    def collection(self, addr: int) -> Collection:
+        """The objects of the global heap collection at ``addr`` (:mod:`.hdf5_heap`)."""
+        return heap_collection(self.lay, addr, self.heaps)
 
     def heap_object(self, ref: bytes, want: int, name: str) -> bytes:
         """The bytes of a heap reference (length, collection address, index) of ``want`` bytes."""
@@ -300,8 +263,7 @@ class _Reader:
             if want:
                 raise lay.bad(f"attribute {name}: {want} bytes at heap address 0")
             return b""
-        objs, _end = self.collection(raw_addr + lay.base)
-        got = objs.get(idx)
+        got = self.collection(raw_addr + lay.base).get(idx)
         if got is None:
             raise lay.bad(f"attribute {name}: no object {idx} in the global heap at {raw_addr}")
         pos, size = got
@@ -458,17 +420,6 @@ def read_attributes(lay: Layout, h: Header, path: str, heaps: dict[int, Any]) ->
         else:
             values[name] = value
     return Attrs(values, later, skipped, False, [n for n, _v in found])
-
-
-def heap_collection(lay: Layout, addr: int, heaps: dict[int, Any]) -> tuple[dict[int, tuple[int, int]], int]:
-    """The objects of the global heap collection at absolute ``addr`` (index -> (data offset,
-    size)) and where it ends, walked the way libhdf5 walks it with every claim checked
-    (``heaps`` caches the collections of the file).
-
-    Raises :class:`~tdz_numba.BadArchiveError` for a collection libhdf5 would misread or loop on
-    (a free-space object of 0 bytes, an object past the collection, a size past the file).
-    """
-    return _Reader(lay, heaps).collection(addr)
 
 
 def _tracked(lay: Layout, h: Header) -> bool:

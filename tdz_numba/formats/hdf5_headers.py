@@ -17,6 +17,9 @@ filter, external storage or shared message), the dtype, shape, address and
 size: the hot path of :func:`~tdz_numba.formats.hdf5.open_hdf5`. Everything
 else gets status :data:`SLOW` and is decoded in Python
 (:mod:`~tdz_numba.formats.hdf5_objects`, :mod:`~tdz_numba.formats.hdf5_walk`).
+:func:`global_heap` walks a global heap collection (the bytes of variable-length
+strings and sequences) into a table of objects, or a ``G_*`` status
+(:mod:`~tdz_numba.formats.hdf5_heap` words them).
 
 Statuses (negative: the header itself is damaged):
 
@@ -52,6 +55,7 @@ __all__ = [
     "header_messages",
     "scan_datasets",
     "symbol_table",
+    "global_heap",
     "FAST",
     "FAST_ATTRS",
     "SLOW",
@@ -65,6 +69,15 @@ __all__ = [
     "DTYPES",
     "STATUS_TEXT",
     "UNDEF",
+    "G_NONE",
+    "G_VERSION",
+    "G_CUT",
+    "G_SIZE",
+    "G_UNDEF",
+    "G_TWICE",
+    "G_ZERO",
+    "G_PAST",
+    "G_FULL",
 ]
 
 FAST, SLOW, FAST_ATTRS = 0, 1, 2
@@ -77,6 +90,8 @@ STATUS_TEXT = {
 }
 #: Most chunks (the first + continuations) one object header may span.
 MAX_BLOCKS = 4096
+#: Statuses of :func:`global_heap` (a damaged collection; :mod:`~tdz_numba.formats.hdf5_heap` words them).
+G_NONE, G_VERSION, G_CUT, G_SIZE, G_UNDEF, G_TWICE, G_ZERO, G_PAST, G_FULL = range(-1, -10, -1)
 #: HDF5's own limit on the rank of a dataspace.
 MAX_RANK = 32
 #: Address fields holding all ones: "undefined" (returned as -1).
@@ -409,4 +424,73 @@ def symbol_table(buf, btree, base, osz, lsz, out):
                 out[count, 2] = _uint(buf, e + 2 * osz, 4)
                 out[count, 3] = _uint(buf, e + 2 * osz + 8, 4)
                 count += 1
+    return count
+
+
+@njit(**KERNEL)
+def global_heap(buf, addr, lsz, out, info):
+    """Walks the global heap collection at absolute ``addr`` the way libhdf5 walks it, into
+    ``out`` (int64, ``[cap, 3]``: object index, absolute data offset, size; in the order they
+    are stored). Returns the count or a negative ``G_*`` status; ``info`` (int64, 3) holds the
+    collection's size and, for a damaged object, its index and size (sizes as unsigned bits).
+
+    Every claim is checked: the ``"GCOL"`` signature and version 1, the collection within the
+    file, no object of an undefined size, an index twice, a free-space object of 0 bytes (libhdf5
+    loops on it) or an object past the collection; what follows the last object header that fits
+    is free space. ``G_FULL``: more objects than ``out`` holds (at most ``info[0] // (8 + lsz)``).
+    """
+    n = buf.size
+    hdr = 8 + lsz
+    if addr < 0 or addr > n - 8 or not _is(buf, addr, 71, 67, 79, 76):  # "GCOL"
+        return G_NONE
+    info[1] = np.int64(buf[addr + 4])
+    if buf[addr + 4] != 1:
+        return G_VERSION
+    if addr + hdr > n:
+        return G_CUT
+    csize = np.uint64(0)
+    for i in range(lsz):
+        csize |= np.uint64(buf[addr + 8 + i]) << np.uint64(8 * i)
+    info[0] = np.int64(csize)
+    undefined = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - 8 * lsz)
+    if csize == undefined or csize < np.uint64(hdr) or csize > np.uint64(n - addr):
+        return G_SIZE
+    size = np.int64(csize)
+    seen = np.zeros(65536, np.bool_)
+    cap = out.shape[0]
+    count = 0
+    p = hdr
+    while p + hdr <= size:
+        q = addr + p
+        idx = np.int64(buf[q]) | (np.int64(buf[q + 1]) << 8)
+        osize = np.uint64(0)
+        for i in range(lsz):
+            osize |= np.uint64(buf[q + 8 + i]) << np.uint64(8 * i)
+        info[1] = idx
+        info[2] = np.int64(osize)
+        if osize == undefined:
+            return G_UNDEF
+        rest = size - p
+        if idx > 0:
+            if seen[idx]:
+                return G_TWICE
+            seen[idx] = True
+            if osize > np.uint64(rest):
+                return G_PAST
+            need = hdr + ((np.int64(osize) + 7) & ~7)
+            if need > rest:
+                return G_PAST
+            if count >= cap:
+                return G_FULL
+            out[count, 0] = idx
+            out[count, 1] = q + hdr
+            out[count, 2] = np.int64(osize)
+            count += 1
+        elif osize == 0:
+            return G_ZERO
+        else:
+            if osize > np.uint64(rest):
+                break
+            need = np.int64(osize)
+        p += need
     return count

@@ -51,7 +51,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BadArchiveError
-from .hdf5_attrs import MAX_TYPE_DEPTH, heap_collection
+from .hdf5_attrs import MAX_TYPE_DEPTH
+from .hdf5_heap import Collection, heap_collection
 from .hdf5_objects import DATASPACE, DTYPE, LAYOUT, Header, Layout
 
 __all__ = ["VlenCheck", "MAX_REFS_PER_ELEMENT", "CHUNK_FILTERS"]
@@ -451,14 +452,13 @@ class VlenCheck:
         """Checks references to the collection at (relative) address ``a``: each object there,
         of the size its reference claims."""
         lay = self.lay
-        objs, _end = heap_collection(lay, a + lay.base, self.heaps)
-        keys = np.array(sorted(objs), np.int64)
-        at = np.searchsorted(keys, idx)
-        hit = at < keys.size
-        hit[hit] = keys[at[hit]] == idx[hit]
+        col = heap_collection(lay, a + lay.base, self.heaps)
+        at = np.searchsorted(col.index, idx)
+        hit = at < col.index.size
+        hit[hit] = col.index[at[hit]] == idx[hit]
         if not hit.all():
             raise lay.bad(f"no object {int(idx[~hit][0])} in the global heap collection at {a}")
-        sizes = np.array([objs[k][1] for k in keys.tolist()], np.int64)[at]
+        sizes = col.size[at]
         bad = np.flatnonzero(sizes != want)
         if bad.size:
             i = int(bad[0])
@@ -467,10 +467,10 @@ class VlenCheck:
                 f"bytes, its reference claims {int(want[i])}"
             )
         if base is not None:
-            self._nested(a, objs, idx, length, base, depth)
+            self._nested(a, col, idx, length, base, depth)
 
     def _nested(
-        self, a: int, objs: dict, idx: np.ndarray, length: np.ndarray, base: _VType, depth: int
+        self, a: int, col: Collection, idx: np.ndarray, length: np.ndarray, base: _VType, depth: int
     ) -> None:
         """The references inside the heap objects of a sequence of a type that holds some."""
         if depth >= MAX_TYPE_DEPTH:
@@ -480,7 +480,7 @@ class VlenCheck:
             if key in self._seen or not count:
                 continue
             self._seen.add(key)
-            pos, size = objs[i]
+            pos, size = col.get(i) or (0, -1)  # present: checked by _collection
             if count * base.size != size:
                 raise self.lay.bad(
                     f"global heap collection at {a}: object {i} holds {size} bytes, not {count} values"
