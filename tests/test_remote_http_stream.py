@@ -110,3 +110,19 @@ def test_range_server_process(tmp_path):
 def test_range_server_process_reports_a_failed_start(tmp_path):
     with pytest.raises(RuntimeError, match="did not start"):
         RangeServerProcess({"gone.bin": tmp_path / "gone.bin"})
+
+
+def test_a_256_mib_verified_read_is_one_batch():
+    """Groups end with a barrier (their slowest part): a 256 MiB read is fetched in one batch of
+    parts, not four 64 MiB groups; larger reads still pipeline their CRCs group by group."""
+    from types import SimpleNamespace
+
+    from tdz_numba.remote.read import RemoteIndex
+
+    def groups(n_entries: int, entry_bytes: int) -> int:
+        offsets = np.arange(n_entries, dtype=np.int64) * entry_bytes
+        fake = SimpleNamespace(table={"header_offset": offsets}, _limit=offsets + entry_bytes)
+        return len(RemoteIndex._groups(fake, np.arange(n_entries)))
+
+    assert groups(64, 4 << 20) == 1  # 256 MiB
+    assert 4 <= groups(256, 4 << 20) <= 5  # 1 GiB: groups of about 256 MiB
