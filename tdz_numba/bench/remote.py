@@ -22,7 +22,10 @@ reversed every other round, so formats and peers alternate):
 * **DCP** on 2 gloo ranks (``--section dcp``): ``TdzStorageWriter``/``Reader``
   against ``FileSystemWriter``/``Reader``.
 
-moto runs in its own process, the HTTP server in a thread of this one.
+Both read-all servers run in their own process (moto's, and the HTTP Range server's:
+:class:`~tdz_numba.bench.servers.RangeServerProcess`), so the client under test shares no
+interpreter lock with them; the lazy-open rows use the HTTP server in a thread (they read
+its request log).
 
 Examples
 --------
@@ -321,7 +324,7 @@ def run_remote(
     import tdz_numba
 
     from .readers import write
-    from .servers import MotoS3, RangeServer, free_port
+    from .servers import MotoS3, RangeServer, RangeServerProcess, free_port
 
     res: dict[str, Any] = {"size_mib": size_mib, "repeat": repeat, "sections": list(sections)}
     tree = model(size_mib)
@@ -330,15 +333,17 @@ def run_remote(
         local = {"tdz": tdz_numba.save(tree, d / "m.tdz"), "safetensors": d / "m.safetensors"}
         write("safetensors", tree, local["safetensors"])
         res["read_all"] = []
-        if "http" in sections or "lazy" in sections:
+        if "http" in sections:  # served by a child process: no interpreter lock shared with the client
+            child = RangeServerProcess({p.name: p for p in local.values()})
+            try:
+                urls = {f: child.url(p.name) for f, p in local.items()}
+                res["read_all"] += _read_rows("http", urls, {}, repeat, rss)
+            finally:
+                child.stop()
+        if "lazy" in sections:  # in a thread: the rows count its requests and bytes
             http = RangeServer()
             try:
-                if "http" in sections:
-                    urls = {f: http.put(p.name, p.read_bytes()) for f, p in local.items()}
-                    res["read_all"] += _read_rows("http", urls, {}, repeat, rss)
-                    http.objects.clear()
-                if "lazy" in sections:
-                    res["lazy"] = _lazy_rows(http, size_mib, d)
+                res["lazy"] = _lazy_rows(http, size_mib, d)
             finally:
                 http.stop()
         if "s3" in sections or "save" in sections:

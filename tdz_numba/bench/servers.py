@@ -1,7 +1,8 @@
 """Loopback servers for the remote tests and ``tdz bench --remote``: an HTTP server honouring
 Range requests (it logs every request and the bytes it served, and injects faults on demand),
 and moto's standalone S3 server reached through s3fs (no in-process mocking; in a thread, or
-in its own process for benchmarks). Both bind 127.0.0.1 on a free port.
+in its own process for benchmarks). Both bind 127.0.0.1 on a free port; the HTTP server runs
+in a thread of this process, or in a child for benchmarks (:class:`RangeServerProcess`).
 
 Faults of :class:`RangeServer` (:meth:`RangeServer.inject`), each for the next ``count``
 matching GETs: ``"drop"`` (half the body, then the connection is shut), ``"truncate"`` (a
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-__all__ = ["RangeServer", "MotoS3", "Fault", "FAULTS", "free_port"]
+__all__ = ["RangeServer", "RangeServerProcess", "MotoS3", "Fault", "FAULTS", "free_port", "main"]
 
 #: The fault kinds of :meth:`RangeServer.inject`.
 FAULTS = ("drop", "truncate", "status", "stall", "replace")
@@ -137,7 +138,7 @@ class RangeServer:
                         self.end_headers()
                         return
                     status = 206
-                chunk = data[start:stop]
+                chunk = memoryview(data)[start:stop]  # no copy of the object's bytes
                 with outer.lock:
                     cut = body and outer.drop > 0
                     if cut:
@@ -294,6 +295,79 @@ class Fault:
     data: bytes
 
 
+class RangeServerProcess:
+    """A :class:`RangeServer` in a child process (``python -m tdz_numba.bench.servers``) serving
+    local files: a benchmark's client then shares no interpreter lock with the server (as
+    :class:`MotoS3` with ``process=True``). No request log and no faults (they live in the
+    child): tests that count requests or inject faults use :class:`RangeServer`.
+
+    Parameters
+    ----------
+    files : dict of str to path
+        Object name -> local file, read once by the child.
+
+    Examples
+    --------
+    >>> import tempfile, urllib.request
+    >>> from pathlib import Path
+    >>> from tdz_numba.bench.servers import RangeServerProcess
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = (Path(d) / "x.bin").write_bytes(b"0123456789")
+    ...     server = RangeServerProcess({"x.bin": Path(d) / "x.bin"})
+    >>> req = urllib.request.Request(server.url("x.bin"), headers={"Range": "bytes=2-4"})
+    >>> urllib.request.urlopen(req).read()
+    b'234'
+    >>> server.stop()
+    """
+
+    def __init__(self, files: dict[str, str | os.PathLike[str]]) -> None:
+        """Starts the child and waits until it serves every file."""
+        args = [f"{name}={os.fspath(path)}" for name, path in files.items()]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tdz_numba.bench.servers", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().decode().strip()  # "port N" once every file is read
+        if not line.startswith("port "):
+            self.stop()
+            raise RuntimeError(f"the HTTP server process did not start (it said {line[:100]!r})")
+        self.port = int(line.split()[1])
+
+    def url(self, name: str) -> str:
+        """The URL of object ``name``."""
+        return f"http://127.0.0.1:{self.port}/{name.lstrip('/')}"
+
+    def stop(self) -> None:
+        """Stops the child (closing its stdin ends it)."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child of :class:`RangeServerProcess`: serves ``NAME=PATH`` files, prints ``port N``,
+    and stops when its stdin closes."""
+    server = RangeServer()
+    try:
+        for arg in sys.argv[1:] if argv is None else argv:
+            name, _, path = arg.partition("=")
+            with open(path, "rb") as f:
+                server.put(name, f.read())
+        print(f"port {server.port}", flush=True)
+        sys.stdin.read()  # until the parent closes it (or exits)
+    finally:
+        server.stop()
+    return 0
+
+
 class MotoS3:
     """moto's standalone S3 server on 127.0.0.1 (a real HTTP server);
     :meth:`fs` gives an s3fs filesystem on it, :attr:`storage_options` the options for URLs.
@@ -367,3 +441,7 @@ class MotoS3:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""HTTP bodies streamed into place (remote/transports.py ``_Http``) whatever pieces they come in,
+and the benchmark's HTTP server in a child process (bench/servers.py ``RangeServerProcess``)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from tdz_numba.bench.servers import RangeServerProcess
+from tdz_numba.errors import RemoteError
+from tdz_numba.remote.object import RemoteObject
+
+DATA = np.random.default_rng(7).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+
+
+class _Pieces(BaseHTTPRequestHandler):
+    """Range replies sent with ``Transfer-Encoding: chunked`` in small uneven HTTP chunks, with
+    pauses: aiohttp hands them over in many pieces, some at HTTP chunk ends. ``extra`` bytes
+    past the range end the body when set (a server sending more than asked)."""
+
+    protocol_version = "HTTP/1.1"
+    extra = 0
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        m = re.match(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+        size = len(DATA)
+        if m.group(1):
+            a, b = int(m.group(1)), min(size, int(m.group(2)) + 1)
+        else:
+            a, b = size - int(m.group(2)), size
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {a}-{b - 1}/{size}")
+        self.send_header("ETag", '"fixed"')
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        body = DATA[a:b] + b"x" * type(self).extra
+        pos, k = 0, 0
+        while pos < len(body):
+            n = (1, 7, 4093, 65536, 300_001)[k % 5]
+            piece = body[pos : pos + n]
+            self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            pos, k = pos + n, k + 1
+            if k % 7 == 0:
+                self.wfile.flush()
+                time.sleep(0.001)
+        self.wfile.write(b"0\r\n\r\n")
+
+
+@pytest.fixture
+def pieces():
+    handler = type("Handler", (_Pieces,), {})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield handler, f"http://127.0.0.1:{httpd.server_address[1]}/x.bin"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_body_in_many_pieces_lands_in_place(pieces):
+    _, url = pieces
+    obj = RemoteObject(url)
+    obj.start(tail=1000)
+    assert obj.size == len(DATA) and obj.buffer[-1000:].tobytes() == DATA[-1000:]
+    obj.need_spans([(0, 1_500_001), (2_000_000, len(DATA) - 1000)], part_bytes=700_000)
+    assert obj.requests == 1 + 3 + 2 and obj.missing(0, obj.size) == [(1_500_001, 2_000_000)]
+    assert obj.buffer[:1_500_001].tobytes() == DATA[:1_500_001]
+    assert obj.buffer[2_000_000:].tobytes() == DATA[2_000_000:]
+    obj.read_all()
+    assert obj.buffer.tobytes() == DATA
+
+
+def test_body_past_the_range_is_an_error(pieces):
+    handler, url = pieces
+    obj = RemoteObject(url)
+    obj.start(tail=10)
+    handler.extra = 3  # every reply now runs 3 bytes past what was asked
+    with pytest.raises(RemoteError, match=r"\[0, 100000\).*runs past the 100000 bytes"):
+        obj.need(0, 100_000)
+
+
+def test_range_server_process(tmp_path):
+    (tmp_path / "a.bin").write_bytes(DATA[:100_000])
+    (tmp_path / "b.bin").write_bytes(b"")
+    server = RangeServerProcess({"a.bin": tmp_path / "a.bin", "dir/b.bin": tmp_path / "b.bin"})
+    try:
+        req = urllib.request.Request(server.url("a.bin"), headers={"Range": "bytes=99990-"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert (r.status, r.read()) == (206, DATA[99_990:100_000])
+        with urllib.request.urlopen(server.url("dir/b.bin"), timeout=10) as r:
+            assert (r.status, r.read()) == (200, b"")
+        obj = RemoteObject(server.url("a.bin"))
+        obj.start(tail=10)
+        obj.read_all()
+        assert obj.buffer.tobytes() == DATA[:100_000]
+    finally:
+        server.stop()
+    assert server.process.returncode == 0  # closing its stdin ended it
+
+
+def test_range_server_process_reports_a_failed_start(tmp_path):
+    with pytest.raises(RuntimeError, match="did not start"):
+        RangeServerProcess({"gone.bin": tmp_path / "gone.bin"})
+
+
+def test_a_256_mib_verified_read_is_one_batch():
+    """Groups end with a barrier (their slowest part): a 256 MiB read is fetched in one batch of
+    parts, not four 64 MiB groups; larger reads still pipeline their CRCs group by group."""
+    from types import SimpleNamespace
+
+    from tdz_numba.remote.read import RemoteIndex
+
+    def groups(n_entries: int, entry_bytes: int) -> int:
+        offsets = np.arange(n_entries, dtype=np.int64) * entry_bytes
+        fake = SimpleNamespace(table={"header_offset": offsets}, _limit=offsets + entry_bytes)
+        return len(RemoteIndex._groups(fake, np.arange(n_entries)))
+
+    assert groups(64, 4 << 20) == 1  # 256 MiB
+    assert 4 <= groups(256, 4 << 20) <= 5  # 1 GiB: groups of about 256 MiB
