@@ -18,6 +18,11 @@ from tdz_numba.files import libc, memory
 MIB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def _readahead_on(monkeypatch):
+    monkeypatch.setenv("TDZ_NUMBA_READAHEAD", "1")  # (off by default: docs/memory.md)
+
+
 def _drop(path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -101,6 +106,16 @@ def test_cold_whole_load_reads_the_file_ahead_without_a_touch(tmp_path):
     assert memory.wait_readahead(60)
     assert _cached_fraction(path) > 0.95
     assert all(torch.equal(back[k], v) for k, v in tree.items())
+
+
+def test_off_by_default_nothing_is_read_or_hinted(tmp_path, monkeypatch):
+    monkeypatch.delenv("TDZ_NUMBA_READAHEAD")
+    tree, path = _model(tmp_path)
+    _cold_capable(path)
+    back = tdz_numba.load(path)
+    assert memory.wait_readahead(60)
+    assert _cached_fraction(path) < 0.1  # not even the 8 MiB a MADV_WILLNEED used to read (in 4 KiB folios)
+    assert torch.equal(back["layer00"], tree["layer00"])
 
 
 def test_lazy_open_reads_nothing_ahead(tmp_path):

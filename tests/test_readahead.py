@@ -38,11 +38,13 @@ def test_mismatched_lengths_refused():
         memory.readahead(mmap.mmap(-1, 4096), [0, 1], [1])
 
 
-def test_real_mapping(tmp_path):
+def test_real_mapping(tmp_path, monkeypatch):
+    monkeypatch.setenv("TDZ_NUMBA_READAHEAD", "1")  # (off by default)
     tree = {"a": torch.randn(300_000), "b": {"c": torch.arange(400_000, dtype=torch.float64)}}
     path = tdz_numba.save(tree, tmp_path / "x.tdz", durable=False)
     with tdz_numba.open(path) as ar:
         locs = [ar.info(k).location for k, _ in ar.leaves()]
         mm = ar._state.source.index._mmap
         assert memory.readahead(mm, [loc.offset for loc in locs], [loc.nbytes for loc in locs]) >= 4_400_000
+        assert memory.wait_readahead(60)
         assert torch.equal(ar["a"], tree["a"]) and torch.equal(ar["b/c"], tree["b"]["c"])

@@ -135,9 +135,9 @@ def load(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, nest: str |
 
     Views of a whole file opened ``mode="r"`` are read through mappings advised for reading
     the whole file (:func:`~tdz_numba.files.memory.whole_file_mappings`: the page cache fills
-    with 2 MiB folios, whatever order the tensors are first touched in), and their bytes are
-    read ahead in file order in the background (:func:`~tdz_numba.files.memory.readahead`;
-    the load returns at once); ``copy=True`` reads with ``preadv``, ``mode="r+"`` maps shared
+    with 2 MiB folios, whatever order the tensors are first touched in), and, with
+    ``TDZ_NUMBA_READAHEAD=1``, their bytes are read ahead in file order in the background
+    (:func:`~tdz_numba.files.memory.readahead`; the load returns at once); ``copy=True`` reads with ``preadv``, ``mode="r+"`` maps shared
     and a ``subpath`` reads a part: none is advised or read ahead."""
     whole = options.mode == "r" and not options.copy and options.subpath is None
     with whole_file_mappings() if whole else nullcontext():
@@ -158,11 +158,13 @@ def read_ahead_tdz(source: Source) -> int:
 
     >>> import tempfile, pathlib, torch, tdz_numba
     >>> from tdz_numba.files.memory import wait_readahead
+    >>> os.environ["TDZ_NUMBA_READAHEAD"] = "1"  # (off by default)
     >>> with tempfile.TemporaryDirectory() as d:
     ...     p = tdz_numba.save({"a": torch.zeros(1 << 19)}, pathlib.Path(d) / "x.tdz")
     ...     src = open_tdz(p)
     ...     src.index.check_all()  # (a load has read every local header: payload offsets known)
     ...     n = read_ahead_tdz(src); _ = wait_readahead(); src.close()
+    >>> del os.environ["TDZ_NUMBA_READAHEAD"]
     >>> n >= 2 << 20
     True
     """

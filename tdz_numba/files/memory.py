@@ -342,37 +342,41 @@ def readahead(
     gap: int = 1 << 20,
     min_bytes: int = READAHEAD_MIN,
 ) -> int:
-    """Reads the byte ranges about to be handed out ahead, in file order, in the background.
+    """Reads the byte ranges about to be handed out ahead, in file order, in the background,
+    when ``TDZ_NUMBA_READAHEAD=1`` (off by default: see ``docs/memory.md``).
 
     Ranges (negative offsets or sizes are skipped) are sorted and merged when less than
-    ``gap`` bytes apart; a thread (:class:`ReadAhead`) then faults them in piece by piece
-    (``MADV_POPULATE_READ`` of :data:`READAHEAD_PIECE` bytes, skipping pieces already
-    cached), whatever order the caller touches them in: the reads go forward through the
-    file, and in a mapping advised by :func:`advise_new_mapping` the page cache fills with
-    2 MiB folios. It returns at once. Nothing is read when the ranges hold fewer than
-    ``min_bytes`` bytes, and no more than half the memory available now, so it never
-    evicts what it brings in. Returns the bytes the background read covers: 0 when none
-    was started (too little, ``TDZ_NUMBA_READAHEAD=0``, a kernel before 5.14: then each
-    merged range gets one ``MADV_WILLNEED`` hint, which the kernel caps at
-    ``max(read_ahead_kb, max_sectors_kb)`` per call and reads in 4 KiB folios, so it is
-    not counted). :func:`wait_readahead` waits for it.
+    ``gap`` bytes apart (:func:`read_spans`); a thread (:class:`ReadAhead`) then faults them
+    in piece by piece (``MADV_POPULATE_READ`` of :data:`READAHEAD_PIECE` bytes, skipping
+    pieces already cached), whatever order the caller touches them in: the reads go
+    forward through the file, and in a mapping advised by :func:`advise_new_mapping` the
+    page cache fills with 2 MiB folios. It returns at once. Nothing is read when the ranges
+    hold fewer than ``min_bytes`` bytes, and no more than half the memory available now.
+    Returns the bytes the background read covers (:func:`wait_readahead` waits for it): 0
+    when none was started. Off, nothing is hinted either: ``MADV_WILLNEED``, which this
+    function gave before, reads at most ``max(read_ahead_kb, max_sectors_kb)`` per call
+    (8 MiB here, whatever the length asked) and in 4 KiB folios, which later mapped reads
+    of the file pay for. On a kernel before 5.14 (no ``MADV_POPULATE_READ``) it is still
+    the fallback when turned on, and is not counted.
 
     Examples
     --------
     >>> import mmap, tempfile
     >>> from tdz_numba.files.memory import readahead, wait_readahead
+    >>> os.environ["TDZ_NUMBA_READAHEAD"] = "1"
     >>> with tempfile.TemporaryFile() as f:
     ...     _ = f.write(bytes(4 << 20)); f.flush()
     ...     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
     ...         n = readahead(mm, [0, 2 << 20], [1 << 20, 1 << 20], gap=0)
     ...         _ = wait_readahead()
+    >>> del os.environ["TDZ_NUMBA_READAHEAD"]
     >>> n
     2097152
     """
     spans = read_spans(len(mm), offsets, sizes, gap=gap, min_bytes=min_bytes)
-    if not spans:
+    if not spans or os.environ.get("TDZ_NUMBA_READAHEAD", "0") != "1":
         return 0
-    if os.environ.get("TDZ_NUMBA_READAHEAD", "1") != "0" and _populate_supported():
+    if _populate_supported():
         return ReadAhead(mm, spans).nbytes
     for start, stop in spans:  # a hint only: never an error
         try:
