@@ -1,4 +1,4 @@
-"""memory.readahead: WILLNEED hints on the ranges a bulk load hands out (merged, capped, never an error)."""
+"""memory.readahead: the ranges a bulk load hands out read ahead in file order (merged, capped, never an error)."""
 
 from __future__ import annotations
 
@@ -13,54 +13,38 @@ from tdz_numba.errors import InvalidArgumentError
 from tdz_numba.files import memory
 
 
-class _Spy:
-    """An mmap stand-in that records madvise calls."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.calls = n, []
-
-    def __len__(self) -> int:
-        return self.n
-
-    def madvise(self, option: int, start: int, length: int) -> None:
-        self.calls.append((option, start, length))
-
-
 def test_merges_sorts_and_skips_bad_ranges():
-    spy = _Spy(64 << 20)
-    got = memory.readahead(
-        spy, [8 << 20, 0, -1, 1 << 20, 60 << 20], [1 << 20, 1 << 20, 5, 1 << 20, 8 << 20], gap=0
+    got = memory.read_spans(
+        64 << 20, [8 << 20, 0, -1, 1 << 20, 60 << 20], [1 << 20, 1 << 20, 5, 1 << 20, 8 << 20], gap=0
     )
     # [0, 2 MiB) merged (adjacent), [8, 9 MiB) alone, the negative and the out-of-bounds ranges skipped
-    assert spy.calls == [(mmap.MADV_WILLNEED, 0, 2 << 20), (mmap.MADV_WILLNEED, 8 << 20, 1 << 20)]
-    assert got == 3 << 20
-    spy = _Spy(64 << 20)
-    assert memory.readahead(spy, [0, 8 << 20], [1 << 20, 1 << 20], gap=16 << 20) == 9 << 20
-    assert spy.calls == [(mmap.MADV_WILLNEED, 0, 9 << 20)]
+    assert got == [(0, 2 << 20), (8 << 20, 9 << 20)]
+    assert memory.read_spans(64 << 20, [0, 8 << 20], [1 << 20, 1 << 20], gap=16 << 20) == [(0, 9 << 20)]
 
 
 def test_unaligned_start_is_rounded_down_to_a_page():
-    spy = _Spy(8 << 20)
-    memory.readahead(spy, [memory.PAGE_SIZE + 10], [2 << 20])
-    assert spy.calls == [(mmap.MADV_WILLNEED, memory.PAGE_SIZE, (2 << 20) + 10)]
+    got = memory.read_spans(8 << 20, [memory.PAGE_SIZE + 10], [2 << 20])
+    assert got == [(memory.PAGE_SIZE, memory.PAGE_SIZE + 10 + (2 << 20))]
 
 
-def test_small_totals_are_not_hinted():
-    spy = _Spy(8 << 20)
-    assert memory.readahead(spy, np.arange(10) * 4096, np.full(10, 100)) == 0
-    assert spy.calls == []
+def test_small_totals_are_not_read():
+    mm = mmap.mmap(-1, 8 << 20)
+    assert memory.readahead(mm, np.arange(10) * 4096, np.full(10, 100)) == 0
+    assert memory.read_spans(8 << 20, np.arange(10) * 4096, np.full(10, 100)) == []
 
 
 def test_mismatched_lengths_refused():
     with pytest.raises(InvalidArgumentError):
-        memory.readahead(_Spy(10), [0, 1], [1])
+        memory.readahead(mmap.mmap(-1, 4096), [0, 1], [1])
 
 
-def test_real_mapping(tmp_path):
+def test_real_mapping(tmp_path, monkeypatch):
+    monkeypatch.setenv("TDZ_NUMBA_READAHEAD", "1")  # (off by default)
     tree = {"a": torch.randn(300_000), "b": {"c": torch.arange(400_000, dtype=torch.float64)}}
     path = tdz_numba.save(tree, tmp_path / "x.tdz", durable=False)
     with tdz_numba.open(path) as ar:
         locs = [ar.info(k).location for k, _ in ar.leaves()]
         mm = ar._state.source.index._mmap
         assert memory.readahead(mm, [loc.offset for loc in locs], [loc.nbytes for loc in locs]) >= 4_400_000
+        assert memory.wait_readahead(60)
         assert torch.equal(ar["a"], tree["a"]) and torch.equal(ar["b/c"], tree["b"]["c"])

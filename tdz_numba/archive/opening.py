@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING
 
 from .. import formats
 from ..errors import InternalError, MissingKeyError, TdzError, UnsupportedError
-from ..files.memory import whole_file_mappings
+from ..files.memory import readahead, whole_file_mappings
 from ..tdz.source import TdzSource, open_tdz
 from ..tdz.sources import Source
 from ..tdz.tree import Level
+from ..zipfmt.records import STORED
 from .mapping import Archive
 from .options import DEFAULT, OpenOptions
 from .state import ArchiveState, subpath_prefix
@@ -34,7 +35,7 @@ from .state import ArchiveState, subpath_prefix
 if TYPE_CHECKING:  # pragma: no cover
     from .mapping import Archive
 
-__all__ = ["open_archive", "load"]
+__all__ = ["open_archive", "load", "read_ahead_tdz"]
 
 
 def open_archive(path: str | os.PathLike, options: OpenOptions = DEFAULT) -> Archive:
@@ -134,12 +135,45 @@ def load(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, nest: str |
 
     Views of a whole file opened ``mode="r"`` are read through mappings advised for reading
     the whole file (:func:`~tdz_numba.files.memory.whole_file_mappings`: the page cache fills
-    with 2 MiB folios, whatever order the tensors are first touched in); ``copy=True`` reads
-    with ``preadv``, ``mode="r+"`` maps shared and a ``subpath`` reads a part: none is advised."""
+    with 2 MiB folios, whatever order the tensors are first touched in), and, with
+    ``TDZ_NUMBA_READAHEAD=1``, their bytes are read ahead in file order in the background
+    (:func:`~tdz_numba.files.memory.readahead`; the load returns at once); ``copy=True`` reads with ``preadv``, ``mode="r+"`` maps shared
+    and a ``subpath`` reads a part: none is advised or read ahead."""
     whole = options.mode == "r" and not options.copy and options.subpath is None
     with whole_file_mappings() if whole else nullcontext():
         ar = open_archive(path, options)
         try:
-            return ar.to_dict(nest=nest)
+            tree = ar.to_dict(nest=nest)
+            if whole and options.dtype is None and options.device is None:
+                read_ahead_tdz(ar._state.source)  # (other formats: bulk.materialize hints)
+            return tree
         finally:
             ar.close()
+
+
+def read_ahead_tdz(source: Source) -> int:
+    """Reads every STORED payload of a local ``.tdz`` source opened ``mode="r"`` ahead, in file
+    order, in the background (:func:`~tdz_numba.files.memory.readahead`); the bytes it covers
+    (0 for any other source). Payloads whose local header is still unread are left out.
+
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> from tdz_numba.files.memory import wait_readahead
+    >>> os.environ["TDZ_NUMBA_READAHEAD"] = "1"  # (off by default)
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = tdz_numba.save({"a": torch.zeros(1 << 19)}, pathlib.Path(d) / "x.tdz")
+    ...     src = open_tdz(p)
+    ...     src.index.check_all()  # (a load has read every local header: payload offsets known)
+    ...     n = read_ahead_tdz(src); _ = wait_readahead(); src.close()
+    >>> del os.environ["TDZ_NUMBA_READAHEAD"]
+    >>> n >= 2 << 20
+    True
+    """
+    index = getattr(source, "index", None)
+    if not isinstance(source, TdzSource) or source.mode != "r" or getattr(index, "fetch", None) is not None:
+        return 0
+    buf = index.buffer  # type: ignore[union-attr]
+    if buf is None or not buf.size:
+        return 0
+    table = index.table  # type: ignore[union-attr]
+    stored = table["method"] == STORED
+    return readahead(buf, table["payload_offset"][stored], table["size"][stored])

@@ -27,6 +27,8 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -45,6 +47,10 @@ __all__ = [
     "evict",
     "prefetch",
     "readahead",
+    "read_spans",
+    "wait_readahead",
+    "ReadAhead",
+    "READAHEAD_PIECE",
     "resident",
     "is_evictable",
     "read_direct",
@@ -224,63 +230,202 @@ def prefetch(mm: mmap.mmap, offset: int, nbytes: int, *, touch: bool = False) ->
 
 #: ``readahead`` skips hints below this many bytes in all (page faults are as good there).
 READAHEAD_MIN = 1 << 20
+#: Bytes one ``MADV_POPULATE_READ`` call of the background read-ahead covers (it checks for a
+#: stop between two such calls, and skips a piece already in the page cache).
+READAHEAD_PIECE = 8 << 20
+#: ``MADV_POPULATE_READ`` (Linux >= 5.14): faults pages in as a read would, without touching them.
+_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform.startswith("linux") else None)
+_RUNNING: set[ReadAhead] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+class ReadAhead:
+    """A background read of byte ranges of a mapping, in file order (see :func:`readahead`).
+
+    ``nbytes`` is what it reads (the merged ranges, within the memory budget); :meth:`join`
+    waits for it, :meth:`stop` ends it after the piece it is reading.
+
+    >>> import mmap
+    >>> mm = mmap.mmap(-1, 4 * PAGE_SIZE)
+    >>> ra = ReadAhead(mm, [(0, 4 * PAGE_SIZE)])
+    >>> ra.join(10), ra.nbytes == 4 * PAGE_SIZE
+    (True, True)
+    """
+
+    def __init__(self, mm: mmap.mmap | np.ndarray, spans: Sequence[tuple[int, int]]) -> None:
+        self.nbytes = int(sum(b - a for a, b in spans))
+        self._stop = threading.Event()
+        # the thread holds a view of the mapping: it stays mapped until the read ends
+        buf = np.frombuffer(mm, dtype=np.uint8)
+        self._thread = threading.Thread(
+            target=self._run, args=(buf, list(spans)), name="tdz_numba-readahead", daemon=True
+        )
+        with _RUNNING_LOCK:
+            _RUNNING.add(self)
+        self._thread.start()
+
+    def _run(self, buf: np.ndarray, spans: list[tuple[int, int]]) -> None:
+        try:
+            base = buf.ctypes.data
+            for a, b in spans:
+                for start in range(a, b, READAHEAD_PIECE):
+                    if self._stop.is_set():
+                        return
+                    length = min(READAHEAD_PIECE, b - start)
+                    if _cached(base + start, length):
+                        continue  # warm: the caller's faults map it as cheaply
+                    if not libc.madvise(base + start, length, _POPULATE_READ):  # type: ignore[arg-type]
+                        return  # (unmapped, an I/O error: the caller's access reports it)
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Waits for the read to end (at most ``timeout`` seconds); whether it ended."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Ends the read after the piece being read."""
+        self._stop.set()
+
+
+#: :func:`_cached` looks at one page in this many bytes (a 2 MiB folio is cached whole or not at all).
+_SAMPLE = 2 << 20
+
+
+def _cached(address: int, length: int) -> bool:
+    """Whether a page-aligned range of a file mapping looks cached: one page in every
+    :data:`_SAMPLE` bytes is in the page cache (``mincore``; a whole-range ``mincore`` walks
+    every page and cost a warm load of 512 MiB several ms). False when it cannot tell."""
+    mincore = libc.function("mincore")
+    if mincore is None:
+        return False
+    vec = (ctypes.c_ubyte * 1)()
+    for a in range(address, address + length, _SAMPLE):
+        if mincore(ctypes.c_void_p(a), ctypes.c_size_t(PAGE_SIZE), vec) != 0 or not vec[0] & 1:
+            return False
+    return True
+
+
+_SUPPORTED: list[bool] = []
+
+
+def _populate_supported() -> bool:
+    """Whether this kernel takes ``MADV_POPULATE_READ`` (tried once on an anonymous page)."""
+    if not _SUPPORTED:
+        ok = False
+        if _POPULATE_READ is not None:
+            with mmap.mmap(-1, PAGE_SIZE) as probe:
+                ok = libc.madvise(_address(probe), PAGE_SIZE, _POPULATE_READ)
+        _SUPPORTED.append(ok)
+    return _SUPPORTED[0]
+
+
+def wait_readahead(timeout: float | None = None) -> bool:
+    """Waits for every background read-ahead of this process (:func:`readahead`) to end;
+    whether all ended within ``timeout`` seconds.
+
+    >>> wait_readahead(10)
+    True
+    """
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    return all(r.join(timeout) for r in running)
 
 
 def readahead(
-    mm: mmap.mmap,
+    mm: mmap.mmap | np.ndarray,
     offsets: np.ndarray | Sequence[int],
     sizes: np.ndarray | Sequence[int],
     *,
     gap: int = 1 << 20,
     min_bytes: int = READAHEAD_MIN,
 ) -> int:
-    """Asks the kernel to read the byte ranges about to be handed out ahead (``MADV_WILLNEED``).
+    """Reads the byte ranges about to be handed out ahead, in file order, in the background,
+    when ``TDZ_NUMBA_READAHEAD=1`` (off by default: see ``docs/memory.md``).
 
-    Ranges (negative offsets or sizes are skipped) are sorted and merged when
-    less than ``gap`` bytes apart, so a whole archive's payloads cost a few
-    ``madvise`` calls; a cold read then streams in large requests instead of one
-    fault-around window per page fault. Nothing is hinted when the ranges hold
-    fewer than ``min_bytes`` bytes, and no more than half the memory available
-    now, so hints never evict what they bring in. Returns the bytes hinted.
+    Ranges (negative offsets or sizes are skipped) are sorted and merged when less than
+    ``gap`` bytes apart (:func:`read_spans`); a thread (:class:`ReadAhead`) then faults them
+    in piece by piece (``MADV_POPULATE_READ`` of :data:`READAHEAD_PIECE` bytes, skipping
+    pieces already cached), whatever order the caller touches them in: the reads go
+    forward through the file, and in a mapping advised by :func:`advise_new_mapping` the
+    page cache fills with 2 MiB folios. It returns at once. Nothing is read when the ranges
+    hold fewer than ``min_bytes`` bytes, and no more than half the memory available now.
+    Returns the bytes the background read covers (:func:`wait_readahead` waits for it): 0
+    when none was started. Off, nothing is hinted either: ``MADV_WILLNEED``, which this
+    function gave before, reads at most ``max(read_ahead_kb, max_sectors_kb)`` per call
+    (8 MiB here, whatever the length asked) and in 4 KiB folios, which later mapped reads
+    of the file pay for. On a kernel before 5.14 (no ``MADV_POPULATE_READ``) it is still
+    the fallback when turned on, and is not counted.
 
     Examples
     --------
     >>> import mmap, tempfile
-    >>> from tdz_numba.files.memory import readahead
+    >>> from tdz_numba.files.memory import readahead, wait_readahead
+    >>> os.environ["TDZ_NUMBA_READAHEAD"] = "1"
     >>> with tempfile.TemporaryFile() as f:
     ...     _ = f.write(bytes(4 << 20)); f.flush()
     ...     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-    ...         readahead(mm, [0, 2 << 20], [1 << 20, 1 << 20], gap=0)
+    ...         n = readahead(mm, [0, 2 << 20], [1 << 20, 1 << 20], gap=0)
+    ...         _ = wait_readahead()
+    >>> del os.environ["TDZ_NUMBA_READAHEAD"]
+    >>> n
     2097152
     """
-    off = np.asarray(offsets, np.int64).reshape(-1)
-    size = np.asarray(sizes, np.int64).reshape(-1)
-    if off.shape != size.shape:
-        raise InvalidArgumentError(f"readahead: {off.size} offsets but {size.size} sizes")
-    keep = (off >= 0) & (size > 0) & (off <= len(mm)) & (size <= len(mm) - np.minimum(off, len(mm)))
-    off, size = off[keep], size[keep]
-    if int(size.sum()) < min_bytes or not hasattr(mm, "madvise"):
+    spans = read_spans(len(mm), offsets, sizes, gap=gap, min_bytes=min_bytes)
+    if not spans or os.environ.get("TDZ_NUMBA_READAHEAD", "0") != "1":
         return 0
+    if _populate_supported():
+        return ReadAhead(mm, spans).nbytes
+    for start, stop in spans:  # a hint only: never an error
+        try:
+            mm.madvise(mmap.MADV_WILLNEED, start, stop - start)  # type: ignore[union-attr]
+        except (AttributeError, OSError, ValueError):
+            break
+    return 0
+
+
+def read_spans(
+    size: int,
+    offsets: np.ndarray | Sequence[int],
+    sizes: np.ndarray | Sequence[int],
+    *,
+    gap: int = 1 << 20,
+    min_bytes: int = READAHEAD_MIN,
+) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` spans :func:`readahead` reads of a mapping of ``size`` bytes: the
+    ranges in bounds, sorted, merged when less than ``gap`` bytes apart, starts on pages,
+    within half the memory available now; none below ``min_bytes`` bytes in all.
+
+    >>> read_spans(10 << 20, [5 << 20, 0, -1], [1 << 20, 1 << 20, 8], gap=0, min_bytes=0)
+    [(0, 1048576), (5242880, 6291456)]
+    """
+    off = np.asarray(offsets, np.int64).reshape(-1)
+    nb = np.asarray(sizes, np.int64).reshape(-1)
+    if off.shape != nb.shape:
+        raise InvalidArgumentError(f"readahead: {off.size} offsets but {nb.size} sizes")
+    keep = (off >= 0) & (nb > 0) & (off <= size) & (nb <= size - np.minimum(off, size))
+    off, nb = off[keep], nb[keep]
+    if int(nb.sum()) < min_bytes or not off.size:
+        return []
     order = np.argsort(off, kind="stable")
-    off, end = off[order], (off + size)[order]
+    off, end = off[order], (off + nb)[order]
     end = np.maximum.accumulate(end)
     starts = np.flatnonzero(np.r_[True, off[1:] > end[:-1] + gap])
     try:
         budget = os.sysconf("SC_AVPHYS_PAGES") * PAGE_SIZE // 2
     except (ValueError, OSError):  # pragma: no cover - no sysconf
         budget = 1 << 30
-    hinted = 0
+    spans: list[tuple[int, int]] = []
     for a, b in zip(starts.tolist(), [*starts[1:].tolist(), off.size]):
         start = int(off[a]) // PAGE_SIZE * PAGE_SIZE
-        length = min(int(end[b - 1]) - start, budget - hinted)
+        length = min(int(end[b - 1]) - start, budget)
         if length <= 0:
             break
-        try:
-            mm.madvise(mmap.MADV_WILLNEED, start, length)
-        except (OSError, ValueError):  # a hint only: never an error
-            break
-        hinted += length
-    return hinted
+        spans.append((start, start + length))
+        budget -= length
+    return spans
 
 
 def resident(mm: mmap.mmap, offset: int, nbytes: int) -> float:
