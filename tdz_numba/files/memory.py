@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, UnsupportedError
 from . import libc
+from .pagecache import read_full
 
 __all__ = [
     "whole_file_mappings",
@@ -508,7 +509,7 @@ def read_direct(
                 hi = min(-(-(offset + nbytes) // PAGE_SIZE) * PAGE_SIZE, -(-size // PAGE_SIZE) * PAGE_SIZE)
                 buf = aligned_empty(max(hi - lo, PAGE_SIZE))
                 try:
-                    got = _read_full(fd, buf[: hi - lo], lo)
+                    got = read_full(fd, buf[: hi - lo], lo)
                 except OSError:  # EINVAL: this file system takes no O_DIRECT after all
                     os.close(fd)
                     fd = os.open(path, flags)
@@ -519,21 +520,9 @@ def read_direct(
                     out.append(buf[offset - lo : offset - lo + nbytes])
                     continue
             buf = np.empty(nbytes, np.uint8)
-            if _read_full(fd, buf, offset) < nbytes:
+            if read_full(fd, buf, offset) < nbytes:
                 raise InvalidArgumentError(f"{path}: short read at offset {offset}")
             out.append(buf)
     finally:
         os.close(fd)
     return out, use_direct
-
-
-def _read_full(fd: int, buf: np.ndarray, offset: int) -> int:
-    """``preadv`` until ``buf`` is full or the file ends; returns the bytes read."""
-    view = memoryview(buf)  # type: ignore[arg-type]  # ndarray is a buffer; numpy stubs lack __buffer__ before 3.12
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            break
-        done += n
-    return done

@@ -42,13 +42,14 @@ import errno
 import mmap
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..errors import UnsupportedError
 from . import libc
 
-__all__ = ["read_pieces", "cached", "drop_pages"]
+__all__ = ["read_pieces", "read_full", "cached", "drop_pages"]
 
 _PAGE = mmap.PAGESIZE
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
@@ -97,7 +98,7 @@ def read_pieces(fd: int, offsets: Sequence[int], sizes: Sequence[int]) -> bytear
             flag = None
     if flag is None:  # plain reads, nothing known about what was cached
         for i, n in enumerate(sizes):
-            _read_full(fd, view[starts[i] : starts[i] + n], offsets[i])
+            read_full(fd, view[starts[i] : starts[i] + n], offsets[i])
         return out
     pages: list[tuple[int, int]] = []  # (first, stop) of the pages read in that were not cached
     try:
@@ -124,7 +125,7 @@ def read_pieces(fd: int, offsets: Sequence[int], sizes: Sequence[int]) -> bytear
                     if off + got >= size:
                         continue
             start = off + got
-            read = _read_full(fd, piece[got:], start)
+            read = read_full(fd, piece[got:], start)
             if read and flag is not None:
                 pages.append((start // _PAGE, -(-(start + read) // _PAGE)))
     finally:
@@ -180,8 +181,10 @@ def cached(path: str | os.PathLike, offset: int, nbytes: int) -> np.ndarray:
     return (np.frombuffer(vec, np.uint8) & 1).astype(bool)  # type: ignore[call-overload]  # ctypes arrays are buffers
 
 
-def _read_full(fd: int, view: memoryview, offset: int) -> int:
-    """``preadv`` until ``view`` is full or the file ends; the bytes read."""
+def read_full(fd: int, buf: Any, offset: int) -> int:
+    """``preadv`` into the buffer ``buf`` (bytes-like, 1-D) until it is full or the file ends; the
+    bytes read."""
+    view = memoryview(buf)
     done = 0
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)

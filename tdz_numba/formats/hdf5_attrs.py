@@ -50,10 +50,27 @@ import numpy as np
 from .hdf5_heap import Collection, heap_collection
 from .hdf5_objects import AINFO, ATTR, DTYPE, Header, Layout
 
-__all__ = ["Attrs", "read_attributes", "heap_collection", "MAX_TYPE_DEPTH"]
+__all__ = ["Attrs", "read_attributes", "heap_collection", "datatype_head", "MAX_TYPE_DEPTH"]
 
 #: Deepest nesting of datatypes (compound members, array and sequence bases) read.
 MAX_TYPE_DEPTH = 16
+
+
+def datatype_head(lay: Layout, p: int, end: int, depth: int) -> tuple[int, int, int, int]:
+    """The 8-byte head of the datatype message at ``p`` (within ``end``, nested ``depth`` deep):
+    ``(version, class, class bits, size)``, checked; the class's properties follow at ``p + 8``."""
+    if depth > MAX_TYPE_DEPTH:
+        raise lay.bad(f"datatype at {p}: nested deeper than {MAX_TYPE_DEPTH}")
+    if p + 8 > end:
+        raise lay.bad(f"datatype at {p} runs past its message")
+    b = lay.bytes_at(p, 8)
+    version, cls = b[0] >> 4, b[0] & 0x0F
+    bits = int.from_bytes(b[1:4], "little")
+    size = int.from_bytes(b[4:8], "little")
+    if version not in (1, 2, 3, 4, 5) or size == 0:
+        raise lay.bad(f"datatype at {p}: version {version}, {size} bytes")
+    return version, cls, bits, size
+
 
 _FIXED, _FLOAT, _TIME, _STRING, _BITFIELD, _OPAQUE, _COMPOUND = 0, 1, 2, 3, 4, 5, 6
 _REFERENCE, _ENUM, _VLEN, _ARRAY, _COMPLEX = 7, 8, 9, 10, 11
@@ -99,16 +116,7 @@ class _Reader:
     def dtype(self, p: int, end: int, depth: int = 0) -> tuple[_Type, int | None]:
         """The datatype message at ``p`` (within ``end``): its type and where it ends (None: unknown)."""
         lay = self.lay
-        if depth > MAX_TYPE_DEPTH:
-            raise lay.bad(f"datatype at {p}: nested deeper than {MAX_TYPE_DEPTH}")
-        if p + 8 > end:
-            raise lay.bad(f"datatype at {p} runs past its message")
-        b = lay.bytes_at(p, 8)
-        version, cls = b[0] >> 4, b[0] & 0x0F
-        bits = int.from_bytes(b[1:4], "little")
-        size = int.from_bytes(b[4:8], "little")
-        if version not in (1, 2, 3, 4, 5) or size == 0:
-            raise lay.bad(f"datatype at {p}: version {version}, {size} bytes")
+        version, cls, bits, size = datatype_head(lay, p, end, depth)
         q = p + 8
         order = ">" if bits & 1 else "<"
         if cls == _FIXED:

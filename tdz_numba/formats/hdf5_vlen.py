@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BadArchiveError
-from .hdf5_attrs import MAX_TYPE_DEPTH
+from .hdf5_attrs import MAX_TYPE_DEPTH, datatype_head
 from .hdf5_heap import Collection, heap_collection
 from .hdf5_objects import DATASPACE, DTYPE, LAYOUT, Header, Layout
 
@@ -90,16 +90,7 @@ def _pad8(n: int) -> int:
 
 def _dtype(lay: Layout, p: int, end: int, depth: int = 0) -> tuple[_VType, int]:
     """The datatype message at ``p``: its size, where its heap references sit, where it ends."""
-    if depth > MAX_TYPE_DEPTH:
-        raise lay.bad(f"datatype at {p}: nested deeper than {MAX_TYPE_DEPTH}")
-    if p + 8 > end:
-        raise lay.bad(f"datatype at {p} runs past its message")
-    b = lay.bytes_at(p, 8)
-    version, cls = b[0] >> 4, b[0] & 0x0F
-    bits = int.from_bytes(b[1:4], "little")
-    size = int.from_bytes(b[4:8], "little")
-    if version not in (1, 2, 3, 4, 5) or size == 0:
-        raise lay.bad(f"datatype at {p}: version {version}, {size} bytes")
+    version, cls, bits, size = datatype_head(lay, p, end, depth)
     q = p + 8
     plain = _VType(size, ())
     if cls in (0, 4):  # integer, bitfield
