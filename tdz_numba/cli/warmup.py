@@ -217,6 +217,26 @@ def _not_in_table() -> list[str]:
     ]
 
 
+def _missing_lines(missing: list[str], width: int = 100) -> str:
+    """The warm-up's note on signatures the table does not list, in lines of at most ``width``:
+    kernels by name; inner helpers (``_name``, compiled with the kernels that call them) counted.
+
+    Examples
+    --------
+    >>> print(_missing_lines(["m.k(int64)", "m._h(int64)", "m._g(int64)"]))
+    not in tdz_numba.cli.signatures (compiled all the same): m.k(int64); and 2 signatures of inner
+    helpers compiled with their callers
+    """
+    import textwrap
+
+    helpers = [m for m in missing if m.split("(", 1)[0].rsplit(".", 1)[-1].startswith("_")]
+    kernels = [m for m in missing if m not in helpers]
+    text = "not in tdz_numba.cli.signatures (compiled all the same): " + "; ".join(kernels)
+    if helpers:
+        text += f"{'; and ' if kernels else ''}{len(helpers)} signatures of inner helpers compiled with their callers"
+    return "\n".join(textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False))
+
+
 def cache_dirs() -> list[str]:
     """Where Numba keeps the cache files of tdz_numba's kernels (``NUMBA_CACHE_DIR`` or ``__pycache__``)."""
     dirs = []
@@ -365,9 +385,7 @@ def warmup(*, verbose: bool = True, file: TextIO | None = None) -> WarmupReport:
     report.missing = _not_in_table()
     report.cache_dirs = cache_dirs()
     if verbose and report.missing:
-        print(
-            f"not in tdz_numba.cli.signatures (compiled all the same): {', '.join(report.missing)}", file=out
-        )
+        print(_missing_lines(report.missing), file=out)
     _mark_warm()
     if verbose:
         for d in report.cache_dirs:
