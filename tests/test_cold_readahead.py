@@ -7,12 +7,14 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import tdz_numba
+from tdz_numba.bench.harness import drop_cache
 from tdz_numba.files import libc, memory
 
 MIB = 1 << 20
@@ -24,12 +26,7 @@ def _readahead_on(monkeypatch):
 
 
 def _drop(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_cache(Path(path))  # the benchmarks' own: fsync, then POSIX_FADV_DONTNEED
 
 
 def _cached_fraction(path) -> float:

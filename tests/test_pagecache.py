@@ -7,12 +7,14 @@ import gc
 import mmap
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import tdz_numba
+from tdz_numba.bench.harness import drop_cache
 from tdz_numba.files import memory, pagecache
 from tdz_numba.zipfmt.index import ArchiveIndex
 
@@ -29,12 +31,7 @@ def _oracle(path, offsets, sizes) -> bytes:
 
 
 def _drop(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_cache(Path(path))  # the benchmarks' own: fsync, then POSIX_FADV_DONTNEED
 
 
 def _dropped_or_skip(path) -> None:
