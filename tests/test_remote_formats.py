@@ -536,15 +536,41 @@ def test_onnx_external_data_next_to_the_model(http, files, tmp_path):
             ar["t007"]
 
 
-def test_hdf5_needing_h5py_is_refused_clearly(http, tmp_path):
+def test_hdf5_needing_h5py_read_from_a_url(http, tmp_path):
+    """Datasets only h5py reads (chunked, compressed, strings, compact) come from a URL as from
+    the local file: libhdf5 reads the fetched object through a file object, never a local path."""
     h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(3)
     with h5py.File(tmp_path / "c.h5", "w") as f:
         f.create_dataset("c", data=np.arange(1000.0), chunks=(100,), compression="gzip")
-    url = http.put("c.h5", (tmp_path / "c.h5").read_bytes())
-    with pytest.raises(
-        tdz_numba.UnsupportedError, match=r"c\.h5: an HDF5 file with datasets only h5py reads"
-    ):
-        tdz_numba.open(url)
+        f.create_dataset(
+            "g/s", data=rng.standard_normal((7, 9)).astype(np.float32), chunks=(2, 4), shuffle=True
+        )
+        f.create_dataset("plain", data=np.arange(12, dtype=np.int16).reshape(3, 4))
+        f.create_dataset("compact", data=np.arange(5, dtype=np.int32), compression=None)
+        f.attrs["note"] = "chunked"
+    url = http.put("h5/c.h5", (tmp_path / "c.h5").read_bytes())
+    back = tdz_numba.load(url)
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        np.testing.assert_array_equal(back["c"].numpy(), f["c"][()])
+        np.testing.assert_array_equal(back["g"]["s"].numpy(), f["g/s"][()])
+        np.testing.assert_array_equal(back["plain"].numpy(), f["plain"][()])
+        np.testing.assert_array_equal(back["compact"].numpy(), f["compact"][()])
+    _same(back, tdz_numba.load(tmp_path / "c.h5"))
+    http.reset_log()
+    with tdz_numba.open(url) as ar:
+        assert torch.equal(ar["c"], torch.arange(1000.0, dtype=torch.float64))
+    assert sum(m == "GET" for m, *_ in http.log) == 1, http.log  # the object, fetched whole once
+
+
+def test_hdf5_url_with_allow_external_refused(http, tmp_path):
+    """``allow_external=True`` would make libhdf5 open other files by local path: refused for a URL."""
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "e.h5", "w") as f:
+        f.create_dataset("x", data=np.arange(4.0), chunks=(2,))
+    url = http.put("h5/e.h5", (tmp_path / "e.h5").read_bytes())
+    with pytest.raises(tdz_numba.UnsupportedError, match=r"e\.h5: allow_external=True .* local files only"):
+        tdz_numba.open(url, allow_external=True)
 
 
 def test_sharded_and_memmap_dir_faults(http, files, tmp_path, monkeypatch):

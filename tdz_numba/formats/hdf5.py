@@ -195,6 +195,12 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
         ) from None
     where = str(path)
     f = MappedFile.open(path)
+    if f.remote and allow_external:
+        f.close()
+        raise UnsupportedError(
+            f"{where}: allow_external=True makes libhdf5 open the other files itself, and it reads "
+            f"local files only: copy the files to a local folder first"
+        )
     walk = None
     try:
         lay = Layout.read(f.buffer, where)

@@ -11,6 +11,7 @@ behind external links (each named file checked by
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from pathlib import Path
@@ -34,11 +35,52 @@ __all__ = [
     "follow",
     "walk_h5py",
     "h5_string",
+    "BufferReader",
 ]
 
 MAX_OBJECTS = 1_000_000
 _ZERO_COPY_KINDS = "biufc"
 _LAYOUT_CONTIGUOUS, _LAYOUT_VIRTUAL = 1, 3
+
+
+class BufferReader(io.RawIOBase):
+    """A read-only, seekable file object over bytes already in memory (a remote file fetched
+    whole), for ``h5py.File(fileobj)``: libhdf5 reads through :meth:`readinto`, no copy of the
+    whole buffer is made.
+
+    Examples
+    --------
+    >>> r = BufferReader(np.frombuffer(b"abcdef", np.uint8))
+    >>> _ = r.seek(2); r.read(3)
+    b'cde'
+    """
+
+    def __init__(self, buffer: Any) -> None:
+        self._buf = memoryview(buffer).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._buf)}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        out = memoryview(b).cast("B")
+        n = max(0, min(len(out), len(self._buf) - self._pos))
+        out[:n] = self._buf[self._pos : self._pos + n]
+        self._pos += n
+        return n
 
 
 def plain(value: Any) -> Any:

@@ -28,7 +28,7 @@ from ..errors import BadArchiveError, TdzError
 from ..files.confine import MAX_SYMLINKS
 from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec
 from .hdf5_attrs import read_attributes
-from .hdf5_h5py import Ctx, Group, attrs_of, described, follow, refused, walk_h5py
+from .hdf5_h5py import BufferReader, Ctx, Group, attrs_of, described, follow, refused, walk_h5py
 from .hdf5_headers import COLS, DTYPES, FAST, FAST_ATTRS, scan_datasets
 from .hdf5_objects import (
     DATASPACE,
@@ -136,7 +136,10 @@ class Walk:
             import h5py  # type: ignore[import-untyped]
 
             try:
-                self.h5 = h5py.File(self.path, "r")
+                if self.f.remote:  # a URL: libhdf5 reads the fetched bytes through a file object
+                    self.h5 = h5py.File(BufferReader(self.f.buffer), "r")
+                else:
+                    self.h5 = h5py.File(self.path, "r")
             except Exception as e:  # noqa: BLE001 - OSError for most, others on odd files
                 raise BadArchiveError(f"{self.where}: not a readable HDF5 file: {e}") from None
             self.ctx.h5 = self.h5

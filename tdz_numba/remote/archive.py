@@ -114,7 +114,8 @@ def open_remote(
                 raise
             return _foreign_archive(open_memmap_dir_remote(target, storage_options), options)
     if not foreign.is_zip(obj, tail_bytes):
-        return _foreign_archive(foreign.open_foreign(obj, {}), options)
+        extra = {"allow_external": True} if options.allow_external else {}  # HDF5 refuses it for a URL
+        return _foreign_archive(foreign.open_foreign(obj, extra), options)
     index = RemoteIndex(obj, verify=verify, tail_bytes=tail_bytes)
     label = index.path
     kind = zip_kind(index.names, str(label))

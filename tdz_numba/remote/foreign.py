@@ -220,18 +220,6 @@ def open_foreign(obj: RemoteObject, options: dict[str, Any]) -> Source:
         return _open_gguf(obj, options)
     elif name == "safetensors_index":
         return _open_sharded(obj, options)
-    elif name == "hdf5":
-        obj.need(0, size)
-        try:
-            return _opened(name, obj, options)
-        except BadArchiveError as exc:
-            if "unable to open file" not in str(exc).lower():
-                raise
-            raise UnsupportedError(
-                f"{obj.label}: an HDF5 file with datasets only h5py reads (chunked, compressed, "
-                f"...): h5py reads local files; copy it to a local path first",
-                path=obj.label,
-            ) from None
     elif name in _WHOLE:
         obj.need(0, size)
     else:  # a format registered by someone else: it gets the whole object
