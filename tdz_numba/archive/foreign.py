@@ -4,11 +4,14 @@ zero-copy views, owned copies at memory speed, and read-ahead in file order.
 :func:`spec_tensors` gives many leaves' views in one pass
 (:func:`~tdz_numba.tdz.specbulk.spec_views`; what it leaves out is made one by one by
 :func:`~tdz_numba.tdz.sources.tensor_from_spec`, which raises the reader's errors).
-:func:`copy_specs` gives owned tensors: one ``torch.empty`` per leaf, filled by
-``os.preadv`` calls on a thread pool (they release the GIL) that go forward through
-the file: leaves that follow each other in the file are read by one call into many
-buffers (a scatter read, padding between them into a scratch buffer), large leaves in
-8 MiB pieces. :func:`hint` asks the kernel to read the leaves' byte ranges ahead, in
+:func:`copy_specs` gives owned tensors: one ``torch.empty`` per leaf (2 MiB pages asked
+for from 4 MiB on: :func:`~tdz_numba.files.copying.advise_huge`), filled from the file's
+mapping by the streaming copy kernel on a few threads
+(:func:`~tdz_numba.files.copying.copy_spans`) where the kernels run
+(:func:`~tdz_numba.jit.policy.use_kernels`), else by ``os.preadv`` calls on a thread pool
+(they release the GIL) that go forward through the file: leaves that follow each other in
+the file are read by one call into many buffers (a scatter read, padding between them
+into a scratch buffer), large leaves in 8 MiB pieces. :func:`hint` asks the kernel to read the leaves' byte ranges ahead, in
 file order (``MADV_WILLNEED`` on the merged ranges), whatever order the keys come in.
 
 Examples
@@ -34,14 +37,16 @@ import gc
 import os
 from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
-from operator import is_, is_not
+from operator import is_, is_not, methodcaller
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import BadArchiveError
+from ..files.copying import HUGE_MIN, advise_huge, copy_spans
 from ..files.memory import readahead
+from ..jit.policy import use_kernels
 from ..tdz.sources import Source, TensorSpec, make_present, tensor_from_spec
 from ..tdz.specbulk import plain_extents, views_and_extents
 
@@ -53,6 +58,7 @@ PIECE = 8 << 20
 MAX_GAP = 64 << 10
 #: Buffers in one ``preadv`` call (Linux's ``IOV_MAX`` is 1024; gaps take one each).
 _IOVECS = 500
+_ADDRESS = methodcaller("data_ptr")
 
 
 def all_specs(leaves: list[Any]) -> bool:
@@ -206,18 +212,28 @@ def copy_specs(
         nbytes = ext.numels[rows] * ext.itemsizes[rows]
         shapes, dtypes = ext.shapes, ext.dtypes
         made = [torch.empty(shapes[i], dtype=dtypes[i]) for i in rows.tolist()]
-        dests = list(map(_dest, made, nbytes.tolist()))
         for i, t in zip(rows.tolist(), made):
             out[i] = t
+        addrs = np.fromiter(map(_ADDRESS, made), np.int64, len(made))
+        for k in np.flatnonzero(nbytes >= HUGE_MIN).tolist():
+            advise_huge(int(addrs[k]), int(nbytes[k]))  # fresh memory: 2 MiB pages, 512x fewer faults
+        kernel = use_kernels(int(nbytes.sum()) >> 18)
+        dests: list[memoryview] | None = None
         work: list[tuple[int, int, list[memoryview]]] = []
-        for fi in np.unique(ext.files[rows]).tolist():
-            mine = np.flatnonzero(ext.files[rows] == fi)
+        fcol = ext.files[rows]
+        for fi in np.unique(fcol).tolist():
+            mine = np.flatnonzero(fcol == fi)
             order = mine[np.argsort(ext.offsets[rows][mine], kind="stable")]
             offs = ext.offsets[rows][order]
             sizes = nbytes[order]
             mm = getattr(files[fi], "_mmap", None)
             if mm is not None:
                 readahead(mm, offs, sizes)  # cold: the kernel reads ahead in file order
+            if kernel and files[fi].buffer.size:  # from the mapping, streaming stores, in parallel
+                copy_spans(files[fi].buffer, offs, addrs[order], sizes, num_threads, where=where)
+                continue
+            if dests is None:
+                dests = list(map(_dest, made, nbytes.tolist()))
             work.extend(
                 (fi, off, views) for off, views in _jobs(offs, sizes, [dests[k] for k in order.tolist()])
             )
