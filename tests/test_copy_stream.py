@@ -217,3 +217,39 @@ def test_copy_load_of_a_truncated_file_is_a_short_read_on_the_kernel_path(tmp_pa
             os.truncate(p, os.path.getsize(p) // 2)  # a copy from the mapping would be a SIGBUS
             with pytest.raises(BadArchiveError, match="short read"):
                 ar.to_dict()
+
+
+@pytest.mark.parametrize("kernels", ["always", "never"])
+def test_foreign_small_leaves_share_slabs_but_stay_their_own_tensors(tmp_path, kernels):
+    """Regression (issue 27, the small workload's copy): a foreign file's small leaves are
+    copied onto shared slabs (one allocation per slab, not per leaf), each still its own
+    tensor with its own version counter and bytes; both copy paths."""
+    from safetensors.torch import save_file
+
+    from tdz_numba.archive import foreign
+
+    g = torch.Generator().manual_seed(3)
+    tree = {
+        f"s{i:03d}": torch.randn(2, i % 7 + 1, generator=g).to(torch.float16 if i % 3 else torch.float32)
+        for i in range(300)
+    }
+    tree["z"] = torch.tensor(5.0)  # 0-d
+    tree["big"] = torch.randn(foreign.SLAB_LEAF // 4 + 3, generator=g)  # its own storage
+    p = tmp_path / "small.safetensors"
+    save_file(tree, str(p))
+    with policy.forced(kernels):
+        got = tdz_numba.load(p, copy=True)
+    for k, v in tree.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v), k
+    small = [k for k in tree if k != "big"]
+    assert len({got[k].untyped_storage().data_ptr() for k in small}) <= 4  # 2 dtypes, 1 MiB slabs
+    for k in small:
+        assert got[k].untyped_storage().nbytes() <= foreign.SLAB, k
+        assert got[k]._base is None and not got[k]._is_view(), k
+    assert got["big"].untyped_storage().nbytes() == got["big"].nbytes
+    before = {k: got[k]._version for k in tree}
+    snapshot = {k: got[k].clone() for k in tree}
+    got["s010"].add_(1)
+    for k in tree:
+        if k != "s010":
+            assert got[k]._version == before[k] and torch.equal(got[k], snapshot[k]), k

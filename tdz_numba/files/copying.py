@@ -45,7 +45,9 @@ __all__ = [
     "PIECE",
     "STREAM_MIN",
     "MAX_THREADS",
+    "RUN_SLACK",
     "still_mapped",
+    "advise_huge_runs",
 ]
 
 #: The transparent huge page size of x86-64 and most arm64 kernels.
@@ -57,6 +59,8 @@ PIECE = 8 << 20
 #: Below this many bytes in all, one thread copies with plain stores (what the caller reads
 #: next stays in the cache).
 STREAM_MIN = 8 << 20
+#: Bytes between two allocations that :func:`advise_huge_runs` still counts as one run.
+RUN_SLACK = 4096 + 128
 #: Threads a copy uses by default at most.
 MAX_THREADS = 8
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -80,6 +84,31 @@ def advise_huge(address: int, nbytes: int) -> int:
     if stop <= start:
         return 0
     return stop - start if libc.madvise(start, stop - start, _MADV_HUGEPAGE) else 0
+
+
+def advise_huge_runs(addresses: np.ndarray, sizes: np.ndarray, slack: int = RUN_SLACK) -> int:
+    """:func:`advise_huge` on the runs of fresh allocations that lie next to each other in the
+    address space (at most ``slack`` bytes apart: the allocator's headers and page rounding):
+    the C library places a batch of new allocations side by side and the kernel merges their
+    mappings, so 2 MiB pages can straddle two leaves. A leaf of 1-4 MiB holds no whole 2 MiB
+    page of its own, and one of 7 MiB wastes ~2 MiB on its edges: on a model's tensors, a third
+    of the bytes. Returns the bytes advised.
+
+    >>> import numpy as np
+    >>> advise_huge_runs(np.array([4096], np.int64), np.array([100], np.int64))
+    0
+    """
+    if _MADV_HUGEPAGE is None or sizes.size == 0:
+        return 0
+    order = np.argsort(addresses, kind="stable")
+    starts, ends = addresses[order], addresses[order] + sizes[order]
+    new_run = np.ones(starts.size, bool)
+    new_run[1:] = (starts[1:] < ends[:-1]) | (starts[1:] - ends[:-1] > slack)
+    first = np.flatnonzero(new_run)
+    done = 0
+    for a, b in zip(starts[first].tolist(), np.maximum.reduceat(ends, first).tolist()):
+        done += advise_huge(a, b - a)
+    return done
 
 
 def still_mapped(mm: mmap.mmap, end: int) -> bool:
