@@ -48,6 +48,7 @@ __all__ = [
     "RUN_SLACK",
     "still_mapped",
     "advise_huge_runs",
+    "advise_source",
 ]
 
 #: The transparent huge page size of x86-64 and most arm64 kernels.
@@ -132,6 +133,19 @@ def still_mapped(mm: mmap.mmap, end: int) -> bool:
         return False
 
 
+def advise_source(mapping: mmap.mmap) -> None:
+    """``MADV_HUGEPAGE`` on the file mapping a large copy reads: a cold read then fills the page
+    cache with 2 MiB folios (not the 4-128 KiB of fault read-around, one synchronous read each:
+    a cold 512 MiB ``.tdz`` copied ~2x slower than by ``preadv`` without it), and a warm one
+    maps them with one fault each (:func:`~tdz_numba.files.memory.advise_new_mapping`'s advice,
+    which ``load(copy=True)`` mappings do not get)."""
+    if _MADV_HUGEPAGE is not None:
+        try:
+            mapping.madvise(_MADV_HUGEPAGE)
+        except (OSError, ValueError):
+            pass
+
+
 def _mapping_of(buffer: np.ndarray) -> mmap.mmap | None:
     """The ``mmap`` a numpy view was made from (``np.frombuffer`` and slices of it), or None."""
     base = buffer.base
@@ -202,9 +216,11 @@ def copy_spans(
         raise BadArchiveError(
             f"{where}: short read: the file no longer holds bytes up to {end} (truncated since it was opened?)"
         )
+    total = int(sizes.sum())
+    if mapping is not None and total >= STREAM_MIN:
+        advise_source(mapping)
     order = np.argsort(offsets, kind="stable")
     offsets, addresses, sizes = offsets[order], addresses[order], sizes[order]
-    total = int(sizes.sum())
     if total < STREAM_MIN:
         return int(kernel(buffer, offsets, addresses, sizes, False))
     pieces = _pieces(offsets, addresses, sizes)
