@@ -53,6 +53,9 @@ with tdz_numba.open(z) as ar:  # one compressed leaf, lazily
     assert float(ar["x"][5]) == 5.0
 torch.save({"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2)}, d + "/m.pt")
 assert float(tdz_numba.load(d + "/m.pt")["w"][1, 2]) == 5.0
+c = tdz_numba.save({"w": torch.ones(1 << 20), "s": torch.arange(3.0)}, d + "/c.tdz")  # 4 MiB: the copy kernel
+assert float(tdz_numba.load(c, copy=True)["w"].sum()) == 1 << 20
+assert float(tdz_numba.load(d + "/m.pt", copy=True)["w"][1, 2]) == 5.0  # a read-only mapping
 from safetensors.torch import save_file
 save_file({"w": torch.arange(6.0).reshape(2, 3)}, d + "/m.safetensors")
 tdz_numba.convert(d + "/m.safetensors", d + "/m.tdz")

@@ -10,13 +10,15 @@ write to one leaf (BatchNorm's running stats) leaves the others' autograd state
 alone. Measured the cheapest of tracked ``as_strided``, ``set_`` on the
 storage, ``.data``, numpy views + ``from_numpy``, ``torch.frombuffer`` and
 ``unsafe_split_with_sizes``). With ``copy=True`` the payloads are
-read by scatter ``os.preadv`` calls in file order on a thread pool (they
-release the GIL), into preallocated tensors: a leaf above :data:`SLAB_LEAF`
-bytes gets its own allocation; smaller ones share slabs of at most
-:data:`SLAB` bytes (one allocation per slab, not per leaf: 20,000 leaves of
+copied from the mapping by the streaming copy kernel on a few threads
+(:func:`~tdz_numba.files.copying.copy_spans`; without the kernels: scatter
+``os.preadv`` calls in file order on a thread pool, which release the GIL),
+into preallocated tensors: a leaf above :data:`~tdz_numba.archive.foreign.SLAB_LEAF` bytes gets its own
+allocation (2 MiB pages asked for: :func:`~tdz_numba.files.copying.advise_huge_runs`); smaller ones share slabs of at most
+:data:`~tdz_numba.archive.foreign.SLAB` bytes (one allocation per slab, not per leaf: 20,000 leaves of
 10 KiB copy in about half the CPU time), each still its own tensor with its
 own version counter and its own bytes. The trade-off: a small leaf keeps its
-slab alive (at most :data:`SLAB` bytes), and ``torch.save`` of that one leaf
+slab alive (at most :data:`~tdz_numba.archive.foreign.SLAB` bytes), and ``torch.save`` of that one leaf
 alone writes its slab's storage.
 
 Examples
@@ -41,6 +43,8 @@ import numpy as np
 import torch
 
 from ..errors import BadArchiveError
+from ..files.copying import advise_huge_runs, copy_spans
+from ..jit.policy import use_kernels
 from ..tdz.sources import (
     LeafInfo,
     Location,
@@ -51,7 +55,7 @@ from ..tdz.sources import (
     tensor_from_spec,
 )
 from ..tdz.tree import Level
-from .foreign import all_specs, copy_specs, spec_tensors
+from .foreign import SLAB, SLAB_LEAF, all_specs, copy_specs, slab_tensors, spec_tensors
 
 __all__ = ["build_tree", "materialize", "read_into", "spec_info", "meta_tensor", "COPY_PIECE"]
 
@@ -59,10 +63,6 @@ __all__ = ["build_tree", "materialize", "read_into", "spec_info", "meta_tensor",
 COPY_PIECE = 8 << 20
 #: Below this total, copies come from the mapping (one memcpy each): threads cost more.
 _SMALL_COPY = 4 << 20
-#: Leaves of at most this many bytes are copied into shared slabs (see :func:`_slabs`).
-SLAB_LEAF = 64 << 10
-#: Bytes of one slab at most: what one small leaf can keep alive.
-SLAB = 1 << 20
 _NESTED = attrgetter("is_nested")
 
 
@@ -161,7 +161,7 @@ def _copy_tdz_leaves(
     nbytes = [0 if nst else t.numel() * t.element_size() for t, nst in zip(views, nested)]
     total = sum(nbytes)
     out: list[Any] = [None] * n
-    jobs: list[tuple[int, memoryview]] = []
+    jobs: list[tuple[int, memoryview, int]] = []  # (file offset, destination, its address)
     direct_jobs: list[tuple[int, np.ndarray]] = []
     base = source.index.buffer.ctypes.data if (total >= _SMALL_COPY or direct) else 0
     slabbed: list[int] = []
@@ -181,10 +181,19 @@ def _copy_tdz_leaves(
             slabbed.append(j)
         else:
             owned = out[j] = torch.empty(t.shape, dtype=t.dtype)
-            jobs.append((offset, memoryview(_u8(owned))))  # type: ignore[arg-type]  # ndarray is a buffer
+            jobs.append((offset, memoryview(_u8(owned)), owned.data_ptr()))  # type: ignore[arg-type]  # ndarray is a buffer
     if slabbed:
         jobs.extend(_slabs(views, slabbed, nbytes, offsets, out))
-    _scatter_read(source.path, jobs, num_threads)
+    if jobs:  # fresh memory: 2 MiB pages (512x fewer faults), straddling leaves that lie side by side
+        owned_at = np.array([(a, len(mv)) for _, mv, a in jobs if len(mv) > SLAB_LEAF], np.int64)
+        if owned_at.size:
+            advise_huge_runs(owned_at[:, 0], owned_at[:, 1])
+    if jobs and use_kernels(sum(len(mv) for _, mv, _ in jobs) >> 18):  # from the mapping, streaming
+        offs, addrs = np.array([o for o, _, _ in jobs], np.int64), np.array([a for _, _, a in jobs], np.int64)
+        sizes = np.fromiter((len(mv) for _, mv, _ in jobs), np.int64, len(jobs))
+        copy_spans(source.index.buffer, offs, addrs, sizes, num_threads, where=source.path)
+    else:
+        _scatter_read(source.path, [(o, mv) for o, mv, _ in jobs], num_threads)
     if direct_jobs:
         read_into(source.path, direct_jobs, num_threads, direct=True)
     return out
@@ -192,42 +201,14 @@ def _copy_tdz_leaves(
 
 def _slabs(
     views: list[torch.Tensor], rows: list[int], nbytes: list[int], offsets: list[int], out: list[Any]
-) -> list[tuple[int, memoryview]]:
-    """Owned tensors of the small leaves ``rows`` (``out[j]`` for each), made from shared slabs:
-    the leaves of one dtype, in file order, packed into allocations of at most :data:`SLAB`
-    bytes, each leaf its own tensor (its own version counter: made below autograd's view
-    tracking) on a slice of its slab's storage. Returns the ``(file offset, destination)``
-    reads that fill them."""
-    from ..tdz.sources import own_views
-
-    groups: dict[Any, list[int]] = {}
-    for j in rows:
-        groups.setdefault(views[j].dtype, []).append(j)
-    jobs: list[tuple[int, memoryview]] = []
-    for dtype, members in groups.items():
-        members.sort(key=offsets.__getitem__)
-        itemsize = dtype.itemsize
-        start = 0
-        while start < len(members):
-            stop, size = start, 0
-            while stop < len(members) and (stop == start or size + nbytes[members[stop]] <= SLAB):
-                size += nbytes[members[stop]]
-                stop += 1
-            part = members[start:stop]
-            sizes = [nbytes[j] for j in part]
-            slab = torch.empty(size // itemsize, dtype=dtype)
-            with own_views():
-                pieces = slab.split_with_sizes([s // itemsize for s in sizes])
-                for j, piece in zip(part, pieces):
-                    shape = views[j].shape
-                    out[j] = piece if piece.shape == shape else piece.view(shape)
-            mv = memoryview(_u8(slab))  # type: ignore[arg-type]  # ndarray is a buffer (numpy stubs)
-            at = 0
-            for j, s in zip(part, sizes):
-                jobs.append((offsets[j], mv[at : at + s]))
-                at += s
-            start = stop
-    return jobs
+) -> list[tuple[int, memoryview, int]]:
+    """Owned tensors of the small leaves ``rows`` (``out[j]`` for each) on shared slabs of at most
+    :data:`~tdz_numba.archive.foreign.SLAB` bytes (:func:`~tdz_numba.archive.foreign.slab_tensors`). Returns the ``(file
+    offset, destination, its address)`` reads that fill them."""
+    dtypes = [t.dtype for t in views]
+    shapes = [t.shape for t in views]
+    made = slab_tensors(dtypes, shapes, nbytes, offsets, rows, out, SLAB)
+    return [(offsets[j], mv, address) for j, mv, address in made]
 
 
 def _scatter_read(path: Any, jobs: list[tuple[int, memoryview]], num_threads: int | None) -> None:

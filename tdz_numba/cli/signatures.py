@@ -18,6 +18,15 @@ from __future__ import annotations
 __all__ = ["SIGNATURES"]
 
 SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "tdz_numba.files.page_kernels.copy_spans": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "bool",
+        ),
+    ),
     "tdz_numba.files.page_kernels.touch_pages": (
         ("Array(uint8, 1, 'C', False, aligned=True)", "int64"),
         ("Array(uint8, 1, 'C', True, aligned=True)", "int64"),
