@@ -137,8 +137,10 @@ def load(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, nest: str |
     the whole file (:func:`~tdz_numba.files.memory.whole_file_mappings`: the page cache fills
     with 2 MiB folios, whatever order the tensors are first touched in), and, with
     ``TDZ_NUMBA_READAHEAD=1``, their bytes are read ahead in file order in the background
-    (:func:`~tdz_numba.files.memory.readahead`; the load returns at once); ``copy=True`` reads with ``preadv``, ``mode="r+"`` maps shared
-    and a ``subpath`` reads a part: none is advised or read ahead."""
+    (:func:`~tdz_numba.files.memory.readahead`; the load returns at once). ``copy=True`` copies
+    from the mapping with a parallel kernel (:mod:`tdz_numba.files.copying`, which advises its own
+    mappings), or with ``preadv`` before Numba is in use; ``mode="r+"`` maps shared and a
+    ``subpath`` reads a part: none of these is advised or read ahead here."""
     whole = options.mode == "r" and not options.copy and options.subpath is None
     with whole_file_mappings() if whole else nullcontext():
         ar = open_archive(path, options)
