@@ -367,6 +367,8 @@ class _S3(_Transport):
                 data = 0
                 content = getattr(getattr(body, "raw_stream", None), "content", None)
                 if content is not None and hasattr(content, "iter_chunks"):  # aiohttp: as the socket gave it
+                    if hasattr(content, "set_read_chunk_size"):  # (aiohttp >= 3.12) see READ_BUFSIZE
+                        content.set_read_chunk_size(READ_BUFSIZE)
                     async for chunk, _ in content.iter_chunks():
                         data += put(data, chunk)
                 else:  # another HTTP backend: its own reads
