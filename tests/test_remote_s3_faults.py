@@ -22,6 +22,10 @@ pytest.importorskip("moto.server")
 from servers import MotoS3  # noqa: E402
 
 
+#: Headers the proxy sets itself.
+_HOP = ("content-length", "transfer-encoding", "connection", "date", "server")
+
+
 class FaultProxy:
     """An HTTP proxy to ``endpoint``; ``faults`` (modes the next ranged GETs of object data take,
     one each): ``"drop"`` (half the body, then the connection shut), ``"short"`` (a complete-looking
@@ -61,7 +65,7 @@ class FaultProxy:
                     return
                 self.send_response(r.status)
                 for k, v in r.getheaders():
-                    if k.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                    if k.lower() not in _HOP:
                         self.send_header(k, v)
                 cut = len(data) // 2 if mode in ("drop", "short") else len(data)
                 self.send_header("Content-Length", str(cut if mode == "short" else len(data)))
