@@ -21,7 +21,6 @@ pytest.importorskip("moto.server")
 
 from servers import MotoS3  # noqa: E402
 
-
 #: Headers the proxy sets itself.
 _HOP = ("content-length", "transfer-encoding", "connection", "date", "server")
 
