@@ -14,7 +14,8 @@ How bytes come (the *transport*):
 - ``http(s)://`` (fsspec's ``HTTPFileSystem``): aiohttp requests on fsspec's
   session, each body streamed into the mapping (one copy), a socket timeout
   on every request;
-- ``s3://`` (s3fs): ``GetObject`` with ``Range`` and ``IfMatch``;
+- ``s3://`` (s3fs): ``GetObject`` with ``Range`` and ``IfMatch``, each body streamed
+  into the mapping as its chunks come (one copy);
 - any other fsspec filesystem (``memory://``, ``gs://``, caching layers such as
   ``simplecache::``): ``fs.cat_ranges``;
 - a seekable binary file object: ``seek`` + ``read`` under a lock.
