@@ -151,7 +151,16 @@ def test_crcs_are_computed_as_parts_land(tmp_path, monkeypatch):
             gate.set()  # a tensor's CRC was computed (not only a meta.json's)
         return out
 
-    monkeypatch.setattr(checksums, "stored_crcs", crcs)
+    serial = getattr(read.RemoteIndex, "_serial_crcs", None)
+
+    def serial_crcs(index, rows):
+        out = serial(index, rows)  # type: ignore[misc]
+        if int(index.table["csize"][rows].max()) > (64 << 10):
+            gate.set()
+        return out
+
+    monkeypatch.setattr(checksums, "stored_crcs", crcs)  # either way of computing them
+    monkeypatch.setattr(read.RemoteIndex, "_serial_crcs", serial_crcs, raising=False)
     monkeypatch.setattr(read, "PART_BYTES", 1 << 20)  # 1 MiB parts: 5 of them
     f = _Gated(data, gate, wait_s=3.0)
     with open_remote(f, tail_bytes=4096) as ar:  # (a tail read holding no tensor)
