@@ -19,7 +19,7 @@ from typing import Any
 from .archive import opening as _opening
 from .archive.mapping import Archive
 from .archive.options import OpenOptions
-from .errors import FileMissingError, InvalidArgumentError, UnsupportedError
+from .errors import FileMissingError, InvalidArgumentError
 from .files.paths import as_local_path, user_errors
 from .remote import read as _remote
 from .tdz.tdcompat import converter as tdcompat_converter
@@ -112,7 +112,7 @@ def save(
         Store an XXH3-128 digest of every payload (computed as it is written) in its
         central record, where zip tools and tensordict ignore it: ``info(k).digest``,
         ``verify(path, deep=True)``, :func:`tdz_numba.diff` without reading payloads.
-        Needs the ``digest`` extra (the ``xxhash`` package); local files only.
+        Needs the ``digest`` extra (the ``xxhash`` package); URLs and file objects too.
 
     Returns
     -------
@@ -147,8 +147,6 @@ def save(
 
         require("save(digest=True)")
     if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: streamed
-        if digest:
-            raise UnsupportedError("save(digest=True) writes local files only, not a URL or a file object")
         from .remote.write import save_remote
 
         entries = flatten(tree, convert=tdcompat_converter())
@@ -162,6 +160,7 @@ def save(
             compression=compression,
             compresslevel=compresslevel,
             num_threads=num_threads,
+            digest=digest,
         )
     with user_errors(path, action="write"):
         target = _writer.check_target(path, existsok)

@@ -455,20 +455,21 @@ def test_pack_to_url_and_refusals(tmp_path):
     fsspec.filesystem("memory").rm("/tdz-pack", recursive=True)
 
 
-def test_many_groups_pipelined_with_drops(http, wide, monkeypatch):
-    """Small parts and groups: the next group is requested while one is placed; cut
-    connections in the middle are retried."""
+def test_parts_checked_as_they_land_with_drops(http, wide, monkeypatch):
+    """Small parts: each entry is checked as the parts it lies in land; cut connections in
+    the middle are retried and the values are right."""
     tree, _, data = wide
     url = http.put("wide.tdz", data)
     monkeypatch.setattr(remote, "PART_BYTES", 256 << 10)
-    monkeypatch.setattr(remote, "GROUP_PARTS", 3)
     with remote_archive.open_remote(url) as ar:
         http.reset_log()
         http.drop = 2
         back = ar.to_dict()
+        assert ar._index._ready.all() and ar._index.local_checked
     http.drop = 0
     _assert_tree_equal(back, tree)
     assert sum(m == "GET-DROPPED" for m, *_ in http.log) == 2
+    assert sum(m == "GET" for m, *_ in http.log) > 3  # several parts
     assert http.bytes_served - sum(n for m, _, _, n in http.log if m == "GET-DROPPED") <= len(data)
 
 

@@ -3,6 +3,7 @@ and the benchmark's HTTP server in a child process (bench/servers.py ``RangeServ
 
 from __future__ import annotations
 
+import io
 import re
 import threading
 import time
@@ -11,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+import torch
 
 from tdz_numba.bench.servers import RangeServerProcess
 from tdz_numba.errors import RemoteError
@@ -112,17 +114,58 @@ def test_range_server_process_reports_a_failed_start(tmp_path):
         RangeServerProcess({"gone.bin": tmp_path / "gone.bin"})
 
 
-def test_a_256_mib_verified_read_is_one_batch():
-    """Groups end with a barrier (their slowest part): a 256 MiB read is fetched in one batch of
-    parts, not four 64 MiB groups; larger reads still pipeline their CRCs group by group."""
-    from types import SimpleNamespace
+class _Gated(io.BytesIO):
+    """A file object whose reads after the first wait (up to ``wait_s``) until ``gate`` is set:
+    a read whose CRCs are computed only after its last part would wait the whole time."""
 
-    from tdz_numba.remote.read import RemoteIndex
+    def __init__(self, data: bytes, gate: threading.Event, wait_s: float) -> None:
+        super().__init__(data)
+        self.gate, self.wait_s, self.reads, self.opened = gate, wait_s, 0, False
+        self.waited: list[bool] = []
 
-    def groups(n_entries: int, entry_bytes: int) -> int:
-        offsets = np.arange(n_entries, dtype=np.int64) * entry_bytes
-        fake = SimpleNamespace(table={"header_offset": offsets}, _limit=offsets + entry_bytes)
-        return len(RemoteIndex._groups(fake, np.arange(n_entries)))
+    def read(self, n: int = -1) -> bytes:
+        if self.opened and n > (64 << 10):  # a data part (not the open's tail read)
+            self.reads += 1
+            if self.reads > 1:
+                self.waited.append(self.gate.wait(self.wait_s))
+        return super().read(n)
 
-    assert groups(64, 4 << 20) == 1  # 256 MiB
-    assert 4 <= groups(256, 4 << 20) <= 5  # 1 GiB: groups of about 256 MiB
+
+def test_crcs_are_computed_as_parts_land(tmp_path, monkeypatch):
+    """A verified bulk read checks each entry's CRC-32 as soon as the part it lies in has
+    landed, while later parts are still to come (not after the last part); values right."""
+    import tdz_numba
+    from tdz_numba.remote import read
+    from tdz_numba.remote.archive import open_remote
+    from tdz_numba.zipfmt import checksums
+
+    g = torch.Generator().manual_seed(3)
+    tree = {f"w{k}": torch.rand(128 << 10, generator=g) for k in range(8)}  # 8 x 512 KiB
+    data = tdz_numba.save(tree, tmp_path / "g.tdz").read_bytes()
+    gate = threading.Event()
+    real = checksums.stored_crcs
+
+    def crcs(index, rows):
+        out = real(index, rows)
+        if int(index.table["csize"][rows].max()) > (64 << 10):
+            gate.set()  # a tensor's CRC was computed (not only a meta.json's)
+        return out
+
+    serial = getattr(read.RemoteIndex, "_serial_crcs", None)
+
+    def serial_crcs(index, rows):
+        out = serial(index, rows)  # type: ignore[misc]
+        if int(index.table["csize"][rows].max()) > (64 << 10):
+            gate.set()
+        return out
+
+    monkeypatch.setattr(checksums, "stored_crcs", crcs)  # either way of computing them
+    monkeypatch.setattr(read.RemoteIndex, "_serial_crcs", serial_crcs, raising=False)
+    monkeypatch.setattr(read, "PART_BYTES", 1 << 20)  # 1 MiB parts: 5 of them
+    f = _Gated(data, gate, wait_s=3.0)
+    with open_remote(f, tail_bytes=4096) as ar:  # (a tail read holding no tensor)
+        f.opened = True
+        back = ar.to_dict()
+    assert f.reads >= 4
+    assert f.waited and all(f.waited)  # the second part waited for a CRC, and got it
+    assert all(torch.equal(back[k], v) for k, v in tree.items())

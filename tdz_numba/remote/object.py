@@ -14,7 +14,8 @@ How bytes come (the *transport*):
 - ``http(s)://`` (fsspec's ``HTTPFileSystem``): aiohttp requests on fsspec's
   session, each body streamed into the mapping (one copy), a socket timeout
   on every request;
-- ``s3://`` (s3fs): ``GetObject`` with ``Range`` and ``IfMatch``;
+- ``s3://`` (s3fs): ``GetObject`` with ``Range`` and ``IfMatch``, each body streamed
+  into the mapping as its chunks come (one copy);
 - any other fsspec filesystem (``memory://``, ``gs://``, caching layers such as
   ``simplecache::``): ``fs.cat_ranges``;
 - a seekable binary file object: ``seek`` + ``read`` under a lock.
@@ -298,11 +299,13 @@ class RemoteObject:
         what: Callable[[int, int], str] | None = None,
         entry: Callable[[int, int], str | None] | None = None,
         part_bytes: int | None = None,
+        landed: Callable[[int, int], Any] | None = None,
     ) -> None:
         """Makes every ``[a, b)`` of ``spans`` present: the missing bytes merged
         (:func:`coalesce`), cut into parts, fetched concurrently and placed; failed parts
         retried; :class:`~tdz_numba.RemoteError` naming the URL and range when they keep failing
-        or the object was replaced."""
+        or the object was replaced. ``landed(a, b)`` is told of each part as soon as it is in
+        place (from the transport's thread), while the others are still travelling."""
         with self._lock:
             todo = []
             for a, b in spans:
@@ -322,7 +325,7 @@ class RemoteObject:
             self._what, self._entry = what, entry
             if part_bytes is None:
                 part_bytes = part_size(sum(b - a for a, b in merged), cap=self.max_part)
-            self._fetch(merged, part_bytes)
+            self._fetch(merged, part_bytes, landed)
 
     def _over_present(self, todo: list[tuple[int, int]], max_gap: int) -> list[tuple[int, int]]:
         """Missing parts (sorted) joined across gaps of at most ``max_gap`` bytes that are here
@@ -339,12 +342,14 @@ class RemoteObject:
                 out.append((a, b))
         return out
 
-    def _fetch(self, spans: list[tuple[int, int]], part_bytes: int) -> None:
+    def _fetch(
+        self, spans: list[tuple[int, int]], part_bytes: int, landed: Callable[[int, int], Any] | None = None
+    ) -> None:
         parts = [(a, min(a + part_bytes, b)) for a0, b in spans for a in range(a0, b, part_bytes)]
         for attempt in range(ATTEMPTS):
             self.requests += len(parts)
             faults = self._populate(parts)
-            got = self.io.fetch(parts, self.buffer, self.pin)
+            got = self.io.fetch(parts, self.buffer, self.pin, landed)
             if faults is not None:
                 faults.join()
             failed = []

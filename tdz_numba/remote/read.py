@@ -36,7 +36,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -48,8 +47,8 @@ from ..errors import (
 )
 from ..zipfmt import eocd, records
 from ..zipfmt.index import ArchiveIndex
+from .arrival import ArrivalCheck
 from .object import RemoteObject, coalesce, fewer, part_size
-from .transports import CONCURRENCY
 
 __all__ = [
     "RemoteIndex",
@@ -65,15 +64,6 @@ MAX_GAP = 4096
 MAX_WASTE = 0.02
 #: Largest single ranged request of a bulk fetch (larger extents are split for concurrency).
 PART_BYTES = 8 << 20
-#: Bytes of one group of a verified bulk fetch: the next group is fetched while this one's
-#: CRC-32s are computed. A group holds at least :data:`~tdz_numba.remote.transports.CONCURRENCY`
-#: parts, so that every request slot is busy (16 MiB groups of 8 MiB parts kept 2 requests in flight).
-#: Each group ends with a barrier (its slowest part) before the next starts: 64 MiB groups (4 for a
-#: 256 MiB read over HTTP) lost 10-30% to one 256 MiB group in every A/B run on a loaded 2-core
-#: machine, more than the CRC overlap gained; S3's 32 MiB parts made 256 MiB groups already.
-GROUP_BYTES = 256 << 20
-#: Kept for callers that tuned it: requests in flight are :data:`.object.CONCURRENCY`.
-GROUP_PARTS = 8
 #: A batch of local headers is cut into at most this many requests, by bridging gaps of at
 #: most :data:`HEAD_GAP` bytes (members of small leaves are read through; big ones are not).
 HEAD_RANGES, HEAD_GAP = 64, 1 << 20
@@ -182,10 +172,11 @@ class RemoteIndex(ArchiveIndex):
         spans: list[tuple[int, int]],
         what: Callable[[int, int], str] | None = None,
         part_bytes: int | None = None,
+        landed: Callable[[int, int], Any] | None = None,
     ) -> None:
         """Fetches ``[start, stop)`` spans (already coalesced) into :attr:`buffer`, in parts
         (:func:`~tdz_numba.remote.object.part_size`: :data:`PART_BYTES` or more on large reads)
-        fetched concurrently (:meth:`RemoteObject.need_spans`)."""
+        fetched concurrently (:meth:`RemoteObject.need_spans`); ``landed`` is told of each part."""
         self.obj.need_spans(
             spans,
             max_gap=0,
@@ -193,6 +184,7 @@ class RemoteIndex(ArchiveIndex):
             what=what or self._names_in,
             entry=self._first_in,
             part_bytes=part_bytes or part_size(sum(b - a for a, b in spans), PART_BYTES, self.obj.max_part),
+            landed=landed,
         )
 
     def _spans(self, rows: np.ndarray) -> list[tuple[int, int]]:
@@ -208,57 +200,61 @@ class RemoteIndex(ArchiveIndex):
 
     def fetch(self, rows: Sequence[int] | np.ndarray) -> None:
         """Makes entries ``rows`` readable: fetches what is not here, checks each local
-        header and (unless ``verify=False``) the CRC-32 of STORED entries."""
+        header and (unless ``verify=False``) the CRC-32 of STORED entries. A fetch of more
+        than one part checks each entry as soon as the parts it lies in have landed
+        (:class:`~tdz_numba.remote.arrival.ArrivalCheck`), while the others travel."""
         rows = np.asarray(rows, np.int64).reshape(-1)
         rows = np.unique(rows[~self._ready[rows]])
         if not rows.size:
             return
         spans = self._spans(rows)
         part = part_size(sum(b - a for a, b in spans), PART_BYTES, self.obj.max_part)
-        group_bytes = GROUP_BYTES if part <= PART_BYTES else max(GROUP_BYTES, CONCURRENCY * part)
-        groups = self._groups(rows, group_bytes) if self.verify else [rows]
-        if len(groups) == 1:
+        if not self.verify or sum(b - a for a, b in spans) <= part:  # one request: check after
             self._get(spans, part_bytes=part)
             self._settle(rows)
             return
-        # the next group travels (on fsspec's loop thread) while this one's CRCs are computed
-        with ThreadPoolExecutor(1) as pool:
-            ahead = pool.submit(self._get, self._spans(groups[0]), None, part)
-            for k, group in enumerate(groups):
-                ahead.result()
-                if k + 1 < len(groups):
-                    ahead = pool.submit(self._get, self._spans(groups[k + 1]), None, part)
-                try:
-                    self._settle(group)
-                except BaseException:
-                    ahead.cancel()
-                    raise
-
-    def _groups(self, rows: np.ndarray, group_bytes: int | None = None) -> list[np.ndarray]:
-        """``rows`` in file order, cut into groups of about ``group_bytes`` (:data:`GROUP_BYTES`) bytes."""
-        group = GROUP_BYTES if group_bytes is None else group_bytes
-        t = self.table
-        rows = rows[np.argsort(t["header_offset"][rows], kind="stable")]
-        sizes = np.maximum(self._limit[rows] - t["header_offset"][rows], 0)
-        if int(sizes.sum()) <= 2 * group:
-            return [np.sort(rows)]
-        cut = np.nonzero(np.diff(np.cumsum(sizes) // group))[0] + 1
-        return [np.sort(g) for g in np.split(rows, cut) if g.size]
+        rows = rows[np.argsort(self.table["header_offset"][rows], kind="stable")]
+        starts = self.table["header_offset"][rows]
+        check = ArrivalCheck(
+            starts,
+            np.maximum(self._limit[rows], starts),
+            self.obj.ranges,
+            lambda k: self._check(rows[k], True),
+        )
+        try:
+            self._get(spans, part_bytes=part, landed=check.landed)
+        except BaseException:
+            check.stop()
+            raise
+        done = rows[check.finish()]
+        self._ready[done] = True
+        self._settle(np.setdiff1d(rows, done))  # (none, unless bytes came another way)
 
     def _settle(self, rows: np.ndarray) -> None:
-        """Entries ``rows`` are here: their local headers checked, then their CRC-32s."""
-        if int(self._ready.sum()) + rows.size == len(self.names):  # everything is here now:
-            ArchiveIndex.check_all(self)  # every local header in one kernel pass
-        else:
-            for i in rows.tolist():
-                ArchiveIndex.payload_offset(self, i)  # signature, name, bounds
+        """Entries ``rows`` are here: their local headers checked, then their CRC-32s; marked ready.
+        Once every entry is ready, every local header is checked in one kernel pass."""
+        if rows.size:
+            if int(self._ready.sum()) + rows.size == len(self.names) and not self.local_checked:
+                ArchiveIndex.check_all(self)  # everything is here now: every local header at once
+            self._check(rows)
+            self._ready[rows] = True
+        elif self._ready.all() and not self.local_checked:
+            ArchiveIndex.check_all(self)
+
+    def _check(self, rows: np.ndarray, serial: bool = False) -> None:
+        """Checks entries ``rows`` (here): local headers, then (``verify``) STORED CRC-32s: on
+        every core, or ``serial`` in this thread only (while parts travel: the parallel kernel's
+        idle threads would spin on the cores the transfer needs, after each of many launches)."""
+        for i in rows.tolist():
+            ArchiveIndex.payload_offset(self, i)  # signature, name, bounds (once)
         if self.verify:
             from ..zipfmt.checksums import stored_crcs
 
             t = self.table
             stored = rows[(t["method"][rows] == records.STORED) & (t["csize"][rows] > 0)]
             if stored.size:
-                bad = np.nonzero(stored_crcs(self, stored) != t["crc"][stored])[0]
+                crcs = self._serial_crcs(stored) if serial else stored_crcs(self, stored)
+                bad = np.nonzero(crcs != t["crc"][stored])[0]
                 if bad.size:
                     i = int(stored[bad[0]])
                     raise ChecksumError(
@@ -270,7 +266,14 @@ class RemoteIndex(ArchiveIndex):
                         offset=int(t["payload_offset"][i]),
                         expected=int(t["crc"][i]),
                     )
-        self._ready[rows] = True
+
+    def _serial_crcs(self, rows: np.ndarray) -> np.ndarray:
+        """CRC-32s of the STORED entries ``rows`` in this thread (zlib-ng, the GIL released)."""
+        from zlib_ng import zlib_ng
+
+        t, buf = self.table, self.buffer
+        spans = zip(t["payload_offset"][rows].tolist(), t["csize"][rows].tolist())
+        return np.fromiter((zlib_ng.crc32(buf[a : a + n]) for a, n in spans), np.uint32, rows.size)
 
     def fetch_prefix(self, prefix: str) -> None:
         """Fetches every entry under directory ``prefix`` ("" for all) in one coalesced batch."""

@@ -33,6 +33,9 @@ TIMEOUT_S = 30.0
 #: default, 64 KiB, pauses and resumes the socket every few chunks on a fast link).
 READ_BUFSIZE = 1 << 20
 
+#: A callback told of each part ``(a, b)`` as soon as its bytes are in place (or None).
+Landed = Callable[[int, int], Any] | None
+
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
@@ -57,7 +60,12 @@ class _Transport:
     def first(self, start: int | None, n: int) -> tuple[bytes, int, int, dict[str, Any]]:
         raise NotImplementedError
 
-    def fetch(self, parts: list[tuple[int, int]], dest: np.ndarray, pin: dict[str, Any]) -> list[Any]:
+    def fetch(
+        self, parts: list[tuple[int, int]], dest: np.ndarray, pin: dict[str, Any], landed: Landed = None
+    ) -> list[Any]:
+        """Places every ``(a, b)`` of ``parts`` in ``dest[a:b]``; per part None or the error.
+        ``landed(a, b)``, when given, is called as soon as a part's bytes are all in place and
+        checked (from the transport's thread: it must be quick), before the others finish."""
         raise NotImplementedError
 
     def check(self, pin: dict[str, Any]) -> None:
@@ -88,14 +96,16 @@ class _FileObject(_Transport):
             self.file.seek(a)
             return bytes(self.file.read(min(n, size - a))), a, size, {"size": size}
 
-    def fetch(self, parts: list[tuple[int, int]], dest: np.ndarray, pin: dict[str, Any]) -> list[Any]:
+    def fetch(
+        self, parts: list[tuple[int, int]], dest: np.ndarray, pin: dict[str, Any], landed: Landed = None
+    ) -> list[Any]:
         out: list[Any] = []
         for a, b in parts:
             try:
                 with self.lock:
                     self.file.seek(a)
                     data = self.file.read(b - a)
-                out.append(_place(dest, a, b, data))
+                out.append(_placed(dest, a, b, data, landed))
             except Exception as exc:  # noqa: BLE001 - reported per part
                 out.append(exc)
         return out
@@ -109,6 +119,14 @@ def _place(dest: np.ndarray, a: int, b: int, data: Any) -> Any:
         return ValueError(f"got {len(data)} bytes, expected {b - a} (a truncated body?)")
     dest[a:b] = np.frombuffer(data, np.uint8)
     return None
+
+
+def _placed(dest: np.ndarray, a: int, b: int, data: Any, landed: Landed) -> Any:
+    """:func:`_place`, then ``landed(a, b)`` when the bytes are in place."""
+    err = _place(dest, a, b, data)
+    if err is None and landed is not None:
+        landed(a, b)
+    return err
 
 
 class _Generic(_Transport):
@@ -147,20 +165,42 @@ class _Generic(_Transport):
         data = bytes(self.fs.cat_file(self.path, start=a, end=b)) if b > a else b""
         return data, a, size, pin
 
-    def fetch(self, parts: list[tuple[int, int]], dest: np.ndarray, pin: dict[str, Any]) -> list[Any]:
+    def fetch(
+        self, parts: list[tuple[int, int]], dest: np.ndarray, pin: dict[str, Any], landed: Landed = None
+    ) -> list[Any]:
         try:
             got = self.fs.cat_ranges(
                 [self.path] * len(parts), [a for a, _ in parts], [b for _, b in parts], on_error="return"
             )
         except Exception as exc:  # noqa: BLE001 - reported per part
             return [exc] * len(parts)
-        return [_place(dest, a, b, d) for (a, b), d in zip(parts, got)]
+        return [_placed(dest, a, b, d, landed) for (a, b), d in zip(parts, got)]
 
     def check(self, pin: dict[str, Any]) -> None:
         full = _pin_of(self._info())
         now = {k: full.get(k) for k in pin}
         if now != pin:
             raise _Replaced(f"was {pin}, now {now}")
+
+
+def _sink_into(dest: np.ndarray, a: int, b: int) -> Callable[[int, int, int], Callable[[int, bytes], int]]:
+    """A response sink for the part ``[a, b)``: checks the range the server sent, then writes
+    each body chunk straight into ``dest`` (an error when the body runs past ``b``)."""
+
+    def sink(ra: int, rb: int, total: int) -> Callable[[int, bytes], int]:
+        if ra != a or (rb >= 0 and rb != b):
+            raise ValueError(f"the server sent bytes [{ra}, {rb}), asked [{a}, {b})")
+
+        def put(pos: int, chunk: bytes) -> int:
+            n = len(chunk)
+            if pos + n > b - a:
+                raise ValueError(f"the body runs past the {b - a} bytes asked")
+            dest[a + pos : a + pos + n] = np.frombuffer(chunk, np.uint8)
+            return n
+
+        return put
+
+    return sink
 
 
 def _parse_range(headers: Any, status: int, body_len: int | None) -> tuple[int, int | None, int | None]:
@@ -251,27 +291,20 @@ class _Http(_Transport):
         pin["size"] = int(size)
         return bytes(buf), where[0], int(size), pin
 
-    def fetch(self, parts: list[tuple[int, int]], dest: np.ndarray, pin: dict[str, Any]) -> list[Any]:
+    def fetch(
+        self, parts: list[tuple[int, int]], dest: np.ndarray, pin: dict[str, Any], landed: Landed = None
+    ) -> list[Any]:
         async def one(a: int, b: int, sem: asyncio.Semaphore) -> Any:
-            def sink(ra: int, rb: int, total: int) -> Callable[[int, bytes], int]:
-                if ra != a or (rb >= 0 and rb != b):
-                    raise ValueError(f"the server sent bytes [{ra}, {rb}), asked [{a}, {b})")
-
-                def put(pos: int, chunk: bytes) -> int:
-                    n = len(chunk)
-                    if pos + n > b - a:
-                        raise ValueError(f"the body runs past the {b - a} bytes asked")
-                    dest[a + pos : a + pos + n] = np.frombuffer(chunk, np.uint8)
-                    return n
-
-                return put
-
             async with sem:
                 try:
-                    got, _ = await self._get(f"bytes={a}-{b - 1}", pin, sink)
+                    got, _ = await self._get(f"bytes={a}-{b - 1}", pin, _sink_into(dest, a, b))
                 except Exception as exc:  # noqa: BLE001 - reported per part
                     return exc
-            return None if got == b - a else ValueError(f"got {got} bytes, expected {b - a} (truncated body)")
+            if got != b - a:
+                return ValueError(f"got {got} bytes, expected {b - a} (truncated body)")
+            if landed is not None:
+                landed(a, b)
+            return None
 
         async def all_parts() -> list[Any]:
             sem = asyncio.Semaphore(CONCURRENCY)
@@ -281,16 +314,22 @@ class _Http(_Transport):
 
 
 class _S3(_Transport):
+    """s3fs: ``GetObject`` with ``Range``, ``IfMatch`` and the pinned version; each body streamed
+    into place as its chunks come (no whole-part ``bytes`` per request, one copy per byte)."""
+
     #: An S3 request has a high fixed cost (first-byte latency, per-request price; moto copies
     #: the whole object per range): a large read goes in about one part per request slot.
     max_part = 32 << 20
-    """s3fs: ``GetObject`` with ``Range``, ``IfMatch`` and the pinned version."""
 
     def __init__(self, fs: Any, path: str, label: str) -> None:
         self.fs, self.path, self.label = fs, path, label
         self.bucket, self.key, self.version = fs.split_path(path)
 
-    async def _get(self, rng: str, pin: dict[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
+    async def _get(
+        self, rng: str, pin: dict[str, Any] | None, sink: Callable[[int, int, int], Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """One ranged ``GetObject``: ``(body bytes, meta)``, or with ``sink(start, stop, total)``
+        (which returns ``put(pos, chunk) -> len``) ``(bytes placed, meta)``."""
         kw: dict[str, Any] = {"Bucket": self.bucket, "Key": self.key, "Range": rng}
         version = (pin or {}).get("VersionId") or self.version
         if version:
@@ -306,22 +345,39 @@ class _S3(_Transport):
             if "PreconditionFailed" in text or "412" in text or "pre-condition" in text:
                 raise _Replaced("the server refused IfMatch (412)") from None
             if "InvalidRange" in text or "416" in text:
-                return b"", {"size": 0}
+                return (b"" if sink is None else 0), {"size": 0}
             raise
+        body = resp["Body"]
         try:
-            body = await resp["Body"].read()
-        finally:
-            resp["Body"].close()
-        meta = {"ETag": resp.get("ETag"), "VersionId": resp.get("VersionId")}
-        headers = {"Content-Range": resp.get("ContentRange")}
-        a, b, total = _parse_range(headers, 206 if resp.get("ContentRange") else 200, len(body))
-        if pin is not None:
-            if pin.get("ETag") and meta["ETag"] != pin["ETag"]:
+            meta = {"ETag": resp.get("ETag"), "VersionId": resp.get("VersionId")}
+            if pin is not None and pin.get("ETag") and meta["ETag"] != pin["ETag"]:
                 raise _Replaced(f"ETag {pin['ETag']} became {meta['ETag']}")
-            if total is not None and total != pin["size"]:
+            length = resp.get("ContentLength")
+            headers = {"Content-Range": resp.get("ContentRange")}
+            status = 206 if resp.get("ContentRange") else 200
+            if sink is None:
+                data: Any = await body.read()
+                a, b, total = _parse_range(headers, status, len(data))
+            else:
+                a, b, total = _parse_range(headers, status, None if length is None else int(length))
+            if pin is not None and total is not None and total != pin["size"]:
                 raise _Replaced(f"size {pin['size']} became {total}")
+            if sink is not None:
+                put = sink(a, -1 if b is None else b, -1 if total is None else total)
+                data = 0
+                content = getattr(getattr(body, "raw_stream", None), "content", None)
+                if content is not None and hasattr(content, "iter_chunks"):  # aiohttp: as the socket gave it
+                    if hasattr(content, "set_read_chunk_size"):  # (aiohttp >= 3.12) see READ_BUFSIZE
+                        content.set_read_chunk_size(READ_BUFSIZE)
+                    async for chunk, _ in content.iter_chunks():
+                        data += put(data, chunk)
+                else:  # another HTTP backend: its own reads
+                    while chunk := await body.read(READ_BUFSIZE):
+                        data += put(data, chunk)
+        finally:
+            body.close()
         meta.update(start=a, size=total)
-        return body, meta
+        return data, meta
 
     def first(self, start: int | None, n: int) -> tuple[bytes, int, int, dict[str, Any]]:
         from fsspec.asyn import sync
@@ -333,16 +389,22 @@ class _S3(_Transport):
         pin["size"] = size
         return body, int(meta.get("start") or 0), size, pin
 
-    def fetch(self, parts: list[tuple[int, int]], dest: np.ndarray, pin: dict[str, Any]) -> list[Any]:
+    def fetch(
+        self, parts: list[tuple[int, int]], dest: np.ndarray, pin: dict[str, Any], landed: Landed = None
+    ) -> list[Any]:
         from fsspec.asyn import sync
 
         async def one(a: int, b: int, sem: asyncio.Semaphore) -> Any:
             async with sem:
                 try:
-                    body, _ = await self._get(f"bytes={a}-{b - 1}", pin)
+                    got, _ = await self._get(f"bytes={a}-{b - 1}", pin, _sink_into(dest, a, b))
                 except Exception as exc:  # noqa: BLE001 - reported per part
                     return exc
-            return _place(dest, a, b, body)
+            if got != b - a:
+                return ValueError(f"got {got} bytes, expected {b - a} (truncated body)")
+            if landed is not None:
+                landed(a, b)
+            return None
 
         async def all_parts() -> list[Any]:
             sem = asyncio.Semaphore(CONCURRENCY)

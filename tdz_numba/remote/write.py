@@ -65,17 +65,33 @@ def stream_entries(
     compression: str | None = None,
     compresslevel: int | None = None,
     num_threads: int | None = None,
+    digest: bool = False,
 ) -> int:
     """Writes ``entries`` as one archive to a writable binary ``stream``, front to back.
+    ``digest``: an XXH3-128 digest of every payload in its central record (computed with
+    the CRC-32s, ahead of the writes), as a local ``save(..., digest=True)`` stores it.
 
     Returns the number of bytes written. The stream is neither flushed nor closed.
     """
     from ..jit.policy import CRC_CHUNK
+    from ..zipfmt import digest as digests_
     from ..zipfmt.kernels.dispatch import crc32_spans, crc32_zeros  # kernels or their twins
 
     prep = prepare(  # (the caller checked the arguments: saving.save / saving.pack)
-        entries, compression=compression, compresslevel=compresslevel, num_threads=num_threads
+        entries, compression=compression, compresslevel=compresslevel, num_threads=num_threads, digest=digest
     )
+    digests = prep.digests
+    hash_now = digests_.hash_function() if digests is not None else None
+
+    def crcs_of(rows_: list[int], addrs: np.ndarray) -> np.ndarray:
+        """The CRC-32s of ``rows_`` (and their pending digests, filled in)."""
+        out = crc32_spans(addrs, stored_size[rows_].copy(), CRC_CHUNK, num_threads=num_threads)
+        if hash_now is not None and digests is not None:
+            for i in rows_:
+                if digests[i] == digests_.PENDING:
+                    digests[i] = hash_now(sources[i])
+        return out
+
     n, methods, stored_size, size, crc, hashed, sources, more, p = (
         prep.n,
         prep.methods,
@@ -109,13 +125,7 @@ def stream_entries(
             jobs.append(
                 (
                     rows_,
-                    pool.submit(
-                        crc32_spans,
-                        addrs,
-                        stored_size[rows_].copy(),
-                        CRC_CHUNK,
-                        num_threads=num_threads,
-                    ),
+                    pool.submit(crcs_of, rows_, addrs),
                 )
             )
         start = 0
@@ -140,10 +150,15 @@ def stream_entries(
                     if part is not None and part.size:
                         pos += _write(stream, part)
             start = stop
-    tail = packers.central_directory(p.names, header_offset=p.header_offset, zip64=p.central_zip64, **fields)
-    if pos != p.cd_offset or len(tail) != p.cd_size:
+    more_cd = digests_.blocks(digests, n)
+    tail = packers.central_directory(
+        p.names, header_offset=p.header_offset, zip64=p.central_zip64, more=more_cd, **fields
+    )
+    cd_size = p.cd_size + digests_.planned_len(digests)  # (the plan counts no digest block)
+    if pos != p.cd_offset or len(tail) != cd_size:
         raise InternalError("central directory offset or size differs from the layout plan")
-    pos += _write(stream, tail + packers.end_records(n, p.cd_offset, p.cd_size, p.zip64_end))
+    zip64_end = packers.needs_zip64_end(n, p.cd_offset, cd_size) if more_cd else p.zip64_end
+    pos += _write(stream, tail + packers.end_records(n, p.cd_offset, cd_size, zip64_end))
     return pos
 
 
