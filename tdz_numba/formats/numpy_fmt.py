@@ -354,7 +354,7 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
     index = ArchiveIndex(path) if index is None else index
     where = str(path)
     try:
-        f = MappedFile.open(path)
+        f = MappedFile.of_index(path, index)  # (the mapping the header check reads: faults shared)
     except BaseException:
         index.close()
         raise

@@ -285,7 +285,7 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
     root = None
     if scanned is None:
         root = pickle_vm.load(data, persistent_load, f"{where}: {prefix}data.pkl")
-    f = MappedFile.open(path)
+    f = MappedFile.of_index(path, index)  # (the mapping the header check read: faults shared)
     try:
         if f.size != size:
             raise BadArchiveError(f"{where}: the file changed while it was opened")
