@@ -32,7 +32,6 @@ import os
 import struct
 import tokenize
 import zlib
-from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -45,6 +44,7 @@ from ..zipfmt.records import DEFLATED, STORED
 from ._common import as_tensor, no_gc, quote
 from ._flat import flat_source, make_specs
 from ._shape import check_shape
+from .detect import all_end_with
 
 __all__ = ["open_npy", "open_npz", "member_spec", "parse_npy_header", "NpyHeader", "MAX_HEADER"]
 
@@ -232,7 +232,7 @@ def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, Tenso
     anything differs; the per-member path then reads the file (and names any error)."""
     names = index.names
     n = len(names)
-    if not n or not all(map(str.endswith, names, repeat(".npy", n))):
+    if not n or not all_end_with(names, ".npy"):
         return None
     index.check_all()  # every local header, in one kernel (or twin) pass: payload offsets filled
     table = index.table
