@@ -84,3 +84,13 @@ def test_bad_far_header_refused_by_load(tmp_path, fmt):
     p.write_bytes(bytes(raw))
     with pytest.raises(BadArchiveError):
         _ = tdz_numba.load(p)
+
+
+def test_rows_of(tmp_path):
+    from tdz_numba.zipfmt.index import ArchiveIndex
+
+    p = tmp_path / "m.npz"
+    np.savez(p, a=np.arange(3), b=np.ones(2))
+    index = ArchiveIndex(p)
+    assert index.rows_of(["b.npy", "x", "a.npy"]) == [index.row("b.npy"), None, index.row("a.npy")]
+    assert sorted(index.rows_of(iter(["a.npy", "b.npy"]))) == [0, 1]

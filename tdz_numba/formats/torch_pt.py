@@ -319,7 +319,7 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
     keys = dict.fromkeys(s.storage_keys)
     if "/" in "".join(keys):
         return None
-    rows = list(map(index.row, map((prefix + "data/").__add__, keys)))
+    rows = index.rows_of(map((prefix + "data/").__add__, keys))
     if None in rows:
         return None
     table = index.table

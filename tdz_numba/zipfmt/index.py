@@ -27,6 +27,7 @@ import mmap
 import os
 import stat
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -447,6 +448,10 @@ class ArchiveIndex:
     def row(self, name: str) -> int | None:
         """Row of entry ``name`` in :attr:`table` (None if absent)."""
         return self._by_name.get(name)
+
+    def rows_of(self, names: Iterable[str]) -> list[int | None]:
+        """:meth:`row` of many names (one C-level pass: no method call per name)."""
+        return list(map(self._by_name.get, names))
 
     def entry(self, name: str) -> EntryInfo:
         """Location and storage of entry ``name`` (``KeyError`` if absent)."""
