@@ -32,6 +32,7 @@ import os
 import struct
 import tokenize
 import zlib
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -268,21 +269,23 @@ def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, Tenso
     data_offset = np.array([h.data_offset for h in headers], dtype=np.int64)
     if np.any(size - data_offset[which] < need[which]):
         return None
-    keys = [name[:-4] for name in names]
+    keys = list(map(str.removesuffix, names, repeat(".npy")))  # (every name ends so: checked)
     if len(set(keys)) != n:
         return None
     with no_gc():
         dtypes = [from_numpy_dtype(h.dtype.newbyteorder("=")) for h in headers]
         strides = [_strides(h.shape, h.fortran) for h in headers]
         w = which.tolist()
-        specs = make_specs(
+        shapes = [h.shape for h in headers]
+        codes = [h.dtype.str for h in headers]
+        specs = make_specs(  # (per member: C-level lookups in the distinct headers' columns)
             keys,
             list(map(dtypes.__getitem__, w)),
-            [headers[i].shape for i in w],
+            list(map(shapes.__getitem__, w)),
             0,
             (po + data_offset[which]).tolist(),
             need[which].tolist(),
-            [headers[i].dtype.str for i in w],
+            list(map(codes.__getitem__, w)),
         )
         if any(st is not None for st in strides):  # Fortran order: strided views
             specs = {k: s._replace(strides=strides[i]) for (k, s), i in zip(specs.items(), w)}
