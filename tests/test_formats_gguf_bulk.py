@@ -89,3 +89,31 @@ def test_bulk_edges():
     assert bulk_infos(buf[: start + 39], len(head), 3, 32) is None  # c's 8 bytes end past the file
     assert bulk_infos(np.frombuffer(head + recs[:-1], np.uint8), len(head), 3, 32) is None
     assert struct.unpack("<Q", recs[:8]) == (1,)
+
+
+@pytest.mark.parametrize("n,kinds", [(1, 1), (2, 2), (146, 9), (5000, 40)])
+def test_distinct_rows_against_unique(n, kinds):
+    from tdz_numba.formats.gguf_bulk import MAX_DIMS, distinct_rows
+
+    rng = np.random.default_rng(n)
+    base = rng.integers(0, 1 << 63, (kinds, 2 + MAX_DIMS), dtype=np.uint64, endpoint=False)
+    base[:, 2:] %= np.uint64(5)  # small dimensions: rows that differ in one place only
+    rows = base[rng.integers(0, kinds, n)]
+    rows.setflags(write=False)
+    distinct, inverse = distinct_rows(rows)
+    assert (distinct[inverse] == rows).all()
+    want = np.unique(rows, axis=0)
+    assert sorted(map(tuple, distinct.tolist())) == sorted(map(tuple, want.tolist()))
+
+
+def test_distinct_rows_colliding_keys():
+    """Two different rows with the same wrapping key (m1 * m0 == m0 * m1): still told apart."""
+    from tdz_numba.formats import gguf_bulk
+
+    mix = gguf_bulk._MIX
+    rows = np.zeros((3, mix.size), np.uint64)
+    rows[0, 0], rows[1, 1], rows[2, 2] = mix[1], mix[0], 7
+    keys = (rows * mix).sum(axis=1, dtype=np.uint64)
+    assert keys[0] == keys[1]  # the collision is real
+    distinct, inverse = gguf_bulk.distinct_rows(rows)
+    assert len(distinct) == 3 and (distinct[inverse] == rows).all()

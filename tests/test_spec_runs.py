@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tdz_numba.tdz import specbulk
 from tdz_numba.tdz.sources import MappedFile, TensorSpec, tensor_from_spec
 from tdz_numba.tdz.specbulk import spec_views
 
@@ -16,7 +17,7 @@ from tdz_numba.tdz.specbulk import spec_views
 @pytest.mark.parametrize("shape", [(5,), (3, 4), (2, 1, 3), ()])
 @pytest.mark.parametrize("gap", [0, 8])
 def test_runs_equal_one_by_one(tmp_path, shape, gap):
-    n = 40
+    n = specbulk._RUNS_FROM + 40  # runs are looked for from _RUNS_FROM leaves on
     numel = int(np.prod(shape))
     step = numel * 4 + gap
     raw = np.arange((n * step + 16) // 4, dtype=np.float32).tobytes()
@@ -61,3 +62,27 @@ def test_odd_dimensions_are_left_to_the_one_by_one_path(tmp_path, odd, mixed):
                 assert t is not None and torch.equal(t, tensor_from_spec(s, [f])), s.key
     finally:
         f.close()
+
+
+@pytest.mark.parametrize("n", [146, 255, 256])
+def test_runs_looked_for_from_runs_from(tmp_path, monkeypatch, n):
+    """Below ``_RUNS_FROM`` leaves no runs are looked for (the search costs what they save); from
+    it on they are; the leaves are the same either way."""
+    p = tmp_path / "raw.bin"
+    p.write_bytes(np.arange(4 * n, dtype=np.float32).tobytes())
+    calls = []
+    real = specbulk._made_in_runs
+
+    def spy(*a):
+        calls.append(len(a[-1]))
+        return real(*a)
+
+    monkeypatch.setattr(specbulk, "_made_in_runs", spy)
+    f = MappedFile.open(p)
+    try:
+        specs = [TensorSpec(f"k{i}", torch.float32, (2, 2), None, 0, 16 * i, 16) for i in range(n)]
+        made = spec_views(specs, [f])
+        assert [t.tolist() for t in made] == [[[4 * i, 4 * i + 1], [4 * i + 2, 4 * i + 3]] for i in range(n)]
+    finally:
+        f.close()
+    assert calls == ([n] if n >= specbulk._RUNS_FROM else [])

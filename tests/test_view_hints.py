@@ -13,6 +13,7 @@ from tdz_numba.archive import foreign
 
 
 def _spy(monkeypatch):
+    monkeypatch.setenv("TDZ_NUMBA_READAHEAD", "1")  # (off: nothing is hinted, see test_no_hint_when_off)
     calls: list[tuple[list[int], list[int]]] = []
 
     def readahead(mm, off, nb, **kw):
@@ -46,3 +47,17 @@ def test_every_leaf_hinted(tmp_path, monkeypatch, bulk):
         want = sorted((ar.info(k).offset, v.nbytes) for k, v in ts.items())
     assert len(calls) == 1
     assert sorted(zip(*calls[0])) == want
+
+
+def test_no_hint_when_off(tmp_path, monkeypatch):
+    """Read-ahead off (the default): a view load does not even sort and merge the leaves' ranges."""
+    from safetensors.torch import save_file
+
+    ts = {f"k{i:02d}": torch.full((50 + i,), float(i)) for i in range(30)}
+    p = tmp_path / "x.safetensors"
+    save_file(ts, str(p))
+    calls = _spy(monkeypatch)
+    monkeypatch.delenv("TDZ_NUMBA_READAHEAD")
+    got = tdz_numba.load(p)
+    assert all(torch.equal(got[k], v) for k, v in ts.items())
+    assert calls == []

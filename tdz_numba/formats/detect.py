@@ -42,6 +42,8 @@ __all__ = [
     "HEAD_BYTES",
     "TORCH_LEGACY_MAGIC",
     "zip_kind",
+    "torch_pickles",
+    "all_end_with",
 ]
 
 #: How many leading bytes a sniffer sees.
@@ -142,6 +144,50 @@ register("onnx", _is_onnx, "tdz_numba.formats.onnx:open_onnx", order=80)
 
 
 # -- zips ------------------------------------------------------------------------------------------
+def _joined(names: list[str]) -> str | None:
+    """The names joined by newlines, each followed by one, when no name holds a newline (None
+    then): one string that C-level ``find``/``count`` search instead of a method call per name
+    (a zip of 20,000 members: ~0.4 ms against ~5 ms for a ``str.endswith`` pass, measured)."""
+    text = "\n".join(names)
+    if text.count("\n") != max(0, len(names) - 1):
+        return None
+    return text + "\n" if names else ""
+
+
+def torch_pickles(names: list[str]) -> list[str]:
+    """The members named ``<dir>/data.pkl`` (exactly one ``/``), in order: a ``torch.save``
+    archive has one.
+
+    >>> torch_pickles(["m/data.pkl", "m/data/0", "x/y/data.pkl", "n\\n/data.pkl"])
+    ['m/data.pkl', 'n\\n/data.pkl']
+    """
+    text = _joined(names)
+    if text is None:  # a name holds a newline: name by name
+        ends = map(str.endswith, names, repeat("/data.pkl"))
+        return [n for n in compress(names, ends) if n.count("/") == 1]
+    out = []
+    key = "/data.pkl\n"
+    pos = text.find(key)
+    while pos >= 0:
+        name = text[text.rfind("\n", 0, pos) + 1 : pos + len(key) - 1]
+        if name.count("/") == 1:
+            out.append(name)
+        pos = text.find(key, pos + 1)
+    return out
+
+
+def all_end_with(names: list[str], suffix: str) -> bool:
+    """Whether every name ends with ``suffix`` (no newline in it; True for no names).
+
+    >>> all_end_with(["a.npy", "b.npy"], ".npy"), all_end_with(["a.npy", "b.npy.x"], ".npy")
+    (True, False)
+    """
+    text = _joined(names)
+    if text is None or "\n" in suffix:
+        return all(map(str.endswith, names, repeat(suffix)))
+    return text.count(suffix + "\n") == len(names)  # (at most one per name: at its end)
+
+
 def zip_kind(names: list[str], where: str) -> str:
     """``"tdz"``, ``"torch"`` or ``"npz"`` from a zip's member names.
 
@@ -150,17 +196,22 @@ def zip_kind(names: list[str], where: str) -> str:
     """
     if "meta.json" in names:
         return "tdz"
-    # map() of str methods: no Python frame per name (a zip of 20,000+ members)
-    pkl = [n for n in compress(names, map(str.endswith, names, repeat("/data.pkl"))) if n.count("/") == 1]
+    pkl = torch_pickles(names)
     if pkl:
         prefix = pkl[0][: -len("data.pkl")]
-        if prefix + "constants.pkl" in names or any(map(str.startswith, names, repeat(prefix + "code/"))):
+        code = prefix + "code/"
+        text = _joined(names)
+        if text is None:
+            has_code = any(map(str.startswith, names, repeat(code)))
+        else:
+            has_code = text.startswith(code) or "\n" + code in text
+        if prefix + "constants.pkl" in names or has_code:
             raise UnsupportedError(
                 f"{where}: a TorchScript archive (torch.jit.save): it holds code, not only tensors; "
                 f"load it with torch.jit.load, or save its state_dict() with torch.save"
             )
         return "torch"
-    if all(map(str.endswith, names, repeat(".npy"))):
+    if all_end_with(names, ".npy"):
         return "npz"
     raise UnsupportedError(
         f"{where}: a zip archive that is not a tensor file (no meta.json, no <dir>/data.pkl, "

@@ -45,6 +45,7 @@ from ..zipfmt.records import DEFLATED, STORED
 from ._common import as_tensor, no_gc, quote
 from ._flat import flat_source, make_specs
 from ._shape import check_shape
+from .detect import all_end_with
 
 __all__ = ["open_npy", "open_npz", "member_spec", "parse_npy_header", "NpyHeader", "MAX_HEADER"]
 
@@ -232,7 +233,7 @@ def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, Tenso
     anything differs; the per-member path then reads the file (and names any error)."""
     names = index.names
     n = len(names)
-    if not n or not all(map(str.endswith, names, repeat(".npy", n))):
+    if not n or not all_end_with(names, ".npy"):
         return None
     index.check_all()  # every local header, in one kernel (or twin) pass: payload offsets filled
     table = index.table
@@ -268,21 +269,23 @@ def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, Tenso
     data_offset = np.array([h.data_offset for h in headers], dtype=np.int64)
     if np.any(size - data_offset[which] < need[which]):
         return None
-    keys = [name[:-4] for name in names]
+    keys = list(map(str.removesuffix, names, repeat(".npy")))  # (every name ends so: checked)
     if len(set(keys)) != n:
         return None
     with no_gc():
         dtypes = [from_numpy_dtype(h.dtype.newbyteorder("=")) for h in headers]
         strides = [_strides(h.shape, h.fortran) for h in headers]
         w = which.tolist()
-        specs = make_specs(
+        shapes = [h.shape for h in headers]
+        codes = [h.dtype.str for h in headers]
+        specs = make_specs(  # (per member: C-level lookups in the distinct headers' columns)
             keys,
             list(map(dtypes.__getitem__, w)),
-            [headers[i].shape for i in w],
+            list(map(shapes.__getitem__, w)),
             0,
             (po + data_offset[which]).tolist(),
             need[which].tolist(),
-            [headers[i].dtype.str for i in w],
+            list(map(codes.__getitem__, w)),
         )
         if any(st is not None for st in strides):  # Fortran order: strided views
             specs = {k: s._replace(strides=strides[i]) for (k, s), i in zip(specs.items(), w)}
@@ -354,7 +357,7 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
     index = ArchiveIndex(path) if index is None else index
     where = str(path)
     try:
-        f = MappedFile.open(path)
+        f = MappedFile.of_index(path, index)  # (the mapping the header check reads: faults shared)
     except BaseException:
         index.close()
         raise

@@ -138,6 +138,30 @@ class MappedFile:
             os.close(fd)
         return cls(p, mm, size, writable)
 
+    @classmethod
+    def of_index(cls, path: str | os.PathLike, index: Any) -> MappedFile:
+        """The file ``path`` as the zip index ``index`` (a local
+        :class:`~tdz_numba.zipfmt.index.ArchiveIndex` of it) maps it: the same mapping (one
+        mapping per file, one page fault per page; the index's header check and the views read the
+        same pages), or :meth:`open` where the index has none (remote) or :func:`mapped_as` names
+        the path.
+
+        >>> import tempfile, pathlib, numpy as np
+        >>> from tdz_numba.zipfmt.index import ArchiveIndex
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = pathlib.Path(d) / "a.npz"
+        ...     np.savez(p, a=np.arange(3))
+        ...     index = ArchiveIndex(p)
+        ...     f = MappedFile.of_index(p, index)
+        ...     print(f.size == index.size, f.buffer.ctypes.data == index.buffer.ctypes.data)
+        True True
+        """
+        stand_in = _STAND_INS.get()
+        mm = index.mapping if getattr(index, "ident", None) is not None else None
+        if mm is None or (stand_in is not None and str(path) in stand_in):
+            return cls.open(path)
+        return cls(Path(path), mm, len(mm), False)
+
     @property
     def torch_u8(self):
         """The whole mapping as one uint8 torch tensor (leaves are views of it)."""

@@ -27,6 +27,7 @@ import mmap
 import os
 import stat
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
@@ -126,6 +127,7 @@ class ArchiveIndex:
     _map: mmap.mmap | None = None  # the mapping (None: not made yet, or closed)
     _fd: int | None = None  # a descriptor kept until the file is mapped (an open that read with pread)
     _head: bytes = b""  # the file's first bytes, read by the caller (format detection) with that descriptor
+    _whole: bool = False  # the mapping was advised for reading the whole file (a load: see _check_local)
 
     def __init__(
         self,
@@ -174,7 +176,7 @@ class ArchiveIndex:
                 access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
                 mapping = mmap.mmap(fd, size, access=access)  # type: ignore[arg-type]
                 if not writable:  # (2 MiB folios inside files.memory.whole_file_mappings: a load)
-                    advise_new_mapping(mapping)
+                    self._whole = advise_new_mapping(mapping)
             self._map = mapping
         finally:
             if own:
@@ -228,7 +230,7 @@ class ArchiveIndex:
                     found=st.st_size,
                 )
             self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)  # type: ignore[arg-type]
-            advise_new_mapping(self._map)
+            self._whole = advise_new_mapping(self._map)
         finally:
             self._drop_fd()
         return self._map
@@ -331,16 +333,28 @@ class ArchiveIndex:
             self._small = rows
 
     def _check_local(self, cols: np.ndarray) -> np.ndarray:
-        """Checks every local header into ``cols`` (payload offsets filled); the status."""
+        """Checks every local header into ``cols`` (payload offsets filled); the status.
+
+        Through the mapping when it was advised for reading the whole file (a load, whose views
+        of this mapping touch every page: a header read there takes the fault that its payload's
+        first touch would take), else as :func:`~tdz_numba.zipfmt.central.check_local_headers`
+        decides (far-apart headers read with one ``pread`` each)."""
         end = self.end
+        buf = self.buffer  # (maps the file on first use)
         return check_local_headers(
-            self.buffer,
+            buf,
             cols,
             end.cd_offset,
             self.path,
-            getattr(self, "_ident", None),
+            None if self._whole else getattr(self, "_ident", None),
             self.size // max(1, end.count),
         )
+
+    @property
+    def mapping(self) -> mmap.mmap | None:
+        """The mapping of the whole file (made on first use; None once closed, or remote): a
+        reader that makes views of the file shares it rather than mapping the file again."""
+        return getattr(self, "_mmap", None)
 
     def _raise_status(self, status, rows=None) -> None:
         """Raises the error of a kernel's status (:func:`tdz_numba.zipfmt.central.status_error`)."""
@@ -434,6 +448,10 @@ class ArchiveIndex:
     def row(self, name: str) -> int | None:
         """Row of entry ``name`` in :attr:`table` (None if absent)."""
         return self._by_name.get(name)
+
+    def rows_of(self, names: Iterable[str]) -> list[int | None]:
+        """:meth:`row` of many names (one C-level pass: no method call per name)."""
+        return list(map(self._by_name.get, names))
 
     def entry(self, name: str) -> EntryInfo:
         """Location and storage of entry ``name`` (``KeyError`` if absent)."""
