@@ -127,7 +127,6 @@ class ArchiveIndex:
     _map: mmap.mmap | None = None  # the mapping (None: not made yet, or closed)
     _fd: int | None = None  # a descriptor kept until the file is mapped (an open that read with pread)
     _head: bytes = b""  # the file's first bytes, read by the caller (format detection) with that descriptor
-    _whole: bool = False  # the mapping was advised for reading the whole file (a load: see _check_local)
 
     def __init__(
         self,
@@ -176,7 +175,7 @@ class ArchiveIndex:
                 access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
                 mapping = mmap.mmap(fd, size, access=access)  # type: ignore[arg-type]
                 if not writable:  # (2 MiB folios inside files.memory.whole_file_mappings: a load)
-                    self._whole = advise_new_mapping(mapping)
+                    advise_new_mapping(mapping)
             self._map = mapping
         finally:
             if own:
@@ -230,7 +229,7 @@ class ArchiveIndex:
                     found=st.st_size,
                 )
             self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)  # type: ignore[arg-type]
-            self._whole = advise_new_mapping(self._map)
+            advise_new_mapping(self._map)
         finally:
             self._drop_fd()
         return self._map
@@ -335,10 +334,11 @@ class ArchiveIndex:
     def _check_local(self, cols: np.ndarray) -> np.ndarray:
         """Checks every local header into ``cols`` (payload offsets filled); the status.
 
-        Through the mapping when it was advised for reading the whole file (a load, whose views
-        of this mapping touch every page: a header read there takes the fault that its payload's
-        first touch would take), else as :func:`~tdz_numba.zipfmt.central.check_local_headers`
-        decides (far-apart headers read with one ``pread`` each)."""
+        As :func:`~tdz_numba.zipfmt.central.check_local_headers` decides: far-apart headers are
+        read with one ``pread`` each, whose pages are dropped again when they were not cached
+        (:mod:`tdz_numba.files.pagecache`), also in a load: through a mapping advised for
+        2 MiB folios, each header's fault would read 2 MiB around it, and a lazy load of a
+        cold file would read most of the file before returning (tests/test_cold_readahead.py)."""
         end = self.end
         buf = self.buffer  # (maps the file on first use)
         return check_local_headers(
@@ -346,7 +346,7 @@ class ArchiveIndex:
             cols,
             end.cd_offset,
             self.path,
-            None if self._whole else getattr(self, "_ident", None),
+            getattr(self, "_ident", None),
             self.size // max(1, end.count),
         )
 
