@@ -24,7 +24,7 @@ from .archive import opening as _opening
 from .archive import verify as _integrity
 from .archive.mapping import Archive
 from .archive.options import OpenOptions, load_keys, open_options
-from .errors import MissingKeyError, UnsupportedError
+from .errors import MissingKeyError
 from .files.paths import as_local_path, user_errors
 from .remote import archive as _remote_archive
 from .remote import read as _remote
@@ -404,7 +404,8 @@ def verify(
         Options of the fsspec filesystem of a URL.
     deep : bool
         Also recompute every leaf's stored XXH3-128 digest (``save(..., digest=True)``);
-        a mismatch raises :class:`ChecksumError` naming the leaf. Local files only.
+        a mismatch raises :class:`ChecksumError` naming the leaf (a URL: from the bytes
+        the CRC check fetched, no second download).
 
     Returns
     -------
@@ -431,9 +432,9 @@ def verify(
     1
     """
     if storage_options is not None or _remote.is_remote(path):
-        if deep:
-            raise UnsupportedError("verify(deep=True) checks local files only, not a URL")
-        return _remote_archive.verify_remote(path, storage_options=storage_options, progress=progress)
+        return _remote_archive.verify_remote(
+            path, storage_options=storage_options, progress=progress, deep=deep
+        )
     with user_errors(path, action="verify"):
         return _integrity.verify(as_local_path(path), progress=progress, deep=deep)
 

@@ -202,6 +202,33 @@ def test_deep_verify_finds_a_flipped_byte(tmp_path):
     assert subprocess.run([sys.executable, "-m", "tdz_numba", "verify", str(p)]).returncode == 0
 
 
+def test_deep_verify_of_a_url_and_a_file_object(tmp_path):
+    """``verify(url, deep=True)``: the digests recomputed from the bytes the CRC check fetched;
+    a change with its CRC restamped is found there as in a local file."""
+    import io
+
+    fsspec = pytest.importorskip("fsspec")
+    p = tdz_numba.save(TREE, tmp_path / "x.tdz", digest=True)
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/deep/x.tdz", p.read_bytes())
+    try:
+        assert tdz_numba.verify("memory://deep/x.tdz", deep=True).digests == 3
+        assert tdz_numba.verify("memory://deep/x.tdz").digests == 0
+        assert tdz_numba.verify(io.BytesIO(p.read_bytes()), deep=True).digests == 3
+        data = bytearray(p.read_bytes())
+        r = next(r for r in parse_zip(data).records if r.name == "s/b.memmap")
+        data[r.payload + 1] ^= 0x10
+        _restamp_crc(data, "s/b.memmap")
+        fs.pipe("/deep/x.tdz", bytes(data))
+        assert tdz_numba.verify("memory://deep/x.tdz").leaves == 4  # the CRCs agree
+        with pytest.raises(tdz_numba.ChecksumError, match=r"leaf 's/b' \(entry 's/b.memmap'\): XXH3-128"):
+            tdz_numba.verify("memory://deep/x.tdz", deep=True)
+        with pytest.raises(tdz_numba.ChecksumError, match=r"leaf 's/b'"):
+            tdz_numba.verify(io.BytesIO(bytes(data)), deep=True)
+    finally:
+        fs.rm("/deep", recursive=True)
+
+
 def test_deep_verify_a_damaged_digest(tmp_path):
     p = tdz_numba.save(TREE, tmp_path / "x.tdz", digest=True)
     data = bytearray(p.read_bytes())

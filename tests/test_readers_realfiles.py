@@ -69,6 +69,38 @@ def test_npz_zero_dim_members_match_numpy(tmp_path, writer):
     assert td["f4"].shape == () and td["be_i4"].item() == -7 and td["c8"].item() == 1 - 2j
 
 
+@pytest.mark.parametrize("writer", [np.savez, np.savez_compressed])
+def test_npz_with_other_members_reads_the_arrays(tmp_path, writer):
+    """A README (or any member not named ``*.npy``) added to an ``.npz``: numpy's NpzFile reads
+    the arrays (and hands out the other member's bytes); we read the same arrays, the other
+    member is not a leaf, locally and from a URL."""
+    import zipfile
+
+    p = tmp_path / "r.npz"
+    writer(p, a=np.arange(6.0).reshape(2, 3), b=np.array([1, 2], ">i4"))
+    with zipfile.ZipFile(p, "a") as z:
+        z.writestr("README.txt", "what these arrays are")
+        z.writestr("sub/notes.json", "{}")
+    ref = np.load(p)
+    assert "README.txt" in ref.files  # numpy lists it (its bytes, not an array)
+    arrays = [k for k in ref.files if not k.endswith((".txt", ".json"))]
+    with tdz_numba.open(p) as ar:
+        assert sorted(ar.keys()) == sorted(arrays) == ["a", "b"]
+        for k in arrays:
+            _same(ar[k], ref[k])
+    assert tdz_numba.verify(p).entries == 4  # every member's CRC still checked
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/npzr/r.npz", p.read_bytes())
+    try:
+        back = tdz_numba.load("memory://npzr/r.npz")
+        assert sorted(back) == ["a", "b"]
+        _same(back["a"], ref["a"])
+        _same(back["b"], ref["b"])
+    finally:
+        fs.rm("/npzr", recursive=True)
+
+
 def test_npy_zero_dim_byteswapped(tmp_path):
     p = tmp_path / "s.npy"
     np.save(p, np.array(2.5, ">f8"))

@@ -211,8 +211,8 @@ def zip_kind(names: list[str], where: str) -> str:
                 f"load it with torch.jit.load, or save its state_dict() with torch.save"
             )
         return "torch"
-    if all_end_with(names, ".npy"):
-        return "npz"
+    if all_end_with(names, ".npy") or any(map(str.endswith, names, repeat(".npy"))):
+        return "npz"  # (numpy's NpzFile too reads a zip with other members: they are not arrays)
     raise UnsupportedError(
         f"{where}: a zip archive that is not a tensor file (no meta.json, no <dir>/data.pkl, "
         f"members other than *.npy: {names[:3]})"

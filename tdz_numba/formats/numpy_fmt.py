@@ -352,7 +352,8 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
     """An ``.npz`` file: one leaf per ``<name>.npy`` member, keyed ``<name>``.
 
     STORED members are zero-copy views; deflated ones (``savez_compressed``)
-    are inflated when first read.
+    are inflated when first read. Members not named ``*.npy`` (a README added to the zip:
+    numpy's ``NpzFile`` returns their bytes) are not arrays and not leaves.
     """
     index = ArchiveIndex(path) if index is None else index
     where = str(path)
@@ -367,6 +368,8 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
         bulk = _bulk_npz(index, f, where)
         tree: dict[str, TensorSpec] = bulk if bulk is not None else {}
         for name in index.names if bulk is None else ():
+            if not name.endswith(".npy"):
+                continue  # a member that is not an array (numpy hands out its bytes): not a leaf
             key, spec = member_spec(index, f, name, where)
             if key in tree:
                 raise BadArchiveError(f"{where}: two members named {quote(name)}")

@@ -171,9 +171,15 @@ def load_remote(
 
 
 def verify_remote(
-    target: Any, *, storage_options: dict[str, Any] | None = None, progress: bool | None = None
+    target: Any,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool | None = None,
+    deep: bool = False,
 ):
-    """Fetches the whole object and checks every CRC-32 and the structure; see :func:`tdz_numba.verify`."""
+    """Fetches the whole object and checks every CRC-32 and the structure; see :func:`tdz_numba.verify`.
+    ``deep``: then every stored XXH3-128 digest is recomputed from the fetched bytes
+    (:func:`~tdz_numba.archive.verify_deep.check_digests`)."""
     from ..archive.verify import VerifyReport, verify_compressed
     from ..files.progress import progress as _progress
 
@@ -207,7 +213,15 @@ def verify_remote(
                     ar.source.check_leaf(spec.leaf)  # type: ignore[attr-defined]  # a remote .tdz: TdzSource
                 elif spec.kind == "level":
                     stack.append(node._sub(spec.path))
-        return VerifyReport(index.path, len(index.names), levels, leaves, int(index.table["size"].sum()))
+        digests = 0
+        if deep:
+            from ..archive.verify_deep import check_digests
+
+            with _progress(int(index.table["size"].sum()), "verify digests", enabled=progress) as bar:
+                digests = check_digests(index, bar)
+        return VerifyReport(
+            index.path, len(index.names), levels, leaves, int(index.table["size"].sum()), digests=digests
+        )
     finally:
         ar.close()
 

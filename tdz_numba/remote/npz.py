@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TdzError, UnsupportedError
+from ..errors import TdzError
 from ..formats.numpy_fmt import MAX_HEADER, member_spec
 from ..tdz.sources import Child, LevelInfo, MappedFile, TreeSource
 from ..zipfmt import records
@@ -55,11 +55,9 @@ class LazyMembers(Mapping):
 
     def __init__(self, index: Any, file: MappedFile, where: str) -> None:
         self._index, self._file, self._where = index, file, where
-        names = index.names
-        if not all(n.endswith(".npy") for n in names):  # (refused before: formats.detect.zip_kind)
-            raise UnsupportedError(f"{where}: an .npz holds .npy members only", path=where)
-        # names are unique (the central directory's check): so are the keys
-        self._rows = {name[: -len(".npy")]: i for i, name in enumerate(names)}
+        # names are unique (the central directory's check): so are the keys; members that are
+        # not arrays are not leaves (as formats.numpy_fmt.open_npz)
+        self._rows = {name[: -len(".npy")]: i for i, name in enumerate(index.names) if name.endswith(".npy")}
         self._made: dict[str, Child] = {}
 
     def __iter__(self) -> Iterator[str]:
