@@ -66,3 +66,18 @@ def test_off_sorts_nothing(monkeypatch):
     memory.readahead(mm, offs, sizes)
     assert calls == [1]
     assert memory.wait_readahead(60)
+
+
+def test_tdz_load_gathers_no_ranges_when_off(tmp_path, monkeypatch):
+    """read_ahead_tdz (every .tdz load) hands nothing to readahead when it is off; on, the payloads."""
+    from tdz_numba.archive import opening
+
+    calls = []
+    monkeypatch.setattr(opening, "readahead", lambda mm, off, nb: calls.append(int(nb.sum())) or 0)
+    path = tdz_numba.save({"a": torch.zeros(1 << 19)}, tmp_path / "x.tdz", durable=False)
+    monkeypatch.delenv("TDZ_NUMBA_READAHEAD", raising=False)
+    assert torch.equal(tdz_numba.load(path)["a"], torch.zeros(1 << 19))
+    assert calls == []
+    monkeypatch.setenv("TDZ_NUMBA_READAHEAD", "1")
+    tdz_numba.load(path)
+    assert len(calls) == 1 and calls[0] >= 4 << 19  # (and meta.json)

@@ -52,6 +52,7 @@ __all__ = [
     "wait_readahead",
     "ReadAhead",
     "READAHEAD_PIECE",
+    "readahead_on",
     "resident",
     "is_evictable",
     "read_direct",
@@ -335,6 +336,16 @@ def wait_readahead(timeout: float | None = None) -> bool:
     return all(r.join(timeout) for r in running)
 
 
+def readahead_on() -> bool:
+    """Whether :func:`readahead` reads anything: ``TDZ_NUMBA_READAHEAD=1`` (off by default), so a
+    caller skips gathering the ranges when it is off.
+
+    >>> os.environ.get("TDZ_NUMBA_READAHEAD") is None and not readahead_on()
+    True
+    """
+    return os.environ.get("TDZ_NUMBA_READAHEAD", "0") == "1"
+
+
 def readahead(
     mm: mmap.mmap | np.ndarray,
     offsets: np.ndarray | Sequence[int],
@@ -374,7 +385,7 @@ def readahead(
     >>> n
     2097152
     """
-    if os.environ.get("TDZ_NUMBA_READAHEAD", "0") != "1":  # off: no sort or merge to pay for
+    if not readahead_on():  # off: no sort or merge to pay for
         _same_lengths(offsets, sizes)
         return 0
     spans = read_spans(len(mm), offsets, sizes, gap=gap, min_bytes=min_bytes)
