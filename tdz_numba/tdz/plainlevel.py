@@ -323,10 +323,11 @@ def plain_td_level(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> t
             dims = tuple(shape)
             strides = contiguous_strides(dims)
         if keep:
-            names.append(fname + ".memmap")
+            fname += ".memmap"
+            names.append(fname)
             sizes.append(nbytes)
             itemsize_of.append(itemsize)
-            items.append((key, fname + ".memmap", nbytes, dname, dims, strides))
+            items.append((key, fname, nbytes, dname, dims, strides))
     return True, out if keep else None
 
 
