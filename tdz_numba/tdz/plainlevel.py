@@ -303,6 +303,7 @@ def plain_td_level(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> t
                 return False, None
             itemsize, keep = 8, False  # a nested leaf's shape is that of its int64 sizes: not plain_level's
         ndim = len(shape)
+        dims: tuple[int, ...]
         if ndim == 1:
             n = shape[0]
             if type(n) is not int or n < 0 or n > MAX_NBYTES // itemsize:
