@@ -78,6 +78,7 @@ PLAIN = [
     {"x": {**LEAF, "shape": [(2**63 - 1) // 4]}},  # the largest 1-d float32 leaf
     {"x": {**LEAF, "shape": [(2**63 - 1) // 8, 2]}},  # the largest 2-d float32 leaf
     {"x": {**LEAF, "shape": [2**61 - 1, 0]}, "y": {**LEAF, "shape": [1, 1]}},
+    {"x": {**LEAF, "shape": [0, 3]}, "y": {**LEAF, "shape": [3, 0]}, "z": {**LEAF, "shape": [4, 5]}},
     {"_format_version": 0, "x": LEAF},
     {},
 ]

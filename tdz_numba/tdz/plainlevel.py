@@ -269,7 +269,7 @@ def plain_td_level(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> t
         return False, None
     # a TensorDict level (TD_TYPE, TD_CLASS or neither): is_keyed holds, as plain_level asks;
     # plain_level also refuses a NonTensorData _type (next to a TensorDict _class) and nested leaves
-    itemsizes, encoded, strides_of = _ITEMSIZE, _ENCODED, _STRIDES
+    itemsizes, encoded = _ITEMSIZE, _ENCODED
     out = PlainLevel()
     keep = meta.get("_type") != NON_TENSOR_DATA_TYPE
     fields, items, names, sizes, itemsize_of, subs = (
@@ -313,10 +313,9 @@ def plain_td_level(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> t
             a, b = shape
             if type(a) is not int or type(b) is not int or a < 0 or b < 0:
                 return False, None
-            if max(a, 1) * max(b, 1) > MAX_NBYTES // itemsize:
+            if (a or 1) * (b or 1) > MAX_NBYTES // itemsize:  # (zero dims count as 1)
                 return False, None
-            nbytes, dims = a * b * itemsize, (a, b)
-            strides = strides_of.get(dims) or contiguous_strides(dims)
+            nbytes, dims, strides = a * b * itemsize, (a, b), (b or 1, 1)
         else:
             nbytes = shape_nbytes(shape, itemsize)
             if nbytes < 0:
