@@ -1,6 +1,7 @@
 """The lean open of a plain TensorDict level (tdz_numba.tdz.plainlevel.is_plain_td / plain_children,
 TdzSource.check_level): the same children, keys, shapes, dtypes and errors as the general path
-(tree.describe_level) on plain and non-plain levels, and nothing built before it is asked for."""
+(tree.describe_level) on plain and non-plain levels, and nothing built before it is asked for;
+plain_td_level (check_level's one walk) as is_plain_td and plain_level on every level here."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 import tdz_numba
 from tdz_numba.errors import BadArchiveError
-from tdz_numba.tdz.plainlevel import is_plain_td, plain_children
+from tdz_numba.tdz.plainlevel import is_plain_td, plain_children, plain_level, plain_td_level
 from tdz_numba.tdz.tree import TD_CLASS, TD_TYPE, describe_level
 
 NTD = "<class 'tensordict.tensorclass.NonTensorData'>"
@@ -39,10 +40,18 @@ def _general(meta, prefix, names):
     return keyed, {c.key: c for c in children}
 
 
+def _contents(lvl):
+    """A PlainLevel's contents (None for None)."""
+    return lvl and (lvl.fields, lvl.items, lvl.names, lvl.nbytes, lvl.itemsize, lvl.subs)
+
+
 def _check(meta, prefix="", names=()):
     """The fast path agrees with the general one; returns whether it took the level."""
     names = set(names)
     plain = is_plain_td(meta, prefix, names.__contains__)
+    ok, lvl = plain_td_level(meta, prefix, names.__contains__)  # the same, in one walk
+    assert ok is plain
+    assert _contents(lvl) == _contents(plain_level(meta) if plain else None)
     if plain:
         want = _general(meta, prefix, names)
         assert not isinstance(want, Exception), want
@@ -67,6 +76,9 @@ PLAIN = [
     {"s": {"type": "TensorDict"}, "x": LEAF},
     {"s": {"type": "NonTensorData"}, "_class": TD_CLASS, "_type": "anything: _class decides"},
     {"x": {**LEAF, "shape": [(2**63 - 1) // 4]}},  # the largest 1-d float32 leaf
+    {"x": {**LEAF, "shape": [(2**63 - 1) // 8, 2]}},  # the largest 2-d float32 leaf
+    {"x": {**LEAF, "shape": [2**61 - 1, 0]}, "y": {**LEAF, "shape": [1, 1]}},
+    {"x": {**LEAF, "shape": [0, 3]}, "y": {**LEAF, "shape": [3, 0]}, "z": {**LEAF, "shape": [4, 5]}},
     {"_format_version": 0, "x": LEAF},
     {},
 ]
@@ -86,6 +98,11 @@ NOT_PLAIN = [
     {"a": {**LEAF, "shape": [2, -1]}},
     {"a": {**LEAF, "shape": [2**63 // 4]}},
     {"a": {**LEAF, "shape": [2**40, 2**40]}},
+    {"a": {**LEAF, "shape": [2**62, 2]}},  # two dims: 2**63 elements
+    {"a": {**LEAF, "shape": [0, 2**70]}},  # no bytes, but a stride past 2**63
+    {"a": {**LEAF, "shape": [2, True]}},
+    {"a": {**LEAF, "shape": [3, -1]}},
+    {"a": {**LEAF, "shape": ["2", 3]}},
     {"a": {**LEAF, "shape": [1] * 65}},
     {"a": {**LEAF, "is_nested": 1}},
     {"a": {**LEAF, "is_nested": None}},

@@ -103,6 +103,8 @@ def test_shared_texts_load_each_level_values(tmp_path, same, groups, monkeypatch
     real = plainlevel.plain_level
     for module in (plainlevel, tdzsource):  # (a level parsed already is read in tdzsource)
         monkeypatch.setattr(module, "plain_level", lambda meta: calls.append(1) or real(meta))
+    both = plainlevel.plain_td_level  # the root: checked at open and read by the load in one walk
+    monkeypatch.setattr(tdzsource, "plain_td_level", lambda *a: calls.append(1) or both(*a))
     got = tdz_numba.load(p)
     for g, sub in tree.items():
         for k, v in sub.items():

@@ -48,3 +48,36 @@ def test_real_mapping(tmp_path, monkeypatch):
         assert memory.readahead(mm, [loc.offset for loc in locs], [loc.nbytes for loc in locs]) >= 4_400_000
         assert memory.wait_readahead(60)
         assert torch.equal(ar["a"], tree["a"]) and torch.equal(ar["b/c"], tree["b"]["c"])
+
+
+def test_off_sorts_nothing(monkeypatch):
+    """Off (the default), readahead returns before read_spans sorts and merges the ranges."""
+    calls = []
+    real = memory.read_spans
+    monkeypatch.setattr(memory, "read_spans", lambda *a, **k: calls.append(1) or real(*a, **k))
+    mm = mmap.mmap(-1, 8 << 20)
+    offs, sizes = np.arange(4) * (2 << 20), np.full(4, 2 << 20)
+    monkeypatch.delenv("TDZ_NUMBA_READAHEAD", raising=False)
+    assert memory.readahead(mm, offs, sizes) == 0
+    assert calls == []
+    with pytest.raises(InvalidArgumentError):  # still refused when off
+        memory.readahead(mm, offs, sizes[:3])
+    monkeypatch.setenv("TDZ_NUMBA_READAHEAD", "1")
+    memory.readahead(mm, offs, sizes)
+    assert calls == [1]
+    assert memory.wait_readahead(60)
+
+
+def test_tdz_load_gathers_no_ranges_when_off(tmp_path, monkeypatch):
+    """read_ahead_tdz (every .tdz load) hands nothing to readahead when it is off; on, the payloads."""
+    from tdz_numba.archive import opening
+
+    calls = []
+    monkeypatch.setattr(opening, "readahead", lambda mm, off, nb: calls.append(int(nb.sum())) or 0)
+    path = tdz_numba.save({"a": torch.zeros(1 << 19)}, tmp_path / "x.tdz", durable=False)
+    monkeypatch.delenv("TDZ_NUMBA_READAHEAD", raising=False)
+    assert torch.equal(tdz_numba.load(path)["a"], torch.zeros(1 << 19))
+    assert calls == []
+    monkeypatch.setenv("TDZ_NUMBA_READAHEAD", "1")
+    tdz_numba.load(path)
+    assert len(calls) == 1 and calls[0] >= 4 << 19  # (and meta.json)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from .. import formats
 from ..errors import InternalError, MissingKeyError, TdzError, UnsupportedError
-from ..files.memory import readahead, whole_file_mappings
+from ..files.memory import readahead, readahead_on, whole_file_mappings
 from ..tdz.source import TdzSource, open_tdz
 from ..tdz.sources import Source
 from ..tdz.tree import Level
@@ -171,6 +171,8 @@ def read_ahead_tdz(source: Source) -> int:
     True
     """
     index = getattr(source, "index", None)
+    if not readahead_on():  # (off by default: no ranges gathered)
+        return 0
     if not isinstance(source, TdzSource) or source.mode != "r" or getattr(index, "fetch", None) is not None:
         return 0
     buf = index.buffer  # type: ignore[union-attr]

@@ -52,6 +52,7 @@ __all__ = [
     "wait_readahead",
     "ReadAhead",
     "READAHEAD_PIECE",
+    "readahead_on",
     "resident",
     "is_evictable",
     "read_direct",
@@ -335,6 +336,16 @@ def wait_readahead(timeout: float | None = None) -> bool:
     return all(r.join(timeout) for r in running)
 
 
+def readahead_on() -> bool:
+    """Whether :func:`readahead` reads anything: ``TDZ_NUMBA_READAHEAD=1`` (off by default), so a
+    caller skips gathering the ranges when it is off.
+
+    >>> os.environ.get("TDZ_NUMBA_READAHEAD") is None and not readahead_on()
+    True
+    """
+    return os.environ.get("TDZ_NUMBA_READAHEAD", "0") == "1"
+
+
 def readahead(
     mm: mmap.mmap | np.ndarray,
     offsets: np.ndarray | Sequence[int],
@@ -374,8 +385,11 @@ def readahead(
     >>> n
     2097152
     """
+    if not readahead_on():  # off: no sort or merge to pay for
+        _same_lengths(offsets, sizes)
+        return 0
     spans = read_spans(len(mm), offsets, sizes, gap=gap, min_bytes=min_bytes)
-    if not spans or os.environ.get("TDZ_NUMBA_READAHEAD", "0") != "1":
+    if not spans:
         return 0
     if _populate_supported():
         return ReadAhead(mm, spans).nbytes
@@ -402,10 +416,9 @@ def read_spans(
     >>> read_spans(10 << 20, [5 << 20, 0, -1], [1 << 20, 1 << 20, 8], gap=0, min_bytes=0)
     [(0, 1048576), (5242880, 6291456)]
     """
+    _same_lengths(offsets, sizes)
     off = np.asarray(offsets, np.int64).reshape(-1)
     nb = np.asarray(sizes, np.int64).reshape(-1)
-    if off.shape != nb.shape:
-        raise InvalidArgumentError(f"readahead: {off.size} offsets but {nb.size} sizes")
     keep = (off >= 0) & (nb > 0) & (off <= size) & (nb <= size - np.minimum(off, size))
     off, nb = off[keep], nb[keep]
     if int(nb.sum()) < min_bytes or not off.size:
@@ -427,6 +440,13 @@ def read_spans(
         spans.append((start, start + length))
         budget -= length
     return spans
+
+
+def _same_lengths(offsets: np.ndarray | Sequence[int], sizes: np.ndarray | Sequence[int]) -> None:
+    """Refuses ``offsets`` and ``sizes`` of different lengths (:func:`read_spans`' ranges)."""
+    n, m = np.size(offsets), np.size(sizes)
+    if n != m:
+        raise InvalidArgumentError(f"readahead: {n} offsets but {m} sizes")
 
 
 def resident(mm: mmap.mmap, offset: int, nbytes: int) -> float:

@@ -41,7 +41,15 @@ from .tree import (
     is_keyed,
 )
 
-__all__ = ["PlainLevel", "plain_level", "plain_level_of", "MAX_TEXTS", "is_plain_td", "plain_children"]
+__all__ = [
+    "PlainLevel",
+    "plain_level",
+    "plain_level_of",
+    "MAX_TEXTS",
+    "is_plain_td",
+    "plain_td_level",
+    "plain_children",
+]
 
 #: Distinct ``meta.json`` texts a reader keeps a :class:`PlainLevel` of (beyond: parsed per level).
 MAX_TEXTS = 4096
@@ -227,6 +235,100 @@ def is_plain_td(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> bool
         ):
             return False
     return True
+
+
+def plain_td_level(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> tuple[bool, PlainLevel | None]:
+    """:func:`is_plain_td` and, where it holds, :func:`plain_level` of the same ``meta``, in
+    one walk of its leaves: ``(is_plain_td(meta, prefix, has_meta), plain_level(meta))``,
+    the second None when the first is False. An open checks its root level this way
+    (:meth:`TdzSource.check_level <tdz_numba.tdz.source.TdzSource.check_level>`) and a load
+    reads the level it kept (:meth:`~tdz_numba.tdz.source.TdzSource.quick_level`) without
+    walking the ``meta.json`` again.
+
+    >>> meta = {"x": {"dtype": "torch.float32", "shape": [2, 3]}, "sub": {"type": "TensorDict"},
+    ...         "shape": [], "_type": "<class 'tensordict._td.TensorDict'>"}
+    >>> ok, lvl = plain_td_level(meta, "", lambda name: name == "sub/meta.json")
+    >>> ok, lvl.names, lvl.subs, lvl.items[0][4:]
+    (True, ['x.memmap'], ['sub/'], ((2, 3), (3, 1)))
+    >>> plain_td_level({"x": {"dtype": "torch.int8", "shape": [2], "is_nested": True}}, "", None)
+    (True, None)
+    >>> plain_td_level({"x": {"dtype": "odd", "shape": []}}, "", None)
+    (False, None)
+    """
+    if type(meta) is not dict:
+        return False, None
+    cls = meta.get("_class")
+    if cls is None:
+        typ = meta.get("_type")
+        if typ is not None and typ != TD_TYPE:
+            return False, None
+    elif cls != TD_CLASS:
+        return False, None
+    version = meta.get("_format_version", 0)
+    if type(version) is not int or version > FORMAT_VERSION:
+        return False, None
+    # a TensorDict level (TD_TYPE, TD_CLASS or neither): is_keyed holds, as plain_level asks;
+    # plain_level also refuses a NonTensorData _type (next to a TensorDict _class) and nested leaves
+    itemsizes, encoded = _ITEMSIZE, _ENCODED
+    out = PlainLevel()
+    keep = meta.get("_type") != NON_TENSOR_DATA_TYPE
+    fields, items, names, sizes, itemsize_of, subs = (
+        out.fields,
+        out.items,
+        out.names,
+        out.nbytes,
+        out.itemsize,
+        out.subs,
+    )
+    for key, value in meta.items():
+        if type(value) is not dict:
+            if key in RESERVED_FIELDS:
+                fields[key] = value
+                continue
+            return False, None
+        fname = encoded.get(key) or encode_key(key)
+        if "dtype" not in value:
+            if "type" not in value or not has_meta(prefix + fname + "/meta.json"):
+                return False, None
+            subs.append(fname + "/")
+            items.append((key, fname + "/", -1, None, (), ()))
+            continue
+        dname, shape = value["dtype"], value.get("shape")
+        itemsize = itemsizes.get(dname) if type(dname) is str else None
+        if itemsize is None or type(shape) is not list:
+            return False, None
+        nested = value.get("is_nested", False)
+        if nested is not False:
+            if nested is not True:
+                return False, None
+            itemsize, keep = 8, False  # a nested leaf's shape is that of its int64 sizes: not plain_level's
+        ndim = len(shape)
+        dims: tuple[int, ...]
+        if ndim == 1:
+            n = shape[0]
+            if type(n) is not int or n < 0 or n > MAX_NBYTES // itemsize:
+                return False, None
+            nbytes, dims, strides = n * itemsize, (n,), _UNIT_STRIDE
+        elif ndim == 2:  # shape_nbytes and contiguous_strides of two dimensions, without the calls
+            a, b = shape
+            if type(a) is not int or type(b) is not int or a < 0 or b < 0:
+                return False, None
+            if (a or 1) * (b or 1) > MAX_NBYTES // itemsize:  # (zero dims count as 1)
+                return False, None
+            nbytes, dims, strides = a * b * itemsize, (a, b), (b or 1, 1)
+        else:
+            nbytes = shape_nbytes(shape, itemsize)
+            if nbytes < 0:
+                return False, None
+            dims = tuple(shape)
+            strides = contiguous_strides(dims)
+        if keep:
+            fname += ".memmap"
+            names.append(fname)
+            sizes.append(nbytes)
+            itemsize_of.append(itemsize)
+            items.append((key, fname, nbytes, dname, dims, strides))
+    return True, out if keep else None
 
 
 def plain_children(meta: dict[str, Any], prefix: str) -> dict[str, Child]:

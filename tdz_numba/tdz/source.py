@@ -48,6 +48,7 @@ from .plainlevel import (
     plain_children,
     plain_level,
     plain_level_of,
+    plain_td_level,
 )
 from .sources import Child, LeafInfo, LevelInfo, Location, Source, leaf_view, own_views
 from .tree import LeafSpec, Level, PickledData, RawFile, describe_level
@@ -109,6 +110,7 @@ class TdzSource(Source):
         self.files = []
         self._levels: dict[str, LevelInfo] = {}
         self._checked: dict[str, dict[str, Any]] = {}  # prefix -> meta.json of a plain level (check_level)
+        self._checked_plain: dict[str, PlainLevel | None] = {}  # prefix -> its plain_level (check_level)
         self._tensors: dict[str, torch.Tensor] = {}
         self._typed: dict[torch.dtype, torch.Tensor] = {}
         self._kinds: dict[str, tuple[int, torch.Tensor]] = {}
@@ -162,8 +164,9 @@ class TdzSource(Source):
         if prefix in self._levels or prefix in self._checked:
             return
         meta = self._read_meta(prefix)
-        if is_plain_td(meta, prefix, self.index.__contains__):
-            self._checked[prefix] = meta
+        ok, plain = plain_td_level(meta, prefix, self.index.__contains__)
+        if ok:
+            self._checked[prefix], self._checked_plain[prefix] = meta, plain
         else:
             self._describe(meta, prefix)
 
@@ -206,10 +209,10 @@ class TdzSource(Source):
             return None  # a remote index fetches bytes per batch: the general path does that
         parsed = self._levels.get(prefix)
         meta_name = prefix + "meta.json"
-        if parsed is not None:
+        if prefix in self._checked_plain:  # (check_level's: the meta.json it kept, walked once)
+            plain = self._checked_plain[prefix]
+        elif parsed is not None:
             plain = plain_level(parsed.meta)
-        elif prefix in self._checked:
-            plain = plain_level(self._checked[prefix])
         elif meta_name in index:
             plain = plain_level_of(self._plain, index.read_bytes(meta_name), self.where(meta_name))
         else:
