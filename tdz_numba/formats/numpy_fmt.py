@@ -295,17 +295,20 @@ def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, Tenso
     which = np.empty(n, np.int64)  # member -> its header in `headers`
     for length in np.unique(hlen).tolist():
         rows = np.flatnonzero(hlen == length)
-        block = np.ascontiguousarray(buf[po[rows, None] + np.arange(10 + length)])
-        distinct, inverse = np.unique(block.view(np.dtype((np.void, 10 + length)))[:, 0], return_inverse=True)
+        step = 10 + length
+        block = buf[po[rows, None] + np.arange(step)].tobytes()
+        ids: dict[bytes, int] = {}  # each distinct header once (hashing bytes: cheaper than np.unique)
+        inverse = [ids.setdefault(block[i : i + step], len(ids)) for i in range(0, len(block), step)]
+        distinct = list(ids)
         for text in distinct:
             try:
-                h = parse_npy_header(text.tobytes(), "")
+                h = parse_npy_header(text, "")
             except (BadArchiveError, UnsupportedError, UnsafeContentError):
                 return None  # the per-member path names the member and the error
             if not h.dtype.isnative and h.dtype.itemsize > 1:
                 return None
             headers.append(h)
-        which[rows] = inverse.reshape(-1) + (len(headers) - len(distinct))
+        which[rows] = np.array(inverse, np.int64) + (len(headers) - len(distinct))
     need = np.array([math.prod(h.shape) * h.dtype.itemsize for h in headers], dtype=np.int64)
     data_offset = np.array([h.data_offset for h in headers], dtype=np.int64)
     if np.any(size - data_offset[which] < need[which]):
