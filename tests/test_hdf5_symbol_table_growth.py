@@ -25,9 +25,7 @@ def test_group_larger_than_the_first_capacity(tmp_path: Path, monkeypatch: pytes
         offsets = {k: f[k].id.get_offset() for k in order}
     caps: list[int] = []
     real = hdf5_objects.symbol_table
-    monkeypatch.setattr(
-        hdf5_objects, "symbol_table", lambda *a: caps.append(a[-1].shape[0]) or real(*a)
-    )
+    monkeypatch.setattr(hdf5_objects, "symbol_table", lambda *a: caps.append(a[-1].shape[0]) or real(*a))
     src = open_hdf5(p)
     try:
         children = src.level("").children

@@ -91,8 +91,10 @@ def test_given_contiguous_strides_take_the_dense_path(tmp_path: Path) -> None:
     try:
         shapes = [(2, 3), (4,), (2, 1, 2), (2, 3)]
         offs = [0, 24, 40, 56]
-        none = [TensorSpec(str(i), torch.float32, s, None, 0, o, 4 * int(np.prod(s))) for i, (s, o) in
-                enumerate(zip(shapes, offs))]
+        none = [
+            TensorSpec(str(i), torch.float32, s, None, 0, o, 4 * int(np.prod(s)))
+            for i, (s, o) in enumerate(zip(shapes, offs))
+        ]
         given = [s._replace(strides=specbulk._contiguous_of([s.shape])[0]) for s in none]
         assert specbulk._given_contiguous(shapes, [s.strides for s in given], set(shapes))
         a, b = plain_extents(none, [f]), plain_extents(given, [f])
