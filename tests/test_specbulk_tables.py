@@ -80,3 +80,32 @@ def test_runs_made_by_unbind_match_one_by_one(tmp_path: Path) -> None:
         assert not any(t._is_view() for t in got)
     finally:
         f.close()
+
+
+def test_given_contiguous_strides_take_the_dense_path(tmp_path: Path) -> None:
+    """Strides given and C-contiguous (a .pt state dict) give what strides=None gives, through the
+    dense path (no per-(shape, strides) table); a bool, a list or other strides keep the general one."""
+    from tdz_numba.tdz import specbulk
+
+    f = _file(tmp_path)
+    try:
+        shapes = [(2, 3), (4,), (2, 1, 2), (2, 3)]
+        offs = [0, 24, 40, 56]
+        none = [
+            TensorSpec(str(i), torch.float32, s, None, 0, o, 4 * int(np.prod(s)))
+            for i, (s, o) in enumerate(zip(shapes, offs))
+        ]
+        given = [s._replace(strides=specbulk._contiguous_of([s.shape])[0]) for s in none]
+        assert specbulk._given_contiguous(shapes, [s.strides for s in given], set(shapes))
+        a, b = plain_extents(none, [f]), plain_extents(given, [f])
+        for x, y in zip(a, b):
+            assert (x == y).all() if isinstance(x, np.ndarray) else x == y
+        for t, u in zip(spec_views(none, [f]), spec_views(given, [f])):
+            assert t.tolist() == u.tolist() and t.stride() == u.stride()
+            assert t.storage_offset() == u.storage_offset()
+        for row, st in [(1, None), (1, (True,)), (1, [1]), (0, (1, 2))]:  # None, bool, list, transposed
+            case = [s.strides for s in given]
+            case[row] = st
+            assert not specbulk._given_contiguous(shapes, case, set(shapes))
+    finally:
+        f.close()

@@ -113,16 +113,20 @@ def detect_hdf5(head: bytes, path: str | os.PathLike | None = None) -> bool:
         off *= 2
     if path is None:
         return False
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            while off + 8 <= size:
-                fh.seek(off)
-                if fh.read(8) == SIGNATURE:
-                    return True
-                off *= 2
+    try:  # 8 bytes a read (a buffered file read 8 KiB at each offset: ~80 us for a 512 MiB file)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return False
+    try:
+        size = os.fstat(fd).st_size
+        while off + 8 <= size:
+            if os.pread(fd, 8, off) == SIGNATURE:
+                return True
+            off *= 2
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return False
 
 

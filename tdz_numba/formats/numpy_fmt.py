@@ -1,8 +1,9 @@
 """numpy ``.npy`` and ``.npz`` files as zero-copy sources; headers parsed without ``eval``.
 
 A ``.npy`` header (magic, version 1/2/3, length, a Python dict literal with
-``descr``, ``fortran_order`` and ``shape``) is read with
-:func:`ast.literal_eval` on a length-bounded string, then every field's type
+``descr``, ``fortran_order`` and ``shape``) in numpy's own layout is read by one
+regular expression (:func:`canonical_header`), any other with
+:func:`ast.literal_eval` on a length-bounded string; then every field's type
 is checked; as in numpy, a version 1 or 2 header written by Python 2
 (``'shape': (2L,)``) is tokenized and read again without the ``L``
 suffixes. ``.npy`` files and STORED ``.npz`` members are mapped zero-copy
@@ -29,6 +30,7 @@ import ast
 import io
 import math
 import os
+import re
 import struct
 import tokenize
 import zlib
@@ -47,7 +49,15 @@ from ._flat import flat_source, make_specs
 from ._shape import check_shape
 from .detect import all_end_with
 
-__all__ = ["open_npy", "open_npz", "member_spec", "parse_npy_header", "NpyHeader", "MAX_HEADER"]
+__all__ = [
+    "open_npy",
+    "open_npz",
+    "member_spec",
+    "parse_npy_header",
+    "canonical_header",
+    "NpyHeader",
+    "MAX_HEADER",
+]
 
 MAGIC = b"\x93NUMPY"
 #: Longest header read (numpy itself refuses headers over 10,000 bytes without allow_pickle).
@@ -117,6 +127,34 @@ def parse_npy_header(head: bytes, where: str) -> NpyHeader:
     return NpyHeader(dtype, fortran, shape, start + hlen)
 
 
+#: numpy's own header text (``numpy.lib.format``: ``{'descr': '<f4', 'fortran_order': False,
+#: 'shape': (2, 3), }`` padded with spaces and a newline), each int at most 18 digits without a
+#: leading zero: what :func:`canonical_header` reads without :mod:`ast`.
+_CANONICAL = re.compile(
+    r"\{'descr': '([^'\\\x00-\x1f\x7f-\x9f]{1,64})', 'fortran_order': (True|False), "
+    r"'shape': \(((?:(?:0|[1-9][0-9]{0,17}), )*(?:0|[1-9][0-9]{0,17})|(?:0|[1-9][0-9]{0,17}),|)\), \}"
+    r" *\n?"
+)
+
+
+def canonical_header(text: str) -> dict[str, Any] | None:
+    """The header dict of a header text in numpy's own layout, read by one regular expression
+    (~50 times cheaper than :func:`ast.literal_eval`, which gives the same dict); None for any
+    other text (then :func:`_literal` reads it with :func:`ast.literal_eval`).
+
+    >>> canonical_header("{'descr': '<f2', 'fortran_order': False, 'shape': (2048, 8), }   \\n")
+    {'descr': '<f2', 'fortran_order': False, 'shape': (2048, 8)}
+    >>> canonical_header("{'descr': '<f2', 'fortran_order': False, 'shape': (07,), }") is None
+    True
+    """
+    m = _CANONICAL.fullmatch(text)
+    if m is None:
+        return None
+    descr, fortran, dims = m.groups()
+    shape = tuple(map(int, dims.rstrip(",").split(", "))) if dims else ()
+    return {"descr": descr, "fortran_order": fortran == "True", "shape": shape}
+
+
 def _literal(text: str, major: int) -> Any:
     """The header's dict, read with :func:`ast.literal_eval` (never ``eval``).
 
@@ -124,6 +162,9 @@ def _literal(text: str, major: int) -> Any:
     one more try with the Python 2 long suffix dropped from its numbers
     (``(2L, 3L)`` -> ``(2, 3)``): the text is only tokenized, then rejoined.
     """
+    found = canonical_header(text)
+    if found is not None:
+        return found
     try:
         return ast.literal_eval(text)
     except SyntaxError:
@@ -254,17 +295,20 @@ def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, Tenso
     which = np.empty(n, np.int64)  # member -> its header in `headers`
     for length in np.unique(hlen).tolist():
         rows = np.flatnonzero(hlen == length)
-        block = np.ascontiguousarray(buf[po[rows, None] + np.arange(10 + length)])
-        distinct, inverse = np.unique(block.view(np.dtype((np.void, 10 + length)))[:, 0], return_inverse=True)
+        step = 10 + length
+        block = buf[po[rows, None] + np.arange(step)].tobytes()
+        ids: dict[bytes, int] = {}  # each distinct header once (hashing bytes: cheaper than np.unique)
+        inverse = [ids.setdefault(block[i : i + step], len(ids)) for i in range(0, len(block), step)]
+        distinct = list(ids)
         for text in distinct:
             try:
-                h = parse_npy_header(text.tobytes(), "")
+                h = parse_npy_header(text, "")
             except (BadArchiveError, UnsupportedError, UnsafeContentError):
                 return None  # the per-member path names the member and the error
             if not h.dtype.isnative and h.dtype.itemsize > 1:
                 return None
             headers.append(h)
-        which[rows] = inverse.reshape(-1) + (len(headers) - len(distinct))
+        which[rows] = np.array(inverse, np.int64) + (len(headers) - len(distinct))
     need = np.array([math.prod(h.shape) * h.dtype.itemsize for h in headers], dtype=np.int64)
     data_offset = np.array([h.data_offset for h in headers], dtype=np.int64)
     if np.any(size - data_offset[which] < need[which]):

@@ -62,6 +62,15 @@ def _contiguous_of(shapes: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return list(map(table.__getitem__, shapes))
 
 
+def _given_contiguous(shapes: Sequence[tuple[int, ...]], strides: Sequence[Any], distinct: set) -> bool:
+    """Whether every one of ``strides`` is a tuple of ints equal to the C-contiguous strides of its
+    shape (each distinct shape's computed once): then the leaves take the path of ``strides=None``."""
+    if set(map(type, strides)) != {tuple} or not set(map(type, chain.from_iterable(strides))) <= {int}:
+        return False
+    table = dict(zip(distinct, _contiguous_of(list(distinct))))
+    return list(map(table.__getitem__, shapes)) == list(strides)
+
+
 def _strided(shape: tuple[int, ...], st: Any) -> tuple[bool, int, bool, tuple[int, ...]]:
     """``(valid, span in elements (-1: the element count), C-contiguous, element strides)`` of
     a leaf of ``shape`` with strides ``st`` (None: contiguous)."""
@@ -151,6 +160,10 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
         cnt = np.fromiter((0 if x else c for c, x in zip(prods, big.tolist())), np.int64, n)
     ok &= (cnt > 0) & (cnt < _BIG) & (off >= 0) & (off < _BIG) & (nb >= 0) & (nb < _BIG)
     nstrided = n - strides.count(None)
+    given_dense: list[tuple[int, ...]] | None = None
+    if nstrided == n and _given_contiguous(shapes, strides, distinct):
+        # every leaf's strides given and C-contiguous (a .pt state dict): the path of strides=None
+        nstrided, given_dense = 0, list(strides)
     dense = np.ones(n, bool)
     if nstrided:
         span_el = cnt.copy()
@@ -180,7 +193,12 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
         ok &= span_el < _BIG
         need = span_el * isz
     else:
-        elements = [_contiguous_of([shapes[0]])[0]] * n if len(distinct) == 1 else _contiguous_of(shapes)
+        if given_dense is not None:
+            elements = given_dense
+        elif len(distinct) == 1:
+            elements = [_contiguous_of([shapes[0]])[0]] * n
+        else:
+            elements = _contiguous_of(shapes)
         need = cnt * isz
     file_rows = np.zeros(n, np.int64) if file_set == {0} else np.fromiter(fidx, np.int64, n)
     fsize = np.array([f.size for f in files] or [0], np.int64)[file_rows]
