@@ -25,8 +25,8 @@ def _kind(names):
         if prefix + "constants.pkl" in names or any(n.startswith(prefix + "code/") for n in names):
             return "script"
         return "torch"
-    if all(n.endswith(".npy") for n in names):
-        return "npz"
+    if all(n.endswith(".npy") for n in names) or any(n.endswith(".npy") for n in names):
+        return "npz"  # (other members of an npz are not arrays: not leaves)
     return "none"
 
 
