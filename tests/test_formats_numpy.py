@@ -156,8 +156,13 @@ def test_npz_foreign_member_and_bad_member(tmp_path):
         z.writestr("a.npy", _npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (9,), }", bytes(4)))
     with pytest.raises(BadArchiveError):
         open_npz(p)
-    with zipfile.ZipFile(p, "w") as z:
+    with zipfile.ZipFile(p, "w") as z:  # an npz with another member: the arrays are read (numpy too)
         z.writestr("a.npy", b"")
         z.writestr("notes.txt", b"hi")
-    with pytest.raises(UnsupportedError):
+    with pytest.raises(BadArchiveError, match="a.npy"):  # the bad array is still refused
+        formats.open_source(p)
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("notes.txt", b"hi")
+        z.writestr("b.txt", b"")
+    with pytest.raises(UnsupportedError, match="not a tensor file"):  # no array at all: not an npz
         formats.open_source(p)
