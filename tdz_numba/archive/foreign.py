@@ -46,7 +46,7 @@ import torch
 
 from ..errors import BadArchiveError
 from ..files.copying import advise_huge_runs, copy_spans
-from ..files.memory import readahead
+from ..files.memory import readahead, readahead_on
 from ..jit.policy import use_kernels
 from ..tdz.sources import Source, TensorSpec, make_present, own_views, tensor_from_spec
 from ..tdz.specbulk import plain_extents, views_and_extents
@@ -126,7 +126,7 @@ def _hint_columns(files: list[Any], fidx: np.ndarray, off: np.ndarray, nb: np.nd
     """:func:`hint` of leaves given as columns (file index, offset, bytes). Nothing to do (not even
     the ranges' sort and merge, ~0.1-0.2 ms a file) while read-ahead is off, as it is by default
     (``TDZ_NUMBA_READAHEAD``: :func:`~tdz_numba.files.memory.readahead` then reads nothing)."""
-    if os.environ.get("TDZ_NUMBA_READAHEAD", "0") != "1":
+    if not readahead_on():
         return 0
     done = 0
     for i, f in enumerate(files):
