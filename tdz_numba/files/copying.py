@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import BadArchiveError
 from . import libc
+from .memory import inner_pages
 
 __all__ = [
     "copy_spans",
@@ -80,11 +81,8 @@ def advise_huge(address: int, nbytes: int) -> int:
     """
     if _MADV_HUGEPAGE is None or nbytes < HUGE_MIN:
         return 0
-    start = -(-address // HUGE_PAGE) * HUGE_PAGE
-    stop = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
-    if stop <= start:
-        return 0
-    return stop - start if libc.madvise(start, stop - start, _MADV_HUGEPAGE) else 0
+    start, length = inner_pages(address, nbytes, HUGE_PAGE)
+    return length if length and libc.madvise(start, length, _MADV_HUGEPAGE) else 0
 
 
 def advise_huge_runs(addresses: np.ndarray, sizes: np.ndarray, slack: int = RUN_SLACK) -> int:
