@@ -6,7 +6,10 @@ kernel whose file system caches files in large folios (ext4 on Linux 6.18 here),
 of the mapping reads ahead into large folios only where the range it reads around holds no cached
 page: one stray 4 KiB page in the read-around window (8 MiB with this disk's ``read_ahead_kb``) and
 the rest of the window comes in as 4 KiB folios (and a 2 MiB folio needs its whole aligned block
-free). Measured on a 512 MiB model-shaped ``.tdz`` of 146 leaves: after a cache drop and a load that
+free). The misses go to the disk together: the ``RWF_NOWAIT`` pass over every
+piece starts each miss's read before the plain reads wait for them (one read after the other, a
+146-header ``.tdz`` paid 146 disk round trips: 1.0 s of a cold load's time with another process
+reading the same disk, against 59 ms for the one header of a ``.safetensors``). Measured on a 512 MiB model-shaped ``.tdz`` of 146 leaves: after a cache drop and a load that
 read the headers, 62% of the file sat in 4 KiB folios and every later mmap + touch of it cost 23 ms
 (6,500 page faults), against 2.4 ms (500 faults, 2 MiB folios) after a plain mmap + touch.
 
@@ -64,8 +67,9 @@ def read_pieces(fd: int, offsets: Sequence[int], sizes: Sequence[int]) -> bytear
     cache any page that was not there before.
 
     Every piece is read with ``preadv(RWF_NOWAIT)`` first (served from the page cache: one call
-    per cached piece, as a plain ``pread``), the rest of a piece the cache lacks with a plain
-    ``preadv``, all with read-ahead off (``POSIX_FADV_RANDOM`` on ``fd``, set back to
+    per cached piece, as a plain ``pread``; a miss answers at once and has started the read of its
+    pages, so the misses of all the pieces are in flight together), then the rest of each piece the
+    cache lacked with a plain ``preadv`` (waiting for its read), all with read-ahead off (``POSIX_FADV_RANDOM`` on ``fd``, set back to
     ``POSIX_FADV_NORMAL`` after: the descriptor is best the caller's own), and the pages the
     misses brought in are dropped again (``POSIX_FADV_DONTNEED`` on exactly those pages). Where
     the kernel has no ``RWF_NOWAIT`` for this file, every piece is read with plain ``preadv``
@@ -102,31 +106,22 @@ def read_pieces(fd: int, offsets: Sequence[int], sizes: Sequence[int]) -> bytear
         return out
     pages: list[tuple[int, int]] = []  # (first, stop) of the pages read in that were not cached
     try:
-        preadv, size = os.preadv, -1
-        for i, (off, n) in enumerate(zip(offsets, sizes)):
-            if not n:
+        # first pass: every piece with RWF_NOWAIT. A cached piece is read; a miss returns EAGAIN
+        # but has started its read (the kernel's read-ahead of exactly its pages), so the
+        # misses of the whole batch go to the disk together, not one round trip each
+        got = _read_cached(fd, view, starts, offsets, sizes, flag)
+        size = -1
+        for i, (off, n) in enumerate(zip(offsets, sizes)):  # second pass: wait for the misses
+            known, done = got[i] >= 0, max(got[i], 0)
+            if done >= n:
                 continue
-            piece = view[starts[i] : starts[i] + n]
-            got = 0
-            if flag is not None:
-                try:
-                    got = preadv(fd, [piece], off, flag)
-                except BlockingIOError:  # not cached (EAGAIN)
-                    pass
-                except OSError as exc:  # EOPNOTSUPP / EINVAL: this file takes no RWF_NOWAIT
-                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                        raise
-                    _NOWAIT_REFUSED.append(True)
-                    flag = None
-                if got >= n:
+            if done:  # cached up to a page that is not, or the end of the file
+                size = os.fstat(fd).st_size if size < 0 else size
+                if off + done >= size:
                     continue
-                if got:  # cached up to a page that is not, or the end of the file
-                    size = os.fstat(fd).st_size if size < 0 else size
-                    if off + got >= size:
-                        continue
-            start = off + got
-            read = read_full(fd, piece[got:], start)
-            if read and flag is not None:
+            start = off + done
+            read = read_full(fd, view[starts[i] + done : starts[i] + n], start)
+            if read and known:  # (-1: the kernel refused RWF_NOWAIT: nothing known, nothing dropped)
                 pages.append((start // _PAGE, -(-(start + read) // _PAGE)))
     finally:
         try:
@@ -135,6 +130,30 @@ def read_pieces(fd: int, offsets: Sequence[int], sizes: Sequence[int]) -> bytear
         except OSError:  # advice only: never an error
             pass
     return out
+
+
+def _read_cached(
+    fd: int, view: memoryview, starts: list[int], offsets: list[int], sizes: list[int], flag: int
+) -> list[int]:
+    """The first pass of :func:`read_pieces`: each piece read with ``preadv(flag)`` (``RWF_NOWAIT``)
+    into ``view``; the bytes each call gave (0 for a miss, -1 from the piece on which the file
+    refused the flag: the second pass reads those plainly and drops nothing of them)."""
+    got = [0] * len(sizes)
+    preadv = os.preadv
+    for i, (off, n) in enumerate(zip(offsets, sizes)):
+        if not n:
+            continue
+        try:
+            got[i] = preadv(fd, [view[starts[i] : starts[i] + n]], off, flag)
+        except BlockingIOError:  # not cached (EAGAIN): its read has started
+            pass
+        except OSError as exc:  # EOPNOTSUPP / EINVAL: this file takes no RWF_NOWAIT
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            _NOWAIT_REFUSED.append(True)
+            got[i:] = [-1] * (len(sizes) - i)
+            break
+    return got
 
 
 def drop_pages(fd: int, pages: Sequence[tuple[int, int]]) -> int:
