@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import BadArchiveError
 from . import libc
-from .memory import inner_pages
+from .memory import advise_huge_mapping, inner_pages
 
 __all__ = [
     "copy_spans",
@@ -137,11 +137,7 @@ def advise_source(mapping: mmap.mmap) -> None:
     a cold 512 MiB ``.tdz`` copied ~2x slower than by ``preadv`` without it), and a warm one
     maps them with one fault each (:func:`~tdz_numba.files.memory.advise_new_mapping`'s advice,
     which ``load(copy=True)`` mappings do not get)."""
-    if _MADV_HUGEPAGE is not None:
-        try:
-            mapping.madvise(_MADV_HUGEPAGE)
-        except (OSError, ValueError):
-            pass
+    advise_huge_mapping(mapping)
 
 
 def _mapping_of(buffer: np.ndarray) -> mmap.mmap | None:

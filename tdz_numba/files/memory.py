@@ -42,6 +42,7 @@ from .pagecache import read_full
 __all__ = [
     "whole_file_mappings",
     "advise_new_mapping",
+    "advise_huge_mapping",
     "evict_span",
     "PAGE_SIZE",
     "inner_pages",
@@ -105,8 +106,20 @@ def advise_new_mapping(mm: mmap.mmap) -> bool:
     ...         advise_new_mapping(mm)  # not inside whole_file_mappings(): nothing done
     False
     """
+    return _WHOLE_FILE.get() and advise_huge_mapping(mm)
+
+
+def advise_huge_mapping(mm: mmap.mmap) -> bool:
+    """``MADV_HUGEPAGE`` on the whole mapping ``mm`` of a file: its faults read (and map) 2 MiB
+    folios; whether the advice was taken (False where the platform has no such advice or the
+    kernel refuses it, e.g. without THP: advice only, never an error).
+
+    >>> with mmap.mmap(-1, PAGE_SIZE) as mm:
+    ...     isinstance(advise_huge_mapping(mm), bool)
+    True
+    """
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is None or not _WHOLE_FILE.get():
+    if advice is None:
         return False
     try:
         mm.madvise(advice)
