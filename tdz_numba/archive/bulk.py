@@ -45,6 +45,7 @@ import torch
 from ..errors import BadArchiveError
 from ..files.copying import advise_huge_runs, copy_spans
 from ..jit.policy import use_kernels
+from ..tdz.dtypes import dtype_table
 from ..tdz.sources import (
     LeafInfo,
     Location,
@@ -55,7 +56,7 @@ from ..tdz.sources import (
     tensor_from_spec,
 )
 from ..tdz.tree import Level
-from .foreign import SLAB, SLAB_LEAF, all_specs, copy_specs, slab_tensors, spec_tensors
+from .foreign import _ADDRESS, SLAB, SLAB_LEAF, _dest, all_specs, copy_specs, slab_tensors, spec_tensors
 
 __all__ = ["build_tree", "materialize", "read_into", "spec_info", "meta_tensor", "COPY_PIECE"]
 
@@ -64,6 +65,7 @@ COPY_PIECE = 8 << 20
 #: Below this total, copies come from the mapping (one memcpy each): threads cost more.
 _SMALL_COPY = 4 << 20
 _NESTED = attrgetter("is_nested")
+_DTYPES = dtype_table()
 
 
 def read_into(
@@ -153,6 +155,61 @@ def _copy_tdz(
 def _copy_tdz_leaves(
     source: Any, leaves: list[Any], num_threads: int | None, direct: bool
 ) -> list[torch.Tensor]:
+    """Owned tensors of ``leaves``: the plain STORED ones straight from the index's columns
+    (:meth:`~tdz_numba.tdz.source.TdzSource.extents`: no view made first), the others (and every
+    leaf of a small or ``direct`` copy) through their views (:func:`_copy_tdz_views`)."""
+    extents = getattr(source, "extents", None)
+    buffer = source.index.buffer
+    if direct or extents is None or buffer is None or not buffer.size:
+        return _copy_tdz_views(source, leaves, num_threads, direct)
+    ok, offsets, sizes = extents(leaves)
+    if int(sizes[ok].sum()) < _SMALL_COPY:
+        return _copy_tdz_views(source, leaves, num_threads, direct)
+    out: list[Any] = [None] * len(leaves)
+    rest = np.flatnonzero(~ok).tolist()
+    if rest:  # (their errors first, as the views would raise them)
+        for i, t in zip(rest, _copy_tdz_views(source, [leaves[i] for i in rest], num_threads, direct)):
+            out[i] = t
+    rows = np.flatnonzero(ok)
+    dtypes: list[Any] = [None] * len(leaves)
+    shapes: list[Any] = [None] * len(leaves)
+    for i in rows.tolist():
+        dtypes[i], shapes[i] = _DTYPES[leaves[i].dtype], leaves[i].shape
+    nbytes, offs = sizes[rows], offsets[rows]
+    big = nbytes > SLAB_LEAF
+    for i in rows[big].tolist():
+        out[i] = torch.empty(shapes[i], dtype=dtypes[i])
+    if not big.all():  # small leaves on shared slabs, in file order
+        slab_tensors(
+            dtypes,
+            shapes,
+            sizes.tolist(),
+            offsets.tolist(),
+            rows[~big].tolist(),
+            out,
+            SLAB,
+            destinations=False,
+        )
+    made = [out[i] for i in rows.tolist()]
+    addrs = np.fromiter(map(_ADDRESS, made), np.int64, len(made))
+    advise_huge_runs(addrs[big], nbytes[big])  # fresh memory: 2 MiB pages (512x fewer faults)
+    live = nbytes > 0
+    if use_kernels(int(nbytes.sum()) >> 18):  # from the mapping, streaming stores, in parallel
+        copy_spans(buffer, offs[live], addrs[live], nbytes[live], num_threads, where=source.path)
+    else:
+        dests = [_dest(t, n) for t, n in zip(made, nbytes.tolist())]
+        _scatter_read(
+            source.path, [(o, d) for o, d, x in zip(offs.tolist(), dests, live.tolist()) if x], num_threads
+        )
+    return out
+
+
+def _copy_tdz_views(
+    source: Any, leaves: list[Any], num_threads: int | None, direct: bool
+) -> list[torch.Tensor]:
+    """Owned tensors of ``leaves`` copied from their views (:meth:`~tdz_numba.tdz.source.TdzSource.tensors`):
+    clones below :data:`_SMALL_COPY` bytes in all, else the spans of the views that share the
+    mapping (``direct``: page-aligned ones read with O_DIRECT)."""
     from ..files.memory import PAGE_SIZE, aligned_empty
 
     views = source.tensors(leaves)

@@ -39,8 +39,9 @@ from ..zipfmt import records
 from ..zipfmt.index import ArchiveIndex
 from ..zipfmt.records import Col
 from . import sources as _sources
-from .bounds import check_nested_sizes, parse_meta
+from .bounds import parse_meta
 from .dtypes import dtype_table, torch_dtype
+from .nested import nested_shapes, nested_tensor
 from .plainlevel import (
     PlainLevel,
     contiguous_strides,
@@ -384,46 +385,12 @@ class TdzSource(Source):
         return flat.view(dtype).view(leaf.shape)
 
     def nested_leaf(self, leaf: LeafSpec, dtype: torch.dtype) -> torch.Tensor:
-        """A nested tensor from its values and ``.shape.memmap`` entries (a copy)."""
-        index = self.index
-        where = self.where(leaf.entry)
-        if len(leaf.shape) != 2:
-            raise BadArchiveError(f"{where}: nested leaf shape {list(leaf.shape)} must be [n, ndim]")
-        n, ndim = leaf.shape
-        shape_entry = leaf.shape_entry
-        if shape_entry is None or shape_entry not in index:
-            raise BadArchiveError(f"{where}: nested leaf {leaf.key!r} has no {shape_entry!r}")
-        raw = index.read(shape_entry, check_crc=False)
-        if raw.size != n * ndim * 8:
-            raise BadArchiveError(
-                f"{self.where(shape_entry)}: expected {n * ndim * 8} bytes of sizes, found {raw.size}"
-            )
-        sizes = torch.from_numpy(raw.copy().view(np.int64).reshape(n, ndim))
-        numel = check_nested_sizes(sizes.numpy(), dtype.itemsize, self.where(shape_entry))
-        if numel == 0:
-            buf = torch.empty(0, dtype=dtype)
-        else:
-            if leaf.entry not in index:
-                raise BadArchiveError(f"{where}: nested leaf {leaf.key!r} has no payload entry")
-            e = index.entry(leaf.entry)
-            if e.size != numel * dtype.itemsize:
-                raise BadArchiveError(
-                    f"{where}: expected {numel * dtype.itemsize} bytes for the nested values, found {e.size}"
-                )
-            buf = torch.from_numpy(index.read(leaf.entry, check_crc=False).copy()).view(dtype)
-        strides, offsets = torch._nested_compute_contiguous_strides_offsets(sizes)
-        return torch._nested_view_from_buffer(buf, sizes, strides, offsets)
+        """A nested tensor from its values and ``.shape.memmap`` entries (a copy): :func:`.nested.nested_tensor`."""
+        return nested_tensor(self.index, leaf, dtype, self.where)
 
     def nested_shapes(self, leaf: LeafSpec) -> list[list[int]] | None:
         """The component shapes of a nested leaf (from its small ``.shape.memmap``), or None."""
-        shape_entry = leaf.shape_entry
-        if not leaf.nested or shape_entry is None or shape_entry not in self.index or len(leaf.shape) != 2:
-            return None
-        n, ndim = leaf.shape
-        raw = self.index.read(shape_entry, check_crc=False)
-        if raw.size != n * ndim * 8:
-            return None
-        return raw.copy().view(np.int64).reshape(n, ndim).tolist()
+        return nested_shapes(self.index, leaf)
 
     def check_leaf(self, leaf: LeafSpec) -> None:
         """Raises :class:`BadArchiveError` unless the leaf's entry holds the bytes its
@@ -523,44 +490,58 @@ class TdzSource(Source):
         Compressed leaves are inflated together. Anything else (nested,
         unaligned, mismatched sizes: their errors) goes through :meth:`tensor`.
         """
-        n = len(leaves)
-        if n == 0:
+        if not leaves:
             return []
         self.prefetch(leaves)
+        out: list[torch.Tensor | None] = [None] * len(leaves)
+        offs, szs, mets = (c.tolist() for c in self._payloads(leaves))
+        with own_views():
+            self._views(leaves, out, offs, szs, mets, DTYPES, self._typed, self._tensors)
+        return out  # type: ignore[return-value]
+
+    def _payloads(self, leaves: list[LeafSpec]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(payload offsets, stored sizes, methods)`` of the leaves' entries (-1 for an entry the
+        archive lacks), with every local header still unread read first (in one kernel pass when
+        most of the archive is asked for; a remote index fetches the bytes here first)."""
+        n = len(leaves)
         index = self.index
         by_name = index._by_name
-        cache = self._tensors
         rows = np.fromiter((by_name.get(leaf.entry, -1) for leaf in leaves), np.int64, n)
         found = rows >= 0
-        fetch = getattr(index, "fetch", None)  # a remote index: bring the bytes here first
-        if fetch is not None and found.any():
-            fetch(rows[found])
-        if found.any():
-            sel = rows[found]
-            unresolved = index.table["payload_offset"][sel] < 0
-            if not index.local_checked and unresolved.any():
-                if 2 * len(sel) >= len(index.names):
-                    index.check_all()
-                else:
-                    for i in sel[unresolved].tolist():
-                        index.payload_offset(int(i))
-        out: list[torch.Tensor | None] = [None] * n
-        if found.any():
-            table = index.table
-            offsets = np.full(n, -1, np.int64)
-            sizes = np.full(n, -1, np.int64)
-            methods = np.full(n, -1, np.int64)
-            offsets[found] = table["payload_offset"][rows[found]]
-            sizes[found] = table["size"][rows[found]]
-            methods[found] = table["method"][rows[found]]
-            offs, szs, mets = offsets.tolist(), sizes.tolist(), methods.tolist()
-        else:
-            offs = szs = mets = [-1] * n
-        dtypes = DTYPES
-        typed_cache = self._typed
-        with own_views():
-            self._views(leaves, out, offs, szs, mets, dtypes, typed_cache, cache)
-        return out  # type: ignore[return-value]
+        offsets, sizes, methods = (np.full(n, -1, np.int64) for _ in range(3))
+        if not found.any():
+            return offsets, sizes, methods
+        sel = rows[found]
+        fetch = getattr(index, "fetch", None)
+        if fetch is not None:
+            fetch(sel)
+        unresolved = index.table["payload_offset"][sel] < 0
+        if not index.local_checked and unresolved.any():
+            if 2 * len(sel) >= len(index.names):
+                index.check_all()
+            else:
+                for i in sel[unresolved].tolist():
+                    index.payload_offset(int(i))
+        table = index.table
+        offsets[found] = table["payload_offset"][sel]
+        sizes[found] = table["size"][sel]
+        methods[found] = table["method"][sel]
+        return offsets, sizes, methods
+
+    def extents(self, leaves: list[LeafSpec]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ok, offsets, sizes)`` of the leaves' payloads in the file; ``ok``: a plain STORED leaf of
+        a known dtype in exactly its dense bytes, which a copy reads without a view first
+        (``load(copy=True)``). The others go through :meth:`tensor`, which raises their errors."""
+        offsets, sizes, methods = self._payloads(leaves)
+        fits = (
+            not f.nested
+            and type(d := f.dtype) is str
+            and d in DTYPES
+            and n == DTYPES[d].itemsize * math.prod(f.shape)
+            for f, n in zip(leaves, sizes.tolist())
+        )
+        ok = np.fromiter(fits, bool, len(leaves)) & (methods == records.STORED) & (offsets >= 0)
+        return ok, offsets, sizes
 
     def _views(self, leaves, out, offs, szs, mets, dtypes, typed_cache, cache) -> None:
         """The loop of :meth:`tensors` (inside :func:`own_views`: each leaf its own tensor)."""
