@@ -109,19 +109,17 @@ def read_pieces(fd: int, offsets: Sequence[int], sizes: Sequence[int]) -> bytear
         # first pass: every piece with RWF_NOWAIT. A cached piece is read; a miss returns EAGAIN
         # but has started its read (the kernel's read-ahead of exactly its pages), so the
         # misses of the whole batch go to the disk together, not one round trip each
-        got = _read_cached(fd, view, starts, offsets, sizes, flag)
+        misses, known = _read_cached(fd, view, starts, offsets, sizes, flag)
         size = -1
-        for i, (off, n) in enumerate(zip(offsets, sizes)):  # second pass: wait for the misses
-            known, done = got[i] >= 0, max(got[i], 0)
-            if done >= n:
-                continue
+        for i, done in misses:  # second pass: wait for the misses
+            off, n = offsets[i], sizes[i]
             if done:  # cached up to a page that is not, or the end of the file
                 size = os.fstat(fd).st_size if size < 0 else size
                 if off + done >= size:
                     continue
             start = off + done
             read = read_full(fd, view[starts[i] + done : starts[i] + n], start)
-            if read and known:  # (-1: the kernel refused RWF_NOWAIT: nothing known, nothing dropped)
+            if read and i < known:  # (from ``known`` on the file refused RWF_NOWAIT: nothing dropped)
                 pages.append((start // _PAGE, -(-(start + read) // _PAGE)))
     finally:
         try:
@@ -134,26 +132,30 @@ def read_pieces(fd: int, offsets: Sequence[int], sizes: Sequence[int]) -> bytear
 
 def _read_cached(
     fd: int, view: memoryview, starts: list[int], offsets: list[int], sizes: list[int], flag: int
-) -> list[int]:
+) -> tuple[list[tuple[int, int]], int]:
     """The first pass of :func:`read_pieces`: each piece read with ``preadv(flag)`` (``RWF_NOWAIT``)
-    into ``view``; the bytes each call gave (0 for a miss, -1 from the piece on which the file
-    refused the flag: the second pass reads those plainly and drops nothing of them)."""
-    got = [0] * len(sizes)
+    into ``view``. Returns ``(misses, known)``: ``(piece, bytes read)`` of every piece not read
+    whole, and the piece from which the file refused the flag (``len(sizes)`` when it never did:
+    the second pass reads the pieces from there on plainly, knowing nothing of the cache)."""
+    misses: list[tuple[int, int]] = []
     preadv = os.preadv
     for i, (off, n) in enumerate(zip(offsets, sizes)):
         if not n:
             continue
+        got = 0
         try:
-            got[i] = preadv(fd, [view[starts[i] : starts[i] + n]], off, flag)
+            got = preadv(fd, [view[starts[i] : starts[i] + n]], off, flag)
         except BlockingIOError:  # not cached (EAGAIN): its read has started
             pass
         except OSError as exc:  # EOPNOTSUPP / EINVAL: this file takes no RWF_NOWAIT
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
             _NOWAIT_REFUSED.append(True)
-            got[i:] = [-1] * (len(sizes) - i)
-            break
-    return got
+            misses.extend((j, 0) for j in range(i, len(sizes)) if sizes[j])
+            return misses, i
+        if got < n:
+            misses.append((i, got))
+    return misses, len(sizes)
 
 
 def drop_pages(fd: int, pages: Sequence[tuple[int, int]]) -> int:
