@@ -409,12 +409,14 @@ def _write_behind_hasher(
 
     The hasher's read of the source brings it into the shared cache just before the writer's
     copy reads it, so the CRC (~30 ms per 256 MiB on its own core) costs the writer nothing.
-    Measured on 2 cores shared with other jobs, 256 MiB in 8 leaves, ``durable=False``, 100
-    interleaved rounds (issue 27): the calling thread's CPU time, median, 55 ms, as a plain
-    ``write`` of the same bytes (55) and safetensors' ``save_file`` (56), against 84 ms with
-    the CRC inline (``num_threads=1``); best wall time 52 ms (plain write 55, safetensors 55,
-    inline 84). With the machine quiet (28 of 30 rounds): 49 ms against a plain write's 56;
-    the hasher 2 MiB ahead 51, 8 MiB 59, unbounded 59.
+    Measured on 2 cores shared with other jobs, 256 MiB in 8 leaves, ``durable=False``,
+    interleaved rounds, those in which other processes used < 20% of a core (issue 27):
+    52 ms median against safetensors' ``save_file`` 57 and a plain ``write`` of the same
+    bytes 57 (the CRC inline, ``num_threads=1``: 79 at best); the hasher 2 MiB ahead 51,
+    8 MiB 59, unbounded 59 (4 MiB: 49, in another run); 2,000 leaves of 131 KiB: 92 ms
+    against 137 and 121 inline. The CPU time does not shrink (~58 ms writing + ~33
+    hashing): with another process busy on the second core the save takes ~88 ms against
+    safetensors' 58, which needs one core.
 
     Each step is hashed once, by whichever thread claims it first: the hasher, in order, or
     the writer, when the hasher has fallen behind it (a busy machine: another process on the
