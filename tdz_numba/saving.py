@@ -74,9 +74,11 @@ def save(
         When False, an existing file raises :class:`~tdz_numba.ArchiveExistsError`.
     num_threads : int, optional
         Threads for deflate (None: all cores, 1: serial) and for hashing and
-        writing the payloads (None: the calling thread, which hashes each piece
-        right after writing it, while it is in cache; 2 to 4: that many share
-        the pieces). Deflate runs in parallel across entries and within large
+        writing the payloads (None: the calling thread writes while one more
+        computes the CRC-32s a few MiB ahead of it, when the save has 4 MiB or
+        more and the process may use 2 cores; 1: the calling thread alone, each
+        piece hashed right after its write; 2 to 4: that many share the pieces,
+        each hashing and writing its own). Deflate runs in parallel across entries and within large
         ones: each entry is cut into independent 4 MiB segments, full-flushed,
         so that the entry is still one standard raw-deflate stream.
     progress : bool, optional

@@ -1,17 +1,19 @@
-"""Writing an archive's local headers and payloads: units of work shared by threads.
+"""Writing an archive's local headers and payloads: units of work, a writer and a hasher.
 
 :func:`write_payloads` is step 4 of :func:`tdz_numba.zipfmt.writer.write_entries`: the
 entries, in file order, are cut into units of work (:func:`plan_units`): groups of
-small entries (~1 MiB, at most 500) and 8 MiB spans of large ones. The calling thread
-(and, with an explicit ``num_threads``, up to 3 more: :func:`write_threads`) takes the
-next unit and writes it straight from the source buffers, with the CRC-32 of its
-payloads by zlib-ng (SIMD, GIL released): a group's CRCs before its one ``pwritev``
-(they go in the local headers written with it); a span's 256 KiB pieces one by one,
-each hashed right after its write, while its bytes are still in that core's cache.
+small entries (~1 MiB, at most 500) and 8 MiB spans of large ones, written straight
+from the source buffers (a group with one ``pwritev`` of its headers and payloads, a
+span in 2 MiB pieces cut at file offsets), with the CRC-32 of every payload by zlib-ng
+(SIMD, GIL released). By default (:data:`HASH_AHEAD`) the calling thread writes while
+one more thread hashes the same units in file order, a few MiB ahead
+(:func:`_write_behind_hasher`): a group is written once its CRCs are in its local
+headers. With ``num_threads=1`` the calling thread does both, each piece hashed right
+after its write; with 2 to 4 that many threads share the units (:func:`write_threads`).
 The local headers are all built at once beforehand (one
 :func:`tdz_numba.zipfmt.packers.local_headers` call) and each CRC is patched in; the headers
 of split entries are written last, with the CRC combined from their spans. The bytes
-on disk are those of one sequential pass.
+on disk are those of one sequential pass, whichever threads wrote them.
 
 Examples
 --------
@@ -23,6 +25,7 @@ Examples
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,8 +52,8 @@ __all__ = [
 #: hashed and then written in one ``pwritev`` by the same thread.
 UNIT = 1 << 20
 #: Entries larger than this are written in pieces cut at file offsets that are
-#: multiples of it, each hashed right after its write (the CRC's own read of the source
-#: then mostly hits the cache). 2 MiB: the page cache then holds the payloads in 2 MiB
+#: multiples of it (hashed by the hashing thread a few pieces ahead, or, with
+#: ``num_threads=1``, right after the piece's write). 2 MiB: the page cache then holds the payloads in 2 MiB
 #: folios, which a read maps with one PMD each; 256 KiB pieces gave 256 KiB folios, and a
 #: read of 256 MiB took ~1,090 page faults instead of ~290 (touching every page of a flat
 #: archive just saved: 19.8 ms -> 10.2 ms, safetensors' file 8.6 ms; issue 27) for the same
@@ -66,6 +69,15 @@ UNIT_ROWS = 500
 #: 32 MiB measured within noise of 8 MiB, and a helper thread starting them gained
 #: nothing: the device, ~1.4 GB/s here, sets the pace).
 WRITEBACK = 8 << 20
+#: ``write_threads(None)``: the calling thread writes every unit while one more thread computes
+#: the CRC-32s (and digests) of the units in file order (:func:`write_payloads`).
+HASH_AHEAD = 0
+#: Bytes the hashing thread may run ahead of the writer: its read of the source leaves the
+#: next pieces in the shared cache for the writer's copy.
+HASH_AHEAD_BYTES = 4 << 20
+#: Payload bytes still to hash below which a save hashes on the writing thread (a thread's
+#: start and hand-over cost ~0.1 ms, the CRC of 4 MiB ~0.5 ms).
+HASHER_MIN_BYTES = 4 << 20
 
 
 def _crc_functions() -> tuple[Any, Any]:
@@ -88,6 +100,23 @@ def _crc_functions() -> tuple[Any, Any]:
             return int(crc32_combine(a, b, length))
 
     return crc32, combine
+
+
+def _cuts(start: int, length: int) -> list[tuple[int, int]]:
+    """``(pos, cut)`` file offsets of the pieces of ``length`` bytes at file offset ``start``:
+    cut at multiples of :data:`PIECE`.
+
+    >>> _cuts(PIECE - 1, PIECE + 2)
+    [(2097151, 2097152), (2097152, 4194304), (4194304, 4194305)]
+    """
+    stop = start + length
+    out = []
+    pos = start
+    while pos < stop:
+        cut = min(stop, (pos // PIECE + 1) * PIECE)
+        out.append((pos, cut))
+        pos = cut
+    return out
 
 
 def plan_units(
@@ -140,17 +169,19 @@ def write_payloads(
     bar: Any,
     writeback: bool = False,
 ) -> None:
-    """Writes every local header and payload: units of work (:func:`plan_units`) taken
-    in file order by ``threads`` threads (this one included); each thread computes
-    the CRC-32 of its unit's payloads (zlib-ng, GIL released), puts them in their
-    local headers (all built at once beforehand, CRC fields patched) and writes the
-    unit with one ``pwritev``. The pieces of large entries are written and then hashed
-    (still in cache); their headers are written last, once the pieces' CRCs are combined.
-    The bytes on disk are those of one sequential pass. With ``writeback`` (durable
-    saves) the device writes start every :data:`WRITEBACK` bytes, so that the final
-    ``fsync`` waits for the last ones only. Digests (``prep.digests``, those still
-    :data:`~tdz_numba.zipfmt.digest.PENDING`) are computed as the CRCs are, each entry's by the
-    thread that writes it (a large entry is then one unit: XXH3 has no combine)."""
+    """Writes every local header and payload: units of work (:func:`plan_units`) in file
+    order. ``threads`` (:func:`write_threads`): :data:`HASH_AHEAD`, this thread writes
+    them while one more hashes them ahead of it (:func:`_write_behind_hasher`; this
+    thread alone below :data:`HASHER_MIN_BYTES` or on one core); 1, this thread alone;
+    2 to 4, that many take units in turn, each hashing and writing its own. The CRC-32s
+    (zlib-ng, GIL released) are patched into the local headers (all built at once
+    beforehand); a group of small entries is written with one ``pwritev`` once its CRCs
+    are known, the pieces of large entries as they come, their headers last, once the
+    pieces' CRCs are combined. The bytes on disk are those of one sequential pass. With
+    ``writeback`` (durable saves) the device writes start every :data:`WRITEBACK` bytes,
+    so that the final ``fsync`` waits for the last ones only. Digests (``prep.digests``,
+    those still :data:`~tdz_numba.zipfmt.digest.PENDING`) are computed where the CRCs are
+    (a large entry is then one unit, hashed in order: XXH3 has no combine)."""
     import threading
 
     crc32, combine = _crc_functions()
@@ -196,12 +227,14 @@ def write_payloads(
         crc[i] = value
         hbuf[at[i] + crc_at : at[i] + crc_at + 4] = value.to_bytes(4, "little")
 
-    def group(a: int, b: int) -> int:
+    def hash_group(a: int, b: int) -> None:
         for i in range(a, b):
             if pend[i]:
                 set_crc(i, crc32(sources[i]))
                 if want[i]:
                     digests[i] = hash_now(sources[i])  # type: ignore[index]
+
+    def write_group(a: int, b: int) -> int:
         if not contiguous[a : b - 1].all():  # gaps (unwritten zeros, room for an alignment)
             segments: list[tuple[int, object]] = []
             for i in range(a, b):
@@ -226,28 +259,29 @@ def write_payloads(
 
     pwrite = os.pwrite
 
+    def write_piece(pos: int, cut: int, view: Any) -> None:
+        if pwrite(fd, view, pos) != cut - pos:
+            write_segments(fd, [(pos, view)])  # a short write: finish it
+
     def piece(k: int, i: int, off: int, length: int) -> int:
+        """Writes span ``k`` (``length`` bytes of entry ``i`` from ``off``) piece by piece,
+        each hashed right after its write (its bytes still in cache)."""
         start = poff_at[i] + off  # the span's file offset
         span = memoryview(sources[i])[off : off + length]  # (slices of a memoryview: ~3x cheaper)
-        pos, stop, c = start, start + length, 0
-        cut = min(stop, (pos // PIECE + 1) * PIECE)
+        c = 0
         h = new_hasher() if want[i] else None  # (then the unit is the whole entry)
-        while pos < stop:  # pieces cut at file offsets that are multiples of PIECE
-            view = span[pos - start : cut - start]  # (whole large page-cache folios)
-            if pwrite(fd, view, pos) != cut - pos:
-                write_segments(fd, [(pos, view)])  # a short write: finish it
-            c = crc32(view, c)  # the bytes just copied are still in this core's cache
+        for pos, cut in _cuts(start, length):  # (whole large page-cache folios)
+            view = span[pos - start : cut - start]
+            write_piece(pos, cut, view)
+            c = crc32(view, c)
             if h is not None:
                 h.update(view)
-            pos, cut = cut, min(stop, cut + PIECE)
         piece_crc[k] = c
         if h is not None:
             digests[i] = h.digest()  # type: ignore[index]
         return length
 
-    def run(k: int) -> None:
-        a, b, length = units[k]
-        done = group(a, b) if length < 0 else piece(k, a, b, length)
+    def account(done: int) -> None:
         with lock:
             bar.update(done)
             unflushed[0] += done
@@ -256,6 +290,15 @@ def write_payloads(
                 unflushed[0] = 0
         if flush:
             _tempfiles.start_writeback(fd)
+
+    def run(k: int) -> None:  # hash and write unit k (one thread does both)
+        a, b, length = units[k]
+        if length < 0:
+            hash_group(a, b)
+            done = write_group(a, b)
+        else:
+            done = piece(k, a, b, length)
+        account(done)
 
     def work() -> None:
         try:
@@ -268,7 +311,53 @@ def write_payloads(
         except BaseException as exc:  # re-raised by the calling thread
             errors.append(exc)
 
-    if threads == 1 or len(units) < 2:  # the calling thread alone: no hand-over of units
+    if threads == HASH_AHEAD and len(units) >= 2 and _hasher_pays(stored, pending):
+        # steps: (unit, -1, -1) a group; (unit, pos, cut) a piece of a span at file offsets
+        steps: list[tuple[int, int, int]] = []
+        for k, (a, b, length) in enumerate(units):
+            if length < 0:
+                steps.append((k, -1, -1))
+            else:
+                steps.extend((k, pos, cut) for pos, cut in _cuts(poff_at[a] + b, length))
+        step_crc = [0] * len(steps)  # each piece's own CRC (either thread may hash it)
+        state: list[Any] = [None]  # the digest state of the entry being hashed
+
+        def hash_step(j: int) -> None:
+            k, pos, cut = steps[j]
+            a, b, length = units[k]
+            if pos < 0:
+                hash_group(a, b)
+                return
+            base = poff_at[a]
+            view = memoryview(sources[a])[pos - base : cut - base]
+            step_crc[j] = crc32(view)
+            if want[a]:  # (the unit is the whole entry, its pieces hashed in order by the hasher)
+                if pos == base:
+                    state[0] = new_hasher()
+                state[0].update(view)
+                if cut == base + length:
+                    digests[a] = state[0].digest()  # type: ignore[index]
+
+        def write_step(j: int) -> int:
+            k, pos, cut = steps[j]
+            a, b, length = units[k]
+            if pos < 0:
+                return write_group(a, b)
+            base = poff_at[a]
+            write_piece(pos, cut, memoryview(sources[a])[pos - base : cut - base])
+            return cut - pos
+
+        sizes = [
+            int(stored[units[k][0] : units[k][1]].sum()) if pos < 0 else cut - pos for k, pos, cut in steps
+        ]
+        grouped = [pos < 0 for _, pos, _ in steps]
+        stealable = [pos < 0 or not want[units[k][0]] for k, pos, _ in steps]
+        _write_behind_hasher(sizes, grouped, stealable, hash_step, write_step, account)
+        for j, (k, pos, cut) in enumerate(steps):  # the spans' CRCs from their pieces'
+            if pos >= 0:
+                first = pos == poff_at[units[k][0]] + units[k][1]
+                piece_crc[k] = step_crc[j] if first else combine(piece_crc[k], step_crc[j], cut - pos)
+    elif threads <= 1 or len(units) < 2:  # the calling thread alone: no hand-over of units
         for k in range(len(units)):
             run(k)
     else:
@@ -294,6 +383,127 @@ def write_payloads(
         write_segments(fd, [(int(hoff[i]), hview[at[i] : at[i + 1]]) for i in big])
 
 
+def _hasher_pays(stored: np.ndarray, pending: np.ndarray) -> bool:
+    """Whether a hashing thread beside the writer pays: enough bytes to hash and a second
+    core this process may run on."""
+    if int(stored[pending].sum()) < HASHER_MIN_BYTES:
+        return False
+    try:
+        return len(os.sched_getaffinity(0)) >= 2
+    except AttributeError:  # pragma: no cover - not Linux
+        return (os.cpu_count() or 1) >= 2
+
+
+def _write_behind_hasher(
+    sizes: list[int],
+    grouped: list[bool],
+    stealable: list[bool],
+    hash_step: Callable[[int], None],
+    write_step: Callable[[int], int],
+    account: Callable[[int], None],
+    ahead: int | None = None,
+) -> None:
+    """Writes every step (a group of small entries or a piece of a large one, in file order,
+    of ``sizes[j]`` payload bytes) on the calling thread while a second thread hashes them,
+    at most ``ahead`` bytes (default :data:`HASH_AHEAD_BYTES`) in front of the writer.
+
+    The hasher's read of the source brings it into the shared cache just before the writer's
+    copy reads it, so the CRC (~30 ms per 256 MiB on its own core) costs the writer nothing.
+    Measured on 2 cores shared with other jobs, 256 MiB in 8 leaves, ``durable=False``,
+    interleaved rounds, those in which other processes used < 20% of a core (issue 27):
+    52 ms median against safetensors' ``save_file`` 57 and a plain ``write`` of the same
+    bytes 57 (the CRC inline, ``num_threads=1``: 79 at best); the hasher 2 MiB ahead 51,
+    8 MiB 59, unbounded 59 (4 MiB: 49, in another run); 2,000 leaves of 131 KiB: 92 ms
+    against 137 and 121 inline. The CPU time does not shrink (~58 ms writing + ~33
+    hashing): with another process busy on the second core the save takes ~88 ms against
+    safetensors' 58, which needs one core.
+
+    Each step is hashed once, by whichever thread claims it first: the hasher, in order, or
+    the writer, when the hasher has fallen behind it (a busy machine: another process on the
+    second core), as with ``num_threads=1``: a piece right after its write, a group before
+    it. A group (``grouped[j]``) is written once its CRCs are in its local headers: the
+    writer waits only for a group the hasher is hashing. Steps not ``stealable`` (the pieces
+    of an entry whose digest the hasher computes in order) are left to the hasher. Either
+    thread's error stops the other and is raised here.
+    """
+    import threading
+
+    ahead = HASH_AHEAD_BYTES if ahead is None else ahead
+    n = len(sizes)
+    cond = threading.Condition()
+    owner = bytearray(n)  # who hashes step j: 0 nobody yet, 1 the hasher, 2 the writer
+    finished = bytearray(n)  # the hasher has hashed step j
+    progress = {"written": 0, "stop": False}  # payload bytes written; the writer gave up
+    errors: list[BaseException] = []
+
+    def hasher() -> None:
+        done = 0  # payload bytes of the steps passed
+        try:
+            for j in range(n):
+                if done - progress["written"] >= ahead:  # (read without the lock: it only grows)
+                    with cond:
+                        while done - progress["written"] >= ahead and not progress["stop"]:
+                            cond.wait()
+                done += sizes[j]
+                with cond:
+                    if progress["stop"]:
+                        return
+                    if owner[j]:  # the writer took it
+                        continue
+                    owner[j] = 1
+                hash_step(j)
+                with cond:
+                    finished[j] = 1
+                    cond.notify()
+        except BaseException as exc:  # re-raised by the writer
+            errors.append(exc)
+            with cond:
+                finished[:] = b"\x01" * n  # wakes the writer, which raises it
+                cond.notify()
+
+    helper = threading.Thread(target=hasher, name="tdz-save-crc", daemon=True)
+    helper.start()
+    try:
+        for j in range(n):
+            if grouped[j]:
+                with cond:
+                    mine = not owner[j]
+                    if mine:
+                        owner[j] = 2
+                    else:
+                        while not finished[j]:
+                            cond.wait()
+                if errors:
+                    raise errors[0]
+                if mine:
+                    hash_step(j)
+                account(write_step(j))
+                with cond:
+                    progress["written"] += sizes[j]
+                    cond.notify()
+                continue
+            account(write_step(j))
+            with cond:
+                progress["written"] += sizes[j]
+                mine = stealable[j] and not owner[j]
+                if mine:
+                    owner[j] = 2
+                cond.notify()
+            if errors:
+                raise errors[0]
+            if mine:
+                hash_step(j)  # the bytes just written, still in this core's cache
+    except BaseException:
+        with cond:
+            progress["stop"] = True  # (the hasher finishes its step and returns)
+            cond.notify()
+        raise
+    finally:
+        helper.join()
+    if errors:
+        raise errors[0]
+
+
 def _pwritev_all(fd: int, bufs: list[Any], offset: int, total: int) -> None:
     """Writes the contiguous buffers ``bufs`` (``total`` bytes) at ``offset``:
     ``pwritev`` of up to :data:`IOV_MAX` buffers at a time; a short write is
@@ -310,31 +520,26 @@ def _pwritev_all(fd: int, bufs: list[Any], offset: int, total: int) -> None:
 
 
 def write_threads(num_threads: int | None) -> int:
-    """Threads that hash and write a save's payloads: 1 by default; an explicit
-    ``num_threads`` of 2 or more lets that many (at most 4) share the units.
+    """Threads that write a save's payloads: :data:`HASH_AHEAD` (0) by default, the calling
+    thread writing while one more computes the CRC-32s (for a save of at least
+    :data:`HASHER_MIN_BYTES` on a process that may use 2 cores, else the calling thread
+    alone); 1: the calling thread alone, each piece hashed right after its write; 2 to 4
+    (at most): that many share the units, each hashing and writing its own.
 
-    Buffered writes to one file serialize on its inode lock, and a CRC of bytes just
-    written costs little (~8 ms per 256 MiB), so a second writing thread gains at
-    most that; on a busy machine its lock contention costs more. Measured on 2
-    cores shared with other jobs, 256 MiB in 8 leaves, write only: one thread
-    median 84 ms / 72 ms CPU, two 109 ms / 76-98 ms CPU (best runs 67 vs 70 ms);
-    64 MiB in 2,000 / 20,000 leaves: within noise of each other.
-
-    Nor does a thread that only hashes, ahead of the writer (the writer hashing
-    inline the spans it has not reached), win here: it reads the source from memory
-    (~23 ms per 256 MiB against ~5-8 ms for the bytes just written) beside the
-    writer's copy. Measured on the same 2 shared cores, 256 MiB in 8 leaves,
-    interleaved medians of 15: inline 94 ms, a Numba ``nogil`` hasher (zlib-ng, no
-    GIL while it runs) 144 ms; as a Python thread 81-89 vs 67-82 ms, and a
-    ``SCHED_IDLE`` one stalls the writer for up to 0.7 s when it is preempted
-    holding the GIL.
+    Why one writer and one hasher: buffered writes to one file serialize on its inode
+    lock, so a second *writing* thread gains little (256 MiB in 8 leaves, write only, 2
+    shared cores: one thread median 84 ms, two 109 ms; 64 MiB in 2,000 / 20,000 leaves:
+    within noise), while the CRC is ~30% of a lone thread's time: the CRC of a 2 MiB
+    piece just written reads it back from L3, not L2 (~24 ms per 256 MiB beside a ~52 ms
+    write, issue 27). On a second core it hides behind the write: see
+    :func:`_write_behind_hasher` for the figures.
 
     Examples
     --------
-    >>> write_threads(None), write_threads(2), write_threads(16)
-    (1, 2, 4)
+    >>> write_threads(None), write_threads(1), write_threads(2), write_threads(16)
+    (0, 1, 2, 4)
     """
-    return 1 if num_threads is None else max(1, min(num_threads, 4))
+    return HASH_AHEAD if num_threads is None else max(1, min(num_threads, 4))
 
 
 #: Buffers per ``pwritev`` call (Linux's IOV_MAX).

@@ -10,16 +10,16 @@
    and ``ftruncate`` it to its final size (``posix_fallocate`` when payloads
    are zeros, for ``allocate``: a full disk fails now, not with SIGBUS later);
 4. write the local headers and payloads in units of work taken in file order
-   (by this thread; with ``num_threads`` >= 2 by that many, at most 4:
-   :func:`tdz_numba.zipfmt.payload.write_payloads`):
-   small entries in groups of ~1 MiB, hashed (zlib-ng's SIMD CRC-32, GIL
-   released) and then written with one ``pwritev`` of their headers and
-   payloads straight from the source tensors; large entries in 256 KiB pieces,
-   each written and then hashed while its bytes are still in that core's cache,
-   their headers (CRC of the combined pieces) written last. All local headers
-   are built at once beforehand; each CRC is patched into its header. Zero-filled
-   payloads (``allocate``) are never written: the CRC of their zeros is computed
-   arithmetically;
+   (:func:`tdz_numba.zipfmt.payload.write_payloads`), straight from the source tensors:
+   small entries in groups of ~1 MiB, each group with one ``pwritev`` of its headers
+   and payloads; large entries in 2 MiB pieces at file offsets that are multiples of
+   2 MiB, their headers (CRC of the combined pieces) written last. This thread
+   writes while one more computes the CRC-32s (zlib-ng's SIMD CRC, GIL released) a
+   few MiB ahead of it, so that the CRC costs the writer nothing on a second core
+   (``num_threads=1``: this thread hashes each piece right after writing it; 2 to 4:
+   that many threads share the units). All local headers are built at once
+   beforehand; each CRC is patched into its header. Zero-filled payloads
+   (``allocate``) are never written: the CRC of their zeros is computed arithmetically;
 5. write the central directory and the end records;
 6. ``fsync`` the file (``durable=True``, the default; the device writes were
    started every 8 MiB during step 4, so this waits for the tail only),
@@ -29,9 +29,10 @@ Why not copy into a shared mapping with the CRC fused to the copy? Measured
 on the 2,000-leaf / 256 MiB workload: page faults on a fresh mapping make
 that ~1.5x slower than ``pwritev`` (the kernel copies into the page cache
 without faulting). Buffered writes to one file serialize on its inode lock,
-and a CRC of bytes just written costs ~5-8 ms CPU per 256 MiB above the write
-(one more read of the source from memory, as a CRC ahead of the writes does:
-~20 ms), so one writing thread is the default (see
+so a second thread hashes instead of writing: the CRC of a piece just written
+cost the writing thread ~24 ms per 256 MiB (a 2 MiB piece is read back from L3)
+beside a ~52 ms write; on the hashing thread, a few MiB ahead, it also brings the
+source into the shared cache for the writer's copy (see
 :func:`tdz_numba.zipfmt.payload.write_threads`).
 
 On any error the temporary file is removed and an existing target is intact.
