@@ -256,7 +256,9 @@ def pack(
     compresslevel : int, optional
         Codec level, as for :func:`save`.
     num_threads : int, optional
-        Threads for CRCs and compression (None: all cores).
+        Threads for compression and for hashing and writing the payloads, as
+        for :func:`save` (None: deflate on all cores; the calling thread writes
+        while one more computes the CRC-32s ahead of it).
     progress : bool, optional
         A tqdm progress bar on stderr (None: only when stderr is a terminal).
     durable : bool
