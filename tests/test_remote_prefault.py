@@ -82,3 +82,37 @@ def test_bench_ranges_use_the_transports_max_part(monkeypatch):
     assert load_part_bytes(url, None, 64 * MIB) == 8 * MIB  # about one part per request slot
     obj = RemoteObject(url)
     assert obj.max_part == 16 * MIB
+
+
+def test_a_loaded_remote_tdz_frees_its_object_without_the_collector():
+    """The remote object (and its mapping, once the tensors are gone) goes when the load
+    returns, not at the next garbage collection: the object kept the index's bound methods
+    after a fetch (a cycle index -> object -> index), so a 256 MiB load's mapping stayed
+    resident until the collector ran, in some later operation."""
+    import gc
+    import weakref
+
+    import torch
+
+    import tdz_numba
+
+    tree = {f"w{k}": torch.rand(1 << 16) for k in range(8)}
+    buf = io.BytesIO()
+    tdz_numba.save(tree, buf)
+    made: list[weakref.ref] = []
+    start = RemoteObject.start
+
+    def recording_start(self, **kw):
+        start(self, **kw)
+        made.append(weakref.ref(self))
+
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(RemoteObject, "start", recording_start)
+            out = tdz_numba.load(buf)
+        assert len(made) == 1 and made[0]() is None
+        assert all(torch.equal(out[k], tree[k]) for k in tree)  # (the views keep the bytes)
+    finally:
+        gc.enable()

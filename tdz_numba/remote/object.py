@@ -324,10 +324,15 @@ class RemoteObject:
                 gap,
                 MAX_WASTE if max_waste is None else max_waste,
             )
-            self._what, self._entry = what, entry
             if part_bytes is None:
                 part_bytes = part_size(sum(b - a for a, b in merged), cap=self.max_part)
-            self._fetch(merged, part_bytes, landed)
+            # (held for the fetch only: they are bound methods of the reader, and a reader that
+            # holds this object would make a cycle that keeps the mapping until the collector runs)
+            self._what, self._entry = what, entry
+            try:
+                self._fetch(merged, part_bytes, landed)
+            finally:
+                self._what = self._entry = None
 
     def _over_present(self, todo: list[tuple[int, int]], max_gap: int) -> list[tuple[int, int]]:
         """Missing parts (sorted) joined across gaps of at most ``max_gap`` bytes that are here
