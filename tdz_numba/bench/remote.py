@@ -50,7 +50,7 @@ from typing import Any
 
 from ..errors import InternalError
 
-__all__ = ["main", "run_remote", "report", "model", "SECTIONS", "LAZY_FORMATS"]
+__all__ = ["main", "run_remote", "report", "model", "load_part_bytes", "SECTIONS", "LAZY_FORMATS"]
 
 #: The sections of a run (``--section``); all but ``dcp`` by default.
 SECTIONS = ("http", "s3", "save", "lazy", "dcp")
@@ -128,6 +128,23 @@ def _rss(spec: dict[str, Any], over: int = 0) -> float | str:
         return _short(exc)
 
 
+def load_part_bytes(url: str, storage_options: dict[str, Any] | None, nbytes: int) -> int:
+    """The part size of a bulk read of ``nbytes`` bytes of ``url``, as a load cuts it: from the
+    transport's own ``max_part`` (:func:`~tdz_numba.remote.object.part_size`). No request.
+
+    Examples
+    --------
+    >>> from tdz_numba.bench.remote import load_part_bytes
+    >>> load_part_bytes("memory://bench-doc/x.tdz", None, 256 << 20) >> 20
+    8
+    """
+    from ..remote.object import PART_BYTES, part_size
+    from ..remote.transports import transport
+
+    cap = int(getattr(transport(url, storage_options or None), "max_part", PART_BYTES))
+    return part_size(nbytes, PART_BYTES, cap)
+
+
 def _read_rows(
     server: str, urls: dict[str, str], opts: dict[str, Any], repeat: int, rss: bool
 ) -> list[dict[str, Any]]:
@@ -137,8 +154,6 @@ def _read_rows(
 
     fs, _ = fsspec.core.url_to_fs(next(iter(urls.values())), **opts)
     so = opts or None
-    from ..remote.object import part_size
-
     ops: dict[str, Callable[[], Any]] = {}
     sizes, parts = {}, {}
     for fmt, url in urls.items():
@@ -146,8 +161,7 @@ def _read_rows(
         sizes[fmt] = fs.size(path)
         ops[f"{fmt}/load"] = functools.partial(tdz_numba.load, url, storage_options=so)
         ops[f"{fmt}/cat"] = functools.partial(fs.cat_file, path)
-        cap = (32 if server == "s3" else 8) << 20  # the transports' max_part
-        part = parts[fmt] = part_size(sizes[fmt], cap=cap)  # the parts of a load's bulk read
+        part = parts[fmt] = load_part_bytes(url, opts, sizes[fmt])  # the parts of a load's bulk read
         starts = list(range(0, sizes[fmt], part))
         ends = [min(sizes[fmt], a + part) for a in starts]
         ops[f"{fmt}/ranges"] = functools.partial(fs.cat_ranges, [path] * len(starts), starts, ends)

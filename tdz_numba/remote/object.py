@@ -82,6 +82,8 @@ PART_BYTES = 8 << 20
 MAX_PART_BYTES = 32 << 20
 #: Attempts per ranged request before :class:`~tdz_numba.RemoteError`.
 ATTEMPTS = 3
+#: A fetch of at least this many bytes has its pages prepared while it travels (``_populate``).
+POPULATE_MIN = 1 << 20
 
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
@@ -322,10 +324,15 @@ class RemoteObject:
                 gap,
                 MAX_WASTE if max_waste is None else max_waste,
             )
-            self._what, self._entry = what, entry
             if part_bytes is None:
                 part_bytes = part_size(sum(b - a for a, b in merged), cap=self.max_part)
-            self._fetch(merged, part_bytes, landed)
+            # (held for the fetch only: they are bound methods of the reader, and a reader that
+            # holds this object would make a cycle that keeps the mapping until the collector runs)
+            self._what, self._entry = what, entry
+            try:
+                self._fetch(merged, part_bytes, landed)
+            finally:
+                self._what = self._entry = None
 
     def _over_present(self, todo: list[tuple[int, int]], max_gap: int) -> list[tuple[int, int]]:
         """Missing parts (sorted) joined across gaps of at most ``max_gap`` bytes that are here
@@ -349,9 +356,11 @@ class RemoteObject:
         for attempt in range(ATTEMPTS):
             self.requests += len(parts)
             faults = self._populate(parts)
-            got = self.io.fetch(parts, self.buffer, self.pin, landed)
-            if faults is not None:
-                faults.join()
+            try:
+                got = self.io.fetch(parts, self.buffer, self.pin, landed)
+            finally:
+                if faults is not None:
+                    faults.join()
             failed = []
             for (a, b), err in zip(parts, got):
                 if err is None:
@@ -395,22 +404,30 @@ class RemoteObject:
         ) from err
 
     def _populate(self, parts: list[tuple[int, int]]) -> threading.Thread | None:
-        """Pre-faults the pages of ``parts`` (``MADV_POPULATE_WRITE``, Linux >= 5.14) in a thread,
-        so that placing the fetched bytes is a plain copy. None when not worth it or unsupported."""
-        mm = self._mmap
-        if mm is None or _POPULATE_WRITE is None or sum(b - a for a, b in parts) < (1 << 20):
+        """Faults in the pages of ``parts`` in a thread while the first bytes travel, part by part
+        (``MADV_POPULATE_WRITE``, Linux >= 5.14), so that placing the bytes is a plain copy. The
+        calls go through :func:`~tdz_numba.files.libc.madvise`, which releases the interpreter
+        lock: ``mmap.madvise`` holds it (60 ms for 256 MiB), and the event loop placing the
+        bytes could not run meanwhile (the first 64 MiB of an HTTP read landed after 120-150 ms,
+        now 36-41 ms). No ``MADV_HUGEPAGE``: 2 MiB pages fault in 3x cheaper, but on a machine
+        whose memory is page cache each costs a compaction stall (+10 per 256 MiB read measured,
+        HTTP .tdz read-all 0.55-1.64x ``fs.cat`` with them, 1.14-1.65x without). None when not
+        worth it or unsupported."""
+        if not self.size or _POPULATE_WRITE is None or sum(b - a for a, b in parts) < POPULATE_MIN:
             return None
+        from ..files import libc
+
+        buffer = self.buffer  # the thread keeps the mapping alive until it is done
         page = mmap.PAGESIZE
         spans = [(a - a % page, b) for a, b in parts]
 
         def run() -> None:
+            base = int(buffer.ctypes.data)
             for a, b in spans:
-                try:
-                    mm.madvise(_POPULATE_WRITE, a, b - a)
-                except (OSError, ValueError):  # an older kernel: the copy faults the pages in
-                    return
+                if not libc.madvise(base + a, b - a, _POPULATE_WRITE):  # type: ignore[arg-type]
+                    return  # (an older kernel: the copy faults the pages in)
 
-        t = threading.Thread(target=run, daemon=True)
+        t = threading.Thread(target=run, name="tdz_numba-prefault", daemon=True)
         t.start()
         return t
 
