@@ -56,7 +56,7 @@ from ..tdz.sources import (
     tensor_from_spec,
 )
 from ..tdz.tree import Level
-from .foreign import _ADDRESS, SLAB, SLAB_LEAF, _dest, all_specs, copy_specs, slab_tensors, spec_tensors
+from .foreign import SLAB, SLAB_LEAF, _dest, all_specs, copy_specs, owned_tensors, slab_tensors, spec_tensors
 
 __all__ = ["build_tree", "materialize", "read_into", "spec_info", "meta_tensor", "COPY_PIECE"]
 
@@ -175,24 +175,8 @@ def _copy_tdz_leaves(
     shapes: list[Any] = [None] * len(leaves)
     for i in rows.tolist():
         dtypes[i], shapes[i] = _DTYPES[leaves[i].dtype], leaves[i].shape
+    made, addrs = owned_tensors(dtypes, shapes, sizes, offsets, rows, out, slab=SLAB)
     nbytes, offs = sizes[rows], offsets[rows]
-    big = nbytes > SLAB_LEAF
-    for i in rows[big].tolist():
-        out[i] = torch.empty(shapes[i], dtype=dtypes[i])
-    if not big.all():  # small leaves on shared slabs, in file order
-        slab_tensors(
-            dtypes,
-            shapes,
-            sizes.tolist(),
-            offsets.tolist(),
-            rows[~big].tolist(),
-            out,
-            SLAB,
-            destinations=False,
-        )
-    made = [out[i] for i in rows.tolist()]
-    addrs = np.fromiter(map(_ADDRESS, made), np.int64, len(made))
-    advise_huge_runs(addrs[big], nbytes[big])  # fresh memory: 2 MiB pages (512x fewer faults)
     live = nbytes > 0
     if use_kernels(int(nbytes.sum()) >> 18):  # from the mapping, streaming stores, in parallel
         copy_spans(buffer, offs[live], addrs[live], nbytes[live], num_threads, where=source.path)

@@ -55,6 +55,7 @@ __all__ = [
     "spec_tensors",
     "copy_specs",
     "slab_tensors",
+    "owned_tensors",
     "hint",
     "all_specs",
     "PIECE",
@@ -255,6 +256,40 @@ def slab_tensors(
     return done
 
 
+def owned_tensors(
+    dtypes: Sequence[Any],
+    shapes: Sequence[Any],
+    nbytes: np.ndarray,
+    offsets: np.ndarray,
+    rows: np.ndarray,
+    out: list[Any],
+    files: np.ndarray | None = None,
+    slab: int = SLAB,
+) -> tuple[list[torch.Tensor], np.ndarray]:
+    """Fresh owned tensors for the leaves ``rows`` (``out[j]`` of ``dtypes[j]`` and ``shapes[j]``,
+    ``nbytes[j]`` bytes at file offset ``offsets[j]`` of file ``files[j]``; one file when None),
+    to be filled by a copy: a leaf over :data:`SLAB_LEAF` bytes gets its own allocation, advised
+    for 2 MiB pages (fresh memory: 512x fewer faults), the small ones share slabs of at most
+    ``slab`` bytes, per file in file order (:func:`slab_tensors`). Returns the tensors of ``rows``
+    in order and their addresses."""
+    nb = nbytes[rows]
+    big = nb > SLAB_LEAF
+    for i in rows[big].tolist():
+        out[i] = torch.empty(shapes[i], dtype=dtypes[i])
+    if not big.all():
+        small = rows[~big]
+        nb_list, off_list = nbytes.tolist(), offsets.tolist()
+        groups = (
+            [small] if files is None else [small[files[small] == f] for f in np.unique(files[small]).tolist()]
+        )
+        for mine in groups:
+            slab_tensors(dtypes, shapes, nb_list, off_list, mine.tolist(), out, slab, destinations=False)
+    made = [out[i] for i in rows.tolist()]
+    addrs = np.fromiter(map(_ADDRESS, made), np.int64, len(made))
+    advise_huge_runs(addrs[big], nb[big])
+    return made, addrs
+
+
 def copy_specs(
     source: Source, leaves: list[TensorSpec], num_threads: int | None = None
 ) -> list[torch.Tensor]:
@@ -280,21 +315,9 @@ def copy_specs(
     was = gc.isenabled()
     gc.disable()  # many new tensors, no cycles among them
     try:
-        nbytes = ext.numels[rows] * ext.itemsizes[rows]
-        shapes, dtypes = ext.shapes, ext.dtypes
-        big = nbytes > SLAB_LEAF
-        for i in rows[big].tolist():
-            out[i] = torch.empty(shapes[i], dtype=dtypes[i])
-        if not big.all():  # small leaves on shared slabs, one file at a time, in file order
-            small = rows[~big]
-            nb_all = ext.numels * ext.itemsizes
-            nb_list, off_list = nb_all.tolist(), ext.offsets.tolist()
-            for fi in np.unique(ext.files[small]).tolist():
-                mine = small[ext.files[small] == fi].tolist()
-                slab_tensors(dtypes, shapes, nb_list, off_list, mine, out, SLAB, destinations=False)
-        made = [out[i] for i in rows.tolist()]
-        addrs = np.fromiter(map(_ADDRESS, made), np.int64, len(made))
-        advise_huge_runs(addrs[big], nbytes[big])  # fresh memory: 2 MiB pages, 512x fewer faults
+        nb_all = ext.numels * ext.itemsizes
+        made, addrs = owned_tensors(ext.dtypes, ext.shapes, nb_all, ext.offsets, rows, out, ext.files)
+        nbytes = nb_all[rows]
         kernel = use_kernels(int(nbytes.sum()) >> 18)
         dests: list[memoryview] | None = None
         work: list[tuple[int, int, list[memoryview]]] = []
