@@ -32,7 +32,7 @@ import torch
 from ..errors import InvalidArgumentError, MissingKeyError, UnsupportedError
 from ..files.leafmemory import LeafMemory
 from ..tdz.dtypes import numpy_dtype
-from ..tdz.sources import LeafInfo, LevelInfo, Location, Source, tensor_from_spec
+from ..tdz.sources import LeafInfo, LevelInfo, Location, Source, paused_gc, tensor_from_spec
 from ..tdz.tree import NON_TENSOR_DATA_TYPE, Level, class_name
 from .bulk import dequantized, meta_tensor, spec_info
 from .state import ArchiveState, missing_key, nest_flat
@@ -574,12 +574,13 @@ class Archive(LeafMemory, Mapping):
         """
         from .bulk import build_tree
 
-        if keys is not None:
-            from .rows import select_keys
+        with paused_gc():  # thousands of levels and tensors, no cycles among them
+            if keys is not None:
+                from .rows import select_keys
 
-            tree = select_keys(self, tuple(keys))
-        else:
-            tree = build_tree(self)
+                tree = select_keys(self, tuple(keys))
+            else:
+                tree = build_tree(self)
         return nest_flat(tree, nest) if nest is not None else tree  # type: ignore[return-value]
 
     def _prefetch_compressed(self) -> None:

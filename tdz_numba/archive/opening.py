@@ -25,7 +25,7 @@ from .. import formats
 from ..errors import InternalError, MissingKeyError, TdzError, UnsupportedError
 from ..files.memory import readahead, readahead_on, whole_file_mappings
 from ..tdz.source import TdzSource, open_tdz
-from ..tdz.sources import Source
+from ..tdz.sources import Source, paused_gc
 from ..tdz.tree import Level
 from ..zipfmt.records import STORED
 from .mapping import Archive
@@ -41,6 +41,11 @@ __all__ = ["open_archive", "load", "read_ahead_tdz"]
 def open_archive(path: str | os.PathLike, options: OpenOptions = DEFAULT) -> Archive:
     """Opens a local file lazily with checked ``options`` (:func:`~tdz_numba.archive.options.open_options`);
     see :func:`tdz_numba.open`."""
+    with paused_gc():  # a header of 20,000+ entries is thousands of containers (see load)
+        return _open_archive(path, options)
+
+
+def _open_archive(path: str | os.PathLike, options: OpenOptions) -> Archive:
     mode, subpath, allow_pickle, num_threads, copy, device, dtype, direct, allow_external = options[:9]
     source = _open_source(
         path,
@@ -142,7 +147,9 @@ def load(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, nest: str |
     mappings), or with ``preadv`` before Numba is in use; ``mode="r+"`` maps shared and a
     ``subpath`` reads a part: none of these is advised or read ahead here."""
     whole = options.mode == "r" and not options.copy and options.subpath is None
-    with whole_file_mappings() if whole else nullcontext():
+    # no cycles among the headers' containers and the leaves made here: the collector's passes
+    # over a heap holding torch (125-150 ms each) would cost a 20,000-leaf .tdz load 1-2x its work
+    with whole_file_mappings() if whole else nullcontext(), paused_gc():
         ar = open_archive(path, options)
         try:
             tree = ar.to_dict(nest=nest)
