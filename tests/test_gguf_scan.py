@@ -80,3 +80,41 @@ def test_names_with_nul_or_bad_bytes(tmp_path: Path) -> None:
     fast, slow = _both(np.frombuffer(bytes(b), np.uint8), pos, n)
     assert fast == slow and fast is not None
     assert [i.name for i in fast[0]] == ["a\x00", "\ufffd\ufffd"]
+
+
+@pytest.mark.parametrize("kinds", [1, 2, 64, 65, 200])
+def test_rows_grouped_in_the_kernel_or_by_the_caller(tmp_path: Path, kinds: int) -> None:
+    """``gather_rows`` groups up to MAX_KINDS distinct (type, dims) rows itself; beyond, the
+    caller's sort-based grouping takes over: the same infos as the Python path either way."""
+    from tdz_numba.formats.gguf_scan import MAX_KINDS, rows
+
+    tensors = {f"t{i}": np.full((i % kinds + 1, 2), i, np.float32) for i in range(300)}
+    buf, pos, n = _file(tmp_path, tensors)
+    fast, slow = _both(buf, pos, n)
+    assert fast is not None and fast == slow
+    assert [i.shape for i in fast[0][:3]] == [t.shape for t in list(tensors.values())[:3]]
+    from tdz_numba.formats.gguf_scan import walk
+
+    _, ends, ndims, _, _ = walk(buf, pos, n, 4)
+    table, offsets, distinct, inverse = rows(buf, ends, ndims, 32, 4)
+    if kinds > MAX_KINDS:
+        assert distinct is None and inverse is None
+    else:
+        assert len(distinct) == kinds
+        assert (distinct[inverse] == table).all()
+    assert (offsets % 32 == 0).all() and offsets.tolist() == sorted(offsets.tolist())
+
+
+def test_rows_refuse_offsets_out_of_the_file_or_misaligned(tmp_path: Path) -> None:
+    from tdz_numba.formats.gguf_scan import rows, walk
+
+    buf, pos, n = _file(tmp_path, {"a": np.ones((2, 3), np.float32), "b": np.ones(8, np.float32)})
+    _, ends, ndims, _, _ = walk(buf, pos, n, 4)
+    assert rows(buf, ends, ndims, 32, 4) is not None
+    last = int(ends[-1]) + 4 + 8 * int(ndims[-1]) + 4  # the last record's offset field
+    for value in (buf.size, buf.size + 1, 2**64 - 32, 33):  # past the end (wrapping too), misaligned
+        b = bytearray(bytes(buf))
+        b[last : last + 8] = struct.pack("<Q", value)
+        arr = np.frombuffer(bytes(b), np.uint8)
+        assert rows(arr, ends, ndims, 32, 4) is None
+        assert _both(arr, pos, n) == (None, None)

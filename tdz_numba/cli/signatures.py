@@ -115,6 +115,20 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(float32, 1, 'C', False, aligned=True)",
         ),
     ),
+    "tdz_numba.formats.gguf_scan.gather_rows": (
+        (
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "int64",
+            "int64",
+            "Array(uint64, 2, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
     "tdz_numba.formats.gguf_scan.walk_infos": (
         (
             "Array(uint8, 1, 'C', True, aligned=True)",

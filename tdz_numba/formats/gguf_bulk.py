@@ -56,7 +56,8 @@ def bulk_columns(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[tup
     sizes), data_start)``, one list per field (no tuple per info), or None."""
     size = len(buf)
     mv = buf.data  # a memoryview of the same bytes
-    if use_kernels(n):
+    kernel = use_kernels(n)
+    if kernel:
         from .gguf_scan import walk  # imports Numba
 
         walked = walk(buf, pos, n, MAX_DIMS)
@@ -91,29 +92,27 @@ def bulk_columns(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[tup
     data_start = -(-pos // alignment) * alignment
     if len(set(names)) != n:
         return None
-    at = ends + 4  # the first dimension
-    nd_arr = ndims
-    types = _gather(buf, at + 8 * nd_arr, 4, "<u4").astype(np.int64)
-    offsets = _gather(buf, at + 8 * nd_arr + 4, 8, "<u8")
-    if np.any(offsets >= np.uint64(size)):
-        return None
-    offsets = offsets.astype(np.int64)
-    if np.any(offsets % alignment):
-        return None
-    # each record's (type, dimension count, dimensions) as one row: the distinct rows (a handful,
-    # whatever the tensor count) are checked and sized once, with Python's unbounded ints
-    rows_of = np.zeros((n, 2 + MAX_DIMS), np.uint64)
-    rows_of[:, 0] = types
-    rows_of[:, 1] = nd_arr
-    for k in np.unique(nd_arr).tolist():  # dimensions, grouped by rank
-        if k:
-            rows = np.flatnonzero(nd_arr == k)
-            block = np.ascontiguousarray(buf[at[rows, None] + np.arange(8 * k)]).view("<u8")
-            rows_of[rows, 2 : 2 + k] = block
-    if (rows_of == rows_of[0]).all():
-        distinct, inverse = rows_of[:1], None
+    inverse: np.ndarray | None
+    if kernel:  # rows, offsets and their grouping in the same compiled pass
+        from .gguf_scan import rows as gather
+
+        got = gather(buf, ends, ndims, alignment, MAX_DIMS)
+        if got is None:
+            return None
+        rows_of, offsets, distinct, inverse = got
+        if distinct is None:  # more kinds than the kernel groups
+            distinct, inverse = distinct_rows(rows_of)
+        elif len(distinct) == 1:
+            inverse = None
     else:
-        distinct, inverse = distinct_rows(rows_of)
+        gathered = _python_rows(buf, ends, ndims, size, alignment)
+        if gathered is None:
+            return None
+        rows_of, offsets = gathered
+        if (rows_of == rows_of[0]).all():
+            distinct, inverse = rows_of[:1], None
+        else:
+            distinct, inverse = distinct_rows(rows_of)
     kinds: list[tuple[int, str, tuple[int, ...], int]] = []
     for row in distinct.tolist():  # each distinct (type, dims): exact checks
         ggml_type, d = row[0], tuple(row[2 : 2 + row[1]])
@@ -140,6 +139,31 @@ def bulk_columns(buf: np.ndarray, pos: int, n: int, alignment: int) -> tuple[tup
     if np.any(start > size - nbytes):
         return None
     return (names, type_col, tname_col, shape_col, start.tolist(), nbytes.tolist()), data_start
+
+
+def _python_rows(
+    buf: np.ndarray, ends: np.ndarray, nd_arr: np.ndarray, size: int, alignment: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each record's ``(type, n_dims, dims...)`` row and its offset, gathered with numpy
+    (the twin of :func:`~tdz_numba.formats.gguf_scan.gather_rows`), or None where
+    an offset is out of the file or misaligned."""
+    n = ends.size
+    at = ends + 4  # the first dimension
+    types = _gather(buf, at + 8 * nd_arr, 4, "<u4").astype(np.int64)
+    offsets = _gather(buf, at + 8 * nd_arr + 4, 8, "<u8")
+    if np.any(offsets >= np.uint64(size)) or np.any(offsets % np.uint64(alignment)):
+        return None
+    # each record's (type, dimension count, dimensions) as one row: the distinct rows (a handful,
+    # whatever the tensor count) are checked and sized once, with Python's unbounded ints
+    rows_of = np.zeros((n, 2 + MAX_DIMS), np.uint64)
+    rows_of[:, 0] = types
+    rows_of[:, 1] = nd_arr
+    for k in np.unique(nd_arr).tolist():  # dimensions, grouped by rank
+        if k:
+            rows = np.flatnonzero(nd_arr == k)
+            block = np.ascontiguousarray(buf[at[rows, None] + np.arange(8 * k)]).view("<u8")
+            rows_of[rows, 2 : 2 + k] = block
+    return rows_of, offsets.astype(np.int64)
 
 
 #: Odd 64-bit multipliers of :func:`distinct_rows`' row keys (one per column of a record's row).

@@ -23,7 +23,7 @@ from numba import njit
 
 from ..jit.presets import KERNEL
 
-__all__ = ["walk_infos", "walk"]
+__all__ = ["walk_infos", "walk", "gather_rows", "rows"]
 
 
 @njit(**KERNEL)
@@ -112,3 +112,83 @@ def walk(
         mv = arr.data
         decoded = [str(mv[a:b], "utf-8", "replace") for a, b in zip(starts.tolist(), ends.tolist())]
     return starts, ends, ndims, decoded, int(out[1])
+
+
+#: Most distinct ``(type, dims)`` rows :func:`gather_rows` groups itself (a model has a dozen;
+#: beyond it the caller's sort-based grouping is faster than comparing with every row kept).
+MAX_KINDS = 64
+
+
+@njit(**KERNEL)
+def gather_rows(
+    buf, ends, ndims, size, alignment, rows, offsets, inverse, first, out
+):  # pragma: no cover - compiled
+    """For walked records (``ends``: where each name ends, ``ndims``: dimension counts), fills
+    ``rows[i] = (ggml type, n_dims, dims...)`` and ``offsets[i]``, and groups equal rows:
+    ``inverse[i]`` the group of row ``i``, ``first[k]`` the first row of group ``k``.
+    ``out = [status, groups]``: status 1 done, 0 an offset at or past ``size`` or not a
+    multiple of ``alignment``, 2 more than ``first.size`` groups (``inverse`` incomplete)."""
+    n = ends.size
+    width = rows.shape[1]
+    out[0] = 0
+    kinds = 0
+    status = 1
+    for i in range(n):
+        at = ends[i] + 4
+        nd = ndims[i]
+        for j in range(width):
+            rows[i, j] = 0
+        for j in range(nd):
+            rows[i, 2 + j] = _u64(buf, at + 8 * j)
+        p = at + 8 * nd
+        rows[i, 0] = np.uint64(buf[p]) | (np.uint64(buf[p + 1]) << np.uint64(8))
+        rows[i, 0] |= (np.uint64(buf[p + 2]) << np.uint64(16)) | (np.uint64(buf[p + 3]) << np.uint64(24))
+        rows[i, 1] = np.uint64(nd)
+        off = _u64(buf, p + 4)
+        if off >= np.uint64(size) or off % np.uint64(alignment):
+            return
+        offsets[i] = np.int64(off)
+        if status != 1:
+            continue
+        k = 0
+        while k < kinds:
+            r = first[k]
+            same = True
+            for j in range(width):
+                if rows[r, j] != rows[i, j]:
+                    same = False
+                    break
+            if same:
+                break
+            k += 1
+        if k == kinds:
+            if kinds == first.size:
+                status = 2
+                continue
+            first[kinds] = i
+            kinds += 1
+        inverse[i] = k
+    out[0] = status
+    out[1] = kinds
+
+
+def rows(
+    buf: np.ndarray, ends: np.ndarray, ndims: np.ndarray, alignment: int, max_dims: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+    """``(rows, offsets, distinct, inverse)`` of records :func:`walk` found (see
+    :func:`gather_rows`; ``distinct``/``inverse`` None beyond :data:`MAX_KINDS` kinds), or None
+    where an offset is out of the file or misaligned (the Python path returns None too)."""
+    arr = buf if not buf.flags.writeable else buf.view()
+    arr.flags.writeable = False  # one compiled signature
+    n = ends.size
+    table = np.empty((n, 2 + max_dims), np.uint64)
+    offsets = np.empty(n, np.int64)
+    inverse = np.empty(n, np.int64)
+    first = np.empty(MAX_KINDS, np.int64)
+    out = np.zeros(2, np.int64)
+    gather_rows(arr, ends, ndims, arr.size, alignment, table, offsets, inverse, first, out)
+    if out[0] == 0:
+        return None
+    if out[0] == 2:
+        return table, offsets, None, None
+    return table, offsets, table[first[: int(out[1])]], inverse
