@@ -97,8 +97,12 @@ def test_rounds_alternate_rotate_and_drop_failures(tmp_path):
         n: (fn, tmp_path) for n, fn in (("a", ok("a")), ("b", ok("b")), ("boom", boom), ("wrong", wrong))
     }
     # expected touch of ones(10) float32: first byte 0 (1.0 = 00 00 80 3f), touched sum 0
-    out = readformats._rounds(cells, 3, False, expect, lambda rd, why: notes.append((rd, why)))
+    opened: dict[str, list[float]] = {}
+    out = readformats._rounds(cells, 3, False, expect, lambda rd, why: notes.append((rd, why)), opened)
     assert set(out) == {"a", "b"} and all(len(v) == 3 and min(v) > 0 for v in out.values())
+    # the part before the touch: one per timed round, never more than the whole
+    assert set(opened) == {"a", "b"}
+    assert all(len(opened[n]) == 3 and all(0 < o <= t for o, t in zip(opened[n], out[n])) for n in out)
     # round 0: a b boom wrong; then the two survivors, order rotated by the round
     assert order == ["a", "b", "boom", "wrong", "b", "a", "a", "b", "b", "a"]
     assert notes[0] == ("boom", "OSError: disk on fire")
@@ -121,6 +125,8 @@ def _fake(rows):
                 "runs_ms": [ms],
                 "gbps": 1000 * 10240 / ms / 1e6,
                 "us_per_tensor": ms,
+                "open_ms": ms / 2,
+                "open_us_per_tensor": ms / 2,
             }
         )
     return res
@@ -155,6 +161,10 @@ def test_ratios_and_tables_fit_100_columns():
     assert (
         "memcpy 10.00 GB/s (numpy copyto; alloc + copy 4.00); tdz_numba copy best 10.24 GB/s = 1.02x" in table
     )
+    per = readformats.per_tensor_table(res)
+    assert "small     safetensors  2.0 / 1.0 / 4.0        4.0 / 2.0 / 8.0" in per
+    assert "small     tdz          1.5 / 3.0 / 4.5 / 0.8  3.0 / 6.0 / 9.0 / 1.5" in per
+    assert per in readformats.report(res)
     for line in (table + "\n" + text + "\n" + readformats.report(res)).splitlines():
         assert len(line) <= 100, line
 

@@ -19,7 +19,8 @@ to every tensor touched:
 * ``copy``: every tensor into owned memory, then the same touch.
 
 Readers alternate per round (round r: every reader once, the order rotated by r), after one warm-up
-round; cells are medians of ``--repeat`` rounds, in ms. A ``memcpy`` line gives this machine's copy
+round; cells are medians of ``--repeat`` rounds, in ms; each view cell is also split at the touch
+(``open + views``: the reader's call and its list of tensors, per tensor). A ``memcpy`` line gives this machine's copy
 bandwidth (numpy ``copyto`` of a buffer of the workload's size) for the copy column. Every reader's
 tensors are checked (count, bytes and the bytes touched) against what was written.
 """
@@ -60,6 +61,7 @@ __all__ = [
     "run_read_formats",
     "read_table",
     "ratio_table",
+    "per_tensor_table",
     "ratios",
     "plot_read",
     "main",
@@ -137,9 +139,11 @@ def _rounds(
     cold: bool,
     expect: tuple[int, int, int],
     fail: Callable[[str, str], None],
+    opened: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
     """Round 0 warms every reader up (and checks its tensors), then ``repeat`` timed rounds; round r runs
-    every reader once, the order rotated by r. A reader that fails is dropped (``fail(reader, why)``)."""
+    every reader once, the order rotated by r. A reader that fails is dropped (``fail(reader, why)``).
+    ``opened`` (optional) gets each timed round's ms up to the tensors being made, before the touch."""
     names = list(cells)
     out: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeat + 1):
@@ -154,6 +158,7 @@ def _rounds(
             try:
                 t0 = time.perf_counter()
                 tensors, keep = fn(path)
+                t1 = time.perf_counter()
                 total = touch(tensors)
                 ms = (time.perf_counter() - t0) * 1e3
             except Exception as exc:
@@ -170,6 +175,8 @@ def _rounds(
                     del out[name]
             else:
                 out[name].append(ms)
+                if opened is not None:
+                    opened.setdefault(name, []).append((t1 - t0) * 1e3)
             del tensors
             _release(keep)
             del keep
@@ -230,11 +237,13 @@ def run_read_formats(
                     def fail(rd: str, why: str, w: str = wname, fmt: str = fmt, mode: str = mode) -> None:
                         res.notes.append(f"{w}/{fmt}/{rd}/{mode}: failed ({why})")
 
-                    runs = _rounds(cells, repeat, mode == "cold", expect, fail)
+                    opened: dict[str, list[float]] = {}
+                    runs = _rounds(cells, repeat, mode == "cold", expect, fail, opened)
                     for rd, ms in runs.items():
                         if not ms:
                             continue
                         med = statistics.median(ms)
+                        open_med = statistics.median(opened[rd])
                         res.rows.append(
                             {
                                 "workload": wname,
@@ -246,6 +255,8 @@ def run_read_formats(
                                 "runs_ms": ms,
                                 "gbps": expect[1] / med / 1e6,
                                 "us_per_tensor": med * 1e3 / expect[0],
+                                "open_ms": open_med,
+                                "open_us_per_tensor": open_med * 1e3 / expect[0],
                             }
                         )
                         say(
@@ -364,6 +375,25 @@ def ratio_table(res: ReadResult) -> str:
     return "\n".join(lines)
 
 
+def per_tensor_table(res: ReadResult) -> str:
+    """Per (workload, format): us per tensor of the view mode, every reader, split at the touch:
+    ``open + views`` (the reader's call and the list of tensors, nothing touched) and the whole cell."""
+    rows = []
+    for w in res.nbytes:
+        for f in dict.fromkeys(r["format"] for r in res.rows if r["workload"] == w):
+            per = [_cell(res, w, f, rd, "view") for rd in readers_of(f)]
+            if not any(per):
+                continue
+            opens = " / ".join(f"{c['open_us_per_tensor']:.1f}" if c and "open_ms" in c else "-" for c in per)
+            whole = " / ".join(f"{c['us_per_tensor']:.1f}" if c else "-" for c in per)
+            rows.append([w, f, opens, whole])
+    if not rows:
+        return ""
+    lines = ["view mode, us per tensor (ours / zt / own): open + views (no touch), whole cell"]
+    lines += _grid(["workload", "format", "open + views", "with the touch"], rows)
+    return "\n".join(lines)
+
+
 def report(res: ReadResult) -> str:
     """The whole text: context, the ms table, the ratio table, file sizes and notes."""
     lines = [
@@ -372,6 +402,8 @@ def report(res: ReadResult) -> str:
         read_table(res),
         "",
         ratio_table(res),
+        "",
+        per_tensor_table(res),
     ]
     for w, sizes in res.file_bytes.items():
         text = ", ".join(f"{f} {n / res.nbytes[w]:.3f}x" for f, n in sizes.items())
