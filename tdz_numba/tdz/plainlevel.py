@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..jit.policy import use_kernels
 from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
 from .dtypes import dtype_table
 from .keys import _ENCODED, encode_key
@@ -48,9 +49,12 @@ __all__ = [
     "MAX_TEXTS",
     "is_plain_td",
     "plain_td_level",
+    "scan_td_level",
     "plain_children",
 ]
 
+#: Bytes of a ``meta.json`` text from which :func:`scan_td_level` scans it (below: parsed, ~20 us at most).
+SCAN_MIN = 2048
 #: Distinct ``meta.json`` texts a reader keeps a :class:`PlainLevel` of (beyond: parsed per level).
 MAX_TEXTS = 4096
 
@@ -174,10 +178,33 @@ def plain_level_of(texts: dict[bytes, PlainLevel | None], data: bytes, where: st
     """
     found = texts.get(data, _UNSEEN)
     if found is _UNSEEN:
-        found = plain_level(parse_meta(data, where))
+        found = scan_td_level(data, "", _ANY) or plain_level(parse_meta(data, where))
         if len(texts) < MAX_TEXTS:
             texts[data] = found
     return found
+
+
+def _any(name: str) -> bool:
+    return True
+
+
+_ANY = _any
+
+
+def scan_td_level(data: bytes, prefix: str, has_meta: Callable[[str], bool]) -> PlainLevel | None:
+    """``plain_td_level(parse_meta(data, ...), prefix, has_meta)[1]`` read by one compiled scan
+    (:func:`~tdz_numba.tdz.metascan.scan_level`) of a text in tensordict's writer layout of at least
+    :data:`SCAN_MIN` bytes, when the kernels run (:func:`~tdz_numba.jit.policy.use_kernels`); None
+    otherwise, and for any text the scan does not take: the caller then parses ``data``.
+
+    >>> scan_td_level(b'{"x": {"dtype": "torch.int8", "shape": [3]}}', "", None) is None  # (small)
+    True
+    """
+    if len(data) < SCAN_MIN or not use_kernels(len(data) >> 7):
+        return None
+    from .metascan import scan_level  # imports Numba
+
+    return scan_level(data, prefix, has_meta)
 
 
 def is_plain_td(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> bool:
