@@ -346,3 +346,64 @@ def test_refused_text_still_loads(tmp_path):
     q = tmp_path / "odd.tdz"
     q.write_bytes(buf.getvalue())
     assert tdz_numba.load(q)["k42"].tolist() == [42.0] * 3
+
+
+FAST: list = []  # what quick_views gave
+
+
+def _quick(path, prefix, fast, monkeypatch):
+    """``quick_level(prefix)`` of a fresh source, with (``fast``) or without plainlevel.quick_views."""
+    with monkeypatch.context() as m:
+        real = plainlevel.quick_views
+        m.setattr(
+            tdzsource,
+            "quick_views",
+            (lambda *a: FAST.append(real(*a)) or FAST[-1]) if fast else (lambda *a: None),
+        )
+        src = tdzsource.TdzSource(path)
+        src.check_level("")
+        if prefix:
+            src.quick_level("")
+        return src, src.quick_level(prefix)
+
+
+@pytest.mark.parametrize("compression", [None, "deflate"])
+def test_quick_views_as_the_per_leaf_path(tmp_path, monkeypatch, compression):
+    leaves = {f"d{i}": torch.arange(6).to(dt).reshape(2, 3) for i, dt in enumerate(DTYPES)}
+    leaves.update(
+        {"s": torch.tensor(1.5), "e": torch.zeros(0, 3), "big": torch.arange(40.0).reshape(2, 4, 5)}
+    )
+    same = {f"h{i}": torch.full((5,), float(i), dtype=torch.float16) for i in range(64)}
+    tree = {**leaves, "g": dict(leaves), "h": same}
+    p = tdz_numba.save(tree, tmp_path / "q.tdz", compression=compression)
+    for prefix, want in (("", tree), ("g/", leaves), ("h/", same)):
+        a_src, a = _quick(p, prefix, True, monkeypatch)
+        b_src, b = _quick(p, prefix, False, monkeypatch)
+        try:
+            if a is None or b is None:
+                assert a is None and b is None and (compression or prefix == "")
+                continue
+            assert list(a[0]) == list(b[0]) == list(want) and a[1] == b[1]
+            assert a[0].meta == b[0].meta
+            for key, t in a[0].items():
+                u = b[0][key]
+                if t is None or isinstance(t, dict):
+                    assert u is None or isinstance(u, dict)
+                    continue
+                assert (t.dtype, t.shape, t.stride(), t.storage_offset()) == (
+                    u.dtype,
+                    u.shape,
+                    u.stride(),
+                    u.storage_offset(),
+                )
+                assert torch.equal(t, want[key])
+            assert sorted(a_src._tensors) == sorted(b_src._tensors)
+        finally:
+            a_src.close()
+            b_src.close()
+    if not compression:
+        assert FAST and FAST[-1] is not None  # (the level "h/": made by quick_views)
+    got = tdz_numba.load(p)
+    before = got["h"]["h1"]._version
+    got["h"]["h0"].add_(1)  # own version counters: a write to one leaf marks no other
+    assert got["h"]["h1"]._version == before and got["h"]["h0"][0] == 1.0

@@ -50,6 +50,7 @@ from .plainlevel import (
     plain_level,
     plain_level_of,
     plain_td_level,
+    quick_views,
     scan_td_level,
 )
 from .sources import Child, LeafInfo, LevelInfo, Location, Source, leaf_view, own_views
@@ -174,8 +175,7 @@ class TdzSource(Source):
         else:
             self._describe(meta, prefix)
 
-    def _meta_bytes(self, prefix: str) -> bytes:
-        """The bytes of the ``meta.json`` of the level at ``prefix``."""
+    def _meta_bytes(self, prefix: str) -> bytes:  # (the bytes of the meta.json at prefix)
         if (meta_name := prefix + "meta.json") not in self.index:
             raise BadArchiveError(f"{self.where(prefix)}: no meta.json entry {meta_name!r}")
         return self.index.read_bytes(meta_name)
@@ -226,16 +226,14 @@ class TdzSource(Source):
                 index.check_all()  # the whole archive: every local header in one kernel pass
             except BadArchiveError:  # somewhere: the general path reads the headers of the
                 return None  # leaves it needs, and names what is wrong with them
+        if tensors and (fast := quick_views(self, plain, prefix)) is not None:
+            return fast  # a level of leaves only: in passes over all of them
         by_name, cache = index._by_name, self._tensors
         columns = self._columns
         if columns is None or columns[0] is not index.columns:  # index rows as lists, once per parse
             cols = index.columns
-            columns = self._columns = (
-                cols,
-                cols[:, Col.METHOD].tolist(),
-                cols[:, Col.SIZE].tolist(),
-                cols[:, Col.PAYLOAD_OFFSET].tolist(),
-            )
+            m, s, o = (cols[:, c].tolist() for c in (Col.METHOD, Col.SIZE, Col.PAYLOAD_OFFSET))
+            columns = self._columns = (cols, m, s, o)
         _, methods, sizes, offsets = columns
         kinds = self._kinds  # dtype name -> (itemsize, typed view of the mapping)
         out = Level(meta=plain.fields)
