@@ -229,6 +229,7 @@ def base_text():
         for i in range(6)
     ]
     kids += [("sub", '{"type": "TensorDict"}'), ("é/x", leaf([3]))]
+    kids += [(f"r{i}", leaf([4, 4])) for i in range(3)]  # leaves written alike: read once, compared after
     return text(*kids)
 
 
@@ -259,6 +260,20 @@ def test_mutations():
         if check(mutate(rng, data)) is not None:
             accepted += 1
     assert 90 < accepted < 2900, accepted  # (~5% of the mutants keep the layout)
+
+
+def test_leaves_written_alike():
+    alike = leaf([2, 5], "torch.int16")
+    for other in (
+        leaf([2, 6], "torch.int16"),
+        leaf([2, 5], "torch.int32"),
+        leaf([2, 5], "torch.int16", "null"),
+    ):  # (checked against the oracle)
+        lvl = check(
+            text(("a", alike), ("b", alike), ("c", other), ("d", alike), ("e", '{"type": "T"}'), ("f", alike))
+        )
+        assert lvl is not None and len(lvl.names) == 5
+        assert lvl.items[1][2:5] == lvl.items[3][2:5] == lvl.items[5][2:5] == (20, "torch.int16", (2, 5))
 
 
 def test_truncations():

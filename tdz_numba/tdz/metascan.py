@@ -211,6 +211,7 @@ def scan_meta(
     fields = -1
     n = nk = nn = nshape = hashed = 0
     last = -1
+    pstart = plen = prow = 0  # the text of the last leaf parsed, and its row
     pos = _ws(buf, 0, end)
     if pos >= end or buf[pos] != 123:
         return
@@ -231,6 +232,7 @@ def scan_meta(
         if buf[pos] != 123:  # the level's own fields: Python's
             fields = kstart
             break
+        vstart = pos  # the value's '{'
         pos = _ws(buf, pos + 1, end)
         kbegin = kstart + 1
         klen = kend - kbegin
@@ -245,118 +247,133 @@ def scan_meta(
         keys[nk] = 0
         nk += 1
         nn += klen
-        p = _lit(buf, pos, end, _DEVICE)
-        if p >= 0:  # a leaf
-            p = _colon(buf, p, end)
-            if p < 0:
-                return
-            q = _lit(buf, p, end, _NULL)
-            p = q if q >= 0 else _ascii(buf, p, end)
-            p = _comma(buf, p, end)
-            p = _colon(buf, _lit(buf, p, end, _SHAPE_KEY), end)
-            if p < 0 or p >= end or buf[p] != 91:
-                return
-            p = _ws(buf, p + 1, end)
-            if nshape >= dims.shape[0]:
-                return
-            ndim = 0
-            if p < end and buf[p] == 93:
-                p += 1
-            else:
-                while True:
-                    if p >= end or ndim >= cap:
-                        return
-                    c = buf[p]
-                    if c < 48 or c > 57:
-                        return
-                    value = 0
-                    digits = 0
-                    while p < end and 48 <= buf[p] <= 57:
-                        if digits == 18 or (digits == 1 and value == 0):
-                            return  # over 18 digits, or a leading zero
-                        value = value * 10 + (buf[p] - 48)
-                        digits += 1
-                        p += 1
-                    dims[nshape, ndim] = value
-                    ndim += 1
-                    p = _ws(buf, p, end)
-                    if p >= end:
-                        return
-                    if buf[p] == 93:
-                        p += 1
-                        break
-                    if buf[p] != 44:
-                        return
-                    p = _ws(buf, p + 1, end)
-            p = _colon(buf, _lit(buf, _comma(buf, p, end), end, _DTYPE_KEY), end)
-            q = _ascii(buf, p, end)
-            if q < 0:
-                return
-            code = _dtype(buf, p + 1, q - 1, dt_text, dt_offs, last)
-            if code < 0:
-                return
-            last = code
-            p = _colon(buf, _lit(buf, _comma(buf, q, end), end, _NESTED_KEY), end)
-            p = _ws(buf, _lit(buf, p, end, _FALSE), end)
-            if p < 0 or p >= end or buf[p] != 125:
-                return
-            pos = p + 1
-            itemsize = dt_size[code]
-            bound = itemsize
-            nbytes = itemsize
-            for d in range(ndim):
-                s = dims[nshape, d]
-                nbytes *= s
-                if s > 1:
-                    if bound > MAX_NBYTES // s:
-                        return
-                    bound *= s
-            dims[nshape, cap] = ndim
-            sid = -1
-            if hashed < table.size // 2:  # the shape's id: an equal shape seen before, or a new one
-                h = ndim * 1000003
-                for d in range(ndim):
-                    h = (h * 31 + dims[nshape, d]) & 0x7FFFFFFFFFFF
-                h &= mask
-                while table[h] >= 0:
-                    other = table[h]
-                    same = dims[other, cap] == ndim
-                    if same:
-                        for d in range(ndim):
-                            if dims[other, d] != dims[nshape, d]:
-                                same = False
-                                break
-                    if same:
-                        sid = other
-                        break
-                    h = (h + 1) & mask
-                if sid < 0:
-                    table[h] = nshape
-                    hashed += 1
-            if sid < 0:
-                sid = nshape
-                nshape += 1
-            rows[n, 0] = 0
-            rows[n, 2] = code
-            rows[n, 3] = sid
-            rows[n, 4] = nbytes
-            rows[n, 5] = itemsize
+        same = plen > 0 and vstart + plen <= end  # a leaf written as the one before (same bytes)
+        if same:
+            for i in range(plen):
+                if buf[vstart + i] != buf[pstart + i]:
+                    same = False
+                    break
+        if same:
+            for i in range(6):
+                rows[n, i] = rows[prow, i]
+            pos = vstart + plen
             for i in range(7):
                 names[nn + i] = _MEMMAP[i]
             nn += 7
-        else:  # a sub-level
-            p = _ascii(buf, _colon(buf, _lit(buf, pos, end, _TYPE_KEY), end), end)
-            p = _ws(buf, p, end)
-            if p < 0 or p >= end or buf[p] != 125:
-                return
-            pos = p + 1
-            rows[n, 0] = 1
-            rows[n, 2] = -1
-            rows[n, 3] = -1
-            rows[n, 4] = -1
-            rows[n, 5] = 0
-            names[nn] = 47  # "/"
-            nn += 1
+        else:
+            p = _lit(buf, pos, end, _DEVICE)
+            if p >= 0:  # a leaf
+                p = _colon(buf, p, end)
+                if p < 0:
+                    return
+                q = _lit(buf, p, end, _NULL)
+                p = q if q >= 0 else _ascii(buf, p, end)
+                p = _comma(buf, p, end)
+                p = _colon(buf, _lit(buf, p, end, _SHAPE_KEY), end)
+                if p < 0 or p >= end or buf[p] != 91:
+                    return
+                p = _ws(buf, p + 1, end)
+                if nshape >= dims.shape[0]:
+                    return
+                ndim = 0
+                if p < end and buf[p] == 93:
+                    p += 1
+                else:
+                    while True:
+                        if p >= end or ndim >= cap:
+                            return
+                        c = buf[p]
+                        if c < 48 or c > 57:
+                            return
+                        value = 0
+                        digits = 0
+                        while p < end and 48 <= buf[p] <= 57:
+                            if digits == 18 or (digits == 1 and value == 0):
+                                return  # over 18 digits, or a leading zero
+                            value = value * 10 + (buf[p] - 48)
+                            digits += 1
+                            p += 1
+                        dims[nshape, ndim] = value
+                        ndim += 1
+                        p = _ws(buf, p, end)
+                        if p >= end:
+                            return
+                        if buf[p] == 93:
+                            p += 1
+                            break
+                        if buf[p] != 44:
+                            return
+                        p = _ws(buf, p + 1, end)
+                p = _colon(buf, _lit(buf, _comma(buf, p, end), end, _DTYPE_KEY), end)
+                q = _ascii(buf, p, end)
+                if q < 0:
+                    return
+                code = _dtype(buf, p + 1, q - 1, dt_text, dt_offs, last)
+                if code < 0:
+                    return
+                last = code
+                p = _colon(buf, _lit(buf, _comma(buf, q, end), end, _NESTED_KEY), end)
+                p = _ws(buf, _lit(buf, p, end, _FALSE), end)
+                if p < 0 or p >= end or buf[p] != 125:
+                    return
+                pos = p + 1
+                itemsize = dt_size[code]
+                bound = itemsize
+                nbytes = itemsize
+                for d in range(ndim):
+                    s = dims[nshape, d]
+                    nbytes *= s
+                    if s > 1:
+                        if bound > MAX_NBYTES // s:
+                            return
+                        bound *= s
+                dims[nshape, cap] = ndim
+                sid = -1
+                if hashed < table.size // 2:  # the shape's id: an equal shape seen before, or a new one
+                    h = ndim * 1000003
+                    for d in range(ndim):
+                        h = (h * 31 + dims[nshape, d]) & 0x7FFFFFFFFFFF
+                    h &= mask
+                    while table[h] >= 0:
+                        other = table[h]
+                        same = dims[other, cap] == ndim
+                        if same:
+                            for d in range(ndim):
+                                if dims[other, d] != dims[nshape, d]:
+                                    same = False
+                                    break
+                        if same:
+                            sid = other
+                            break
+                        h = (h + 1) & mask
+                    if sid < 0:
+                        table[h] = nshape
+                        hashed += 1
+                if sid < 0:
+                    sid = nshape
+                    nshape += 1
+                rows[n, 0] = 0
+                rows[n, 2] = code
+                rows[n, 3] = sid
+                rows[n, 4] = nbytes
+                rows[n, 5] = itemsize
+                for i in range(7):
+                    names[nn + i] = _MEMMAP[i]
+                nn += 7
+                pstart, plen, prow = vstart, pos - vstart, n
+            else:  # a sub-level
+                p = _ascii(buf, _colon(buf, _lit(buf, pos, end, _TYPE_KEY), end), end)
+                p = _ws(buf, p, end)
+                if p < 0 or p >= end or buf[p] != 125:
+                    return
+                pos = p + 1
+                rows[n, 0] = 1
+                rows[n, 2] = -1
+                rows[n, 3] = -1
+                rows[n, 4] = -1
+                rows[n, 5] = 0
+                names[nn] = 47  # "/"
+                nn += 1
         rows[n, 1] = flags
         names[nn] = 0
         nn += 1
@@ -459,11 +476,13 @@ def scan_level(data: bytes, prefix: str, has_meta: Callable[[str], bool]) -> Pla
                 return None
         fname = encoded.get(key) or encode_key(key)
         names_of[i] = fname + (".memmap" if cols[i, _KIND] == 0 else "/")
-    if len(set(keys_of)) != n or not fields.keys().isdisjoint(keys_of):
-        return None  # a key twice (a JSON object keeps its last value)
-    for name in ("_class", "_type", "_format_version"):
-        if name in keys_of:
-            return None  # a child named like a field the checks above read: the parsing path
+    seen = set(keys_of)
+    if (
+        len(seen) != n
+        or not seen.isdisjoint(fields)
+        or not seen.isdisjoint(("_class", "_type", "_format_version"))
+    ):
+        return None  # a key twice (JSON keeps its last value), or a child named like a field read above
     lvl = PlainLevel()
     lvl.fields = fields
     shapes = np.empty(nshape, object)
