@@ -436,7 +436,7 @@ def scan_level(data: bytes, prefix: str, has_meta: Callable[[str], bool]) -> Pla
     keys = np.empty(size + 1, np.uint8)
     names = np.empty(size + 8, np.uint8)
     rows = np.empty((nrows, 6), np.int64)
-    dims = np.empty((nrows, MAX_DIMS + 1), np.int64)
+    dims = np.empty((size // 56 + 2, MAX_DIMS + 1), np.int64)  # a leaf: at least 58 bytes
     table = np.empty(_HASH_SLOTS, np.int64)
     out = np.empty(6, np.int64)
     scan_meta(buf, dt_text, dt_offs, dt_size, keys, names, rows, dims, table, out)
