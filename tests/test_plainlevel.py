@@ -105,6 +105,8 @@ def test_shared_texts_load_each_level_values(tmp_path, same, groups, monkeypatch
         monkeypatch.setattr(module, "plain_level", lambda meta: calls.append(1) or real(meta))
     both = plainlevel.plain_td_level  # the root: checked at open and read by the load in one walk
     monkeypatch.setattr(tdzsource, "plain_td_level", lambda *a: calls.append(1) or both(*a))
+    scan = plainlevel.scan_td_level  # (a large root: scanned, not parsed; counted once all the same)
+    monkeypatch.setattr(tdzsource, "scan_td_level", lambda *a: (got := scan(*a)) and calls.append(1) or got)
     got = tdz_numba.load(p)
     for g, sub in tree.items():
         for k, v in sub.items():

@@ -209,6 +209,20 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(int64, 1, 'C', False, aligned=True)",
         ),
     ),
+    "tdz_numba.tdz.metascan.scan_meta": (
+        (
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "Array(int64, 2, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
     "tdz_numba.formats.pickle_scan.scan_state_dict": (
         (
             "Array(uint8, 1, 'C', True, aligned=True)",

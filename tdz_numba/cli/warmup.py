@@ -64,6 +64,7 @@ _KERNEL_MODULES = (
     "tdz_numba.formats.onnx_scan",
     "tdz_numba.formats.safetensors_scan",
     "tdz_numba.formats.gguf_scan",
+    "tdz_numba.tdz.metascan",
 )
 
 

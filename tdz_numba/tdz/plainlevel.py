@@ -23,10 +23,14 @@ True
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import numpy as np
 
+from ..jit.policy import use_kernels
+from ..zipfmt.records import Col
+from . import sources as _sources
 from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
 from .dtypes import dtype_table
 from .keys import _ENCODED, encode_key
@@ -38,6 +42,7 @@ from .tree import (
     TD_CLASS,
     TD_TYPE,
     LeafSpec,
+    Level,
     is_keyed,
 )
 
@@ -48,9 +53,13 @@ __all__ = [
     "MAX_TEXTS",
     "is_plain_td",
     "plain_td_level",
+    "scan_td_level",
+    "quick_views",
     "plain_children",
 ]
 
+#: Bytes of a ``meta.json`` text from which :func:`scan_td_level` scans it (below: parsed, ~20 us at most).
+SCAN_MIN = 2048
 #: Distinct ``meta.json`` texts a reader keeps a :class:`PlainLevel` of (beyond: parsed per level).
 MAX_TEXTS = 4096
 
@@ -174,10 +183,74 @@ def plain_level_of(texts: dict[bytes, PlainLevel | None], data: bytes, where: st
     """
     found = texts.get(data, _UNSEEN)
     if found is _UNSEEN:
-        found = plain_level(parse_meta(data, where))
+        found = scan_td_level(data, "", _ANY) or plain_level(parse_meta(data, where))
         if len(texts) < MAX_TEXTS:
             texts[data] = found
     return found
+
+
+def _any(name: str) -> bool:
+    return True
+
+
+_ANY = _any
+
+
+def scan_td_level(data: bytes, prefix: str, has_meta: Callable[[str], bool]) -> PlainLevel | None:
+    """``plain_td_level(parse_meta(data, ...), prefix, has_meta)[1]`` read by one compiled scan
+    (:func:`~tdz_numba.tdz.metascan.scan_level`) of a text in tensordict's writer layout of at least
+    :data:`SCAN_MIN` bytes, when the kernels run (:func:`~tdz_numba.jit.policy.use_kernels`); None
+    otherwise, and for any text the scan does not take: the caller then parses ``data``.
+
+    >>> scan_td_level(b'{"x": {"dtype": "torch.int8", "shape": [3]}}', "", None) is None  # (small)
+    True
+    """
+    if len(data) < SCAN_MIN or not use_kernels(len(data) >> 7):
+        return None
+    from .metascan import scan_level  # imports Numba
+
+    return scan_level(data, prefix, has_meta)
+
+
+def quick_views(src: Any, plain: PlainLevel, prefix: str) -> Any:
+    """The leaves of a level of leaves only as :meth:`TdzSource.quick_level
+    <tdz_numba.tdz.source.TdzSource.quick_level>` makes them, in passes over all of them: its
+    ``(level, [])`` when every leaf is a STORED entry of its size at an aligned, resolved offset
+    and none has a view yet, else None (the per-leaf path checks each leaf and makes the rest).
+    """
+    index, items, cache = src.index, plain.items, src._tensors
+    if plain.subs or not items:
+        return None
+    entries = plain.names if not prefix else [prefix + name for name in plain.names]
+    if cache and not cache.keys().isdisjoint(entries):
+        return None  # (views made already: the per-leaf path gives those)
+    rows = np.fromiter(map(index._by_name.get, entries, repeat(-1)), np.int64, len(entries))
+    if (rows < 0).any():
+        return None
+    cols = index.columns[rows]
+    nbytes, itemsize = plain.arrays
+    offsets = cols[:, Col.PAYLOAD_OFFSET]
+    if cols[:, Col.METHOD].any() or (cols[:, Col.SIZE] != nbytes).any() or (offsets < 0).any():
+        return None
+    if (offsets % itemsize).any():
+        return None
+    keys, _, _, dnames, shapes, strides = zip(*items)
+    elems = (offsets // itemsize).tolist()
+    kinds = src._kinds
+    with _sources.own_views():
+        if not _sources._GUARD:
+            return None
+        kind = set(dnames)
+        if len(kind) == 1:
+            view = (kinds.get(dnames[0]) or src._kind(dnames[0]))[1]
+            made = list(map(view.as_strided, shapes, strides, elems))
+        else:
+            views = {d: (kinds.get(d) or src._kind(d))[1] for d in kind}
+            made = [views[d].as_strided(s, t, e) for d, s, t, e in zip(dnames, shapes, strides, elems)]
+    cache.update(zip(entries, made))
+    out = Level(meta=plain.fields)
+    out.update(zip(keys, made))
+    return out, []
 
 
 def is_plain_td(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> bool:

@@ -50,6 +50,8 @@ from .plainlevel import (
     plain_level,
     plain_level_of,
     plain_td_level,
+    quick_views,
+    scan_td_level,
 )
 from .sources import Child, LeafInfo, LevelInfo, Location, Source, leaf_view, own_views
 from .tree import LeafSpec, Level, PickledData, RawFile, describe_level
@@ -110,7 +112,7 @@ class TdzSource(Source):
         self.num_threads = num_threads
         self.files = []
         self._levels: dict[str, LevelInfo] = {}
-        self._checked: dict[str, dict[str, Any]] = {}  # prefix -> meta.json of a plain level (check_level)
+        self._checked: dict[str, dict[str, Any] | None] = {}  # prefix -> a plain meta.json (None: scanned)
         self._checked_plain: dict[str, PlainLevel | None] = {}  # prefix -> its plain_level (check_level)
         self._tensors: dict[str, torch.Tensor] = {}
         self._typed: dict[torch.dtype, torch.Tensor] = {}
@@ -149,9 +151,9 @@ class TdzSource(Source):
         cached = self._levels.get(prefix)
         if cached is not None:
             return cached
-        meta = self._checked.pop(prefix, None)  # a plain level checked by check_level
+        meta = self._checked.pop(prefix, None)  # a plain level checked by check_level (None: scanned)
         if meta is None:
-            meta = self._read_meta(prefix)
+            meta = parse_meta(self._meta_bytes(prefix), self.where(prefix + "meta.json"))
             if not is_plain_td(meta, prefix, self.index.__contains__):
                 return self._describe(meta, prefix)
         result = self._levels[prefix] = tuple.__new__(LevelInfo, (True, plain_children(meta, prefix), meta))
@@ -164,20 +166,19 @@ class TdzSource(Source):
         on first use (open reads the root ``meta.json`` this way)."""
         if prefix in self._levels or prefix in self._checked:
             return
-        meta = self._read_meta(prefix)
-        ok, plain = plain_td_level(meta, prefix, self.index.__contains__)
+        data = self._meta_bytes(prefix)  # a text in tensordict's layout: scanned (level() parses it if asked)
+        plain, has = scan_td_level(data, prefix, self.index.__contains__), self.index.__contains__
+        meta = None if plain is not None else parse_meta(data, self.where(prefix + "meta.json"))
+        ok, plain = (True, plain) if meta is None else plain_td_level(meta, prefix, has)
         if ok:
             self._checked[prefix], self._checked_plain[prefix] = meta, plain
         else:
             self._describe(meta, prefix)
 
-    def _read_meta(self, prefix: str) -> Any:
-        """The parsed ``meta.json`` of the level at ``prefix``."""
-        index = self.index
-        meta_name = prefix + "meta.json"
-        if meta_name not in index:
+    def _meta_bytes(self, prefix: str) -> bytes:  # (the bytes of the meta.json at prefix)
+        if (meta_name := prefix + "meta.json") not in self.index:
             raise BadArchiveError(f"{self.where(prefix)}: no meta.json entry {meta_name!r}")
-        return parse_meta(index.read_bytes(meta_name), self.where(meta_name))
+        return self.index.read_bytes(meta_name)
 
     def _describe(self, meta: Any, prefix: str) -> LevelInfo:
         """The level at ``prefix`` by :func:`~tdz_numba.tdz.tree.describe_level` (any level; its errors)."""
@@ -225,16 +226,14 @@ class TdzSource(Source):
                 index.check_all()  # the whole archive: every local header in one kernel pass
             except BadArchiveError:  # somewhere: the general path reads the headers of the
                 return None  # leaves it needs, and names what is wrong with them
+        if tensors and (fast := quick_views(self, plain, prefix)) is not None:
+            return fast  # a level of leaves only: in passes over all of them
         by_name, cache = index._by_name, self._tensors
         columns = self._columns
         if columns is None or columns[0] is not index.columns:  # index rows as lists, once per parse
             cols = index.columns
-            columns = self._columns = (
-                cols,
-                cols[:, Col.METHOD].tolist(),
-                cols[:, Col.SIZE].tolist(),
-                cols[:, Col.PAYLOAD_OFFSET].tolist(),
-            )
+            m, s, o = (cols[:, c].tolist() for c in (Col.METHOD, Col.SIZE, Col.PAYLOAD_OFFSET))
+            columns = self._columns = (cols, m, s, o)
         _, methods, sizes, offsets = columns
         kinds = self._kinds  # dtype name -> (itemsize, typed view of the mapping)
         out = Level(meta=plain.fields)
