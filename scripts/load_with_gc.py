@@ -61,7 +61,7 @@ def main() -> None:
                 capture_output=True,
                 text=True,
                 check=True,
-                env=dict(os.environ),
+                env=dict(os.environ, NUMBA_CACHE_DIR=str(trees[name] / ".numba_cache")),
             )
             for p, v in json.loads(res.stdout.splitlines()[-1]).items():
                 got[name].setdefault(Path(p).suffix, []).append(tuple(v))

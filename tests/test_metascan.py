@@ -388,7 +388,11 @@ def test_quick_views_as_the_per_leaf_path(tmp_path, monkeypatch, compression):
     leaves.update(
         {"s": torch.tensor(1.5), "e": torch.zeros(0, 3), "big": torch.arange(40.0).reshape(2, 4, 5)}
     )
-    same = {f"h{i}": torch.full((5,), float(i), dtype=torch.float16) for i in range(64)}
+    # 300 leaves of one shape, evenly spaced (names of one length): made in runs (_made_in_runs)
+    same = {f"h{i:03d}": torch.full((5,), float(i), dtype=torch.float16) for i in range(300)}
+    runs: list[object] = []
+    real_runs = plainlevel._made_in_runs
+    monkeypatch.setattr(plainlevel, "_made_in_runs", lambda *a: runs.append(got := real_runs(*a)) or got)
     tree = {**leaves, "g": dict(leaves), "h": same}
     p = tdz_numba.save(tree, tmp_path / "q.tdz", compression=compression)
     for prefix, want in (("", tree), ("g/", leaves), ("h/", same)):
@@ -418,7 +422,9 @@ def test_quick_views_as_the_per_leaf_path(tmp_path, monkeypatch, compression):
             b_src.close()
     if not compression:
         assert FAST and FAST[-1] is not None  # (the level "h/": made by quick_views)
+        assert runs and runs[-1] is not None  # (and made in runs)
     got = tdz_numba.load(p)
-    before = got["h"]["h1"]._version
-    got["h"]["h0"].add_(1)  # own version counters: a write to one leaf marks no other
-    assert got["h"]["h1"]._version == before and got["h"]["h0"][0] == 1.0
+    before = got["h"]["h001"]._version
+    got["h"]["h000"].add_(1)  # own version counters: a write to one leaf marks no other
+    assert got["h"]["h001"]._version == before and got["h"]["h000"][0] == 1.0
+    assert got["h"]["h299"][4] == 299.0

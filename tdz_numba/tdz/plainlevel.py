@@ -35,6 +35,7 @@ from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
 from .dtypes import dtype_table
 from .keys import _ENCODED, encode_key
 from .sources import Child
+from .specbulk import _RUNS_FROM, _made_in_runs
 from .tree import (
     FORMAT_VERSION,
     NON_TENSOR_DATA_TYPE,
@@ -235,7 +236,8 @@ def quick_views(src: Any, plain: PlainLevel, prefix: str) -> Any:
     if (offsets % itemsize).any():
         return None
     keys, _, _, dnames, shapes, strides = zip(*items)
-    elems = (offsets // itemsize).tolist()
+    elem_arr = offsets // itemsize
+    elems = elem_arr.tolist()
     kinds = src._kinds
     with _sources.own_views():
         if not _sources._GUARD:
@@ -243,7 +245,11 @@ def quick_views(src: Any, plain: PlainLevel, prefix: str) -> Any:
         kind = set(dnames)
         if len(kind) == 1:
             view = (kinds.get(dnames[0]) or src._kind(dnames[0]))[1]
-            made = list(map(view.as_strided, shapes, strides, elems))
+            made = None
+            if len(elems) >= _RUNS_FROM:  # leaves evenly spaced in the file: made a run at a time
+                made = _made_in_runs([view], np.zeros(len(elems), np.int64), shapes, strides, elem_arr)
+            if made is None:
+                made = list(map(view.as_strided, shapes, strides, elems))
         else:
             views = {d: (kinds.get(d) or src._kind(d))[1] for d in kind}
             made = [views[d].as_strided(s, t, e) for d, s, t, e in zip(dnames, shapes, strides, elems)]
