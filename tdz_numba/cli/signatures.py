@@ -209,6 +209,17 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(int64, 1, 'C', False, aligned=True)",
         ),
     ),
+    "tdz_numba.formats.npz_scan.group_headers": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "int64",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
     "tdz_numba.formats.pickle_scan.scan_state_dict": (
         (
             "Array(uint8, 1, 'C', True, aligned=True)",
