@@ -48,9 +48,21 @@ _LIMIT = 2  # a resource limit of the VM reached: the VM reports it
 _ROOM = 3  # the output arrays are full: scan again with room for the most a pickle can hold
 
 # columns of ``cols``
-_STYPE_POS, _STYPE_LEN, _LOC_POS, _LOC_LEN, _NUMEL, _OFFSET, _NDIM, _SHAPE_AT, _STRIDE_AT, _GRAD = range(10)
+(
+    _STYPE_POS,
+    _STYPE_LEN,
+    _LOC_POS,
+    _LOC_LEN,
+    _NUMEL,
+    _OFFSET,
+    _NDIM,
+    _SHAPE_AT,
+    _STRIDE_AT,
+    _GRAD,
+    _KEYNUM,
+) = range(11)
 #: Columns per tensor.
-NCOL = 10
+NCOL = 11
 # ``out``: status, tensors, root kind (0 dict, 1 OrderedDict), bytes of names, bytes of keys
 _OUT_LEN = 5
 
@@ -281,6 +293,21 @@ def _copy(data, start, length, buf, at):  # pragma: no cover - compiled
 
 
 @njit(**KERNEL)
+def _decimal(data, start, length):  # pragma: no cover - compiled
+    """The number ``data[start:start+length]`` writes in canonical decimal (``str(int)`` of it:
+    1 to 18 digits, no leading zero), or -1."""
+    if length < 1 or length > 18 or (length > 1 and data[start] == 0x30):
+        return -1
+    v = np.int64(0)
+    for i in range(length):
+        c = data[start + i]
+        if c < 0x30 or c > 0x39:
+            return -1
+        v = v * 10 + np.int64(c - 0x30)
+    return v
+
+
+@njit(**KERNEL)
 def _entry(data, pos, n, row, cols, dims, nd, names, skeys, lens, mkind, ma, mb, counts):  # noqa: C901  # pragma: no cover - compiled
     """One ``key, _rebuild_tensor_v2(...)`` pair at ``pos`` into row ``row``: the new position, or -1."""
     pos, a, b = _string(data, pos, n, mkind, ma, mb, counts)  # the key
@@ -309,6 +336,7 @@ def _entry(data, pos, n, row, cols, dims, nd, names, skeys, lens, mkind, ma, mb,
     lens[1] = _copy(data, a, b, skeys, lens[1])
     if lens[1] < 0:
         return lens[1]
+    cols[row, _KEYNUM] = _decimal(data, a, b)  # torch.save's keys: "0", "1", ...
     pos, a, b = _string(data, pos, n, mkind, ma, mb, counts)  # the location
     if pos < 0:
         return -1
@@ -442,6 +470,8 @@ class Scanned(NamedTuple):
     shapes: list[tuple[int, ...]]
     strides: list[tuple[int, ...]]
     root: str  # "dict" or "OrderedDict"
+    #: Each storage key as the number it writes in canonical decimal (``"12"``: 12), else -1.
+    key_numbers: np.ndarray | None = None
 
 
 def _texts(data: bytes, pos: np.ndarray, length: np.ndarray) -> list[str] | None:
@@ -457,6 +487,14 @@ def _texts(data: bytes, pos: np.ndarray, length: np.ndarray) -> list[str] | None
     return list(map(table.__getitem__, inverse.tolist()))
 
 
+def _rows(block: np.ndarray) -> list[tuple[int, ...]]:
+    """Each row of a 2-D int array as a tuple; one tuple object shared by all when the rows are
+    equal (a model's many equal layers: no tuple made per row)."""
+    if (block == block[0]).all():
+        return [tuple(block[0].tolist())] * len(block)
+    return list(map(tuple, block.tolist()))
+
+
 def _shapes(dims: np.ndarray, cols: np.ndarray) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
     """Each row's shape and stride tuples (``dims`` as the scan laid them out)."""
     ndim, at, st = cols[:, _NDIM], cols[:, _SHAPE_AT], cols[:, _STRIDE_AT]
@@ -467,7 +505,7 @@ def _shapes(dims: np.ndarray, cols: np.ndarray) -> tuple[list[tuple[int, ...]], 
     ):  # one rank, in a row
         first = int(at[0])
         block = dims[first : first + 2 * k * count].reshape(count, 2, k)
-        return list(map(tuple, block[:, 0].tolist())), list(map(tuple, block[:, 1].tolist()))
+        return _rows(block[:, 0]), _rows(block[:, 1])
     flat = dims[: int((st + ndim).max())].tolist()
     sizes, strides = [], []
     for a, b, d in zip(at.tolist(), st.tolist(), ndim.tolist()):
@@ -531,4 +569,5 @@ def scan(data: bytes, max_ops: int | None = None, max_memo: int | None = None) -
         shapes,
         strides,
         "OrderedDict" if out[2] else "dict",
+        cols[:, _KEYNUM],
     )
