@@ -132,3 +132,21 @@ def test_open_matches_the_vm(tmp_path: Path, layout: str) -> None:
     with policy.forced("never"):
         slow = _opened(p)
     assert fast == slow and [k for k, _ in fast] == list(obj)
+
+
+def test_a_name_set_twice_reads_as_the_vm_reads_it(tmp_path: Path) -> None:
+    """A flat dict whose pickle sets one name twice (the scan leaves repeated names to the
+    reader's dict of specs): the VM's tree, the last value kept."""
+    from test_pickle_scan import _mutated, _pickle_of_file
+
+    p = tmp_path / "x.pt"
+    torch.save({"aa": torch.ones(2), "ab": torch.zeros(3), "c": torch.ones(1)}, p)
+    q = tmp_path / "dup.pt"
+    _mutated(p, q, lambda b: b.replace(b"X\x02\x00\x00\x00ab", b"X\x02\x00\x00\x00aa"))
+    assert pickle_scan.scan(_pickle_of_file(q)) is None
+    assert pickle_scan.scan(_pickle_of_file(q), unique=False) is not None
+    with policy.forced("always"):
+        fast = _opened(q)
+    with policy.forced("never"):
+        slow = _opened(q)
+    assert fast == slow and [k for k, _ in fast] == ["aa", "c"] and fast[0][1].shape == (3,)

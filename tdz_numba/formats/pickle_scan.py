@@ -79,10 +79,11 @@ _STR, _GLOBAL, _TUPLE, _OTHER = 1, 2, 3, 4
 def _same(data, pos, length, needle):  # pragma: no cover - compiled
     if length != needle.size:
         return False
-    for i in range(length):
-        if data[pos + i] != needle[i]:
-            return False
-    return True
+    x = data[pos : pos + length]
+    d = 0
+    for i in range(length):  # branch-free: LLVM vectorizes it
+        d |= x[i] ^ needle[i]
+    return d == 0
 
 
 @njit(**KERNEL)
@@ -283,11 +284,15 @@ def _copy(data, start, length, buf, at):  # pragma: no cover - compiled
     (a NUL in the text, or no room)."""
     if at + length + 1 > buf.size:
         return -2
-    for i in range(length):
-        c = data[start + i]
-        if c == 0:
-            return -1
-        buf[at + i] = c
+    x = data[start : start + length]
+    y = buf[at : at + length]
+    nul = False
+    for i in range(length):  # branch-free: LLVM vectorizes it
+        c = x[i]
+        nul |= c == 0
+        y[i] = c
+    if nul:
+        return -1
     buf[at + length] = 0
     return at + length + 1
 
@@ -514,10 +519,13 @@ def _shapes(dims: np.ndarray, cols: np.ndarray) -> tuple[list[tuple[int, ...]], 
     return sizes, strides
 
 
-def scan(data: bytes, max_ops: int | None = None, max_memo: int | None = None) -> Scanned | None:
+def scan(
+    data: bytes, max_ops: int | None = None, max_memo: int | None = None, *, unique: bool = True
+) -> Scanned | None:
     """The tensors of a ``torch.save`` pickle of a flat dict (see the module), or None when the
     pickle is not of that shape (or a name or key is not strict UTF-8, or two names repeat):
-    the VM reads it then."""
+    the VM reads it then. ``unique=False``: repeated names are left to the caller (a dict of
+    the names, which it builds anyway, tells them in the same pass)."""
     from .pickle_vm import MAX_MEMO, MAX_OPS
 
     n = len(data)
@@ -552,7 +560,7 @@ def scan(data: bytes, max_ops: int | None = None, max_memo: int | None = None) -
         locs = _texts(data, cols[:, _LOC_POS], cols[:, _LOC_LEN])
     except UnicodeDecodeError:
         return None
-    if globs is None or locs is None or len(set(keys)) != count:
+    if globs is None or locs is None or (unique and len(set(keys)) != count):
         return None
     types: dict[str, tuple[str, str]] = {}
     for g in set(globs):

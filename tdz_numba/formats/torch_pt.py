@@ -282,7 +282,7 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
         from . import pickle_scan  # imports Numba
 
         with no_gc():  # 20,000+ names and shape tuples
-            scanned = pickle_scan.scan(data)
+            scanned = pickle_scan.scan(data, unique=False)  # (_bulk_tree tells repeated names)
     root = None
     if scanned is None:
         root = pickle_vm.load(data, persistent_load, f"{where}: {prefix}data.pkl")
@@ -385,6 +385,8 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
             ),
         )
     )
+    if len(specs) != n:  # a name set twice: the VM keeps the last value
+        return None
     if not fast.all():
         for i in np.flatnonzero(~fast).tolist():
             rec = _Record(s.storage_keys[i], int(rec_offset[i]), int(rec_bytes[i]))
