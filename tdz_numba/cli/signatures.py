@@ -199,6 +199,16 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(int64, 1, 'C', False, aligned=True)",
         ),
     ),
+    "tdz_numba.formats.pt_records.record_rows": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(uint8, 1, 'C', True, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
     "tdz_numba.formats.safetensors_scan.scan_entries": (
         (
             "Array(uint8, 1, 'C', True, aligned=True)",
@@ -219,6 +229,17 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(uint8, 1, 'C', False, aligned=True)",
             "Array(int64, 2, 'C', False, aligned=True)",
             "Array(int64, 2, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
+    "tdz_numba.formats.npz_scan.group_headers": (
+        (
+            "Array(uint8, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "int64",
+            "Array(int64, 1, 'C', False, aligned=True)",
             "Array(int64, 1, 'C', False, aligned=True)",
             "Array(int64, 1, 'C', False, aligned=True)",
         ),

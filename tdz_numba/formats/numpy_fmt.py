@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
+from ..jit.policy import use_kernels
 from ..tdz.dtypes import from_numpy_dtype
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent
 from ..zipfmt.index import ArchiveIndex
@@ -267,6 +268,58 @@ def _deflated_loader(index: ArchiveIndex, name: str, h: NpyHeader, where: str) -
 _BULK_HEADER = 1024
 
 
+def _headers(
+    buf: np.ndarray, po: np.ndarray, size: np.ndarray, n: int
+) -> tuple[list[NpyHeader], np.ndarray] | None:
+    """The distinct ``.npy`` headers of the members (payload at ``po``, ``size`` bytes) and each
+    member's among them, each distinct header parsed once; None where a member is not a
+    native-endian version-1 array with a header of at most :data:`_BULK_HEADER` bytes inside the
+    file, or a header does not parse. The compiled pass (:func:`.npz_scan.group`) from
+    :func:`~tdz_numba.jit.policy.use_kernels`, else gathers in numpy (its twin)."""
+    if use_kernels(n):
+        from . import npz_scan  # imports Numba
+
+        got = npz_scan.group(buf, po, size, _BULK_HEADER)
+        if got is None:
+            return None
+        which, reps, hlen = got
+        starts, ends = po[reps].tolist(), (po[reps] + 10 + hlen[reps]).tolist()
+        return _parsed([buf[a:b].tobytes() for a, b in zip(starts, ends)], which)
+    if np.any(size < 10) or np.any(po + size > buf.size):
+        return None
+    heads = buf[po[:, None] + np.arange(10)]
+    if not (np.all(heads[:, :6] == np.frombuffer(MAGIC, np.uint8)) and np.all(heads[:, 6] == 1)):
+        return None
+    hlen = heads[:, 8].astype(np.int64) | (heads[:, 9].astype(np.int64) << 8)
+    if np.any(hlen > _BULK_HEADER) or np.any(10 + hlen > size):
+        return None
+    texts: list[bytes] = []
+    which = np.empty(n, np.int64)  # member -> its header in `texts`
+    for length in np.unique(hlen).tolist():
+        rows = np.flatnonzero(hlen == length)
+        step = 10 + length
+        block = buf[po[rows, None] + np.arange(step)].tobytes()
+        ids: dict[bytes, int] = {}  # each distinct header once (hashing bytes: cheaper than np.unique)
+        inverse = [ids.setdefault(block[i : i + step], len(ids)) for i in range(0, len(block), step)]
+        which[rows] = np.array(inverse, np.int64) + len(texts)
+        texts.extend(ids)
+    return _parsed(texts, which)
+
+
+def _parsed(texts: list[bytes], which: np.ndarray) -> tuple[list[NpyHeader], np.ndarray] | None:
+    """Each distinct header text parsed (None: one does not parse, or is byte-swapped)."""
+    headers = []
+    for text in texts:
+        try:
+            h = parse_npy_header(text, "")
+        except (BadArchiveError, UnsupportedError, UnsafeContentError):
+            return None  # the per-member path names the member and the error
+        if not h.dtype.isnative and h.dtype.itemsize > 1:
+            return None
+        headers.append(h)
+    return headers, which
+
+
 def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, TensorSpec] | None:
     """Every member's spec when all are STORED, native-endian version-1 ``.npy`` arrays with
     unique names (``np.savez``'s files): local headers checked in one pass, every member's
@@ -282,56 +335,35 @@ def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, Tenso
         return None
     size = table["size"]
     po = table["payload_offset"]
-    if np.any(size < 10) or np.any(po + size > f.size):
+    found = _headers(f.buffer, po, size, n)
+    if found is None:
         return None
-    buf = f.buffer
-    heads = buf[po[:, None] + np.arange(10)]
-    if not (np.all(heads[:, :6] == np.frombuffer(MAGIC, np.uint8)) and np.all(heads[:, 6] == 1)):
-        return None
-    hlen = heads[:, 8].astype(np.int64) | (heads[:, 9].astype(np.int64) << 8)
-    if np.any(hlen > _BULK_HEADER) or np.any(10 + hlen > size):
-        return None
-    headers: list[NpyHeader] = []
-    which = np.empty(n, np.int64)  # member -> its header in `headers`
-    for length in np.unique(hlen).tolist():
-        rows = np.flatnonzero(hlen == length)
-        step = 10 + length
-        block = buf[po[rows, None] + np.arange(step)].tobytes()
-        ids: dict[bytes, int] = {}  # each distinct header once (hashing bytes: cheaper than np.unique)
-        inverse = [ids.setdefault(block[i : i + step], len(ids)) for i in range(0, len(block), step)]
-        distinct = list(ids)
-        for text in distinct:
-            try:
-                h = parse_npy_header(text, "")
-            except (BadArchiveError, UnsupportedError, UnsafeContentError):
-                return None  # the per-member path names the member and the error
-            if not h.dtype.isnative and h.dtype.itemsize > 1:
-                return None
-            headers.append(h)
-        which[rows] = np.array(inverse, np.int64) + (len(headers) - len(distinct))
+    headers, which = found
     need = np.array([math.prod(h.shape) * h.dtype.itemsize for h in headers], dtype=np.int64)
     data_offset = np.array([h.data_offset for h in headers], dtype=np.int64)
     if np.any(size - data_offset[which] < need[which]):
         return None
     keys = list(map(str.removesuffix, names, repeat(".npy")))  # (every name ends so: checked)
-    if len(set(keys)) != n:
-        return None
     with no_gc():
         dtypes = [from_numpy_dtype(h.dtype.newbyteorder("=")) for h in headers]
         strides = [_strides(h.shape, h.fortran) for h in headers]
-        w = which.tolist()
         shapes = [h.shape for h in headers]
         codes = [h.dtype.str for h in headers]
-        specs = make_specs(  # (per member: C-level lookups in the distinct headers' columns)
-            keys,
-            list(map(dtypes.__getitem__, w)),
-            list(map(shapes.__getitem__, w)),
-            0,
-            (po + data_offset[which]).tolist(),
-            need[which].tolist(),
-            list(map(codes.__getitem__, w)),
+        if len(headers) == 1:  # one dtype and shape (a model's many equal arrays): shared objects
+            w = None
+            dtype_col, shape_col, code_col = dtypes * n, shapes * n, codes * n
+            nbytes = need[:1].tolist() * n
+        else:  # per member: C-level lookups in the distinct headers' columns
+            w = which.tolist()
+            dtype_col, shape_col, code_col = (list(map(c.__getitem__, w)) for c in (dtypes, shapes, codes))
+            nbytes = need[which].tolist()
+        specs = make_specs(
+            keys, dtype_col, shape_col, 0, (po + data_offset[which]).tolist(), nbytes, code_col
         )
+        if len(specs) != n:  # two names read as one key (the index refuses repeated names)
+            return None
         if any(st is not None for st in strides):  # Fortran order: strided views
+            w = which.tolist() if w is None else w
             specs = {k: s._replace(strides=strides[i]) for (k, s), i in zip(specs.items(), w)}
     return specs
 

@@ -242,9 +242,7 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
     records: dict[str, _Record] = {}
     size = index.size
     index.check_all()  # every local header in one pass (the kernel or its twin): payload offsets filled
-    table = index.table
-    methods, sizes, csizes = table["method"].tolist(), table["size"].tolist(), table["csize"].tolist()
-    payloads = table["payload_offset"].tolist()
+    columns: list[list[int]] = []  # the index's columns as lists: made when the VM runs
 
     def persistent_load(pid: tuple) -> _Record:
         if len(pid) != 5 or pid[0] != "storage":
@@ -256,6 +254,10 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
             raise BadArchiveError(f"{where}: malformed storage id (key, location, numel)")
         rec = records.get(key)
         if rec is None:
+            if not columns:
+                t = index.table
+                columns.extend(t[c].tolist() for c in ("method", "size", "csize", "payload_offset"))
+            methods, sizes, csizes, payloads = columns
             name = prefix + "data/" + key
             i = index.row(name)
             if "/" in key or i is None:
@@ -280,7 +282,7 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
         from . import pickle_scan  # imports Numba
 
         with no_gc():  # 20,000+ names and shape tuples
-            scanned = pickle_scan.scan(data)
+            scanned = pickle_scan.scan(data, unique=False)  # (_bulk_tree tells repeated names)
     root = None
     if scanned is None:
         root = pickle_vm.load(data, persistent_load, f"{where}: {prefix}data.pkl")
@@ -310,41 +312,46 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
     (:class:`~tdz_numba.formats.pickle_scan.Scanned`): what the VM's
     ``persistent_load``, ``_rebuild_tensor_v2`` and :func:`_to_tree` make of them, checked in
     bulk; None when a rule of those breaks (the VM then reads the pickle and raises)."""
+    n = len(s.names)
+    first = s.storage_types[0]
+    one_type = s.storage_types.count(first) == n  # (one object for all: identity, no hashing)
     stypes: dict[tuple[str, str], pickle_vm.StorageType] = {}
-    for t in set(s.storage_types):
+    for t in (first,) if one_type else set(s.storage_types):
         v = pickle_vm.GLOBALS.get(t)
         if type(v) is not pickle_vm.StorageType:
             return None
         stypes[t] = v
-    keys = dict.fromkeys(s.storage_keys)
-    if "/" in "".join(keys):
-        return None
-    rows = index.rows_of(map((prefix + "data/").__add__, keys))
-    if None in rows:
-        return None
     table = index.table
-    at = np.asarray(rows, np.int64)
-    if (table["method"][at] != STORED).any() or (table["size"][at] != table["csize"][at]).any():
+    rows = _record_rows(s, index, prefix)
+    if rows is None:
         return None
-    slot = dict(zip(keys, range(len(keys))))
-    which = np.fromiter(map(slot.__getitem__, s.storage_keys), np.int64, len(s.names))
-    rec_bytes = table["size"][at].astype(np.int64)[which]
-    rec_offset = table["payload_offset"][at].astype(np.int64)[which]
-    dtype_of = {t: v.dtype for t, v in stypes.items()}
-    dtypes = list(map(dtype_of.__getitem__, s.storage_types))
-    sizes = {d: d.itemsize for d in set(dtypes)}
-    isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, len(dtypes))
+    if (table["method"][rows] != STORED).any() or (table["size"][rows] != table["csize"][rows]).any():
+        return None
+    rec_bytes = table["size"][rows]
+    rec_offset = table["payload_offset"][rows]
+    if one_type:
+        dtype = stypes[first].dtype
+        dtypes = [dtype] * n
+        isz = np.full(n, dtype.itemsize, np.int64)
+        names = [_TYPE_NAMES[dtype]] * n
+    else:
+        dtype_of = {t: v.dtype for t, v in stypes.items()}
+        dtypes = list(map(dtype_of.__getitem__, s.storage_types))
+        sizes = {d: d.itemsize for d in set(dtypes)}
+        isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, len(dtypes))
+        names = list(map(_TYPE_NAMES.__getitem__, dtypes))
     numel, offset = s.numels, s.offsets
     if (numel < 0).any() or (offset < 0).any() or (numel > rec_bytes // isz).any():
         return None  # persistent_load's and the rebuild's checks: the VM raises
     # _view's common case, in bulk: C-contiguous, non-empty, inside the record
+    shape0 = s.shapes[0]
+    one_shape = s.shapes.count(shape0) == n  # (one tuple for all: identity)
     dense: dict[tuple[int, ...], tuple[tuple[int, ...] | None, int]] = {}
-    for shape in set(s.shapes):
+    for shape in (shape0,) if one_shape else set(s.shapes):
         dense[shape] = (_c_strides(shape) if len(shape) <= MAX_NDIM else None, math.prod(shape))
-    n = len(s.names)
     if len(dense) == 1:  # one shape (a model's many equal layers): its C strides and size for all
         ((c_one, k_one),) = dense.values()
-        if s.strides.count(c_one) == n:
+        if (c_one == s.strides[0] and s.strides.count(s.strides[0]) == n) or s.strides.count(c_one) == n:
             fast = np.ones(n, bool)
         else:
             fast = np.fromiter(map(eq, repeat(c_one), s.strides), bool, n)
@@ -356,7 +363,6 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
     whole = rec_bytes // isz  # elements the record holds
     fast &= (offset <= whole) & (count <= whole - np.minimum(offset, whole))
     start = np.where(fast, offset * isz, 0)
-    names = list(map(_TYPE_NAMES.__getitem__, dtypes))
     specs = dict(
         zip(
             s.names,
@@ -379,15 +385,34 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
             ),
         )
     )
+    if len(specs) != n:  # a name set twice: the VM keeps the last value
+        return None
     if not fast.all():
-        places = zip(keys, table["payload_offset"][at].tolist(), table["size"][at].tolist())
-        recs = [_Record(k, o, b) for k, o, b in places]
         for i in np.flatnonzero(~fast).tolist():
-            ref = pickle_vm.TensorRef(
-                recs[which[i]], int(offset[i]), s.shapes[i], s.strides[i], dtypes[i], False
-            )
+            rec = _Record(s.storage_keys[i], int(rec_offset[i]), int(rec_bytes[i]))
+            ref = pickle_vm.TensorRef(rec, int(offset[i]), s.shapes[i], s.strides[i], dtypes[i], False)
             specs[s.names[i]] = _view(ref, s.names[i], ctx)
     return Level(specs, meta={"_torch_type": s.root})
+
+
+def _record_rows(s: Any, index: ArchiveIndex, prefix: str) -> np.ndarray | None:
+    """Each tensor's storage record row (what ``persistent_load`` looks up by name): found by
+    key number in one compiled pass (:func:`.pt_records.rows_by_number`), else by name, once per
+    distinct key; None when a key names no record (or holds a ``/``)."""
+    from . import pt_records  # (the scan ran: Numba is imported)
+
+    rows = pt_records.rows_by_number(index, prefix, s.key_numbers)
+    if rows is not None:
+        return rows
+    keys = dict.fromkeys(s.storage_keys)
+    if "/" in "".join(keys):
+        return None
+    found = index.rows_of(map((prefix + "data/").__add__, keys))
+    if None in found:
+        return None
+    slot = dict(zip(keys, range(len(keys))))
+    which = np.fromiter(map(slot.__getitem__, s.storage_keys), np.int64, len(s.names))
+    return np.asarray(found, np.int64)[which]
 
 
 class _Ctx(NamedTuple):
