@@ -37,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from ..jit.presets import KERNEL
+from ..jit.presets import BORROWED, KERNEL  # BORROWED: the helpers and the scan loop
 
 __all__ = ["OK", "NCOL", "scan_state_dict", "scan", "Scanned"]
 
@@ -74,13 +74,8 @@ _MAX_DIMS = 64
 # memo kinds
 _STR, _GLOBAL, _TUPLE, _OTHER = 1, 2, 3, 4
 
-#: The helpers and the scan loop: compiled without reference counting (they only read and write
-#: the arrays they are given, and make none): every call would otherwise count each array argument
-#: up and down, atomically (~35% of the scan's time, 8.9 -> 5.8 ms for 20,000 tensors).
-_BORROWED = {**KERNEL, "_nrt": False}
 
-
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _same(data, pos, length, needle):  # pragma: no cover - compiled
     if length != needle.size:
         return False
@@ -91,7 +86,7 @@ def _same(data, pos, length, needle):  # pragma: no cover - compiled
     return d == 0
 
 
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _put(data, pos, n, kind, a, b, mkind, ma, mb, counts):  # pragma: no cover - compiled
     """Consumes an optional BINPUT / LONG_BINPUT after an object: the new position, or -1."""
     if pos >= n:
@@ -125,7 +120,7 @@ def _put(data, pos, n, kind, a, b, mkind, ma, mb, counts):  # pragma: no cover -
     return pos
 
 
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _get(data, pos, n, mkind):  # pragma: no cover - compiled
     """The memo index a BINGET / LONG_BINGET at ``pos`` reads (-1: not a get), and its length."""
     op = data[pos]
@@ -142,7 +137,7 @@ def _get(data, pos, n, mkind):  # pragma: no cover - compiled
     return -1, 0
 
 
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _string(data, pos, n, mkind, ma, mb, counts):  # pragma: no cover - compiled
     """A str pushed by BINUNICODE / SHORT_BINUNICODE (+ put) or a get of one:
     ``(new pos, start, length)``; new pos -1 when it is not one."""
@@ -172,7 +167,7 @@ def _string(data, pos, n, mkind, ma, mb, counts):  # pragma: no cover - compiled
     return _put(data, start + length, n, _STR, start, length, mkind, ma, mb, counts), start, length
 
 
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _global(data, pos, n, mkind, ma, mb, counts):  # pragma: no cover - compiled
     """A GLOBAL (+ put) or a get of one: ``(new pos, text start, text length)`` of its
     ``module\\nname\\n`` text (ASCII, each line under 4096 bytes, as the VM reads it)."""
@@ -199,7 +194,7 @@ def _global(data, pos, n, mkind, ma, mb, counts):  # pragma: no cover - compiled
     return _put(data, end, n, _GLOBAL, start, end - start, mkind, ma, mb, counts), start, end - start
 
 
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _int(data, pos, n, counts):  # pragma: no cover - compiled
     """An int pushed by BININT1 / BININT2 / BININT / LONG1 (<= 8 bytes): ``(new pos, value)``."""
     if pos >= n:
@@ -234,7 +229,7 @@ def _int(data, pos, n, counts):  # pragma: no cover - compiled
     return -1, 0
 
 
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _tuple(data, pos, n, dims, nd, mkind, ma, mb, counts):  # pragma: no cover - compiled
     """A tuple of ints (EMPTY_TUPLE, TUPLE1-3 or MARK ... TUPLE, + put) or a get of one,
     appended to ``dims`` at ``nd[0]``: ``(new pos, start in dims, length)``."""
@@ -283,7 +278,7 @@ def _tuple(data, pos, n, dims, nd, mkind, ma, mb, counts):  # pragma: no cover -
     return _put(data, pos + 1, n, _TUPLE, start, k, mkind, ma, mb, counts), start, k
 
 
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _copy(data, start, length, buf, at):  # pragma: no cover - compiled
     """Copies ``data[start:start+length]`` and a NUL to ``buf`` at ``at``: the new end, or -1
     (a NUL in the text, or no room)."""
@@ -302,7 +297,7 @@ def _copy(data, start, length, buf, at):  # pragma: no cover - compiled
     return at + length + 1
 
 
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _decimal(data, start, length):  # pragma: no cover - compiled
     """The number ``data[start:start+length]`` writes in canonical decimal (``str(int)`` of it:
     1 to 18 digits, no leading zero), or -1."""
@@ -317,7 +312,7 @@ def _decimal(data, start, length):  # pragma: no cover - compiled
     return v
 
 
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _entry(data, pos, n, row, cols, dims, nd, names, skeys, lens, mkind, ma, mb, counts):  # noqa: C901  # pragma: no cover - compiled
     """One ``key, _rebuild_tensor_v2(...)`` pair at ``pos`` into row ``row``: the new position, or -1."""
     pos, a, b = _string(data, pos, n, mkind, ma, mb, counts)  # the key
@@ -413,7 +408,7 @@ def scan_state_dict(
     _scan(data, cols, dims, names, skeys, mkind, ma, mb, limits, out, counts, nd, lens)
 
 
-@njit(**_BORROWED)
+@njit(**BORROWED)
 def _scan(data, cols, dims, names, skeys, mkind, ma, mb, limits, out, counts, nd, lens):  # noqa: C901  # pragma: no cover - compiled
     """The scan of :func:`scan_state_dict`, its scratch (``counts``, ``nd``, ``lens``: zeros) given."""
     n = data.size
