@@ -167,9 +167,11 @@ class TdzSource(Source):
         if prefix in self._levels or prefix in self._checked:
             return
         data = self._meta_bytes(prefix)  # a text in tensordict's layout: scanned (level() parses it if asked)
-        plain, has = scan_td_level(data, prefix, self.index.__contains__), self.index.__contains__
-        meta = None if plain is not None else parse_meta(data, self.where(prefix + "meta.json"))
-        ok, plain = (True, plain) if meta is None else plain_td_level(meta, prefix, has)
+        has = self.index.__contains__
+        plain, meta, ok = scan_td_level(data, prefix, has), None, True
+        if plain is None:  # (not scanned; a text "null" parses to None too: checked as parsed)
+            meta = parse_meta(data, self.where(prefix + "meta.json"))
+            ok, plain = plain_td_level(meta, prefix, has)
         if ok:
             self._checked[prefix], self._checked_plain[prefix] = meta, plain
         else:
