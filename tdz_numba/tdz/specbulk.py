@@ -315,8 +315,8 @@ def _made_in_runs(
     ``d >= 0`` are ``as_strided((m, *shape), (d, *strides), first).unbind(0)``, made below
     autograd's view tracking: each its own tensor with its own version counter, at about half
     the cost of one ``as_strided`` each. None when runs of :data:`_RUN` or more leaves would
-    not cover half of them."""
-    m = elem.size
+    not cover half of them (unless :func:`_made_split` makes them)."""
+    m, given = elem.size, elem
     if len(set(shapes)) == 1 and len(set(strides)) == 1:  # C-level hashing: the common case
         group = tidx
     else:
@@ -338,7 +338,7 @@ def _made_in_runs(
     bounds = np.flatnonzero(start).tolist() + [m]
     sizes = np.diff(bounds)
     if 2 * int(sizes[sizes >= _RUN].sum()) < m:
-        return None
+        return _made_split(table, tidx, shapes, strides, given)
     pick = order.tolist() if order is not None else None
     made: list[Any] = []
     view = _AS_STRIDED()
@@ -364,6 +364,56 @@ def _made_in_runs(
                 made.extend(view(typed, (b - a, *shape), (step, *st), first[a]).unbind(0))
         else:
             made.extend(map(view, [typed] * (b - a), sh, sts, first[a:b]))
+    if order is None:
+        return made
+    back = np.empty(m, np.int64)
+    back[order] = np.arange(m)
+    return list(map(made.__getitem__, back.tolist()))
+
+
+def _made_split(
+    table: list[Any], tidx: np.ndarray, shapes: Sequence[Any], strides: Sequence[Any], elem: np.ndarray
+) -> list[Any] | None:
+    """The leaves as :func:`spec_views` makes them when they are 1-D and contiguous but not evenly
+    spaced (an HDF5 file's data blocks: steps of 10 and 12 KiB alternate): per typed view, in
+    element order, one 1-D ``as_strided`` over their span split by ``split_with_sizes`` into the
+    leaves and the gaps between them (a gap of no elements takes no piece), the leaves' pieces
+    kept: each its own tensor with its own version counter, at the leaves' offsets, about half the
+    cost of one ``as_strided`` each while the gaps' pieces stay under half the leaves'. None when
+    the leaves are not all 1-D with strides ``(1,)``, two of one typed view overlap, or there are
+    too many gaps; the span covers only bytes between checked leaves."""
+    m = elem.size
+    if set(map(len, shapes)) != {1} or set(strides) != {(1,)}:
+        return None
+    lens = np.full(m, shapes[0][0], np.int64) if len(set(shapes)) == 1 else np.array(shapes, np.int64)[:, 0]
+    if (tidx == tidx[0]).all():
+        order = None if (np.diff(elem) >= 0).all() else np.argsort(elem, kind="stable")
+    else:
+        order = np.lexsort((elem, tidx))
+    if order is not None:
+        tidx, elem, lens = tidx[order], elem[order], lens[order]
+    gaps = elem[1:] - (elem[:-1] + lens[:-1])
+    same = tidx[1:] == tidx[:-1]
+    if (gaps[same] < 0).any():
+        return None  # overlapping leaves: one as_strided each
+    cut = ~same | (gaps > 0)  # after leaf i a piece (a gap) or a new span
+    if 3 * int(cut.sum()) > m:
+        return None  # more gap pieces than a third of the leaves: no cheaper than one each
+    view = _AS_STRIDED()
+    bounds = np.flatnonzero(~same).tolist()
+    made: list[Any] = []
+    first, last, tids = elem.tolist(), (elem + lens).tolist(), tidx.tolist()
+    for a, b in zip([0, *[x + 1 for x in bounds]], [*[x + 1 for x in bounds], m]):
+        g = gaps[a : b - 1]
+        has = g > 0
+        pos = np.arange(b - a) + np.concatenate(([0], np.cumsum(has)))
+        sizes = np.zeros(int(pos[-1]) + 1, np.int64)
+        sizes[pos] = lens[a:b]
+        sizes[pos[:-1][has] + 1] = g[has]
+        pieces = view(table[tids[a]], (last[b - 1] - first[a],), (1,), first[a]).split_with_sizes(
+            sizes.tolist()
+        )
+        made.extend(pieces if b - a == len(pieces) else map(pieces.__getitem__, pos.tolist()))
     if order is None:
         return made
     back = np.empty(m, np.int64)
