@@ -37,6 +37,7 @@ import gc
 import math
 from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
+from operator import is_ as _is
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,7 +45,7 @@ import numpy as np
 from . import sources as _sources
 from .sources import MappedFile, TensorSpec, leaf_view, needs_alignment, own_views
 
-__all__ = ["spec_views", "views_and_extents", "plain_extents", "Extents"]
+__all__ = ["spec_views", "views_and_extents", "plain_extents", "column_extents", "Extents", "SpecColumns"]
 
 #: Beyond this many elements (or bytes) a claim is checked one by one with Python ints
 #: (numpy's int64 sums could wrap): no real tensor comes near it.
@@ -208,6 +209,70 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
     )
 
 
+class SpecColumns(NamedTuple):
+    """The fields of stored, loader-less, C-contiguous ``specs`` as the reader that made them
+    (:func:`~tdz_numba.formats._flat.make_specs`) had them: columns of plain ints, tuples of
+    non-negative ints and torch dtypes it checked, so :func:`column_extents` need not take the
+    specs apart again; the extents are still checked here against the files."""
+
+    specs: list[TensorSpec]  # the specs made from these columns, in order
+    dtypes: Sequence[Any]
+    shapes: Sequence[tuple[int, ...]]
+    file: int | Sequence[int]
+    offsets: Sequence[int]
+    nbytes: Sequence[int]
+
+
+def column_extents(cols: SpecColumns, files: Sequence[MappedFile]) -> Extents | None:
+    """:func:`plain_extents` of ``cols.specs`` from the reader's columns (the same :class:`Extents`:
+    every spec's bytes checked to lie inside its file and to cover its shape), or None where the
+    columns are not what the specs hold in the form this takes (then :func:`plain_extents`)."""
+    n = len(cols.specs)
+    shapes, dtypes = list(cols.shapes), list(cols.dtypes)
+    if not n or len(shapes) != n or len(dtypes) != n or len(cols.offsets) != n or len(cols.nbytes) != n:
+        return None
+    try:
+        off = np.array(cols.offsets, np.int64)
+        nb = np.array(cols.nbytes, np.int64)
+        if isinstance(cols.file, int):
+            if not 0 <= cols.file < len(files):
+                return None
+            file_rows = np.full(n, cols.file, np.int64)
+        else:
+            file_rows = np.array(cols.file, np.int64)
+            if file_rows.shape != (n,) or ((file_rows < 0) | (file_rows >= len(files))).any():
+                return None
+    except (OverflowError, TypeError, ValueError):
+        return None
+    if off.shape != (n,) or nb.shape != (n,):
+        return None
+    try:
+        distinct = set(shapes)
+    except TypeError:  # a shape that is not a tuple
+        return None
+    if not all(type(s) is tuple and all(type(d) is int and d >= 0 for d in s) for s in distinct):
+        return None
+    if len(distinct) == 1:
+        shape = shapes[0]
+        cnt = np.full(n, math.prod(shape), np.int64)
+        elements = [_contiguous_of([shape])[0]] * n
+    else:
+        prod_of = {s: math.prod(s) for s in distinct}
+        cnt = np.fromiter(map(prod_of.__getitem__, shapes), np.int64, n)
+        elements = _contiguous_of(shapes)
+    sizes = {d: d.itemsize for d in set(dtypes)}
+    if len(sizes) == 1:
+        isz = np.full(n, sizes[dtypes[0]], np.int64)
+    else:
+        isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, n)
+    ok = (cnt > 0) & (cnt < _BIG) & (off >= 0) & (off < _BIG) & (nb >= 0) & (nb < _BIG)
+    fsize = np.array([f.size for f in files] or [0], np.int64)[file_rows]
+    ok &= (nb >= cnt * isz) & (off + nb <= fsize)
+    return Extents(
+        ok, np.ones(n, bool), dtypes, shapes, elements, off, isz, cnt, file_rows, np.where(ok, nb, 0)
+    )
+
+
 def spec_views(
     specs: Sequence[TensorSpec], files: Sequence[MappedFile], *, aligned: bool = False
 ) -> list[Any]:
@@ -221,17 +286,27 @@ def spec_views(
 
 
 def views_and_extents(
-    specs: Sequence[TensorSpec], files: Sequence[MappedFile], *, aligned: bool = False
+    specs: Sequence[TensorSpec],
+    files: Sequence[MappedFile],
+    *,
+    aligned: bool = False,
+    columns: SpecColumns | None = None,
 ) -> tuple[list[Any], Extents | None]:
     """:func:`spec_views` and the :class:`Extents` it checked (None when ``specs`` is empty):
-    what a caller that hints the leaves' bytes ahead needs, without taking the specs apart again."""
+    what a caller that hints the leaves' bytes ahead needs, without taking the specs apart again.
+    ``columns``: the reader's columns of ``specs`` (``columns.specs`` must be ``specs``, the same
+    objects in order; else they are not used), checked by :func:`column_extents`."""
     n = len(specs)
     if n == 0:
         return [], None
     was = gc.isenabled()
     gc.disable()  # tens of thousands of new tensors: no cycles among them, the collector's passes cost
     try:
-        ext = plain_extents(specs, files)
+        ext = None
+        if columns is not None and len(columns.specs) == n and all(map(_is, specs, columns.specs)):
+            ext = column_extents(columns, files)
+        if ext is None:
+            ext = plain_extents(specs, files)
         ok, dtypes, shapes, strides, off, isz = (
             ext.ok,
             ext.dtypes,
