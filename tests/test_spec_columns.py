@@ -83,3 +83,28 @@ def test_columns_unused_when_leaves_differ(tmp_path, spy):
         assert spy == []
     finally:
         f.close()
+
+
+def test_columns_of_iterators_fall_back(tmp_path, spy):
+    """Columns handed to ``make_specs`` as iterators (used up making the specs): not taken,
+    the specs are checked."""
+    p = tmp_path / "raw.bin"
+    p.write_bytes(np.arange(64, dtype=np.float32).tobytes())
+    f = MappedFile.open(p)
+    try:
+        n = 10
+        specs = make_specs(
+            [f"k{i}" for i in range(n)],
+            iter([torch.float32] * n),
+            iter([(2,)] * n),
+            0,
+            iter(range(0, 8 * n, 8)),
+            iter([8] * n),
+            ["F32"] * n,
+        )
+        src = flat_source("raw", p, specs, files=[f])
+        made = spec_tensors(src, list(specs.values()))
+        assert [t.tolist() for t in made] == [[2.0 * i, 2.0 * i + 1] for i in range(n)]
+        assert spy == [None]
+    finally:
+        f.close()

@@ -228,10 +228,10 @@ def column_extents(cols: SpecColumns, files: Sequence[MappedFile]) -> Extents | 
     every spec's bytes checked to lie inside its file and to cover its shape), or None where the
     columns are not what the specs hold in the form this takes (then :func:`plain_extents`)."""
     n = len(cols.specs)
-    shapes, dtypes = list(cols.shapes), list(cols.dtypes)
-    if not n or len(shapes) != n or len(dtypes) != n or len(cols.offsets) != n or len(cols.nbytes) != n:
-        return None
     try:
+        shapes, dtypes = list(cols.shapes), list(cols.dtypes)
+        if not n or len(shapes) != n or len(dtypes) != n or len(cols.offsets) != n or len(cols.nbytes) != n:
+            return None
         off = np.array(cols.offsets, np.int64)
         nb = np.array(cols.nbytes, np.int64)
         if isinstance(cols.file, int):
