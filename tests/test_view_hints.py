@@ -34,8 +34,8 @@ def test_every_leaf_hinted(tmp_path, monkeypatch, bulk):
     if not bulk:  # one leaf the bulk path refuses: the specs are taken apart again (foreign.hint)
         real = foreign.views_and_extents
 
-        def partial(leaves, files, aligned=False):
-            out, ext = real(leaves, files, aligned=aligned)
+        def partial(leaves, files, aligned=False, **kw):
+            out, ext = real(leaves, files, aligned=aligned, **kw)
             ext.ok[0] = False
             return out, ext
 

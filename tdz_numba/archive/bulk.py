@@ -366,12 +366,12 @@ def build_tree(ar: Any) -> Level:
             keyed, children, _ = node._level()
             out = Level(meta=node.meta, keyed=keyed)
             with paused_gc():  # a level of many leaves: lists of them, not one step per leaf
-                out.update(dict.fromkeys(children))  # keeps the key order; filled below
                 kinds = list(map(_KIND, children.values()))
                 if kinds.count("leaf") == len(kinds):  # a level of leaves only: no per-key lookups
-                    keys = list(children)
+                    keys = list(children)  # filled below, in this order (nothing else goes in)
                     leaves.extend(map(_LEAF, children.values()))
                 else:
+                    out.update(dict.fromkeys(children))  # keeps the key order; filled below
                     keys = [k for k, kind in zip(children, kinds) if kind == "leaf"]
                     leaves.extend(children[k].leaf for k in keys)
             slots.append((out, keys))

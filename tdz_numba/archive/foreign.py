@@ -91,7 +91,8 @@ def spec_tensors(
     when the bulk path took every leaf)."""
     files, where = source.files, str(source.path)
     make_present(leaves, files)  # a remote file's leaves fetched in one batch (nothing locally)
-    out, ext = views_and_extents(leaves, files, aligned=aligned)
+    columns = getattr(source, "spec_columns", None)  # a flat reader's checked columns (formats._flat)
+    out, ext = views_and_extents(leaves, files, aligned=aligned, columns=columns)
     if any(map(is_, out, repeat(None))):
         for i in [i for i, t in enumerate(out) if t is None]:
             out[i] = tensor_from_spec(leaves[i], files, where=where, aligned=aligned)

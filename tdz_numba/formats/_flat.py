@@ -28,9 +28,10 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..tdz.sources import Child, LevelInfo, MappedFile, TensorSpec, TreeSource
+from ..tdz.specbulk import SpecColumns
 from ._common import no_gc
 
-__all__ = ["make_specs", "flat_source"]
+__all__ = ["make_specs", "flat_source", "SpecDict"]
 
 _new_spec = partial(tuple.__new__, TensorSpec)
 _new_child = partial(tuple.__new__, Child)
@@ -69,7 +70,18 @@ def make_specs(
             repeat(None, n),
             repeat(None, n),
         )
-        return dict(zip(names, map(_new_spec, rows)))
+        made = list(map(_new_spec, rows))
+        out = SpecDict(zip(names, made))
+    out.columns = SpecColumns(made, dtypes, shapes, file, offsets, nbytes)
+    return out
+
+
+class SpecDict(dict):
+    """The ``{name: spec}`` dict of :func:`make_specs`, with the columns it made them from
+    (:class:`~tdz_numba.tdz.specbulk.SpecColumns`), which :func:`flat_source` hands to its source
+    (``spec_columns``): the bulk view path then checks the extents from them."""
+
+    columns: SpecColumns | None = None
 
 
 def flat_source(
@@ -96,4 +108,5 @@ def flat_source(
             raise InvalidArgumentError(f"{src.path}: level keys must be str")
         children = dict(zip(names, map(_new_child, zip(names, repeat("leaf"), names, values))))
     src._levels[""] = LevelInfo(True, children, dict(meta or {}))
+    src.spec_columns = getattr(specs, "columns", None)  # type: ignore[attr-defined]  # see SpecDict
     return src

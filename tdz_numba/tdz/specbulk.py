@@ -37,6 +37,7 @@ import gc
 import math
 from collections.abc import Iterable, Sequence
 from itertools import chain, repeat
+from operator import is_ as _is
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,7 +45,7 @@ import numpy as np
 from . import sources as _sources
 from .sources import MappedFile, TensorSpec, leaf_view, needs_alignment, own_views
 
-__all__ = ["spec_views", "views_and_extents", "plain_extents", "Extents"]
+__all__ = ["spec_views", "views_and_extents", "plain_extents", "column_extents", "Extents", "SpecColumns"]
 
 #: Beyond this many elements (or bytes) a claim is checked one by one with Python ints
 #: (numpy's int64 sums could wrap): no real tensor comes near it.
@@ -208,6 +209,70 @@ def plain_extents(specs: Sequence[TensorSpec], files: Sequence[MappedFile]) -> E
     )
 
 
+class SpecColumns(NamedTuple):
+    """The fields of stored, loader-less, C-contiguous ``specs`` as the reader that made them
+    (:func:`~tdz_numba.formats._flat.make_specs`) had them: columns of plain ints, tuples of
+    non-negative ints and torch dtypes it checked, so :func:`column_extents` need not take the
+    specs apart again; the extents are still checked here against the files."""
+
+    specs: list[TensorSpec]  # the specs made from these columns, in order
+    dtypes: Sequence[Any]
+    shapes: Sequence[tuple[int, ...]]
+    file: int | Sequence[int]
+    offsets: Sequence[int]
+    nbytes: Sequence[int]
+
+
+def column_extents(cols: SpecColumns, files: Sequence[MappedFile]) -> Extents | None:
+    """:func:`plain_extents` of ``cols.specs`` from the reader's columns (the same :class:`Extents`:
+    every spec's bytes checked to lie inside its file and to cover its shape), or None where the
+    columns are not what the specs hold in the form this takes (then :func:`plain_extents`)."""
+    n = len(cols.specs)
+    try:
+        shapes, dtypes = list(cols.shapes), list(cols.dtypes)
+        if not n or len(shapes) != n or len(dtypes) != n or len(cols.offsets) != n or len(cols.nbytes) != n:
+            return None
+        off = np.array(cols.offsets, np.int64)
+        nb = np.array(cols.nbytes, np.int64)
+        if isinstance(cols.file, int):
+            if not 0 <= cols.file < len(files):
+                return None
+            file_rows = np.full(n, cols.file, np.int64)
+        else:
+            file_rows = np.array(cols.file, np.int64)
+            if file_rows.shape != (n,) or ((file_rows < 0) | (file_rows >= len(files))).any():
+                return None
+    except (OverflowError, TypeError, ValueError):
+        return None
+    if off.shape != (n,) or nb.shape != (n,):
+        return None
+    try:
+        distinct = set(shapes)
+    except TypeError:  # a shape that is not a tuple
+        return None
+    if not all(type(s) is tuple and all(type(d) is int and d >= 0 for d in s) for s in distinct):
+        return None
+    if len(distinct) == 1:
+        shape = shapes[0]
+        cnt = np.full(n, math.prod(shape), np.int64)
+        elements = [_contiguous_of([shape])[0]] * n
+    else:
+        prod_of = {s: math.prod(s) for s in distinct}
+        cnt = np.fromiter(map(prod_of.__getitem__, shapes), np.int64, n)
+        elements = _contiguous_of(shapes)
+    sizes = {d: d.itemsize for d in set(dtypes)}
+    if len(sizes) == 1:
+        isz = np.full(n, sizes[dtypes[0]], np.int64)
+    else:
+        isz = np.fromiter(map(sizes.__getitem__, dtypes), np.int64, n)
+    ok = (cnt > 0) & (cnt < _BIG) & (off >= 0) & (off < _BIG) & (nb >= 0) & (nb < _BIG)
+    fsize = np.array([f.size for f in files] or [0], np.int64)[file_rows]
+    ok &= (nb >= cnt * isz) & (off + nb <= fsize)
+    return Extents(
+        ok, np.ones(n, bool), dtypes, shapes, elements, off, isz, cnt, file_rows, np.where(ok, nb, 0)
+    )
+
+
 def spec_views(
     specs: Sequence[TensorSpec], files: Sequence[MappedFile], *, aligned: bool = False
 ) -> list[Any]:
@@ -221,17 +286,27 @@ def spec_views(
 
 
 def views_and_extents(
-    specs: Sequence[TensorSpec], files: Sequence[MappedFile], *, aligned: bool = False
+    specs: Sequence[TensorSpec],
+    files: Sequence[MappedFile],
+    *,
+    aligned: bool = False,
+    columns: SpecColumns | None = None,
 ) -> tuple[list[Any], Extents | None]:
     """:func:`spec_views` and the :class:`Extents` it checked (None when ``specs`` is empty):
-    what a caller that hints the leaves' bytes ahead needs, without taking the specs apart again."""
+    what a caller that hints the leaves' bytes ahead needs, without taking the specs apart again.
+    ``columns``: the reader's columns of ``specs`` (``columns.specs`` must be ``specs``, the same
+    objects in order; else they are not used), checked by :func:`column_extents`."""
     n = len(specs)
     if n == 0:
         return [], None
     was = gc.isenabled()
     gc.disable()  # tens of thousands of new tensors: no cycles among them, the collector's passes cost
     try:
-        ext = plain_extents(specs, files)
+        ext = None
+        if columns is not None and len(columns.specs) == n and all(map(_is, specs, columns.specs)):
+            ext = column_extents(columns, files)
+        if ext is None:
+            ext = plain_extents(specs, files)
         ok, dtypes, shapes, strides, off, isz = (
             ext.ok,
             ext.dtypes,
@@ -315,8 +390,8 @@ def _made_in_runs(
     ``d >= 0`` are ``as_strided((m, *shape), (d, *strides), first).unbind(0)``, made below
     autograd's view tracking: each its own tensor with its own version counter, at about half
     the cost of one ``as_strided`` each. None when runs of :data:`_RUN` or more leaves would
-    not cover half of them."""
-    m = elem.size
+    not cover half of them (unless :func:`_made_split` makes them)."""
+    m, given = elem.size, elem
     if len(set(shapes)) == 1 and len(set(strides)) == 1:  # C-level hashing: the common case
         group = tidx
     else:
@@ -338,7 +413,7 @@ def _made_in_runs(
     bounds = np.flatnonzero(start).tolist() + [m]
     sizes = np.diff(bounds)
     if 2 * int(sizes[sizes >= _RUN].sum()) < m:
-        return None
+        return _made_split(table, tidx, shapes, strides, given)
     pick = order.tolist() if order is not None else None
     made: list[Any] = []
     view = _AS_STRIDED()
@@ -364,6 +439,56 @@ def _made_in_runs(
                 made.extend(view(typed, (b - a, *shape), (step, *st), first[a]).unbind(0))
         else:
             made.extend(map(view, [typed] * (b - a), sh, sts, first[a:b]))
+    if order is None:
+        return made
+    back = np.empty(m, np.int64)
+    back[order] = np.arange(m)
+    return list(map(made.__getitem__, back.tolist()))
+
+
+def _made_split(
+    table: list[Any], tidx: np.ndarray, shapes: Sequence[Any], strides: Sequence[Any], elem: np.ndarray
+) -> list[Any] | None:
+    """The leaves as :func:`spec_views` makes them when they are 1-D and contiguous but not evenly
+    spaced (an HDF5 file's data blocks: steps of 10 and 12 KiB alternate): per typed view, in
+    element order, one 1-D ``as_strided`` over their span split by ``split_with_sizes`` into the
+    leaves and the gaps between them (a gap of no elements takes no piece), the leaves' pieces
+    kept: each its own tensor with its own version counter, at the leaves' offsets, about half the
+    cost of one ``as_strided`` each while the gaps' pieces stay under half the leaves'. None when
+    the leaves are not all 1-D with strides ``(1,)``, two of one typed view overlap, or there are
+    too many gaps; the span covers only bytes between checked leaves."""
+    m = elem.size
+    if set(map(len, shapes)) != {1} or set(strides) != {(1,)}:
+        return None
+    lens = np.full(m, shapes[0][0], np.int64) if len(set(shapes)) == 1 else np.array(shapes, np.int64)[:, 0]
+    if (tidx == tidx[0]).all():
+        order = None if (np.diff(elem) >= 0).all() else np.argsort(elem, kind="stable")
+    else:
+        order = np.lexsort((elem, tidx))
+    if order is not None:
+        tidx, elem, lens = tidx[order], elem[order], lens[order]
+    gaps = elem[1:] - (elem[:-1] + lens[:-1])
+    same = tidx[1:] == tidx[:-1]
+    if (gaps[same] < 0).any():
+        return None  # overlapping leaves: one as_strided each
+    cut = ~same | (gaps > 0)  # after leaf i a piece (a gap) or a new span
+    if 3 * int(cut.sum()) > m:
+        return None  # more gap pieces than a third of the leaves: no cheaper than one each
+    view = _AS_STRIDED()
+    bounds = np.flatnonzero(~same).tolist()
+    made: list[Any] = []
+    first, last, tids = elem.tolist(), (elem + lens).tolist(), tidx.tolist()
+    for a, b in zip([0, *[x + 1 for x in bounds]], [*[x + 1 for x in bounds], m]):
+        g = gaps[a : b - 1]
+        has = g > 0
+        pos = np.arange(b - a) + np.concatenate(([0], np.cumsum(has)))
+        sizes = np.zeros(int(pos[-1]) + 1, np.int64)
+        sizes[pos] = lens[a:b]
+        sizes[pos[:-1][has] + 1] = g[has]
+        pieces = view(table[tids[a]], (last[b - 1] - first[a],), (1,), first[a]).split_with_sizes(
+            sizes.tolist()
+        )
+        made.extend(pieces if b - a == len(pieces) else map(pieces.__getitem__, pos.tolist()))
     if order is None:
         return made
     back = np.empty(m, np.int64)
