@@ -38,8 +38,8 @@ from ..jit.presets import KERNEL
 from .bounds import MAX_NBYTES, parse_meta
 from .dtypes import dtype_table
 from .keys import _ENCODED, encode_key
-from .plainlevel import PlainLevel, contiguous_strides
-from .tree import FORMAT_VERSION, NON_TENSOR_DATA_TYPE, RESERVED_FIELDS, TD_CLASS, TD_TYPE
+from .plainlevel import PlainLevel, contiguous_strides, td_fields_ok
+from .tree import NON_TENSOR_DATA_TYPE, RESERVED_FIELDS
 
 __all__ = ["MAX_DIMS", "scan_meta", "scan_level"]
 
@@ -454,15 +454,7 @@ def scan_level(data: bytes, prefix: str, has_meta: Callable[[str], bool]) -> Pla
     for key, value in fields.items():
         if key not in RESERVED_FIELDS or type(value) is dict:
             return None  # not plain, or children after the fields: the parsing path
-    cls = fields.get("_class")
-    if cls is None:
-        typ = fields.get("_type")
-        if typ is not None and typ != TD_TYPE:
-            return None
-    elif cls != TD_CLASS:
-        return None
-    version = fields.get("_format_version", 0)
-    if type(version) is not int or version > FORMAT_VERSION or fields.get("_type") == NON_TENSOR_DATA_TYPE:
+    if not td_fields_ok(fields) or fields.get("_type") == NON_TENSOR_DATA_TYPE:
         return None
     cols = rows[:n]
     flagged = np.flatnonzero(cols[:, _FLAGS]).tolist() if n else []

@@ -53,6 +53,7 @@ __all__ = [
     "plain_level_of",
     "MAX_TEXTS",
     "is_plain_td",
+    "td_fields_ok",
     "plain_td_level",
     "scan_td_level",
     "quick_views",
@@ -259,6 +260,24 @@ def quick_views(src: Any, plain: PlainLevel, prefix: str) -> Any:
     return out, []
 
 
+def td_fields_ok(meta: dict[str, Any]) -> bool:
+    """Whether a level's fields name a TensorDict level of a format version this package reads
+    (``_class`` TensorDict, or no ``_class`` and a ``_type`` of TensorDict or none).
+
+    >>> td_fields_ok({"_format_version": 1}), td_fields_ok({"_class": "other"})
+    (True, False)
+    """
+    cls = meta.get("_class")
+    if cls is None:
+        typ = meta.get("_type")
+        if typ is not None and typ != TD_TYPE:
+            return False
+    elif cls != TD_CLASS:
+        return False
+    version = meta.get("_format_version", 0)
+    return type(version) is int and version <= FORMAT_VERSION
+
+
 def is_plain_td(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> bool:
     """Whether a parsed ``meta.json`` is a plain TensorDict level that
     :func:`~tdz_numba.tdz.tree.describe_level` describes without error, checked without
@@ -277,15 +296,7 @@ def is_plain_td(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> bool
     """
     if type(meta) is not dict:
         return False
-    cls = meta.get("_class")
-    if cls is None:
-        typ = meta.get("_type")
-        if typ is not None and typ != TD_TYPE:
-            return False
-    elif cls != TD_CLASS:
-        return False
-    version = meta.get("_format_version", 0)
-    if type(version) is not int or version > FORMAT_VERSION:
+    if not td_fields_ok(meta):
         return False
     itemsizes, encoded = _ITEMSIZE, _ENCODED
     for key, value in meta.items():
@@ -336,15 +347,7 @@ def plain_td_level(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> t
     """
     if type(meta) is not dict:
         return False, None
-    cls = meta.get("_class")
-    if cls is None:
-        typ = meta.get("_type")
-        if typ is not None and typ != TD_TYPE:
-            return False, None
-    elif cls != TD_CLASS:
-        return False, None
-    version = meta.get("_format_version", 0)
-    if type(version) is not int or version > FORMAT_VERSION:
+    if not td_fields_ok(meta):
         return False, None
     # a TensorDict level (TD_TYPE, TD_CLASS or neither): is_keyed holds, as plain_level asks;
     # plain_level also refuses a NonTensorData _type (next to a TensorDict _class) and nested leaves
