@@ -106,22 +106,41 @@ def test_read_pieces_where_the_file_takes_no_advice(tmp_path, monkeypatch):
     assert bytes(_read(path, offsets, sizes)) == _oracle(path, offsets, sizes)
 
 
+def _settled(attempt) -> None:
+    """Runs ``attempt()`` (which returns an assertion message, or None when the page cache ended as
+    expected) up to three times and fails with its last message: the kernel may keep a page that
+    ``POSIX_FADV_DONTNEED`` named while it is briefly held elsewhere (seen once in CI under load),
+    never on every try; code that does not drop fails every time."""
+    why = None
+    for _ in range(3):
+        why = attempt()
+        if why is None:
+            return
+    pytest.fail(why)
+
+
 def test_read_pieces_drops_only_what_it_brought_in(tmp_path):
     path = tmp_path / "f.bin"
     path.write_bytes(os.urandom(16 * PAGE))
-    _dropped_or_skip(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.pread(fd, 10, 9 * PAGE + 5)  # page 9 cached before (with whatever read-ahead brings)
-        before = pagecache.cached(path, 0, 16 * PAGE)
-        assert before[9] and not before[2]
-        offsets, sizes = [2 * PAGE + 100, 9 * PAGE + 40, 4 * PAGE - 10], [50, 30, 20]
-        got = pagecache.read_pieces(fd, offsets, sizes)
-    finally:
-        os.close(fd)
-    after = pagecache.cached(path, 0, 16 * PAGE)
-    np.testing.assert_array_equal(after, before)  # pages 2, 3, 4 read and dropped again; 9 kept
-    assert bytes(got) == _oracle(path, offsets, sizes)
+    offsets, sizes = [2 * PAGE + 100, 9 * PAGE + 40, 4 * PAGE - 10], [50, 30, 20]
+
+    def attempt() -> str | None:
+        _dropped_or_skip(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.pread(fd, 10, 9 * PAGE + 5)  # page 9 cached before (with whatever read-ahead brings)
+            before = pagecache.cached(path, 0, 16 * PAGE)
+            assert before[9] and not before[2]
+            got = pagecache.read_pieces(fd, offsets, sizes)
+        finally:
+            os.close(fd)
+        after = pagecache.cached(path, 0, 16 * PAGE)
+        assert bytes(got) == _oracle(path, offsets, sizes)  # (after the look: the oracle caches)
+        if not np.array_equal(after, before):  # pages 2, 3, 4 read and dropped again; 9 kept
+            return f"page cache before {np.flatnonzero(before)}, after {np.flatnonzero(after)}"
+        return None
+
+    _settled(attempt)
 
 
 def _spaced_archive(tmp_path, n=8, leaf_bytes=64 * 1024):
@@ -144,15 +163,22 @@ def test_load_leaves_header_pages_uncached(tmp_path):
     del back  # (pages a mapping holds stay cached)
     gc.collect()
     _drop(path)
-    back = tdz_numba.load(path)  # the check alone, nothing touched
     size = os.path.getsize(path)
     tail = (size - 64 * 1024) // PAGE  # the open reads the file's tail (central directory)
     # (and format detection its first bytes: page 0)
     pages = sorted({h // PAGE for h in headers if 0 < h // PAGE < tail})
     assert len(pages) >= 6
-    cached = pagecache.cached(path, 0, size)
-    assert not cached[pages].any(), f"header pages left cached: {np.flatnonzero(cached[pages])}"
-    del back
+
+    def attempt() -> str | None:
+        _drop(path)
+        back = tdz_numba.load(path)  # the check alone, nothing touched
+        cached = pagecache.cached(path, 0, size)
+        del back
+        if cached[pages].any():
+            return f"header pages left cached: {np.array(pages)[cached[pages]]}"
+        return None
+
+    _settled(attempt)
 
 
 def test_load_keeps_cached_header_pages(tmp_path):
