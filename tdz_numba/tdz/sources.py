@@ -196,8 +196,9 @@ class MappedFile:
                 else torch.empty(0, dtype=torch.uint8)
             )
         itemsize = dtype.itemsize
-        if dtype != torch.uint8:
-            base = base[: base.numel() - base.numel() % itemsize].view(dtype)
+        if dtype != torch.uint8:  # (the slice only where bytes are left over: one op less)
+            n = base.numel()
+            base = (base[: n - n % itemsize] if n % itemsize else base).view(dtype)
         self._typed[key] = base
         return base
 
