@@ -218,3 +218,56 @@ def test_gguf_small_reads_the_infos_as_the_bulk_pass(tmp_path, monkeypatch, n):
     assert [back[f"t{i}"].tolist() for i in range(n)] == [
         np.arange(i, i + 4 * (i + 1), dtype=np.float32).reshape(i + 1, 4).tolist() for i in range(n)
     ]
+
+
+def _h5(path) -> dict:
+    import h5py
+
+    want = {}
+    with h5py.File(path, "w") as f:
+        for i, (dt, shape) in enumerate(
+            [("<f4", (3,)), (">i2", (2, 3)), ("<f8", ()), ("u1", (4, 1, 2)), ("<i8", (0, 2)), ("<f2", (5,))]
+        ):
+            arr = np.arange(int(np.prod(shape)), dtype=dt).reshape(shape)
+            f.create_dataset(f"d{i}", data=arr)
+            want[f"d{i}"] = arr
+        f["d0"].attrs["unit"] = "m"
+        g = f.create_group("g")
+        g["x"] = np.ones(3, np.float32)
+        g["s"] = h5py.SoftLink("/d1")
+        f["chunked"] = np.arange(6.0).reshape(2, 3)
+        f.create_dataset("cz", data=np.arange(8, dtype=np.int32), chunks=(4,), compression="gzip")
+    return want
+
+
+def _tree(got) -> list:
+    out = []
+    for k, v in got.items():
+        if isinstance(v, dict):
+            out.append((k, _tree(v)))
+        elif isinstance(v, torch.Tensor):
+            out.append((k, v.dtype, tuple(v.shape), v.tolist()))
+        else:
+            out.append((k, type(v), repr(v)))
+    return out
+
+
+def test_hdf5_few_links_and_rows_as_the_bulk_paths(tmp_path, monkeypatch):
+    from tdz_numba.formats import hdf5_objects, hdf5_walk
+
+    p = tmp_path / "x.h5"
+    want = _h5(p)
+    few = tdz_numba.load(p)
+    with tdz_numba.open(p) as ar:
+        few_info = [(k, ar.info(k)) for k, c in ar.level_info().children.items() if c.kind == "leaf"]
+    monkeypatch.setattr(hdf5_objects, "FEW_LINKS", -1)
+    monkeypatch.setattr(hdf5_walk, "SMALL", -1)
+    bulk = tdz_numba.load(p)
+    with tdz_numba.open(p) as ar:
+        bulk_info = [(k, ar.info(k)) for k, c in ar.level_info().children.items() if c.kind == "leaf"]
+    assert list(few) == list(bulk) and _tree(few) == _tree(bulk)
+    assert few_info == bulk_info
+    for k, arr in want.items():
+        assert np.asarray(few[k]).tolist() == arr.tolist()
+    assert len(few_info) >= 5
+    assert few["g"]["x"].tolist() == [1.0] * 3
