@@ -271,3 +271,57 @@ def test_hdf5_few_links_and_rows_as_the_bulk_paths(tmp_path, monkeypatch):
         assert np.asarray(few[k]).tolist() == arr.tolist()
     assert len(few_info) >= 5
     assert few["g"]["x"].tolist() == [1.0] * 3
+
+
+def _npz_cases(tmp_path):
+    arrs = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "f": np.asfortranarray(np.arange(6, dtype=np.int16).reshape(2, 3)),
+        "s": np.array(2.5),
+        "e": np.zeros((0, 4), np.uint8),
+    }
+    p = tmp_path / "x.npz"
+    np.savez(p, **arrs)
+    return p, arrs
+
+
+def _npz_specs(p, small: bool, monkeypatch):
+    from tdz_numba.formats import numpy_fmt
+    from tdz_numba.zipfmt.index import ArchiveIndex
+
+    monkeypatch.setattr(numpy_fmt, "SMALL", 10**6 if small else 0)
+    try:
+        src = numpy_fmt.open_npz(p, index=ArchiveIndex(p))
+    except Exception as exc:  # noqa: BLE001 - compared
+        return (type(exc), str(exc))
+    try:
+        return [(k, c.leaf) for k, c in src.level("").children.items()]
+    finally:
+        src.close()
+
+
+def test_npz_few_members_as_the_bulk_path(tmp_path, monkeypatch):
+    p, arrs = _npz_cases(tmp_path)
+    small, bulk = _npz_specs(p, True, monkeypatch), _npz_specs(p, False, monkeypatch)
+    assert isinstance(small, list) and small == bulk
+    monkeypatch.undo()
+    back = tdz_numba.load(p)
+    assert {k: np.asarray(v).tolist() for k, v in back.items()} == {k: v.tolist() for k, v in arrs.items()}
+
+
+@pytest.mark.parametrize("damage", ["local signature", "npy magic", "both"])
+def test_npz_few_members_name_the_bulk_paths_error(tmp_path, monkeypatch, damage):
+    """A damaged local header is named before any member's ``.npy`` header (check_all's order),
+    whichever path reads the members."""
+    p, _ = _npz_cases(tmp_path)
+    raw = bytearray(p.read_bytes())
+    second = raw.find(b"PK\x03\x04", 4)
+    if damage in ("local signature", "both"):
+        raw[second : second + 2] = b"XX"
+    if damage in ("npy magic", "both"):
+        first_npy = raw.find(b"\x93NUMPY")
+        raw[first_npy + 1 : first_npy + 6] = b"NOPE!"
+    p.write_bytes(bytes(raw))
+    small, bulk = _npz_specs(p, True, monkeypatch), _npz_specs(p, False, monkeypatch)
+    assert isinstance(small, tuple) and small == bulk
+    assert ("local header signature" in small[1]) == (damage != "npy magic")
