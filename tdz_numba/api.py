@@ -343,10 +343,17 @@ def load(
                 return ar.to_dict(nest=nest, keys=keys)
         finally:
             ar.close()
-    if storage_options is not None or _remote.is_remote(path):
-        return _remote_archive.load_remote(path, options, nest=nest, storage_options=storage_options)
-    with user_errors(path, action="load"):
-        return _opening.load(as_local_path(path), options, nest=nest)
+    local = _plain_local_path(path) if storage_options is None else None
+    if local is None:
+        if storage_options is not None or _remote.is_remote(path):
+            return _remote_archive.load_remote(path, options, nest=nest, storage_options=storage_options)
+        local = as_local_path(path)
+    try:  # (not `with user_errors(...)`: paid on errors only, as in _open_checked)
+        return _opening.load(local, options, nest=nest)
+    except OSError:
+        with user_errors(path, action="load"):  # the built-in OS error as the TdzError naming the path
+            raise
+        raise  # pragma: no cover - user_errors re-raises what it does not translate
 
 
 def is_archive(path: PathLike, *, storage_options: dict[str, Any] | None = None) -> bool:

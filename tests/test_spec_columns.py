@@ -32,6 +32,7 @@ def _source(tmp_path, n, *, bad=None, nbytes=24):
 @pytest.fixture
 def spy(monkeypatch):
     got = []
+    monkeypatch.setattr(specbulk, "SMALL", 0)  # the bulk path at every count (see test_small_views)
     real = specbulk.column_extents
     monkeypatch.setattr(specbulk, "column_extents", lambda *a: got.append(r := real(*a)) or r)
     return got

@@ -10,6 +10,7 @@ import torch
 
 import tdz_numba
 from tdz_numba.archive import foreign
+from tdz_numba.tdz import specbulk
 
 
 def _spy(monkeypatch):
@@ -24,14 +25,18 @@ def _spy(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("bulk", [True, False])
+@pytest.mark.parametrize("bulk", [True, False, None])
 def test_every_leaf_hinted(tmp_path, monkeypatch, bulk):
     from safetensors.torch import save_file
 
     ts = {f"k{i:02d}": torch.full((50 + i,), float(i)) for i in range(30)}
     p = tmp_path / "x.safetensors"
     save_file(dict(reversed(list(ts.items()))), str(p))
-    if not bulk:  # one leaf the bulk path refuses: the specs are taken apart again (foreign.hint)
+    if bulk is not None:  # None: 30 leaves made one by one (small_views: no extents, foreign.hint)
+        monkeypatch.setattr(specbulk, "SMALL", 0)
+    else:
+        monkeypatch.setattr(specbulk, "SMALL", 64)
+    if bulk is False:  # one leaf the bulk path refuses: the specs are taken apart again (foreign.hint)
         real = foreign.views_and_extents
 
         def partial(leaves, files, aligned=False, **kw):

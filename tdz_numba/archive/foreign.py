@@ -109,7 +109,7 @@ def hint(source: Source, leaves: list[TensorSpec]) -> int:
     ranges (:func:`~tdz_numba.files.memory.readahead`: nothing below 1 MiB, never more than
     half the free memory). Returns the bytes hinted."""
     files = source.files
-    if not leaves or not files:
+    if not leaves or not files or not readahead_on():  # (off by default: nothing to gather)
         return 0
     try:
         n = len(leaves)

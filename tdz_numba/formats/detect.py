@@ -263,7 +263,7 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
                 raise
     finally:
         os.close(fd)
-    for fmt in sorted(FORMATS.values(), key=lambda f: f.order):
+    for fmt in _in_order():
         try:
             hit = fmt.sniff(p, head, size)
         except (OSError, ValueError, struct.error):
@@ -274,6 +274,19 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
         f"{p}: unknown file format (first bytes {head[:16]!r}); tdz_numba reads .tdz, safetensors, "
         f"torch.save (.pt), .npy/.npz, GGUF, HDF5, ONNX files and tensordict memmap directories"
     )
+
+
+#: ``(FORMATS' values, them sorted by order)`` as last sorted (a sort per sniff: ~2 us).
+_ORDERED: tuple[list[Format], list[Format]] = ([], [])
+
+
+def _in_order() -> list[Format]:
+    """The registered formats, lowest ``order`` first (sorted again when :data:`FORMATS` changed)."""
+    global _ORDERED
+    now = list(FORMATS.values())
+    if now != _ORDERED[0]:
+        _ORDERED = (now, sorted(now, key=lambda f: f.order))
+    return _ORDERED[1]
 
 
 _PUBLIC = {"torch_legacy": "torch", "safetensors_index": "safetensors"}

@@ -18,7 +18,7 @@ walk did not check).
 from __future__ import annotations
 
 import os
-from functools import partial
+from functools import cache, partial
 from itertools import repeat
 from typing import Any
 
@@ -106,6 +106,20 @@ def _torch_dtypes() -> list[Any]:
     return [None] + [from_numpy_dtype(np.dtype(s)) for s in DTYPES[1:]]
 
 
+@cache
+def _torch_table() -> np.ndarray:
+    """:func:`_torch_dtypes` as a read-only object array (made once a process, not per walk: 11
+    dtype conversions, ~15 us of a one-dataset open)."""
+    arr = np.array(_torch_dtypes() + [None], dtype=object)[:-1]
+    arr.flags.writeable = False
+    return arr
+
+
+#: Most links of a group whose datasets :meth:`Walk._children` reads row by row in Python (its
+#: numpy calls, ~20 of them whatever the count, cost more below it).
+SMALL = 16
+
+
 def is_group(h: Header) -> bool:
     return h.has(SYMTAB) or h.has(LINFO) or (h.has(LINK) and not h.has(LAYOUT))
 
@@ -127,8 +141,7 @@ class Walk:
         self._links: dict[int, Links] = {}
         self._index: dict[int, dict[str, int]] = {}
         self._headers: dict[int, Header] = {}
-        self._torch = _torch_dtypes()
-        self._torch_arr = np.array(self._torch + [None], dtype=object)[:-1]
+        self._torch_arr = _torch_table()
 
     # -- h5py, reached hop by hop ----------------------------------------------------------------
     def _file(self) -> Any:
@@ -342,6 +355,9 @@ class Walk:
         arr = np.array(addrs, np.int64) - lay.base
         out = np.empty((len(names), COLS), np.int64)
         scan_datasets(lay.buf, arr, lay.base, lay.osz, lay.lsz, out)
+        if len(names) <= SMALL:  # row by row: the same specs, in the same order
+            self._rows(names, addrs, out, parent, resolved, node, prefix, visited, stack)
+            return
         status = out[:, 0]
         mapped = (status == FAST) | (status == FAST_ATTRS)
         fast = np.flatnonzero(mapped)
@@ -374,10 +390,51 @@ class Walk:
                 ),
             )
             node.update(zip(keys, specs))
-        for i in np.flatnonzero(status == FAST_ATTRS).tolist():  # mapped, with compact attributes
+        attrs = np.flatnonzero(status == FAST_ATTRS).tolist()
+        self._others(
+            names,
+            addrs,
+            attrs,
+            np.flatnonzero(~mapped).tolist(),
+            parent,
+            resolved,
+            node,
+            prefix,
+            visited,
+            stack,
+        )
+
+    def _rows(
+        self, names: list, addrs: list, out: np.ndarray, parent: Chain, resolved: dict, node: Group, prefix: str,
+        visited: set, stack: list,
+    ) -> None:  # fmt: skip
+        """:meth:`_children` of a few links, from the kernel's rows as Python lists."""
+        rows = out.tolist()
+        torch_of = self._torch_arr
+        attrs, others = [], []
+        for i, row in enumerate(rows):
+            if row[0] != FAST and row[0] != FAST_ATTRS:
+                others.append(i)
+                continue
+            code = row[1]
+            shape = tuple(row[5 : 5 + row[2]])
+            node[names[i]] = _SPEC(
+                (names[i], torch_of[code], shape, None, 0, row[3], row[4], DTYPES[code], *_TAIL)
+            )
+            if row[0] == FAST_ATTRS:
+                attrs.append(i)
+        self._others(names, addrs, attrs, others, parent, resolved, node, prefix, visited, stack)
+
+    def _others(
+        self, names: list, addrs: list, attrs: list, others: list, parent: Chain, resolved: dict, node: Group,
+        prefix: str, visited: set, stack: list,
+    ) -> None:  # fmt: skip
+        """The links ``_children`` did not map from the kernel's rows alone: the attributes of
+        ``attrs`` (mapped datasets with compact attributes), then groups and other datasets."""
+        for i in attrs:  # mapped, with compact attributes
             name, addr = names[i], addrs[i]
             self._attrs(self.header(addr), resolved.get(name) or (*parent, (name, addr)), prefix + name)
-        for i in np.flatnonzero(~mapped).tolist():
+        for i in others:
             name, addr = names[i], addrs[i]
             chain = resolved.get(name) or (*parent, (name, addr))
             h = self.header(addr)  # a damaged header raises here

@@ -320,6 +320,11 @@ def _parsed(texts: list[bytes], which: np.ndarray) -> tuple[list[NpyHeader], np.
     return headers, which
 
 
+#: Most members of an ``.npz`` read one by one (:func:`member_spec`) rather than in bulk: the
+#: bulk passes cost ~150 us whatever the count, a member ~20-40 us (1 member: 56 us against 190).
+SMALL = 4
+
+
 def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, TensorSpec] | None:
     """Every member's spec when all are STORED, native-endian version-1 ``.npy`` arrays with
     unique names (``np.savez``'s files): local headers checked in one pass, every member's
@@ -328,6 +333,10 @@ def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, Tenso
     names = index.names
     n = len(names)
     if not n or not all_end_with(names, ".npy"):
+        return None
+    if n <= SMALL:  # a few members: read one by one (member_spec), cheaper than the passes below
+        for name in names:  # every local header first, in order: the error check_all would raise
+            index.entry(name)
         return None
     index.check_all()  # every local header, in one kernel (or twin) pass: payload offsets filled
     table = index.table

@@ -318,7 +318,7 @@ class TdzSource(Source):
         if typed is None:
             base = self.index.torch_storage
             size = self.index.size - self.index.size % dtype.itemsize
-            typed = base[:size].view(dtype) if dtype != torch.uint8 else base
+            typed = (base[:size] if size < len(base) else base).view(dtype) if dtype != torch.uint8 else base
             self._typed[dtype] = typed
         return typed
 

@@ -28,12 +28,11 @@ Examples
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import mmap
 import os
 import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -42,6 +41,7 @@ import numpy as np
 
 from ..errors import BadArchiveError, InvalidArgumentError
 from ..files.memory import advise_new_mapping
+from .gcpause import paused_gc
 from .standins import _STAND_INS, make_present, mapped_as, stand_in_external
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -119,7 +119,7 @@ class MappedFile:
             found = stand_in.get(str(path))
             if found is not None:
                 return found
-        p = Path(path)
+        p = path if isinstance(path, Path) else Path(path)
         try:
             fd = os.open(p, (os.O_RDWR if writable else os.O_RDONLY) | getattr(os, "O_NONBLOCK", 0))
         except IsADirectoryError:
@@ -196,8 +196,9 @@ class MappedFile:
                 else torch.empty(0, dtype=torch.uint8)
             )
         itemsize = dtype.itemsize
-        if dtype != torch.uint8:
-            base = base[: base.numel() - base.numel() % itemsize].view(dtype)
+        if dtype != torch.uint8:  # (the slice only where bytes are left over: one op less)
+            n = base.numel()
+            base = (base[: n - n % itemsize] if n % itemsize else base).view(dtype)
         self._typed[key] = base
         return base
 
@@ -400,32 +401,6 @@ def leaf_view(typed, shape: tuple[int, ...], strides: tuple[int, ...], offset: i
 _GUARD: Any = None
 
 
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pauses the cyclic garbage collector while many small objects (a header's containers,
-    children, tensors) are made: nothing made there forms cycles, and each of the collector's
-    passes over the heap (hundreds of thousands of objects once torch is imported; a full pass
-    125-150 ms here) costs more than the work. Nested uses leave it to the outermost, which
-    moves what was made to the oldest generation (``gc.freeze(); gc.unfreeze()``, not done when
-    the application froze objects itself) instead of a young collection traversing it at once.
-
-    >>> with paused_gc():
-    ...     inside = gc.isenabled()
-    >>> inside, gc.isenabled()
-    (False, True)
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            if not gc.get_freeze_count():
-                gc.freeze()
-                gc.unfreeze()
-            gc.enable()
-
-
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     out = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
@@ -564,7 +539,7 @@ class TreeSource(Source):
         level_meta: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.format = format
-        self.path = Path(path)
+        self.path = path if isinstance(path, Path) else Path(path)
         self.files = files
         self.metadata = metadata or {}
         self._levels: dict[str, LevelInfo] = {}

@@ -45,7 +45,15 @@ import numpy as np
 from . import sources as _sources
 from .sources import MappedFile, TensorSpec, leaf_view, needs_alignment, own_views
 
-__all__ = ["spec_views", "views_and_extents", "plain_extents", "column_extents", "Extents", "SpecColumns"]
+__all__ = [
+    "spec_views",
+    "small_views",
+    "views_and_extents",
+    "plain_extents",
+    "column_extents",
+    "Extents",
+    "SpecColumns",
+]
 
 #: Beyond this many elements (or bytes) a claim is checked one by one with Python ints
 #: (numpy's int64 sums could wrap): no real tensor comes near it.
@@ -299,6 +307,8 @@ def views_and_extents(
     n = len(specs)
     if n == 0:
         return [], None
+    if n <= SMALL:
+        return small_views(specs, files, aligned=aligned), None
     was = gc.isenabled()
     gc.disable()  # tens of thousands of new tensors: no cycles among them, the collector's passes cost
     try:
@@ -371,6 +381,85 @@ def views_and_extents(
     finally:
         if was:
             gc.enable()
+
+
+#: Most leaves :func:`views_and_extents` makes one by one (:func:`small_views`): its ~30 numpy
+#: calls cost ~30 us whatever the count, the loop ~1.7 us a leaf against ~0.7 (measured: 1 leaf
+#: 4 us against 31, 16 leaves 36 against 49, 32 leaves 63 against 65).
+SMALL = 24
+_INT = {int}
+
+
+def small_views(
+    specs: Sequence[TensorSpec], files: Sequence[MappedFile], *, aligned: bool = False
+) -> list[Any]:
+    """:func:`spec_views` leaf by leaf, in plain Python (few leaves: see :data:`SMALL`): a view
+    where the bulk path makes one (every field a plain ``int``/``tuple`` of the checks of
+    :func:`plain_extents`: STORED, no loader, elements, bytes inside the file covering the span),
+    None elsewhere (the caller's :func:`~tdz_numba.tdz.sources.tensor_from_spec` makes it or
+    raises); the same tensors (storage, offset, shape, strides, own version counter).
+
+    >>> import tempfile, pathlib, numpy as np, torch
+    >>> from tdz_numba.tdz.sources import MappedFile, TensorSpec
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     p = pathlib.Path(d) / "raw.bin"
+    ...     _ = p.write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    ...     f = MappedFile.open(p)
+    ...     a, b = small_views([TensorSpec("a", torch.float32, (2,), (2,), 0, 0, 12),
+    ...                         TensorSpec("b", torch.float32, (5,), None, 0, 0, 20)], [f])
+    ...     print(a.tolist(), b)
+    [0.0, 2.0] None
+    """
+    out: list[Any] = []
+    nfiles = len(files)
+    shaped: dict[tuple[int, ...], tuple[int, tuple[int, ...]]] = {}  # checked shape: (numel, strides)
+    with own_views():
+        for spec in specs:
+            _, dtype, shape, strides, fi, off, nb, _, codec, _, _, loader = spec
+            if (
+                loader is not None
+                or codec != "stored"
+                or type(shape) is not tuple
+                or type(fi) is not int
+                or type(off) is not int
+                or type(nb) is not int
+                or not (0 <= fi < nfiles and 0 <= off < _BIG and 0 <= nb < _BIG)
+                or not set(map(type, shape)) <= _INT  # (then equal shapes hold equal ints: the table)
+            ):
+                out.append(None)
+                continue
+            got = shaped.get(shape)
+            if got is None:
+                numel = math.prod(shape)
+                if min(shape, default=0) < 0 or not 0 < numel < _BIG:
+                    out.append(None)
+                    continue
+                got = shaped[shape] = numel, _contiguous_of([shape])[0]
+            span, st = got
+            if strides is not None:
+                if (
+                    type(strides) is not tuple
+                    or len(strides) != len(shape)
+                    or not set(map(type, strides)) <= _INT
+                    or min(strides, default=0) < 0
+                    or max(strides, default=0) >= _BIG
+                ):
+                    out.append(None)
+                    continue
+                span, st = sum((d - 1) * x for d, x in zip(shape, strides)) + 1, strides
+            isz = dtype.itemsize
+            f = files[fi]
+            shift = off % isz
+            if (
+                span >= _BIG
+                or nb < span * isz
+                or off + nb > f.size
+                or (shift and (aligned or needs_alignment(dtype)))
+            ):
+                out.append(None)
+                continue
+            out.append(leaf_view(f.typed(dtype, shift), shape, st, off // isz))
+    return out
 
 
 #: Fewest leaves in a run made by one ``unbind`` (:func:`_made_in_runs`).
