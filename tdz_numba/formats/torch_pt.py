@@ -71,6 +71,7 @@ from ..tdz.sources import (
     span_bytes,
     tensor_from_spec,
 )
+from ..tdz.specbulk import SpecColumns
 from ..tdz.tree import Level
 from ..zipfmt.index import ArchiveIndex
 from ..zipfmt.records import STORED
@@ -363,36 +364,47 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
     whole = rec_bytes // isz  # elements the record holds
     fast &= (offset <= whole) & (count <= whole - np.minimum(offset, whole))
     start = np.where(fast, offset * isz, 0)
-    specs = dict(
-        zip(
-            s.names,
-            map(
-                _new_spec,
-                zip(
-                    s.names,
-                    dtypes,
-                    s.shapes,
-                    s.strides,
-                    repeat(0, n),
-                    (rec_offset + start).tolist(),
-                    (rec_bytes - start).tolist(),
-                    names,
-                    repeat("stored", n),
-                    repeat(0, n),
-                    repeat(None, n),
-                    repeat(None, n),
-                ),
+    offsets, nbytes = (rec_offset + start).tolist(), (rec_bytes - start).tolist()
+    made = list(
+        map(
+            _new_spec,
+            zip(
+                s.names,
+                dtypes,
+                s.shapes,
+                s.strides,
+                repeat(0, n),
+                offsets,
+                nbytes,
+                names,
+                repeat("stored", n),
+                repeat(0, n),
+                repeat(None, n),
+                repeat(None, n),
             ),
         )
     )
-    if len(specs) != n:  # a name set twice: the VM keeps the last value
+    level = _SpecLevel(zip(s.names, made), meta={"_torch_type": s.root})
+    if len(level) != n:  # a name set twice: the VM keeps the last value
         return None
-    if not fast.all():
+    if fast.all():  # every spec stored, C-contiguous, inside its record: the views check the columns
+        level.columns = SpecColumns(made, dtypes, s.shapes, 0, offsets, nbytes)
+    else:
         for i in np.flatnonzero(~fast).tolist():
             rec = _Record(s.storage_keys[i], int(rec_offset[i]), int(rec_bytes[i]))
             ref = pickle_vm.TensorRef(rec, int(offset[i]), s.shapes[i], s.strides[i], dtypes[i], False)
-            specs[s.names[i]] = _view(ref, s.names[i], ctx)
-    return Level(specs, meta={"_torch_type": s.root})
+            level[s.names[i]] = _view(ref, s.names[i], ctx)
+    return level
+
+
+class _SpecLevel(Level):
+    """The root level :func:`_bulk_tree` makes, with the columns its specs were made from when
+    every one is C-contiguous (:class:`~tdz_numba.tdz.specbulk.SpecColumns`, as
+    :class:`~tdz_numba.formats._flat.SpecDict` holds them): :func:`~tdz_numba.formats._flat.flat_source`
+    hands them to the source, and the bulk view path checks the extents from them
+    (:func:`~tdz_numba.tdz.specbulk.column_extents`) instead of taking the specs apart again."""
+
+    columns: SpecColumns | None = None
 
 
 def _record_rows(s: Any, index: ArchiveIndex, prefix: str) -> np.ndarray | None:
