@@ -94,3 +94,25 @@ def test_columns_handed_over_only_when_every_spec_is_dense(tmp_path):
                 src.close()
         for (k, v), t in zip(tree.items(), views):
             assert t.shape == v.shape and t.stride() == v.stride() and torch.equal(t, v), k
+
+
+def test_tiny_pickles_go_to_the_vm_unless_kernels_are_forced(tmp_path, monkeypatch):
+    """One or two tensors (a pickle under torch_pt._SCAN_FROM bytes) are read by the VM where the
+    kernels would run by choice; forced, the scan reads them; the tensors are the same."""
+    from tdz_numba.formats import pickle_scan
+
+    calls = []
+    real = pickle_scan.scan
+    monkeypatch.setattr(pickle_scan, "scan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(torch_pt, "use_kernels", lambda n=0: True)  # (a warm process)
+    g = torch.Generator().manual_seed(3)
+    for k, scanned in ((1, False), (2, False), (4, True)):
+        tree = {f"layer.{i}.weight": torch.randn(3, 2, generator=g) for i in range(k)}
+        p = tmp_path / f"t{k}.pt"
+        torch.save(tree, p)
+        for force, want in (("auto", scanned), ("always", True)):  # (the tests' default: always)
+            calls.clear()
+            with forced(force):
+                got = tdz_numba.load(p)
+            assert bool(calls) is want, (k, force)
+            assert list(got) == list(tree) and all(torch.equal(got[n], v) for n, v in tree.items())
