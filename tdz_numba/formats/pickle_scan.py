@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit
 
 from ..jit.presets import BORROWED, KERNEL  # BORROWED: the helpers and the scan loop
+from .pickle_shapes import shared_shapes
 
 __all__ = ["OK", "NCOL", "scan_state_dict", "scan", "Scanned"]
 
@@ -522,6 +523,9 @@ def _shapes(dims: np.ndarray, cols: np.ndarray) -> tuple[list[tuple[int, ...]], 
             first = int(at[0])  # one rank, in a row
             block = dims[first : first + 2 * k * count].reshape(count, 2, k)
             return _rows(block[:, 0]), _rows(block[:, 1])
+        shared = shared_shapes(dims, ndim, at, st)  # two tuples per distinct layout, not per row
+        if shared is not None:
+            return shared
     nds, ats, sts = cols[:, _NDIM : _STRIDE_AT + 1].T.tolist()  # (the three columns in a row)
     end = max(map(add, sts, nds)) if count <= _FEW else int((cols[:, _STRIDE_AT] + cols[:, _NDIM]).max())
     flat = dims[:end].tolist()
