@@ -306,9 +306,8 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
 
 
 _new_spec = partial(tuple.__new__, TensorSpec)
-#: Pickles shorter than this (one or two tensors: ~160 bytes, then ~100 a tensor) are read by the
-#: VM where the kernels are not forced: a tensor costs the VM ~14 us, the scan and the bulk checks
-#: ~40 us however few the tensors (a whole one-tensor load 7% faster, two 2%; four 4% slower).
+#: Pickles shorter than this (one or two tensors) go to the VM unless the kernels are forced: a
+#: tensor costs it ~14 us, the scan and bulk checks ~40 us however few (one-tensor load -7%).
 _SCAN_FROM = 300
 
 
@@ -402,11 +401,8 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
 
 
 class _SpecLevel(Level):
-    """The root level :func:`_bulk_tree` makes, with the columns its specs were made from when
-    every one is C-contiguous (:class:`~tdz_numba.tdz.specbulk.SpecColumns`, as
-    :class:`~tdz_numba.formats._flat.SpecDict` holds them): :func:`~tdz_numba.formats._flat.flat_source`
-    hands them to the source, and the bulk view path checks the extents from them
-    (:func:`~tdz_numba.tdz.specbulk.column_extents`) instead of taking the specs apart again."""
+    """:func:`_bulk_tree`'s root level, with its specs' columns when all are C-contiguous (as
+    :class:`~tdz_numba.formats._flat.SpecDict`: the view path checks extents from them)."""
 
     columns: SpecColumns | None = None
 
