@@ -199,6 +199,16 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
             "Array(int64, 1, 'C', False, aligned=True)",
         ),
     ),
+    "tdz_numba.formats.pickle_shapes.shape_ids": (
+        (
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+            "Array(int64, 1, 'C', False, aligned=True)",
+        ),
+    ),
     "tdz_numba.formats.pt_records.record_rows": (
         (
             "Array(uint8, 1, 'C', False, aligned=True)",

@@ -61,6 +61,7 @@ _KERNEL_MODULES = (
     "tdz_numba.formats.gguf_kernels",
     "tdz_numba.formats.hdf5_headers",
     "tdz_numba.formats.pickle_scan",
+    "tdz_numba.formats.pickle_shapes",
     "tdz_numba.formats.pt_records",
     "tdz_numba.formats.npz_scan",
     "tdz_numba.formats.onnx_scan",

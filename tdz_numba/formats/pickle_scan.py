@@ -32,12 +32,14 @@ Examples
 
 from __future__ import annotations
 
+from operator import add
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 from ..jit.presets import BORROWED, KERNEL  # BORROWED: the helpers and the scan loop
+from .pickle_shapes import shared_shapes
 
 __all__ = ["OK", "NCOL", "scan_state_dict", "scan", "Scanned"]
 
@@ -506,20 +508,29 @@ def _rows(block: np.ndarray) -> list[tuple[int, ...]]:
     return list(map(tuple, block.tolist()))
 
 
+#: Up to this many tensors, :func:`_shapes` looks for no block of one rank (its numpy calls
+#: cost about what a few dozen tuples do).
+_FEW = 64
+
+
 def _shapes(dims: np.ndarray, cols: np.ndarray) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
     """Each row's shape and stride tuples (``dims`` as the scan laid them out)."""
-    ndim, at, st = cols[:, _NDIM], cols[:, _SHAPE_AT], cols[:, _STRIDE_AT]
-    k = int(ndim[0])
-    count = ndim.size
-    if (
-        k and (ndim == k).all() and (st == at + k).all() and (np.diff(at) == 2 * k).all()
-    ):  # one rank, in a row
-        first = int(at[0])
-        block = dims[first : first + 2 * k * count].reshape(count, 2, k)
-        return _rows(block[:, 0]), _rows(block[:, 1])
-    flat = dims[: int((st + ndim).max())].tolist()
+    count = len(cols)
+    if count > _FEW:
+        ndim, at, st = cols[:, _NDIM], cols[:, _SHAPE_AT], cols[:, _STRIDE_AT]
+        k = int(ndim[0])
+        if k and (ndim == k).all() and (st == at + k).all() and (np.diff(at) == 2 * k).all():
+            first = int(at[0])  # one rank, in a row
+            block = dims[first : first + 2 * k * count].reshape(count, 2, k)
+            return _rows(block[:, 0]), _rows(block[:, 1])
+        shared = shared_shapes(dims, ndim, at, st)  # two tuples per distinct layout, not per row
+        if shared is not None:
+            return shared
+    nds, ats, sts = cols[:, _NDIM : _STRIDE_AT + 1].T.tolist()  # (the three columns in a row)
+    end = max(map(add, sts, nds)) if count <= _FEW else int((cols[:, _STRIDE_AT] + cols[:, _NDIM]).max())
+    flat = dims[:end].tolist()
     sizes, strides = [], []
-    for a, b, d in zip(at.tolist(), st.tolist(), ndim.tolist()):
+    for a, b, d in zip(ats, sts, nds):
         sizes.append(tuple(flat[a : a + d]))
         strides.append(tuple(flat[b : b + d]))
     return sizes, strides

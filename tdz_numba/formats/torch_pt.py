@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from ..errors import BadArchiveError, UnsupportedError
-from ..jit.policy import use_kernels
+from ..jit.policy import mode, use_kernels
 from ..tdz.dtypes import dtype_table
 from ..tdz.sources import (
     MAX_DEPTH,
@@ -71,6 +71,7 @@ from ..tdz.sources import (
     span_bytes,
     tensor_from_spec,
 )
+from ..tdz.specbulk import SpecColumns
 from ..tdz.tree import Level
 from ..zipfmt.index import ArchiveIndex
 from ..zipfmt.records import STORED
@@ -278,7 +279,7 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
         return rec
 
     scanned = None
-    if use_kernels(len(data) // 100):  # ~100 pickle bytes a tensor
+    if use_kernels(len(data) // 100) and (len(data) >= _SCAN_FROM or mode() == "always"):
         from . import pickle_scan  # imports Numba
 
         with no_gc():  # 20,000+ names and shape tuples
@@ -305,6 +306,9 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
 
 
 _new_spec = partial(tuple.__new__, TensorSpec)
+#: Pickles shorter than this (one or two tensors) go to the VM unless the kernels are forced: a
+#: tensor costs it ~14 us, the scan and bulk checks ~40 us however few (one-tensor load -7%).
+_SCAN_FROM = 300
 
 
 def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | None:
@@ -363,36 +367,44 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
     whole = rec_bytes // isz  # elements the record holds
     fast &= (offset <= whole) & (count <= whole - np.minimum(offset, whole))
     start = np.where(fast, offset * isz, 0)
-    specs = dict(
-        zip(
-            s.names,
-            map(
-                _new_spec,
-                zip(
-                    s.names,
-                    dtypes,
-                    s.shapes,
-                    s.strides,
-                    repeat(0, n),
-                    (rec_offset + start).tolist(),
-                    (rec_bytes - start).tolist(),
-                    names,
-                    repeat("stored", n),
-                    repeat(0, n),
-                    repeat(None, n),
-                    repeat(None, n),
-                ),
+    offsets, nbytes = (rec_offset + start).tolist(), (rec_bytes - start).tolist()
+    made = list(
+        map(
+            _new_spec,
+            zip(
+                s.names,
+                dtypes,
+                s.shapes,
+                s.strides,
+                repeat(0, n),
+                offsets,
+                nbytes,
+                names,
+                repeat("stored", n),
+                repeat(0, n),
+                repeat(None, n),
+                repeat(None, n),
             ),
         )
     )
-    if len(specs) != n:  # a name set twice: the VM keeps the last value
+    level = _SpecLevel(zip(s.names, made), meta={"_torch_type": s.root})
+    if len(level) != n:  # a name set twice: the VM keeps the last value
         return None
-    if not fast.all():
+    if fast.all():  # every spec stored, C-contiguous, inside its record: the views check the columns
+        level.columns = SpecColumns(made, dtypes, s.shapes, 0, offsets, nbytes)
+    else:
         for i in np.flatnonzero(~fast).tolist():
             rec = _Record(s.storage_keys[i], int(rec_offset[i]), int(rec_bytes[i]))
             ref = pickle_vm.TensorRef(rec, int(offset[i]), s.shapes[i], s.strides[i], dtypes[i], False)
-            specs[s.names[i]] = _view(ref, s.names[i], ctx)
-    return Level(specs, meta={"_torch_type": s.root})
+            level[s.names[i]] = _view(ref, s.names[i], ctx)
+    return level
+
+
+class _SpecLevel(Level):
+    """:func:`_bulk_tree`'s root level, with its specs' columns when all are C-contiguous (as
+    :class:`~tdz_numba.formats._flat.SpecDict`: the view path checks extents from them)."""
+
+    columns: SpecColumns | None = None
 
 
 def _record_rows(s: Any, index: ArchiveIndex, prefix: str) -> np.ndarray | None:

@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 from zlib import crc32
 
 import numpy as np
 
 from ..errors import BadArchiveError, UnsupportedError
-from ..files.pagecache import read_pieces
 from . import eocd, records
+from .headreads import read_pieces
 from .kernels.central_twin import Central, CentralRows
 from .kernels.dispatch import parse_central
 from .records import Col, Status
@@ -56,6 +57,7 @@ __all__ = [
     "check_local_headers",
     "check_local_by_pread",
     "resolve_small",
+    "check_small",
     "read_small_entry",
 ]
 
@@ -261,7 +263,7 @@ def check_local_headers(
 def check_local_by_pread(buf, cols, cd_offset: int, path, ident: tuple[int, int, int]) -> np.ndarray | None:
     """Checks every local header from copies read with ``pread``: one system call per
     entry instead of a page fault per entry when the headers are far apart, leaving the page
-    cache as it was (:func:`tdz_numba.files.pagecache.read_pieces`). None when
+    cache as it was (:func:`tdz_numba.zipfmt.headreads.read_pieces`). None when
     ``path`` no longer names the file ``ident`` that ``buf`` maps."""
     from .kernels.dispatch import check_local_headers as check  # the kernel or its twin
 
@@ -285,6 +287,29 @@ def check_local_by_pread(buf, cols, cd_offset: int, path, ident: tuple[int, int,
     finally:
         os.close(fd)
     return check(buf, cols, cd_offset, hdr, hpos)
+
+
+def check_small(data, rows: list[list[int]], cd_offset: int) -> bool:
+    """Whether every row's local header in ``data`` (the whole file) is as it must be, each
+    checked by :func:`resolve_small` (an archive of up to :data:`SMALL_ENTRIES` entries whose
+    headers lie close together: no columns built, no kernel called; a one-tensor ``.pt`` has 7);
+    then the payload offsets and local extra lengths are filled into the rows. False, the rows
+    untouched, when one is not (the kernel or its twin names it).
+
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     data = tdz_numba.save({"a": torch.zeros(4)}, pathlib.Path(d) / "x.tdz").read_bytes()
+    >>> end, found = parse_tail(data, len(data))
+    >>> rows = found.rows.all()
+    >>> check_small(data, rows, end.cd_offset), rows[1][Col.PAYLOAD_OFFSET] % 64
+    (True, 0)
+    """
+    found = list(map(resolve_small, repeat(data, len(rows)), rows, repeat(cd_offset, len(rows))))
+    if None in found:
+        return False
+    for row, (payload, extra) in zip(rows, found):  # type: ignore[misc]
+        row[Col.PAYLOAD_OFFSET], row[Col.LOCAL_EXTRA_LEN] = payload, extra
+    return True
 
 
 def resolve_small(

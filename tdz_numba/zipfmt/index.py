@@ -40,11 +40,13 @@ from ..files.memory import advise_new_mapping
 from . import compression as codecs
 from . import eocd, members, records
 from .central import (
+    PREAD_SPACING,
     SMALL_ENTRIES,
     Central,
     CentralRows,
     check_central,
     check_local_headers,
+    check_small,
     decode_name,
     parse_tail,
     read_central,
@@ -367,12 +369,17 @@ class ArchiveIndex:
     def check_all(self) -> None:
         """Reads and checks every local header now (an open reads them lazily). On a bad
         header it raises and leaves the index as it was (headers still read per entry)."""
-        if not self.local_checked:
+        if self.local_checked:
+            return
+        small = self._small  # rows still lists, headers close together: no columns, no kernel
+        near = small is not None and self.size // max(1, self.end.count) < PREAD_SPACING
+        mapped = self._mmap if near and type(self) is ArchiveIndex else None
+        if mapped is None or not check_small(mapped, small.all(), self.end.cd_offset):  # type: ignore[union-attr]
             cols = self._cols.copy()
             self._raise_status(self._check_local(cols), cols)  # the kernel (or its twin): every header
             self._cols = cols
-            self._rows = None
-            self.local_checked = True
+        self._rows = None
+        self.local_checked = True
 
     def columns_filled(self) -> None:
         """Tells the index that a kernel filled payload offsets into :attr:`table` in place
