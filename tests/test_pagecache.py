@@ -3,6 +3,7 @@ advised for reading the whole file (files.memory.whole_file_mappings): behaviour
 
 from __future__ import annotations
 
+import errno
 import gc
 import mmap
 import os
@@ -19,6 +20,7 @@ from tdz_numba.files import memory, pagecache
 from tdz_numba.zipfmt.index import ArchiveIndex
 
 PAGE = mmap.PAGESIZE
+NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 def _oracle(path, offsets, sizes) -> bytes:
@@ -71,7 +73,6 @@ def test_read_pieces_matches_plain_pread(tmp_path, monkeypatch, nowait):
 
 
 def test_read_pieces_where_the_file_refuses_nowait(tmp_path, monkeypatch):
-    import errno
 
     path = tmp_path / "f.bin"
     path.write_bytes(os.urandom(3 * PAGE))
@@ -93,7 +94,6 @@ def test_read_pieces_where_the_file_refuses_nowait(tmp_path, monkeypatch):
 
 
 def test_read_pieces_where_the_file_takes_no_advice(tmp_path, monkeypatch):
-    import errno
 
     path = tmp_path / "f.bin"
     path.write_bytes(os.urandom(3 * PAGE))
@@ -104,6 +104,65 @@ def test_read_pieces_where_the_file_takes_no_advice(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "posix_fadvise", refusing)
     offsets, sizes = [10, PAGE - 3, 2 * PAGE], [5, 9, PAGE]
     assert bytes(_read(path, offsets, sizes)) == _oracle(path, offsets, sizes)
+
+
+@pytest.mark.skipif(NOWAIT is None, reason="no RWF_NOWAIT on this platform")
+def test_read_pieces_asks_every_piece_before_waiting(tmp_path, monkeypatch):
+    """Every piece of some bytes asked with RWF_NOWAIT first, in order (one ``map`` over them),
+    then only the misses read plainly; a page cached before is not read again plainly."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(32 * PAGE))
+    offsets = [2 * PAGE + 100, 9 * PAGE + 40, 4 * PAGE - 10, 20 * PAGE, 9 * PAGE + 50, 31 * PAGE + 4000, 7]
+    sizes = [50, 30, 20, 60, 10, 500, 0]  # (4 * PAGE - 10: two pages; then past the end; no bytes)
+    real = os.preadv
+    seen: list[tuple[bool, int]] = []
+
+    def preadv(fd, bufs, offset, *flags):
+        seen.append((bool(flags and flags[0] & NOWAIT), offset))
+        return real(fd, bufs, offset, *flags)
+
+    _dropped_or_skip(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.pread(fd, 10, 9 * PAGE + 5)  # page 9 cached before
+        monkeypatch.setattr(os, "preadv", preadv)
+        got = pagecache.read_pieces(fd, offsets, sizes)
+        monkeypatch.undo()
+    finally:
+        os.close(fd)
+    assert bytes(got) == _oracle(path, offsets, sizes)
+    first = seen[: len(offsets) - 1]
+    assert first == [(True, o) for o in offsets[:-1]]  # every piece of some bytes, in order
+    waits = [o for nowait, o in seen[len(first) :]]
+    assert all(not nowait for nowait, _ in seen[len(first) :])
+    assert 9 * PAGE + 40 not in waits and 9 * PAGE + 50 not in waits  # (cached: read at once)
+    assert {2 * PAGE + 100, 20 * PAGE} <= set(waits)
+
+
+def test_read_pieces_refused_after_a_miss_drops_only_the_misses_before(tmp_path, monkeypatch):
+    """A file that answers EAGAIN for the first piece and refuses the flag at the second: the first
+    is read and its pages dropped, the rest read plainly."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(8 * PAGE))
+    real = os.preadv
+    state = {"n": 0}
+
+    def flaky(fd, bufs, off, *flags):
+        if flags and flags[0]:
+            state["n"] += 1
+            raise (BlockingIOError() if state["n"] == 1 else OSError(errno.EINVAL, "no RWF_NOWAIT"))
+        return real(fd, bufs, off)
+
+    drops = []
+    real_drop = pagecache.drop_pages
+    monkeypatch.setattr(pagecache, "_NOWAIT_REFUSED", [])
+    monkeypatch.setattr(os, "preadv", flaky)
+    monkeypatch.setattr(
+        pagecache, "drop_pages", lambda fd, pages: drops.append(list(pages)) or real_drop(fd, pages)
+    )
+    offsets, sizes = [PAGE + 10, 5 * PAGE, 6 * PAGE + 1], [20, 30, 40]
+    assert bytes(_read(path, offsets, sizes)) == _oracle(path, offsets, sizes)
+    assert drops == [[(1, 2)]]
 
 
 def _settled(attempt) -> None:

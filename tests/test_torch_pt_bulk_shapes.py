@@ -58,7 +58,8 @@ def test_columns_handed_over_only_when_every_spec_is_dense(tmp_path):
     from tdz_numba.tdz import specbulk
 
     g = torch.Generator().manual_seed(2)
-    dense = {f"w{i}": torch.randn(i % 3 + 1, 5, generator=g) for i in range(12)}
+    # (more leaves than specbulk.SMALL: fewer are made one by one, without columns)
+    dense = {f"w{i}": torch.randn(i % 3 + 1, 5, generator=g) for i in range(30)}
     dense["h"] = torch.randn(7, generator=g).half()
     strided = dict(dense, t=torch.randn(5, 3, generator=g).t(), s=torch.arange(10.0)[2:7])
     used = []

@@ -45,6 +45,7 @@ import errno
 import mmap
 import os
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -133,29 +134,31 @@ def read_pieces(fd: int, offsets: Sequence[int], sizes: Sequence[int]) -> bytear
 def _read_cached(
     fd: int, view: memoryview, starts: list[int], offsets: list[int], sizes: list[int], flag: int
 ) -> tuple[list[tuple[int, int]], int]:
-    """The first pass of :func:`read_pieces`: each piece read with ``preadv(flag)`` (``RWF_NOWAIT``)
-    into ``view``. Returns ``(misses, known)``: ``(piece, bytes read)`` of every piece not read
-    whole, and the piece from which the file refused the flag (``len(sizes)`` when it never did:
-    the second pass reads the pieces from there on plainly, knowing nothing of the cache)."""
-    misses: list[tuple[int, int]] = []
-    preadv = os.preadv
-    for i, (off, n) in enumerate(zip(offsets, sizes)):
-        if not n:
-            continue
-        got = 0
+    """The first pass of :func:`read_pieces`: each piece of some bytes read with ``preadv(flag)``
+    (``RWF_NOWAIT``) into ``view``, in order, by one C-level ``map`` (no Python step per cached
+    piece: ~0.1 us a header against ~0.5 in a loop; a miss's ``EAGAIN`` interrupts the ``map`` for
+    its piece only, the same iterator goes on with the next). Returns ``(misses, known)``:
+    ``(piece, bytes read)`` of every piece not read whole, and the piece from which the file
+    refused the flag (``len(sizes)`` when it never did: the second pass reads the pieces from
+    there on plainly, knowing nothing of the cache)."""
+    live = [i for i, n in enumerate(sizes) if n]
+    m = len(live)
+    bufs = [[view[starts[i] : starts[i] + sizes[i]]] for i in live]
+    calls = map(os.preadv, repeat(fd, m), bufs, [offsets[i] for i in live], repeat(flag, m))
+    got: list[int] = []
+    known = len(sizes)
+    while len(got) < m:
         try:
-            got = preadv(fd, [view[starts[i] : starts[i] + n]], off, flag)
+            got.extend(calls)
         except BlockingIOError:  # not cached (EAGAIN): its read has started
-            pass
+            got.append(0)
         except OSError as exc:  # EOPNOTSUPP / EINVAL: this file takes no RWF_NOWAIT
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
             _NOWAIT_REFUSED.append(True)
-            misses.extend((j, 0) for j in range(i, len(sizes)) if sizes[j])
-            return misses, i
-        if got < n:
-            misses.append((i, got))
-    return misses, len(sizes)
+            known = live[len(got)]
+            got.extend(repeat(0, m - len(got)))
+    return [(i, g) for i, g in zip(live, got) if g < sizes[i]], known
 
 
 def drop_pages(fd: int, pages: Sequence[tuple[int, int]]) -> int:

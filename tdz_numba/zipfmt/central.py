@@ -37,8 +37,8 @@ from zlib import crc32
 import numpy as np
 
 from ..errors import BadArchiveError, UnsupportedError
+from ..files.pagecache import read_pieces
 from . import eocd, records
-from .headreads import read_pieces
 from .kernels.central_twin import Central, CentralRows
 from .kernels.dispatch import parse_central
 from .records import Col, Status
@@ -263,7 +263,7 @@ def check_local_headers(
 def check_local_by_pread(buf, cols, cd_offset: int, path, ident: tuple[int, int, int]) -> np.ndarray | None:
     """Checks every local header from copies read with ``pread``: one system call per
     entry instead of a page fault per entry when the headers are far apart, leaving the page
-    cache as it was (:func:`tdz_numba.zipfmt.headreads.read_pieces`). None when
+    cache as it was (:func:`tdz_numba.files.pagecache.read_pieces`). None when
     ``path`` no longer names the file ``ident`` that ``buf`` maps."""
     from .kernels.dispatch import check_local_headers as check  # the kernel or its twin
 
