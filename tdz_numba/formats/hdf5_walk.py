@@ -405,9 +405,17 @@ class Walk:
         )
 
     def _rows(
-        self, names: list, addrs: list, out: np.ndarray, parent: Chain, resolved: dict, node: Group, prefix: str,
-        visited: set, stack: list,
-    ) -> None:  # fmt: skip
+        self,
+        names: list,
+        addrs: list,
+        out: np.ndarray,
+        parent: Chain,
+        resolved: dict,
+        node: Group,
+        prefix: str,
+        visited: set,
+        stack: list,
+    ) -> None:
         """:meth:`_children` of a few links, from the kernel's rows as Python lists."""
         rows = out.tolist()
         torch_of = self._torch_arr
@@ -426,9 +434,18 @@ class Walk:
         self._others(names, addrs, attrs, others, parent, resolved, node, prefix, visited, stack)
 
     def _others(
-        self, names: list, addrs: list, attrs: list, others: list, parent: Chain, resolved: dict, node: Group,
-        prefix: str, visited: set, stack: list,
-    ) -> None:  # fmt: skip
+        self,
+        names: list,
+        addrs: list,
+        attrs: list,
+        others: list,
+        parent: Chain,
+        resolved: dict,
+        node: Group,
+        prefix: str,
+        visited: set,
+        stack: list,
+    ) -> None:
         """The links ``_children`` did not map from the kernel's rows alone: the attributes of
         ``attrs`` (mapped datasets with compact attributes), then groups and other datasets."""
         for i in attrs:  # mapped, with compact attributes

@@ -334,11 +334,9 @@ def _bulk_npz(index: ArchiveIndex, f: MappedFile, where: str) -> dict[str, Tenso
     n = len(names)
     if not n or not all_end_with(names, ".npy"):
         return None
-    if n <= SMALL:  # a few members: read one by one (member_spec), cheaper than the passes below
-        for name in names:  # every local header first, in order: the error check_all would raise
-            index.entry(name)
-        return None
     index.check_all()  # every local header, in one kernel (or twin) pass: payload offsets filled
+    if n <= SMALL:  # a few members: read one by one (member_spec), cheaper than the passes below
+        return None
     table = index.table
     if not (np.all(table["method"] == STORED) and np.array_equal(table["size"], table["csize"])):
         return None
