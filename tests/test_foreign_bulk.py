@@ -278,18 +278,18 @@ def test_copy_gives_owned_tensors_equal_to_the_reader(tmp_path, fmt, monkeypatch
         pytest.skip(f"no writer for {fmt}")
     path, ref = files[fmt]
     monkeypatch.setattr(foreign, "PIECE", 64)  # large leaves split, runs of small ones cut
+    storages = set()
     with tdz_numba.open(path, copy=True) as ar:
         mapped = ar.source.files
         got = dict(ar.iter_leaves())
         assert not any(ar.info(k).zero_copy for k in ref)
-    loaded = tdz_numba.load(path, copy=True)
-    storages = set()
-    for k, v in ref.items():
-        for t in (got[k], loaded[k]):
-            assert t.dtype == v.dtype and torch.equal(t, v), k
-            assert not _inside(t, mapped), k
-            assert t.data_ptr() % t.element_size() == 0
-        storages.add(loaded[k].untyped_storage().data_ptr())
+        loaded = tdz_numba.load(path, copy=True)
+        for k, v in ref.items():  # (while ar's mapping lives: a later allocation may reuse its addresses)
+            for t in (got[k], loaded[k]):
+                assert t.dtype == v.dtype and torch.equal(t, v), k
+                assert not _inside(t, mapped), k
+                assert t.data_ptr() % t.element_size() == 0
+            storages.add(loaded[k].untyped_storage().data_ptr())
     if fmt != "pt":  # (the .pt file saves views of one storage; copies are per leaf)
         assert len(storages) == len(ref)
 
