@@ -13,9 +13,10 @@ host name), its process is no longer alive, and it has not been modified for
 :data:`STALE_AGE` seconds. A live writer's temp file is never touched. On a
 network file system shared by hosts, each host cleans only its own leftovers.
 
-``durable`` writes ``fsync`` the file before ``os.replace`` and the directory
+``durable`` writes ``fsync`` the file before the rename and the directory
 after it, so that a power loss leaves the old archive or the new one, never a
-renamed but empty file.
+renamed but empty file. A replaced file is freed off the caller's thread
+(:func:`replace`).
 
 Examples
 --------
@@ -38,9 +39,12 @@ import re
 import secrets
 import socket
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from . import libc
 
 __all__ = [
     "STALE_AGE",
@@ -55,6 +59,8 @@ __all__ = [
     "umask",
     "remove_tree",
     "atomic_file",
+    "replace",
+    "wait_released",
 ]
 
 #: Seconds without modification before a dead process's temp entry is removed.
@@ -212,7 +218,7 @@ def atomic_file(target: Path, *, durable: bool = True) -> Iterator[int]:
             os.fsync(fd)
         os.close(fd)
         fd = -1
-        os.replace(tmp, target)
+        replace(tmp, target, exchange=not durable)
         if durable:
             fsync_directory(target.parent)
     except BaseException:
@@ -220,6 +226,132 @@ def atomic_file(target: Path, *, durable: bool = True) -> Iterator[int]:
             os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
+
+
+#: ``renameat2`` flag: swap the two names atomically (Linux >= 3.15; ext4, xfs, btrfs, tmpfs).
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_RELEASING: set[threading.Thread] = set()
+_RELEASING_LOCK = threading.Lock()
+
+
+def replace(tmp: Path, target: Path, *, exchange: bool = False) -> None:
+    """``os.replace(tmp, target)``, the old ``target``'s blocks and cached pages freed off the
+    calling thread.
+
+    Unlinking the last name of a large file frees its page cache and extents in the
+    ``unlink``/``rename`` call (~60 ms per 256 MiB cached here). When ``target`` is a regular file,
+    a descriptor held on it (``O_PATH``) defers that to the last ``close``, which a thread does
+    after the rename (:func:`wait_released` waits for it): the rename returns at once and the old
+    file is gone from the directory when this returns. Readers that have it open or mapped keep
+    reading it, as with a plain rename.
+
+    ``exchange=True`` (saves with ``durable=False``) swaps the names with ``renameat2(...,
+    RENAME_EXCHANGE)`` and unlinks the old file under the temp name, where the file system has it:
+    ext4 flushes the new file's delayed blocks when a rename replaces an existing name
+    (``auto_da_alloc``: ~90 ms per 256 MiB written here), a swap does not. Nothing is promised
+    after a power loss then (as ``durable=False`` documents). A crash between the swap and the
+    unlink leaves the old file under a temp name, which the next save's :func:`clean` removes.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     old, new = pathlib.Path(d) / "x.bin", pathlib.Path(d) / "y.bin"
+    ...     _ = old.write_bytes(b"old"); _ = new.write_bytes(b"new")
+    ...     replace(new, old, exchange=True)
+    ...     print(sorted(p.name for p in pathlib.Path(d).iterdir()), old.read_bytes(), wait_released(5))
+    ['x.bin'] b'new' True
+    """
+    held = _hold(target)
+    try:
+        if not (exchange and held is not None and _swapped(tmp, target, held)):
+            os.replace(tmp, target)
+    except BaseException:
+        if held is not None:
+            os.close(held[0])
+        raise
+    if held is not None:
+        _release(held[0])
+
+
+def _hold(target: Path) -> tuple[int, int, int] | None:
+    """``(descriptor, st_dev, st_ino)`` on ``target`` when it is a regular file (``O_PATH``: no
+    read permission needed, a symbolic link is not followed), else None."""
+    flags = getattr(os, "O_PATH", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    if not flags & getattr(os, "O_PATH", 0):
+        return None  # (no O_PATH: nothing to defer, the plain rename frees it)
+    try:
+        fd = os.open(target, flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)  # (a link, a directory, a file with other names: the rename frees nothing)
+        return None
+    return fd, st.st_dev, st.st_ino
+
+
+def _swapped(tmp: Path, target: Path, held: tuple[int, int, int]) -> bool:
+    """Swaps ``tmp`` and ``target`` and unlinks the old file now at ``tmp``; False (nothing
+    changed) where the swap is not available or ``target`` is no longer the held file."""
+    fn = libc.function("renameat2")
+    if fn is None:
+        return False
+    a, b = os.fsencode(tmp), os.fsencode(target)
+    if fn(_AT_FDCWD, a, _AT_FDCWD, b, _RENAME_EXCHANGE) != 0:
+        return False  # (EINVAL: the file system cannot swap; ENOENT: target removed meanwhile)
+    try:
+        st = os.stat(tmp, follow_symlinks=False)
+        ours = (st.st_dev, st.st_ino) == held[1:]
+    except OSError:
+        ours = False
+    if not ours:  # another process put something else at target: swap back, rename as usual
+        if fn(_AT_FDCWD, a, _AT_FDCWD, b, _RENAME_EXCHANGE) != 0:  # pragma: no cover - raced twice
+            raise OSError(f"{target}: replaced by another process during the save; the new file is at {tmp}")
+        return False
+    os.unlink(tmp)
+    return True
+
+
+def _release(fd: int) -> None:
+    """Closes ``fd`` on a thread (the last reference to a file without names: the kernel frees it
+    there). Not a daemon: the interpreter's exit waits for it."""
+
+    def run() -> None:
+        try:
+            os.close(fd)
+        finally:
+            with _RELEASING_LOCK:
+                _RELEASING.discard(thread)
+
+    thread = threading.Thread(target=run, name="tdz-free-replaced")
+    with _RELEASING_LOCK:
+        _RELEASING.add(thread)
+    try:
+        thread.start()
+    except RuntimeError:  # (no new threads: interpreter shutdown) the close frees it here
+        with _RELEASING_LOCK:
+            _RELEASING.discard(thread)
+        os.close(fd)
+
+
+def wait_released(timeout: float | None = None) -> bool:
+    """Waits until the files that :func:`replace` replaced are freed (at most ``timeout``
+    seconds); whether all were.
+
+    >>> wait_released(1)
+    True
+    """
+    with _RELEASING_LOCK:
+        pending = list(_RELEASING)
+    for t in pending:
+        t.join(timeout)
+    return not any(t.is_alive() for t in pending)
 
 
 def remove_tree(path: str | os.PathLike) -> None:
