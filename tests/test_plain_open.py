@@ -303,3 +303,39 @@ def test_non_tensor_and_stacked_levels(tmp_path):
     with tdz_numba.open(p) as ar:
         assert ar.source._levels[""].keyed is False and list(ar) == ["0", "1"]
         assert list(ar["1"]) == ["y"] and ar.level_info("0").children["y"].leaf.shape == (1,)
+
+
+def test_open_checks_and_load_keeps_the_plain_level(tmp_path):
+    """An open checks the root level (is_plain_td) and makes its PlainLevel only when a whole read
+    asks (quick_level); a load makes it in the check's walk: the same PlainLevel either way."""
+    import tdz_numba.archive.opening as opening
+    from tdz_numba.archive.options import DEFAULT
+
+    tree = {
+        "w": torch.arange(6.0).reshape(2, 3),
+        "b": torch.ones(4, dtype=torch.int8),
+        "g": {"y": torch.ones(2)},
+    }
+    p = tdz_numba.save(tree, tmp_path / "a.tdz")
+    with tdz_numba.open(p) as ar:
+        src = ar.source
+        assert not src.keep_plain and src._checked_plain[""] == (src._checked[""],)
+        tree = ar.to_dict()
+        lazy = src._checked_plain[""]
+    ar = opening.open_archive(p, DEFAULT, whole=True)
+    try:
+        kept = ar.source._checked_plain[""]
+        assert ar.source.keep_plain and type(kept).__name__ == "PlainLevel"
+    finally:
+        ar.close()
+    for attr in ("fields", "items", "names", "nbytes", "itemsize", "subs"):
+        assert getattr(lazy, attr) == getattr(kept, attr), attr
+    assert tree["w"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and tree["g"]["y"].tolist() == [1.0, 1.0]
+    loaded = tdz_numba.load(p)
+    assert loaded["b"].tolist() == [1, 1, 1, 1] and loaded["w"].equal(tree["w"])
+    nested = tdz_numba.save(
+        {"n": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, tmp_path / "n.tdz"
+    )
+    with tdz_numba.open(nested) as ar:  # a plain level that plain_level refuses: the general path
+        assert ar.source.quick_level("") is None and ar.source._checked_plain[""] is None
+        assert [t.tolist() for t in ar["n"].unbind()] == [[1.0, 1.0], [1.0, 1.0, 1.0]]

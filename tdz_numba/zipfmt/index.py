@@ -140,12 +140,16 @@ class ArchiveIndex:
         st: os.stat_result | None = None,
         mapping: mmap.mmap | None = None,
         head: bytes = b"",
+        take_fd: bool = False,
     ) -> None:
         self.path = path if isinstance(path, Path) else Path(path)
         self.writable = writable
         label = str(self.path)
-        own = fd is None  # else the caller's descriptor (and its fstat): the caller closes it
-        if own:
+        # fd=None: the index opens the file; else the caller's descriptor (and its fstat), which the
+        # caller closes, unless take_fd: then the index owns it from here on, also when it raises
+        # (the index keeps it until the file is mapped, without the dup and close of a borrowed one)
+        own = fd is None or take_fd
+        if fd is None:
             try:
                 fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
             except IsADirectoryError:
@@ -240,7 +244,8 @@ class ArchiveIndex:
         fd = self._fd
         if fd is not None:
             self._fd = None
-            _release_descriptor()
+            with _HELD_LOCK:  # (_release_descriptor, without the call)
+                _HELD[0] -= 1
             os.close(fd)
 
     def __del__(self, _close=os.close, _release=_release_descriptor) -> None:
@@ -328,7 +333,7 @@ class ArchiveIndex:
         if cols is not None:
             self._cols = cols
             self.local_checked = True
-        elif rows.kernel_columns and len(rows) > SMALL_ENTRIES:
+        elif len(self.names) > SMALL_ENTRIES and rows.kernel_columns:  # (one name per row)
             self._cols = rows.array()
         else:
             self._small = rows
@@ -602,6 +607,9 @@ class ArchiveIndex:
 
     def close(self) -> None:
         """Drops this index's references to the mapping; views stay valid."""
-        self.buffer = None  # type: ignore[assignment]
-        self._torch = self._untyped = None
-        self._mmap = None  # type: ignore[assignment]
+        self._buffer = self._torch = self._untyped = self._map = (
+            None  # (what the setters of buffer and _mmap do)
+        )
+        if self._fd is not None:  # not mapped yet: the descriptor kept for the mapping goes
+            with _MAP_LOCK:
+                self._drop_fd()
