@@ -341,21 +341,37 @@ def load(
     ...     print(isinstance(tree, dict), tree["tag"], tree["x"].tolist())
     True run-1 [1.0, 1.0, 1.0]
     """
-    options = open_options(
-        mode=mode,
-        subpath=subpath,
-        allow_pickle=allow_pickle,
-        num_threads=num_threads,
-        copy=copy,
-        device=device,
-        dtype=dtype,
-        direct=direct,
-        allow_external=allow_external,
-        map_location=map_location,
-        aligned=aligned,
-        dequantize=dequantize,
-    )
-    keys = load_keys(keys)
+    if (
+        mode == "r"
+        and subpath is None
+        and allow_pickle is False
+        and num_threads is None
+        and copy is False
+        and device is None
+        and dtype is None
+        and direct is False
+        and allow_external is False
+        and map_location is None
+        and aligned is False
+        and dequantize is False
+    ):  # every keyword its default, as in open
+        options = DEFAULT
+    else:
+        options = open_options(
+            mode=mode,
+            subpath=subpath,
+            allow_pickle=allow_pickle,
+            num_threads=num_threads,
+            copy=copy,
+            device=device,
+            dtype=dtype,
+            direct=direct,
+            allow_external=allow_external,
+            map_location=map_location,
+            aligned=aligned,
+            dequantize=dequantize,
+        )
+    keys = load_keys(keys) if keys is not None else None
     if keys is not None or options.subpath is not None:
         ar = _open(path, options, storage_options)
         try:

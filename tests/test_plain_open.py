@@ -339,3 +339,21 @@ def test_open_checks_and_load_keeps_the_plain_level(tmp_path):
     with tdz_numba.open(nested) as ar:  # a plain level that plain_level refuses: the general path
         assert ar.source.quick_level("") is None and ar.source._checked_plain[""] is None
         assert [t.tolist() for t in ar["n"].unbind()] == [[1.0, 1.0], [1.0, 1.0, 1.0]]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [[2, 3], [0, 5], [5, 0], [0, 2**62], [2**62, 0], [2**31, 2**31], [2**30, 2**30], [-1, 2], [2, -1],
+     [2, 1.0], [True, 2], [2, None], [2**61, 2], [2**60, 1]],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", ["torch.int8", "torch.float32", "torch.float64"])
+def test_two_dim_shapes_as_shape_nbytes(shape, dtype):
+    """is_plain_td's and plain_td_level's inlined two-dimension check: shape_nbytes' answer."""
+    from tdz_numba.tdz.bounds import shape_nbytes
+
+    itemsize = {"torch.int8": 1, "torch.float32": 4, "torch.float64": 8}[dtype]
+    meta = {"x": {"dtype": dtype, "shape": shape}}
+    want = shape_nbytes(shape, itemsize) >= 0
+    assert is_plain_td(meta, "", None) is want
+    ok, lvl = plain_td_level(meta, "", None)
+    assert ok is want and (lvl is None or lvl.nbytes == [shape_nbytes(shape, itemsize)])

@@ -260,7 +260,8 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
             taken, fd = fd, -1  # the index owns the descriptor now (keeps it, or closes it)
             index = ArchiveIndex(p, fd=taken, st=st, head=head, take_fd=True)
             try:
-                return zip_kind(index.names, where), index
+                names = index.names  # (a .tdz: its meta.json named without the zip_kind call)
+                return ("tdz" if "meta.json" in names else zip_kind(names, where)), index
             except BaseException:
                 index.close()
                 raise

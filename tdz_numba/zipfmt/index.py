@@ -95,15 +95,6 @@ _HELD = [0]
 _HELD_LOCK = threading.RLock()  # (re-entrant: a collection inside it may run ArchiveIndex.__del__)
 
 
-def _hold_descriptor() -> bool:
-    """Counts one more held descriptor, if :data:`MAX_HELD_DESCRIPTORS` allows it."""
-    with _HELD_LOCK:
-        if _HELD[0] >= MAX_HELD_DESCRIPTORS:
-            return False
-        _HELD[0] += 1
-        return True
-
-
 def _release_descriptor() -> None:
     with _HELD_LOCK:
         _HELD[0] -= 1
@@ -169,7 +160,13 @@ class ArchiveIndex:
                 start = tail_start(raw, size, SMALL_ENTRIES) if tail is None else None
                 if start is not None and size - start <= _TAIL_MAX:  # a longer central directory
                     tail = parse_tail(os.pread(fd, size - start, start), size, SMALL_ENTRIES)  # type: ignore[arg-type]
-            if tail is not None and _hold_descriptor():  # mapped on first use: keep a descriptor
+            held = False
+            if tail is not None:  # mapped on first use: keep a descriptor, if the cap allows
+                with _HELD_LOCK:
+                    if _HELD[0] < MAX_HELD_DESCRIPTORS:
+                        _HELD[0] += 1
+                        held = True
+            if held:
                 try:
                     self._fd = fd if own else os.dup(fd)  # type: ignore[arg-type]
                 except BaseException:
@@ -194,7 +191,7 @@ class ArchiveIndex:
         self._rows: list[IndexRow] | None = None
         if tail is not None:
             try:
-                self._index_entries(tail[0], False, tail[1])
+                self._index_entries(tail[0], False, tail[1], label)
             except BaseException:
                 self._drop_fd()  # (a bad archive: no descriptor kept)
                 raise
@@ -244,7 +241,7 @@ class ArchiveIndex:
         fd = self._fd
         if fd is not None:
             self._fd = None
-            with _HELD_LOCK:  # (_release_descriptor, without the call)
+            with _HELD_LOCK:  # (what _release_descriptor does, without the call)
                 _HELD[0] -= 1
             os.close(fd)
 
@@ -305,7 +302,9 @@ class ArchiveIndex:
             table = self._table = self._cols.view(records.INDEX_DTYPE)[:, 0]
         return table
 
-    def _index_entries(self, end: eocd.EndRecord, check_local: bool, found: Central | None = None) -> None:
+    def _index_entries(
+        self, end: eocd.EndRecord, check_local: bool, found: Central | None = None, label: str | None = None
+    ) -> None:
         """The part of the open that follows the end record (shared with
         :class:`tdz_numba.remote.read.RemoteIndex`): parse the central directory (``found``:
         parsed already, from the tail), check the local headers (``check_local``), decode the
@@ -319,7 +318,8 @@ class ArchiveIndex:
         self._small = None
         if found is None:
             found = read_central(self._map if self._map is not None else self.buffer, end)
-        label = str(self.path)
+        if label is None:
+            label = str(self.path)
         rows = found.rows
         status = found.status
         cols = None
