@@ -23,7 +23,7 @@ from typing import Any
 from .archive import opening as _opening
 from .archive import verify as _integrity
 from .archive.mapping import Archive
-from .archive.options import OpenOptions, load_keys, open_options
+from .archive.options import DEFAULT, OpenOptions, load_keys, open_options
 from .errors import MissingKeyError
 from .files.paths import as_local_path, user_errors
 from .remote import archive as _remote_archive
@@ -143,20 +143,38 @@ def open(
     ...         print(list(ar), ar["b"].tolist())
     ['b'] [0, 1, 2]
     """
-    options = open_options(
-        mode=mode,
-        subpath=subpath,
-        allow_pickle=allow_pickle,
-        num_threads=num_threads,
-        copy=copy,
-        device=device,
-        dtype=dtype,
-        direct=direct,
-        allow_external=allow_external,
-        map_location=map_location,
-        aligned=aligned,
-        dequantize=dequantize,
-    )
+    if (
+        mode == "r"
+        and subpath is None
+        and allow_pickle is False
+        and num_threads is None
+        and copy is False
+        and device is None
+        and dtype is None
+        and direct is False
+        and allow_external is False
+        and map_location is None
+        and aligned is False
+        and dequantize is False
+    ):  # every keyword its default (exactly: False, not another false value)
+        options = DEFAULT  # (what open_options gives for them: its call with 12 keywords spared)
+    else:
+        options = open_options(
+            mode=mode,
+            subpath=subpath,
+            allow_pickle=allow_pickle,
+            num_threads=num_threads,
+            copy=copy,
+            device=device,
+            dtype=dtype,
+            direct=direct,
+            allow_external=allow_external,
+            map_location=map_location,
+            aligned=aligned,
+            dequantize=dequantize,
+        )
+    if options.subpath is None:  # (what _open adds is for a subpath)
+        return _open_checked(path, options, storage_options)
     return _open(path, options, storage_options)
 
 
@@ -198,7 +216,9 @@ def _subpath_leaf(path: PathLike, options: OpenOptions, storage_options: dict[st
 
 
 def _open_checked(path: PathLike, options: OpenOptions, storage_options: dict[str, Any] | None) -> Archive:
-    local = _plain_local_path(path) if storage_options is None else None
+    local = None
+    if storage_options is None:
+        local = path if isinstance(path, Path) else _plain_local_path(path)
     if local is None:
         if storage_options is not None or _remote.is_remote(path):  # fsspec URL or file object: ranged reads
             return _remote_archive.open_remote(path, options, storage_options=storage_options)
@@ -321,21 +341,37 @@ def load(
     ...     print(isinstance(tree, dict), tree["tag"], tree["x"].tolist())
     True run-1 [1.0, 1.0, 1.0]
     """
-    options = open_options(
-        mode=mode,
-        subpath=subpath,
-        allow_pickle=allow_pickle,
-        num_threads=num_threads,
-        copy=copy,
-        device=device,
-        dtype=dtype,
-        direct=direct,
-        allow_external=allow_external,
-        map_location=map_location,
-        aligned=aligned,
-        dequantize=dequantize,
-    )
-    keys = load_keys(keys)
+    if (
+        mode == "r"
+        and subpath is None
+        and allow_pickle is False
+        and num_threads is None
+        and copy is False
+        and device is None
+        and dtype is None
+        and direct is False
+        and allow_external is False
+        and map_location is None
+        and aligned is False
+        and dequantize is False
+    ):  # every keyword its default, as in open
+        options = DEFAULT
+    else:
+        options = open_options(
+            mode=mode,
+            subpath=subpath,
+            allow_pickle=allow_pickle,
+            num_threads=num_threads,
+            copy=copy,
+            device=device,
+            dtype=dtype,
+            direct=direct,
+            allow_external=allow_external,
+            map_location=map_location,
+            aligned=aligned,
+            dequantize=dequantize,
+        )
+    keys = load_keys(keys) if keys is not None else None
     if keys is not None or options.subpath is not None:
         ar = _open(path, options, storage_options)
         try:

@@ -3,6 +3,7 @@ of :func:`tdz_numba.open` (errors as before), and the end-record fast path."""
 
 from __future__ import annotations
 
+import gc
 import os
 import struct
 import zipfile
@@ -416,3 +417,74 @@ def _zip_bytes() -> bytes:
         z.writestr("meta.json", "{}")
         z.writestr("a", "12345")
     return buf.getvalue()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_sniff_hands_its_descriptor_to_the_index(tmp_path):
+    """The detection's descriptor is the one the index keeps (no dup): closed exactly once, on
+    success, on close and on every refusal."""
+    from tdz_numba.formats.detect import sniff
+
+    p = _archive(tmp_path)
+    gc.collect()  # (mappings of earlier tests' garbage hold descriptors: closed before counting)
+    before = _open_fds()
+    name, index = sniff(p)
+    assert name == "tdz" and index._fd is not None and _open_fds() == before + 1
+    index.close()
+    assert index._fd is None and _open_fds() == before
+    ar = tdz_numba.open(p)
+    assert ar["k2"].tolist() == [0, 1, 2]  # mapped (the mapping holds a descriptor of its own)
+    ar.close()
+    del ar
+    gc.collect()
+    assert _open_fds() == before
+    bad = tmp_path / "bad.tdz"  # a central directory the index refuses (its signature)
+    data = bytearray(p.read_bytes())
+    end = eocd.find_end_record(bytes(data))
+    data[end.cd_offset] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    with pytest.raises(tdz_numba.BadArchiveError, match="central"):
+        tdz_numba.open(bad)
+    other = tmp_path / "other.zip"  # a zip that is no tensor file: the index closes it
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("readme.txt", "x")
+    with pytest.raises(tdz_numba.UnsupportedError):
+        sniff(other)
+    assert _open_fds() == before
+
+
+def test_mode_reads_the_environment_as_set(monkeypatch):
+    monkeypatch.delenv("TDZ_NUMBA_KERNELS", raising=False)
+    assert policy.mode() == "auto"
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", " Never ")
+    assert policy.mode() == "never" and not policy.use_kernels(10**9)
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "always")
+    assert policy.mode() == "always" and policy.use_kernels(0)
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "")
+    assert policy.mode() == "auto"
+    monkeypatch.setenv("TDZ_NUMBA_KERNELS", "sometimes")
+    with pytest.raises(tdz_numba.InvalidArgumentError, match="'sometimes'"):
+        policy.mode()
+    with policy.forced("never"):
+        assert policy.mode() == "never"
+
+
+def test_parse_meta_names_the_place_on_error_only():
+    from tdz_numba.tdz.bounds import parse_meta
+
+    calls = []
+
+    def where(name):
+        calls.append(name)
+        return f"f.tdz: {name}"
+
+    assert parse_meta(b'{"a": 1}', where, "a/meta.json") == {"a": 1} and calls == []
+    with pytest.raises(tdz_numba.BadArchiveError, match=r"^f.tdz: a/meta.json: not valid JSON"):
+        parse_meta(b'{"a": ', where, "a/meta.json")
+    assert calls == ["a/meta.json"]
+    with pytest.raises(tdz_numba.BadArchiveError, match=r"^x: not valid JSON"):
+        parse_meta(b"[", "x")

@@ -303,3 +303,57 @@ def test_non_tensor_and_stacked_levels(tmp_path):
     with tdz_numba.open(p) as ar:
         assert ar.source._levels[""].keyed is False and list(ar) == ["0", "1"]
         assert list(ar["1"]) == ["y"] and ar.level_info("0").children["y"].leaf.shape == (1,)
+
+
+def test_open_checks_and_load_keeps_the_plain_level(tmp_path):
+    """An open checks the root level (is_plain_td) and makes its PlainLevel only when a whole read
+    asks (quick_level); a load makes it in the check's walk: the same PlainLevel either way."""
+    import tdz_numba.archive.opening as opening
+    from tdz_numba.archive.options import DEFAULT
+
+    tree = {
+        "w": torch.arange(6.0).reshape(2, 3),
+        "b": torch.ones(4, dtype=torch.int8),
+        "g": {"y": torch.ones(2)},
+    }
+    p = tdz_numba.save(tree, tmp_path / "a.tdz")
+    with tdz_numba.open(p) as ar:
+        src = ar.source
+        assert not src.keep_plain and src._checked_plain[""] == (src._checked[""],)
+        tree = ar.to_dict()
+        lazy = src._checked_plain[""]
+    ar = opening.open_archive(p, DEFAULT, whole=True)
+    try:
+        kept = ar.source._checked_plain[""]
+        assert ar.source.keep_plain and type(kept).__name__ == "PlainLevel"
+    finally:
+        ar.close()
+    for attr in ("fields", "items", "names", "nbytes", "itemsize", "subs"):
+        assert getattr(lazy, attr) == getattr(kept, attr), attr
+    assert tree["w"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and tree["g"]["y"].tolist() == [1.0, 1.0]
+    loaded = tdz_numba.load(p)
+    assert loaded["b"].tolist() == [1, 1, 1, 1] and loaded["w"].equal(tree["w"])
+    nested = tdz_numba.save(
+        {"n": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, tmp_path / "n.tdz"
+    )
+    with tdz_numba.open(nested) as ar:  # a plain level that plain_level refuses: the general path
+        assert ar.source.quick_level("") is None and ar.source._checked_plain[""] is None
+        assert [t.tolist() for t in ar["n"].unbind()] == [[1.0, 1.0], [1.0, 1.0, 1.0]]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [[2, 3], [0, 5], [5, 0], [0, 2**62], [2**62, 0], [2**31, 2**31], [2**30, 2**30], [-1, 2], [2, -1],
+     [2, 1.0], [True, 2], [2, None], [2**61, 2], [2**60, 1]],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", ["torch.int8", "torch.float32", "torch.float64"])
+def test_two_dim_shapes_as_shape_nbytes(shape, dtype):
+    """is_plain_td's and plain_td_level's inlined two-dimension check: shape_nbytes' answer."""
+    from tdz_numba.tdz.bounds import shape_nbytes
+
+    itemsize = {"torch.int8": 1, "torch.float32": 4, "torch.float64": 8}[dtype]
+    meta = {"x": {"dtype": dtype, "shape": shape}}
+    want = shape_nbytes(shape, itemsize) >= 0
+    assert is_plain_td(meta, "", None) is want
+    ok, lvl = plain_td_level(meta, "", None)
+    assert ok is want and (lvl is None or lvl.nbytes == [shape_nbytes(shape, itemsize)])

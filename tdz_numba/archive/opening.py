@@ -38,50 +38,40 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["open_archive", "load", "read_ahead_tdz"]
 
 
-def open_archive(path: str | os.PathLike, options: OpenOptions = DEFAULT) -> Archive:
+def open_archive(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, whole: bool = False) -> Archive:
     """Opens a local file lazily with checked ``options`` (:func:`~tdz_numba.archive.options.open_options`);
-    see :func:`tdz_numba.open`."""
-    with paused_gc():  # a header of 20,000+ entries is thousands of containers (see load)
-        return _open_archive(path, options)
-
-
-def _open_archive(path: str | os.PathLike, options: OpenOptions) -> Archive:
+    see :func:`tdz_numba.open`. ``whole``: the caller reads every level (:func:`load`); a ``.tdz``
+    source then makes what that reads while it checks each level (``TdzSource.keep_plain``)."""
     mode, subpath, allow_pickle, num_threads, copy, device, dtype, direct, allow_external = options[:9]
-    source = _open_source(
-        path,
-        mode=mode,
-        allow_pickle=allow_pickle,
-        num_threads=num_threads,
-        copy=copy,
-        allow_external=allow_external,
-    )
-    fmt = source.format
-    state = ArchiveState(source, copy=copy, device=device, dtype=dtype)
-    state.direct = bool(direct)
-    state.aligned = bool(options.aligned)
-    state.dequantize = bool(options.dequantize)
-    try:
-        if subpath is None:
-            return Archive(state, "")
-        if fmt == "tdz":
-            prefix = subpath_prefix(subpath)
-            if prefix and not source.has_level(prefix):
-                raise MissingKeyError(
-                    f"{path}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})"
-                )
-            return Archive(state, prefix)
-        root = Archive(state, "")
-        if subpath_prefix(subpath) == "":
-            return root
-        return root.sublevel(subpath)
-    except BaseException:
-        source.close()
-        raise
+    with paused_gc():  # a header of 20,000+ entries is thousands of containers (see load)
+        source = _open_source(path, mode, allow_pickle, num_threads, copy, allow_external)
+        if whole and type(source) is TdzSource:
+            source.keep_plain = True
+        state = ArchiveState(source, copy=copy, device=device, dtype=dtype)
+        state.direct = bool(direct)
+        state.aligned = bool(options.aligned)
+        state.dequantize = bool(options.dequantize)
+        try:
+            if subpath is None:
+                return Archive(state, "")
+            if source.format == "tdz":
+                prefix = subpath_prefix(subpath)
+                if prefix and not source.has_level(prefix):
+                    raise MissingKeyError(
+                        f"{path}: no level at subpath {subpath!r} (no entry {prefix + 'meta.json'!r})"
+                    )
+                return Archive(state, prefix)
+            root = Archive(state, "")
+            if subpath_prefix(subpath) == "":
+                return root
+            return root.sublevel(subpath)
+        except BaseException:
+            source.close()
+            raise
 
 
 def _open_source(
     path: str | os.PathLike,
-    *,
     mode: str,
     allow_pickle: bool,
     num_threads: int | None,
@@ -150,7 +140,7 @@ def load(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, nest: str |
     # no cycles among the headers' containers and the leaves made here: the collector's passes
     # over a heap holding torch (125-150 ms each) would cost a 20,000-leaf .tdz load 1-2x its work
     with whole_file_mappings() if whole else nullcontext(), paused_gc():
-        ar = open_archive(path, options)
+        ar = open_archive(path, options, whole=True)
         try:
             tree = ar.to_dict(nest=nest)
             if whole and options.dtype is None and options.device is None:

@@ -52,6 +52,7 @@ HEAD_BYTES = 4096
 TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 _NPY_MAGIC = b"\x93NUMPY"
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class Format(NamedTuple):
@@ -238,8 +239,9 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
     else None. Registered formats report their registered name (``"torch_legacy"``,
     ``"safetensors_index"`` included)."""
     p = path if isinstance(path, Path) else Path(path)
+    where = str(p)
     try:  # one descriptor for the kind, the size, the first bytes and a zip's mapping
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO never blocks the open
+        fd = os.open(where, os.O_RDONLY | _NONBLOCK)  # a FIFO never blocks the open
     except IsADirectoryError:  # pragma: no cover - platforms that refuse to open directories
         return _dir_kind(p), None
     try:
@@ -255,14 +257,17 @@ def sniff(path: str | os.PathLike) -> tuple[str, Any]:
         if not head:
             raise BadArchiveError(f"{p}: empty file, not a tensor file")
         if head[:4] in _ZIP_MAGICS:
-            index = ArchiveIndex(p, fd=fd, st=st, head=head)
+            taken, fd = fd, -1  # the index owns the descriptor now (keeps it, or closes it)
+            index = ArchiveIndex(p, fd=taken, st=st, head=head, take_fd=True)
             try:
-                return zip_kind(index.names, str(p)), index
+                names = index.names  # (a .tdz: its meta.json named without the zip_kind call)
+                return ("tdz" if "meta.json" in names else zip_kind(names, where)), index
             except BaseException:
                 index.close()
                 raise
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
     for fmt in _in_order():
         try:
             hit = fmt.sniff(p, head, size)

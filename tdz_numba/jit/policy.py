@@ -103,6 +103,24 @@ _state: dict[str, Any] = {
     "key": None,
     "twin": 0,
 }
+#: ``os.environ``'s own dict (on POSIX: bytes -> bytes) and its key of ``TDZ_NUMBA_KERNELS``:
+#: :func:`mode` runs on every kernel-or-twin choice, and ``os.environ.get`` of an unset variable
+#: costs 4 Python-level calls and a caught ``KeyError`` (~1 us hot, several times that with cold
+#: caches). ``os.environ[...] = ...`` and ``del os.environ[...]`` update that dict; anything else
+#: (``os.putenv``) is invisible to ``os.environ`` as well.
+_ENV_DATA: dict[Any, Any] | None = getattr(os.environ, "_data", None)
+_ENV_KEY: Any = None
+try:
+    _ENV_KEY = os.environ.encodekey("TDZ_NUMBA_KERNELS")  # type: ignore[attr-defined]
+except (AttributeError, TypeError):  # pragma: no cover - another os.environ: the plain lookup
+    _ENV_DATA = None
+if type(_ENV_DATA) is not dict:  # pragma: no cover - another os.environ: the plain lookup
+    _ENV_DATA = None
+#: The exact values of ``TDZ_NUMBA_KERNELS`` taken as they are (others are stripped and lowered).
+_ENV_MODES: dict[Any, str] = {
+    **{m: m for m in _MODES},
+    **{m.encode(): m for m in _MODES},
+}
 _LOCK = threading.Lock()
 _FORCED: list[tuple[object, str]] = []  # the open forced() blocks, innermost last
 
@@ -121,9 +139,18 @@ def mode() -> str:
     ...     mode()
     'never'
     """
-    if _state["forced"] is not None:
-        return str(_state["forced"])
-    value = os.environ.get("TDZ_NUMBA_KERNELS", "auto").strip().lower() or "auto"
+    forced_mode = _state["forced"]
+    if forced_mode is not None:
+        return str(forced_mode)
+    raw = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else os.environ.get("TDZ_NUMBA_KERNELS")
+    if raw is None:  # (unset: no call to os.environ.get, which raises and catches a KeyError)
+        return "auto"
+    value = _ENV_MODES.get(raw)
+    if value is not None:
+        return value
+    if isinstance(raw, bytes):
+        raw = os.fsdecode(raw)
+    value = raw.strip().lower() or "auto"
     if value not in _MODES:
         from ..errors import InvalidArgumentError
 
@@ -350,7 +377,10 @@ def use_kernels(entries: int = 0) -> bool:
     ...     use_kernels(10**9)
     False
     """
-    m = mode()
+    m = _state["forced"]  # mode(), without the call when nothing is forced or set
+    if m is None:
+        unset = _ENV_DATA is not None and _ENV_KEY not in _ENV_DATA
+        m = "auto" if unset else mode()
     if m != "auto":
         return m == "always"
     if "numba" in sys.modules and _state["warm"]:
@@ -358,7 +388,7 @@ def use_kernels(entries: int = 0) -> bool:
     # the twins cost ~1-12 us per entry: once this process has spent about what importing
     # Numba (warm) or compiling (cold) costs, the kernels pay
     done = _state["twin"] + entries
-    if kernels_warm():
+    if _state["warm"] or kernels_warm():  # (the flag first: no call once a marker was found)
         if "numba" in sys.modules or done >= WARM_ENTRIES:
             return True
     elif done >= COLD_ENTRIES:

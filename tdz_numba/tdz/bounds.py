@@ -129,9 +129,12 @@ def check_nested_sizes(sizes: np.ndarray, itemsize: int, where: str) -> int:
     return int(sizes.prod(-1).sum())
 
 
-def parse_meta(raw: bytes, where: str) -> Any:
+def parse_meta(raw: bytes, where: str | Callable[[str], str], name: str = "") -> Any:
     """A ``meta.json`` decoded: :class:`~tdz_numba.errors.BadArchiveError` for bytes
     that are not UTF-8 JSON, including JSON nested too deeply to parse.
+
+    ``where`` names the document in a message: a string, or a function that makes it from
+    ``name`` (called on an error only: an open of a valid file builds no message text).
 
     With `orjson <https://github.com/ijl/orjson>`_ installed (the ``fast``
     extra) documents are decoded by it, 2-3x faster than :mod:`json`; what it
@@ -147,9 +150,13 @@ def parse_meta(raw: bytes, where: str) -> Any:
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise BadArchiveError(f"{where}: not valid JSON: {exc}") from None
+        raise BadArchiveError(f"{_place(where, name)}: not valid JSON: {exc}") from None
     except RecursionError:
-        raise BadArchiveError(f"{where}: not valid JSON: nested too deeply") from None
+        raise BadArchiveError(f"{_place(where, name)}: not valid JSON: nested too deeply") from None
+
+
+def _place(where: str | Callable[[str], str], name: str) -> str:
+    return where if isinstance(where, str) else where(name)
 
 
 def build_levels(

@@ -302,7 +302,15 @@ def is_plain_td(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> bool
     """
     if type(meta) is not dict:
         return False
-    if not td_fields_ok(meta):
+    cls = meta.get("_class")  # td_fields_ok(meta), without the call (an open runs this once)
+    if cls is None:
+        typ = meta.get("_type")
+        if typ is not None and typ != TD_TYPE:
+            return False
+    elif cls != TD_CLASS:
+        return False
+    version = meta.get("_format_version", 0)
+    if type(version) is not int or version > FORMAT_VERSION:
         return False
     itemsizes, encoded = _ITEMSIZE, _ENCODED
     for key, value in meta.items():
@@ -320,9 +328,16 @@ def is_plain_td(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> bool
                 if nested is not True:
                     return False
                 itemsize = 8  # a nested leaf's shape is that of its int64 sizes
-            if len(shape) == 1:
+            ndim = len(shape)
+            if ndim == 1:
                 n = shape[0]
                 if type(n) is not int or n < 0 or n > MAX_NBYTES // itemsize:
+                    return False
+            elif ndim == 2:  # shape_nbytes of two dimensions, without the call (as plain_td_level)
+                a, b = shape
+                if type(a) is not int or type(b) is not int or a < 0 or b < 0:
+                    return False
+                if (a or 1) * (b or 1) > MAX_NBYTES // itemsize:  # (zero dims count as 1)
                     return False
             elif shape_nbytes(shape, itemsize) < 0:
                 return False

@@ -43,6 +43,7 @@ from .bounds import parse_meta
 from .dtypes import dtype_table, torch_dtype
 from .nested import nested_shapes, nested_tensor
 from .plainlevel import (
+    SCAN_MIN,
     PlainLevel,
     contiguous_strides,
     is_plain_td,
@@ -95,6 +96,10 @@ class TdzSource(Source):
     """
 
     format = "tdz"
+    #: Whether :meth:`check_level` also makes the :class:`~tdz_numba.tdz.plainlevel.PlainLevel` of
+    #: a plain level (one walk of its ``meta.json``: what a load then reads), or only checks it (an
+    #: open, whose levels may never be loaded whole: :meth:`quick_level` makes it when asked).
+    keep_plain = False
 
     def __init__(
         self,
@@ -113,7 +118,8 @@ class TdzSource(Source):
         self.files = []
         self._levels: dict[str, LevelInfo] = {}
         self._checked: dict[str, dict[str, Any] | None] = {}  # prefix -> a plain meta.json (None: scanned)
-        self._checked_plain: dict[str, PlainLevel | None] = {}  # prefix -> its plain_level (check_level)
+        # prefix -> its plain_level (check_level), or ``(meta,)``: checked, its PlainLevel made on use
+        self._checked_plain: dict[str, PlainLevel | tuple[Any] | None] = {}
         self._tensors: dict[str, torch.Tensor] = {}
         self._typed: dict[torch.dtype, torch.Tensor] = {}
         self._kinds: dict[str, tuple[int, torch.Tensor]] = {}
@@ -166,12 +172,23 @@ class TdzSource(Source):
         on first use (open reads the root ``meta.json`` this way)."""
         if prefix in self._levels or prefix in self._checked:
             return
-        data = self._meta_bytes(prefix)  # a text in tensordict's layout: scanned (level() parses it if asked)
-        has = self.index.__contains__
-        plain, meta, ok = scan_td_level(data, prefix, has), None, True
+        index = self.index
+        meta_name = prefix + "meta.json"
+        has = index.__contains__
+        if not has(meta_name):
+            raise BadArchiveError(f"{self.where(prefix)}: no meta.json entry {meta_name!r}")
+        data = index.read_bytes(meta_name)  # in tensordict's layout: scanned (level() parses it if asked)
+        # (a text below SCAN_MIN is parsed: scan_td_level's own first test, without the call)
+        plain: PlainLevel | tuple[Any] | None = (
+            scan_td_level(data, prefix, has) if len(data) >= SCAN_MIN else None
+        )
+        meta, ok = None, True
         if plain is None:  # (not scanned; a text "null" parses to None too: checked as parsed)
-            meta = parse_meta(data, self.where(prefix + "meta.json"))
-            ok, plain = plain_td_level(meta, prefix, has)
+            meta = parse_meta(data, self.where, meta_name)  # (the message's place made on error only)
+            if self.keep_plain:  # a load: the PlainLevel that quick_level reads, in the same walk
+                ok, plain = plain_td_level(meta, prefix, has)
+            else:  # checked only: quick_level makes the PlainLevel if it is asked for
+                ok, plain = is_plain_td(meta, prefix, has), (meta,)
         if ok:
             self._checked[prefix], self._checked_plain[prefix] = meta, plain
         else:
@@ -214,7 +231,11 @@ class TdzSource(Source):
         parsed = self._levels.get(prefix)
         meta_name = prefix + "meta.json"
         if prefix in self._checked_plain:  # (check_level's: the meta.json it kept, walked once)
-            plain = self._checked_plain[prefix]
+            kept = self._checked_plain[prefix]
+            if isinstance(kept, tuple):  # (checked by an open: made now, from the meta.json it parsed)
+                plain = self._checked_plain[prefix] = plain_level(kept[0])
+            else:
+                plain = kept
         elif parsed is not None:
             plain = plain_level(parsed.meta)
         elif meta_name in index:

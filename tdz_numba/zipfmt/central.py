@@ -204,7 +204,9 @@ def check_central(
         error = status_error(status, label, end, size, rows, lambda i: _names_at(found, i, label))
         if error is not None:
             raise error
-    names = _names(found, label)
+    names = found.names
+    if names is None:  # (not every name plain ASCII: decoded one by one)
+        names = _names(found, label)
     if found.encrypted >= 0:
         name = names[found.encrypted]
         raise UnsupportedError(f"{label}: entry {name!r} is encrypted", path=label, entry=name)
@@ -375,7 +377,7 @@ def parse_tail(
     if count > cd_size // _CD_SIZEOF or count > max_count:
         return None
     found = parse_central(tail[cd_offset - base : cd_offset - base + cd_size], cd_offset, count)
-    return eocd.EndRecord(count, cd_offset, cd_size, end_offset, False), found
+    return tuple.__new__(eocd.EndRecord, (count, cd_offset, cd_size, end_offset, False)), found
 
 
 def tail_start(tail: bytes, size: int, max_count: int = SMALL_ENTRIES) -> int | None:

@@ -95,15 +95,6 @@ _HELD = [0]
 _HELD_LOCK = threading.RLock()  # (re-entrant: a collection inside it may run ArchiveIndex.__del__)
 
 
-def _hold_descriptor() -> bool:
-    """Counts one more held descriptor, if :data:`MAX_HELD_DESCRIPTORS` allows it."""
-    with _HELD_LOCK:
-        if _HELD[0] >= MAX_HELD_DESCRIPTORS:
-            return False
-        _HELD[0] += 1
-        return True
-
-
 def _release_descriptor() -> None:
     with _HELD_LOCK:
         _HELD[0] -= 1
@@ -140,12 +131,16 @@ class ArchiveIndex:
         st: os.stat_result | None = None,
         mapping: mmap.mmap | None = None,
         head: bytes = b"",
+        take_fd: bool = False,
     ) -> None:
         self.path = path if isinstance(path, Path) else Path(path)
         self.writable = writable
         label = str(self.path)
-        own = fd is None  # else the caller's descriptor (and its fstat): the caller closes it
-        if own:
+        # fd=None: the index opens the file; else the caller's descriptor (and its fstat), which the
+        # caller closes, unless take_fd: then the index owns it from here on, also when it raises
+        # (the index keeps it until the file is mapped, without the dup and close of a borrowed one)
+        own = fd is None or take_fd
+        if fd is None:
             try:
                 fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
             except IsADirectoryError:
@@ -165,7 +160,13 @@ class ArchiveIndex:
                 start = tail_start(raw, size, SMALL_ENTRIES) if tail is None else None
                 if start is not None and size - start <= _TAIL_MAX:  # a longer central directory
                     tail = parse_tail(os.pread(fd, size - start, start), size, SMALL_ENTRIES)  # type: ignore[arg-type]
-            if tail is not None and _hold_descriptor():  # mapped on first use: keep a descriptor
+            held = False
+            if tail is not None:  # mapped on first use: keep a descriptor, if the cap allows
+                with _HELD_LOCK:
+                    if _HELD[0] < MAX_HELD_DESCRIPTORS:
+                        _HELD[0] += 1
+                        held = True
+            if held:
                 try:
                     self._fd = fd if own else os.dup(fd)  # type: ignore[arg-type]
                 except BaseException:
@@ -190,7 +191,7 @@ class ArchiveIndex:
         self._rows: list[IndexRow] | None = None
         if tail is not None:
             try:
-                self._index_entries(tail[0], False, tail[1])
+                self._index_entries(tail[0], False, tail[1], label)
             except BaseException:
                 self._drop_fd()  # (a bad archive: no descriptor kept)
                 raise
@@ -240,7 +241,8 @@ class ArchiveIndex:
         fd = self._fd
         if fd is not None:
             self._fd = None
-            _release_descriptor()
+            with _HELD_LOCK:  # (what _release_descriptor does, without the call)
+                _HELD[0] -= 1
             os.close(fd)
 
     def __del__(self, _close=os.close, _release=_release_descriptor) -> None:
@@ -300,7 +302,9 @@ class ArchiveIndex:
             table = self._table = self._cols.view(records.INDEX_DTYPE)[:, 0]
         return table
 
-    def _index_entries(self, end: eocd.EndRecord, check_local: bool, found: Central | None = None) -> None:
+    def _index_entries(
+        self, end: eocd.EndRecord, check_local: bool, found: Central | None = None, label: str | None = None
+    ) -> None:
         """The part of the open that follows the end record (shared with
         :class:`tdz_numba.remote.read.RemoteIndex`): parse the central directory (``found``:
         parsed already, from the tail), check the local headers (``check_local``), decode the
@@ -314,7 +318,8 @@ class ArchiveIndex:
         self._small = None
         if found is None:
             found = read_central(self._map if self._map is not None else self.buffer, end)
-        label = str(self.path)
+        if label is None:
+            label = str(self.path)
         rows = found.rows
         status = found.status
         cols = None
@@ -328,7 +333,7 @@ class ArchiveIndex:
         if cols is not None:
             self._cols = cols
             self.local_checked = True
-        elif rows.kernel_columns and len(rows) > SMALL_ENTRIES:
+        elif len(self.names) > SMALL_ENTRIES and rows.kernel_columns:  # (one name per row)
             self._cols = rows.array()
         else:
             self._small = rows
@@ -602,6 +607,9 @@ class ArchiveIndex:
 
     def close(self) -> None:
         """Drops this index's references to the mapping; views stay valid."""
-        self.buffer = None  # type: ignore[assignment]
-        self._torch = self._untyped = None
-        self._mmap = None  # type: ignore[assignment]
+        self._buffer = self._torch = self._untyped = self._map = (
+            None  # (what the setters of buffer and _mmap do)
+        )
+        if self._fd is not None:  # not mapped yet: the descriptor kept for the mapping goes
+            with _MAP_LOCK:
+                self._drop_fd()

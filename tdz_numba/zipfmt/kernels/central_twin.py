@@ -27,6 +27,7 @@ Examples
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -59,6 +60,9 @@ _C = records.Col
 _S = records.Status
 _HOFF, _NLEN, _CSIZE, _NEXT = int(_C.HEADER_OFFSET), int(_C.NAME_LEN), int(_C.CSIZE), int(_C.NEXT_OFFSET)
 _NOFF = int(_C.NAME_OFFSET)
+_U32 = struct.Struct("<I")
+_CD_HOFF = int(records.Central.HEADER_OFFSET)  # where a central record holds its header offset
+_OK = (0, 0, 0, 0)  # the status of a directory parsed without fault
 if _NEXT != _NCOLS - 1:  # the rows below are built in column order
     raise InternalError("central_twin: records.Col.NEXT_OFFSET must be the last index column")
 
@@ -80,7 +84,6 @@ class CentralRows:
         cd: Any,
         cd_offset: int,
         n: int,
-        *,
         starts: list[int] | None = None,
         zip64: dict[int, tuple[int, int, int]] | None = None,
         cols: np.ndarray | None = None,
@@ -169,9 +172,18 @@ class CentralRows:
         if cols is not None:
             return cols[i].tolist()
         starts: list[int] = self._starts  # type: ignore[assignment]
-        row = _row(_fields(self.cd, starts, self._zip64, i), starts[i], self.cd_offset)
-        # records in file order (a directory in another order is built at once)
-        row[_NEXT] = _fields(self.cd, starts, self._zip64, i + 1)[11] if i + 1 < self._n else self.cd_offset
+        cd, zip64 = self.cd, self._zip64
+        f = _fields(cd, starts, zip64, i) if zip64 else _CD.unpack_from(cd, starts[i])
+        row = _row(f, starts[i], self.cd_offset)
+        # records in file order (a directory in another order is built at once): the next one's
+        # header offset, its zip64 value if it has one
+        j = i + 1
+        if j >= self._n:
+            row[_NEXT] = self.cd_offset
+        elif zip64 and j in zip64:
+            row[_NEXT] = zip64[j][2]
+        else:
+            row[_NEXT] = _U32.unpack_from(cd, starts[j] + _CD_HOFF)[0]
         return row
 
 
@@ -445,8 +457,8 @@ def parse_central(cd, cd_offset: int, count: int) -> Central:
         p = rec_end
     if count and (least > cd_offset or prev_csize > cd_offset - least):
         overlap = True  # (the last record in file order, when in order)
-    if in_order and not overlap:
-        rows = CentralRows(cd, cd_offset, count, starts=starts, zip64=zip64, digests=digests)
+    if in_order and not overlap:  # (positional: a call with keywords costs more with cold caches)
+        rows = CentralRows(cd, cd_offset, count, starts, zip64, None, None, digests)
     else:  # the overlap pass over rows built now, in the kernel's order
         built = [_row(_fields(cd, starts, zip64, k), starts[k], cd_offset) for k in range(count)]
         order = list(range(count))
@@ -469,7 +481,8 @@ def parse_central(cd, cd_offset: int, count: int) -> Central:
         return Central(rows, None, (int(_S.COUNT), count, count, -1), -1, -1)
     joined = "".join(names)
     plain = joined.isascii() and "\x00" not in joined
-    return Central(rows, names if plain else None, (0, 0, 0, 0), encrypted, unknown)
+    # (tuple.__new__: not the NamedTuple's Python-level __new__, one call fewer per open)
+    return tuple.__new__(Central, (rows, names if plain else None, _OK, encrypted, unknown))
 
 
 # --------------------------------------------------------------------------
