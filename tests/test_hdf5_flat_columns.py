@@ -95,3 +95,33 @@ def test_chunked_datasets_only_among_many(tmp_path: Path) -> None:
             assert tree[f"c{i:02d}"].tolist() == [0.0, i, 2.0 * i, 3.0 * i]
     finally:
         src.close()
+
+
+def _naive_names(heap: bytes, offs: list[int]) -> list[str] | None:
+    out = []
+    for off in offs:
+        end = heap.find(b"\0", off) if 0 <= off < len(heap) else -1
+        if end < 0:
+            return None
+        out.append(heap[off:end].decode("utf-8", "surrogateescape"))
+    return out
+
+
+def test_heap_names_equal_one_by_one() -> None:
+    import random
+
+    from tdz_numba.formats.hdf5_objects import heap_names
+
+    rng = random.Random(5)
+    alphabet = [b"a", b"\0", b"\xc3\xa9", b"\xe2\x82", b"\xff", b"\x80", b"\xf0\x9f\x98\x80", b"z"]
+    kinds = set()
+    for _ in range(2000):
+        heap = b"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30)))
+        starts = [0] + [i + 1 for i, b in enumerate(heap) if b == 0]
+        pick = [rng.choice(starts) for _ in range(rng.randint(1, 6))]
+        if rng.random() < 0.3:  # inside a name, past the end, negative
+            pick.append(rng.choice([rng.randrange(len(heap)), len(heap), -1]))
+        want = _naive_names(heap, pick)
+        assert heap_names(heap, np.array(pick, np.int64)) == want, (heap, pick)
+        kinds.add(want is None)
+    assert kinds == {True, False}

@@ -208,7 +208,7 @@ def column_specs(
     and inside the file; None when any check fails (the per-initializer path names the error)."""
     names, types, shapes = cols.names, cols.types, cols.shapes
     n = len(names)
-    if not n or len(set(names)) != n:
+    if not n:
         return None
     first = int(types[0])
     kinds = [first] if (types == first).all() else np.unique(types).tolist()
@@ -232,4 +232,5 @@ def column_specs(
     off = cols.offsets
     if not np.array_equal(need, cols.lengths) or np.any(off > size - need) or np.any(off < 0):
         return None
-    return make_specs(names, torch_types, shapes, 0, off.tolist(), need.tolist(), type_names)
+    specs = make_specs(names, torch_types, shapes, 0, off.tolist(), need.tolist(), type_names)
+    return specs if len(specs) == n else None  # (a name twice: one key)
