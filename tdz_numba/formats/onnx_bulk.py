@@ -211,8 +211,9 @@ def column_specs(
     if not n:
         return None
     first = int(types[0])
-    kinds = [first] if (types == first).all() else np.unique(types).tolist()
-    if not set(kinds) <= dtypes.keys():
+    listed = None if (types == first).all() else types.tolist()
+    kinds = {first} if listed is None else set(listed)
+    if not kinds <= dtypes.keys():
         return None
     numel_of: dict[tuple[int, ...], int] = {}
     for shape in set(shapes) if cols.distinct is None else cols.distinct:
@@ -226,7 +227,7 @@ def column_specs(
         need = np.full(n, numel_of[shapes[0]] * itemsize[first], np.int64)
         torch_types, type_names = [dtypes[first][0]] * n, [dtypes[first][1]] * n
     else:
-        listed = types.tolist()
+        listed = types.tolist() if listed is None else listed
         need = np.array([numel_of[s] * itemsize[t] for s, t in zip(shapes, listed)], dtype=np.int64)
         torch_types, type_names = [dtypes[t][0] for t in listed], [dtypes[t][1] for t in listed]
     off = cols.offsets
