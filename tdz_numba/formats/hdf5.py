@@ -83,10 +83,11 @@ from __future__ import annotations
 import gc
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import UnsupportedError
 from ..tdz.sources import MappedFile, TreeSource
+from ._flat import flat_source
 from .hdf5_h5py import Ctx, Group, h5_string
 from .hdf5_objects import SIGNATURE, Layout
 from .hdf5_walk import MAX_OBJECTS, Walk
@@ -214,7 +215,13 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
         gc.disable()  # tens of thousands of specs, no cycles: the collector's passes would cost more
         try:
             root, metadata = walk.run()
-            src = HDF5Source("hdf5", path, root, files=[f], metadata=metadata)
+            if root.columns is not None:  # one level of specs made in one pass (hdf5_walk)
+                made = flat_source(
+                    "hdf5", path, root, files=[f], metadata=metadata, cls=HDF5Source, meta=root.meta
+                )
+                src = cast(HDF5Source, made)
+            else:
+                src = HDF5Source("hdf5", path, root, files=[f], metadata=metadata)
         finally:
             if collecting:
                 gc.enable()
@@ -246,6 +253,8 @@ def _set_level_meta(src: TreeSource, root: Group) -> None:
         if node.meta and prefix:
             by_level[prefix] = node.meta
             src._levels[prefix] = info._replace(meta={**node.meta, **info.meta})
+        if node.columns is not None:  # (specs only: no sub-level)
+            continue
         for key, child in info.children.items():
             if child.kind == "level":
                 stack.append((child.path, node[key], f"{tree}{key}/"))

@@ -113,9 +113,11 @@ def attrs_of(obj: Any, where: str, names: list[str] | None = None) -> dict[str, 
 
 
 class Group(dict):
-    """A level of the tree with the group's attributes."""
+    """A level of the tree with the group's attributes (and, when the walk made its values in
+    one pass, their :class:`~tdz_numba.tdz.specbulk.SpecColumns`: ``flat_source`` hands them on)."""
 
     meta: dict[str, Any]
+    columns: Any = None
 
 
 def _loader(dset: Any, native: np.dtype, where: str):

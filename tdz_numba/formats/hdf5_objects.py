@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import BadArchiveError
 from .hdf5_headers import STATUS_TEXT, header_messages, symbol_table
 
-__all__ = ["Layout", "Header", "Links", "SIGNATURE", "MAX_LINKS"]
+__all__ = ["Layout", "Header", "Links", "SIGNATURE", "MAX_LINKS", "heap_names"]
 
 #: The 8-byte HDF5 superblock signature (at offset 0, 512, 1024, 2048, ...).
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -313,18 +313,9 @@ class Layout:
         rows = rows[:got]
         if got <= FEW_LINKS:  # a few links: their names found in Python (numpy's ~10 calls cost more)
             return _few_links(self, rows.tolist(), heap, path)
-        offs = rows[:, 0]
-        hb = np.frombuffer(heap, np.uint8)
-        zeros = np.flatnonzero(hb == 0)
-        at = np.searchsorted(zeros, offs)
-        if got and (offs.min() < 0 or offs.max() >= len(heap) or at.max() >= zeros.size):
+        names = heap_names(heap, rows[:, 0])
+        if names is None:
             raise self.bad(f"group {path!r}: a name outside its local heap")
-        ends = zeros[np.minimum(at, zeros.size - 1)] if got else offs
-        lengths = ends - offs + 1  # each name with its terminating zero
-        total = int(lengths.sum())
-        starts = np.cumsum(lengths) - lengths
-        idx = np.arange(total, dtype=np.int64) + np.repeat(offs - starts, lengths)
-        names = hb[idx].tobytes().decode("utf-8", "surrogateescape").split("\0")[:-1] if got else []
         addrs = rows[:, 1].tolist()
         other: dict[str, tuple[str, Any]] = {}
         for i in np.flatnonzero((rows[:, 2] == 2) | (rows[:, 1] < 0)).tolist():
@@ -337,6 +328,32 @@ class Layout:
                 raise self.bad(f"group {path!r}: soft link {name[:60]!r} outside its heap")
             other[name] = ("soft", heap[voff:vend].decode("utf-8", "surrogateescape"))
         return Links(names, addrs, other)
+
+
+def heap_names(heap: bytes, offs: np.ndarray) -> list[str] | None:
+    """The names at byte offsets ``offs`` of a local heap: each the bytes from its offset to the
+    next NUL, decoded (UTF-8, ``surrogateescape``); None when an offset lies outside the heap or
+    no NUL follows it.
+
+    >>> heap_names(b"ab\\0\\0\\0cd\\0", np.array([5, 0, 1]))
+    ['cd', 'ab', 'b']
+    >>> heap_names(b"ab", np.array([0])) is None
+    True
+    """
+    if not offs.size:
+        return []
+    hb = np.frombuffer(heap, np.uint8)
+    zeros = np.flatnonzero(hb == 0)
+    at = np.searchsorted(zeros, offs)  # the NULs before each name
+    if offs.min() < 0 or offs.max() >= len(heap) or at.max() >= zeros.size:
+        return None
+    if ((offs == 0) | (hb[offs - 1] == 0)).all():  # every name starts a NUL-separated piece
+        pieces = heap.decode("utf-8", "surrogateescape").split("\0")  # (no NUL inside a character)
+        return list(map(pieces.__getitem__, at.tolist()))
+    lengths = zeros[at] - offs + 1  # a name inside another one: each name's bytes gathered
+    starts = np.cumsum(lengths) - lengths
+    idx = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(offs - starts, lengths)
+    return hb[idx].tobytes().decode("utf-8", "surrogateescape").split("\0")[:-1]
 
 
 #: Most links of a symbol table whose names :func:`_few_links` reads (one-dataset open: ~40 us less).

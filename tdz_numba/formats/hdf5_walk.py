@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import BadArchiveError, TdzError
 from ..files.confine import MAX_SYMLINKS
 from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec
+from ..tdz.specbulk import SpecColumns
 from .hdf5_attrs import read_attributes
 from .hdf5_h5py import BufferReader, Ctx, Group, attrs_of, described, follow, refused, walk_h5py
 from .hdf5_headers import COLS, DTYPES, FAST, FAST_ATTRS, scan_datasets
@@ -315,7 +316,9 @@ class Walk:
             count += len(links.names)
             if count > MAX_OBJECTS:
                 raise BadArchiveError(f"{self.where}: more than {MAX_OBJECTS} objects")
-            node.update(dict.fromkeys(links.names, _SKIP))  # each name's place, in h5py's order
+            plain = not links.other and len(links.names) > SMALL  # then _children places the names
+            if not plain:
+                node.update(dict.fromkeys(links.names, _SKIP))  # each name's place, in h5py's order
             names, addrs, resolved = links.names, links.addrs, {}
             if links.other:
                 names = [n for n in links.names if n not in links.other]
@@ -334,10 +337,11 @@ class Walk:
                 if kind in ("soft", "external") and self.ctx.allow_external:
                     self._external(chain, name, node, prefix)
                 # otherwise another file (not followed) or a user-defined link: left out
-            if names:
-                self._children(names, addrs, chain, resolved, node, prefix, visited, stack)
-            for k in [k for k, v in node.items() if v is _SKIP]:
-                del node[k]
+            if names and self._children(names, addrs, chain, resolved, node, prefix, visited, stack):
+                plain = False
+            if not plain:
+                for k in [k for k, v in node.items() if v is _SKIP]:
+                    del node[k]
         return root, root.meta
 
     def _children(
@@ -350,23 +354,34 @@ class Walk:
         prefix: str,
         visited: set,
         stack: list,
-    ) -> None:
+    ) -> bool:
+        """The nodes of the links ``names`` (at ``addrs``) of the group ``node``: datasets the
+        kernel maps as specs made in one pass, the others one by one (:meth:`_others`). An empty
+        ``node`` gets each name's place first (``_SKIP``, True returned) unless every link is such
+        a dataset; then ``node.columns`` holds the specs' columns (the bulk view path's checks)."""
         lay = self.lay
         arr = np.array(addrs, np.int64) - lay.base
         out = np.empty((len(names), COLS), np.int64)
         scan_datasets(lay.buf, arr, lay.base, lay.osz, lay.lsz, out)
         if len(names) <= SMALL:  # row by row: the same specs, in the same order
             self._rows(names, addrs, out, parent, resolved, node, prefix, visited, stack)
-            return
+            return False
         status = out[:, 0]
         mapped = (status == FAST) | (status == FAST_ATTRS)
         fast = np.flatnonzero(mapped)
+        placed = not node and fast.size < len(names)
+        if placed:
+            node.update(dict.fromkeys(names, _SKIP))  # each name's place, in h5py's order
         if fast.size:
             rows = out[fast]
             ranks = rows[:, 2]
             shapes: list[Any]
             if (ranks == ranks[0]).all():
-                shapes = list(map(tuple, rows[:, 5 : 5 + int(ranks[0])].tolist()))
+                block = rows[:, 5 : 5 + int(ranks[0])]
+                if (block == block[0]).all():  # one shape: one tuple for every spec
+                    shapes = [tuple(block[0].tolist())] * len(rows)
+                else:
+                    shapes = list(map(tuple, block.tolist()))
             else:
                 shapes = [None] * len(rows)
                 for r in np.unique(ranks).tolist():
@@ -374,22 +389,33 @@ class Walk:
                     for i, dims in zip(sel.tolist(), rows[sel, 5 : 5 + r].tolist()):
                         shapes[i] = tuple(dims)
             codes = rows[:, 1]
-            keys = [names[i] for i in fast.tolist()]
-            specs = map(
-                _SPEC,  # TensorSpec(key, dtype, shape, None, 0, offset, nbytes, type name) in C
-                zip(
-                    keys,
-                    self._torch_arr[codes].tolist(),
-                    shapes,
-                    repeat(None),
-                    repeat(0),
-                    rows[:, 3].tolist(),
-                    rows[:, 4].tolist(),
-                    _NAMES_ARR[codes].tolist(),
-                    *map(repeat, _TAIL),
-                ),
+            every = fast.size == len(names)
+            keys = names if every else [names[i] for i in fast.tolist()]
+            dtypes, offsets, nbytes = (
+                self._torch_arr[codes].tolist(),
+                rows[:, 3].tolist(),
+                rows[:, 4].tolist(),
             )
+            specs = list(
+                map(
+                    _SPEC,  # TensorSpec(key, dtype, shape, None, 0, offset, nbytes, type name) in C
+                    zip(
+                        keys,
+                        dtypes,
+                        shapes,
+                        repeat(None),
+                        repeat(0),
+                        offsets,
+                        nbytes,
+                        _NAMES_ARR[codes].tolist(),
+                        *map(repeat, _TAIL),
+                    ),
+                )
+            )
+            fresh = every and not node
             node.update(zip(keys, specs))
+            if fresh and len(node) == len(specs):  # the node's values are these specs, in order
+                node.columns = SpecColumns(specs, dtypes, shapes, 0, offsets, nbytes)
         attrs = np.flatnonzero(status == FAST_ATTRS).tolist()
         self._others(
             names,
@@ -403,6 +429,7 @@ class Walk:
             visited,
             stack,
         )
+        return placed
 
     def _rows(
         self,

@@ -59,7 +59,7 @@ from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent, stan
 from ._common import as_tensor, no_gc, quote
 from ._flat import flat_source
 from ._shape import MAX_NDIM, check_shape
-from .onnx_bulk import bulk_specs, compact_graph, compact_tensor, torch_dtypes
+from .onnx_bulk import Columns, bulk_specs, column_specs, compact_graph, compact_tensor, torch_dtypes
 
 __all__ = ["ONNX_DTYPES", "detect_onnx", "open_onnx", "parse_model", "parse_tensor", "MAX_INITIALIZERS"]
 
@@ -248,6 +248,15 @@ def parse_model(
 
     With ``compact``, an initializer as ``numpy_helper.from_array`` writes it is a tuple of
     :func:`~tdz_numba.formats.onnx_bulk.compact_tensor` instead of a dict."""
+    info, inits, cols = _parse_model(buf, where, compact)
+    return info, inits if cols is None else cols.tuples() + inits
+
+
+def _parse_model(
+    buf: memoryview, where: str, compact: bool
+) -> tuple[dict[str, Any], list[Any], Columns | None]:
+    """:func:`parse_model`, a graph whose initializers are all compact handed as its
+    :class:`~tdz_numba.formats.onnx_bulk.Columns` (the third item; then no initializer in the list)."""
     info: dict[str, Any] = {
         "ir_version": 0,
         "producer_name": "",
@@ -261,6 +270,7 @@ def parse_model(
         "metadata_props": {},
     }
     inits: list[Any] = []  # dicts (compact: also compact_tensor tuples)
+    cols: Columns | None = None  # a compact graph's initializers
     graphs = entries = 0
     try:
         for f, w, v in _fields(buf, 0, len(buf)):
@@ -286,17 +296,19 @@ def parse_model(
                 info["metadata_props"][key] = value
             elif w == 2 and f == 7:
                 graphs += 1
-                g = compact_graph(buf, v[0], v[0] + v[1]) if compact else None
+                g = compact_graph(buf, v[0], v[0] + v[1], True) if compact else None
                 if (
                     g is not None
                     and entries + g[3] <= MAX_ENTRIES
-                    and len(inits) + len(g[2]) <= MAX_INITIALIZERS
+                    and len(inits) + len(g[2].names) <= MAX_INITIALIZERS
+                    and cols is None
+                    and not inits
                 ):
                     entries += g[3]
                     for span, field in ((g[0], "graph_name"), (g[1], "graph_doc_string")):
                         if span is not None:
                             info[field] = _str(buf, span)
-                    inits += g[2]
+                    cols = g[2]  # (a second graph is refused below)
                     continue
                 for f2, w2, v2 in _fields(buf, v[0], v[0] + v[1]):
                     entries += 1
@@ -321,7 +333,7 @@ def parse_model(
         raise UnsupportedError(f"{where}: {graphs} graph fields (a merged ModelProto) are not supported")
     if not graphs and not info["ir_version"]:
         raise BadArchiveError(f"{where}: not an ONNX model (no graph, no ir_version)")
-    return info, inits
+    return info, inits, cols
 
 
 def _is_bare_tensor(buf: memoryview) -> bool:
@@ -506,10 +518,15 @@ def _open(path: str | os.PathLike, where: str, model_dir: Path, files: list[Mapp
         metadata: dict[str, Any] = {}
         inits: list[Any] = [parse_tensor(buf, where)]
     else:
-        metadata, inits = parse_model(buf, where, compact=True)
-        kinds = set(map(type, inits))
+        metadata, inits, cols = _parse_model(buf, where, True)
+        kinds = set(map(type, inits)) | ({tuple} if cols is not None and cols.names else set())
         if kinds == {tuple}:
-            specs = bulk_specs(inits, torch_dtypes(ONNX_DTYPES), files[0].size)
+            dtypes = torch_dtypes(ONNX_DTYPES)
+            specs = (
+                bulk_specs(inits, dtypes, files[0].size)
+                if cols is None
+                else column_specs(cols, dtypes, files[0].size)
+            )
             if specs is not None:
                 return flat_source("onnx", path, specs, files=files, metadata=metadata)
         if tuple in kinds:  # the per-initializer path reads every one

@@ -8,6 +8,8 @@ the general field walker of :mod:`~tdz_numba.formats.onnx` then reads that tenso
 initializer of a model is compact, :func:`bulk_specs` checks them as columns (names unique, each
 distinct shape once, ``raw_data`` sizes against ``numel * itemsize``) and builds the specs in one
 pass; it returns None when a check fails, and the per-initializer path names the error.
+:func:`compact_graph` with ``columns=True`` hands the initializers as :class:`Columns` (what
+the compiled scan fills: no tuple per initializer), which :func:`column_specs` checks the same way.
 
 Examples
 --------
@@ -20,7 +22,7 @@ Examples
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -29,9 +31,41 @@ from ..tdz.sources import TensorSpec
 from ._flat import make_specs
 from ._shape import MAX_NDIM, check_shape
 
-__all__ = ["compact_tensor", "compact_graph", "bulk_specs", "torch_dtypes"]
+__all__ = ["Columns", "compact_tensor", "compact_graph", "bulk_specs", "column_specs", "torch_dtypes"]
 
 _LIMIT = 1 << 63
+
+
+class Columns(NamedTuple):
+    """Compact initializers as columns: the fields of :func:`compact_tensor`'s tuples, in order.
+
+    >>> c = Columns.of([("w", 1, (2, 3), 11, 24), ("b", 1, (3,), 40, 12)])
+    >>> c.tuples()
+    [('w', 1, (2, 3), 11, 24), ('b', 1, (3,), 40, 12)]
+    """
+
+    names: list[str]
+    types: np.ndarray  # int64 ONNX data types (each < 2**63)
+    shapes: list[tuple[int, ...]]
+    offsets: np.ndarray  # int64 raw_data offsets
+    lengths: np.ndarray  # int64 raw_data lengths
+    distinct: set[tuple[int, ...]] | None  # the distinct shapes when known (else: set(shapes))
+
+    @classmethod
+    def of(cls, inits: list[tuple[str, int, tuple[int, ...], int, int]]) -> Columns:
+        """The columns of :func:`compact_tensor` tuples."""
+        if not inits:
+            empty = np.zeros(0, np.int64)
+            return cls([], empty, [], empty, empty, set())
+        names, types, shapes, offsets, lengths = zip(*inits)
+        as_array = lambda c: np.array(c, dtype=np.int64)  # noqa: E731 - every value < 2**63
+        return cls(list(names), as_array(types), list(shapes), as_array(offsets), as_array(lengths), None)
+
+    def tuples(self) -> list[tuple[str, int, tuple[int, ...], int, int]]:
+        """The initializers as :func:`compact_tensor` tuples."""
+        return list(
+            zip(self.names, self.types.tolist(), self.shapes, self.offsets.tolist(), self.lengths.tolist())
+        )
 
 
 def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
@@ -96,16 +130,22 @@ def compact_tensor(
     return name, dtype, tuple(dims), raw_at, raw_len
 
 
-def compact_graph(buf: memoryview, start: int, end: int) -> tuple[Any, Any, list[Any], int] | None:
+def compact_graph(
+    buf: memoryview, start: int, end: int, columns: bool = False
+) -> tuple[Any, Any, Any, int] | None:
     """``(name span, doc_string span, compact initializers, field count)`` of the ``GraphProto`` in
     ``buf[start:end]`` (spans: ``(offset, length)`` or None), read in one tight loop; None when
     an initializer is not compact or a field is malformed (the general walker then reads it).
-    With the Numba kernels on, :func:`~tdz_numba.formats.onnx_scan.compact_graph` reads it (the
-    same result, in one compiled pass)."""
+    The initializers: a list of :func:`compact_tensor` tuples, or with ``columns`` their
+    :class:`Columns`. With the Numba kernels on, :func:`~tdz_numba.formats.onnx_scan.graph_columns`
+    reads it (the same result, in one compiled pass)."""
     if use_kernels((end - start) >> 12):
-        from .onnx_scan import compact_graph as scanned  # imports Numba
+        from .onnx_scan import graph_columns  # imports Numba
 
-        return scanned(buf, start, end)
+        got = graph_columns(buf, start, end)
+        if got is None or columns:
+            return got
+        return got[0], got[1], got[2].tuples(), got[3]
     pos = start
     name = doc = None
     inits: list[Any] = []
@@ -141,7 +181,7 @@ def compact_graph(buf: memoryview, start: int, end: int) -> tuple[Any, Any, list
                 return None
         else:
             return None
-    return name, doc, inits, count
+    return name, doc, Columns.of(inits) if columns else inits, count
 
 
 def torch_dtypes(table: dict[int, tuple[str, str]]) -> dict[int, tuple[Any, str]]:
@@ -157,29 +197,41 @@ def bulk_specs(
 ) -> dict[str, TensorSpec] | None:
     """``{name: spec}`` of compact initializers (``dtypes``: ONNX data type -> (torch dtype, ONNX
     name)), every extent inside a file of ``size`` bytes; None when any check fails."""
-    if not inits:
+    return column_specs(Columns.of(inits), dtypes, size)
+
+
+def column_specs(
+    cols: Columns, dtypes: dict[int, tuple[Any, str]], size: int
+) -> dict[str, TensorSpec] | None:
+    """:func:`bulk_specs` of initializers given as :class:`Columns`: names unique, data types
+    known, each distinct shape checked once, ``raw_data`` lengths equal to ``numel * itemsize``
+    and inside the file; None when any check fails (the per-initializer path names the error)."""
+    names, types, shapes = cols.names, cols.types, cols.shapes
+    n = len(names)
+    if not n:
         return None
-    names, types, shapes, offsets, lengths = zip(*inits)
-    if len(set(names)) != len(names) or not set(types) <= dtypes.keys():
+    first = int(types[0])
+    listed = None if (types == first).all() else types.tolist()
+    kinds = {first} if listed is None else set(listed)
+    if not kinds <= dtypes.keys():
         return None
     numel_of: dict[tuple[int, ...], int] = {}
-    for shape in set(shapes):
+    for shape in set(shapes) if cols.distinct is None else cols.distinct:
         try:
             check_shape(shape, None, 16, "")
         except Exception:  # noqa: BLE001 - the per-initializer path raises it with the name
             return None
         numel_of[shape] = math.prod(shape)
-    kinds = set(types)
     itemsize = {t: dtypes[t][0].itemsize for t in kinds}
-    n = len(names)
     if len(kinds) == 1 and len(numel_of) == 1:  # one type, one shape: the columns repeat one value
-        (t,) = kinds
-        need = np.full(n, numel_of[shapes[0]] * itemsize[t], np.int64)
-        torch_types, type_names = [dtypes[t][0]] * n, [dtypes[t][1]] * n
+        need = np.full(n, numel_of[shapes[0]] * itemsize[first], np.int64)
+        torch_types, type_names = [dtypes[first][0]] * n, [dtypes[first][1]] * n
     else:
-        need = np.array([numel_of[s] * itemsize[t] for s, t in zip(shapes, types)], dtype=np.int64)
-        torch_types, type_names = [dtypes[t][0] for t in types], [dtypes[t][1] for t in types]
-    off = np.array(offsets, dtype=np.int64)
-    if not np.array_equal(need, np.array(lengths, dtype=np.int64)) or np.any(off > size - need):
+        listed = types.tolist() if listed is None else listed
+        need = np.array([numel_of[s] * itemsize[t] for s, t in zip(shapes, listed)], dtype=np.int64)
+        torch_types, type_names = [dtypes[t][0] for t in listed], [dtypes[t][1] for t in listed]
+    off = cols.offsets
+    if not np.array_equal(need, cols.lengths) or np.any(off > size - need) or np.any(off < 0):
         return None
-    return make_specs(names, torch_types, shapes, 0, offsets, need.tolist(), type_names)
+    specs = make_specs(names, torch_types, shapes, 0, off.tolist(), need.tolist(), type_names)
+    return specs if len(specs) == n else None  # (a name twice: one key)

@@ -27,8 +27,9 @@ from numba import njit
 
 from ..jit.presets import KERNEL
 from ._shape import MAX_NDIM
+from .onnx_bulk import Columns
 
-__all__ = ["scan_graph", "compact_graph", "NCOL"]
+__all__ = ["scan_graph", "graph_columns", "compact_graph", "NCOL"]
 
 #: Columns per initializer: name offset, name length (-1: none), data_type, ndim, dims offset,
 #: raw_data offset, raw_data length.
@@ -167,8 +168,10 @@ def scan_graph(buf, start, end, cols, dims, names, max_ndim, out):  # pragma: no
     out[7] = at
 
 
-def compact_graph(buf: Any, start: int, end: int) -> tuple[Any, Any, list[Any], int] | None:
-    """What :func:`~tdz_numba.formats.onnx_bulk.compact_graph` returns, read by :func:`scan_graph`."""
+def graph_columns(buf: Any, start: int, end: int) -> tuple[Any, Any, Columns, int] | None:
+    """What :func:`~tdz_numba.formats.onnx_bulk.compact_graph` returns with ``columns=True``,
+    read by :func:`scan_graph`: the initializers as :class:`~tdz_numba.formats.onnx_bulk.Columns`
+    straight from the kernel's arrays (one shape object shared when every initializer has it)."""
     arr = np.frombuffer(buf, np.uint8)
     arr.flags.writeable = False  # one compiled signature for every buffer
     size = end - start
@@ -190,7 +193,7 @@ def compact_graph(buf: Any, start: int, end: int) -> tuple[Any, Any, list[Any], 
     split: list[str] | None = None
     if not out[8]:
         try:
-            split = text.decode("utf-8").split("\0")
+            split = text.decode("utf-8").split("\0") if n else []
         except UnicodeDecodeError:
             split = None
     if split is None:  # a NUL or a bad byte in a name: one by one, as the Python reader decodes them
@@ -198,17 +201,40 @@ def compact_graph(buf: Any, start: int, end: int) -> tuple[Any, Any, list[Any], 
             bytes(buf[a : a + k]).decode("utf-8", errors="replace") if k >= 0 else ""
             for a, k in zip(cols[:, 0].tolist(), cols[:, 1].tolist())
         ]
-    ndim, at = cols[:, 3], cols[:, 4]
-    k = int(ndim[0]) if n else 0
-    if n and k and (ndim == k).all() and (at == at[0] + k * np.arange(n)).all():  # one rank, in a row
-        first = int(at[0])
-        shapes = list(map(tuple, dims[first : first + k * n].reshape(n, k).tolist()))
-    else:
-        flat = dims[: int(_nd_end(at, ndim))].tolist()
-        shapes = [tuple(flat[a : a + d]) for a, d in zip(at.tolist(), ndim.tolist())]
+    shapes, distinct = _shapes(cols[:, 3], cols[:, 4], dims, n)
     span = lambda a, b: None if a < 0 else (int(a), int(b))  # noqa: E731
-    inits = list(zip(split, cols[:, 2].tolist(), shapes, cols[:, 5].tolist(), cols[:, 6].tolist()))
+    col = lambda j: np.ascontiguousarray(cols[:, j])  # noqa: E731 - not a view of the scan's rows
+    inits = Columns(split, col(2), shapes, col(5), col(6), distinct)
     return span(out[3], out[4]), span(out[5], out[6]), inits, int(out[2])
+
+
+def _shapes(
+    ndim: np.ndarray, at: np.ndarray, dims: np.ndarray, n: int
+) -> tuple[list[tuple[int, ...]], set[tuple[int, ...]] | None]:
+    """The initializers' shapes from the kernel's ranks, dims offsets and dims, and the set of
+    the distinct ones when that costs nothing (every initializer of one shape)."""
+    if not n:
+        return [], set()
+    k = int(ndim[0])
+    if not k and not ndim.any():  # every initializer a scalar
+        return [()] * n, {()}
+    if k and (ndim == k).all() and (at == at[0] + k * np.arange(n)).all():  # one rank, in a row
+        first = int(at[0])
+        block = dims[first : first + k * n].reshape(n, k)
+        if (block == block[0]).all():
+            shape = tuple(block[0].tolist())
+            return [shape] * n, {shape}
+        return list(map(tuple, block.tolist())), None
+    flat = dims[: int(_nd_end(at, ndim))].tolist()
+    return [tuple(flat[a : a + d]) for a, d in zip(at.tolist(), ndim.tolist())], None
+
+
+def compact_graph(buf: Any, start: int, end: int) -> tuple[Any, Any, list[Any], int] | None:
+    """What :func:`~tdz_numba.formats.onnx_bulk.compact_graph` returns, read by :func:`scan_graph`."""
+    got = graph_columns(buf, start, end)
+    if got is None:
+        return None
+    return got[0], got[1], got[2].tuples(), got[3]
 
 
 def _nd_end(at: np.ndarray, ndim: np.ndarray) -> int:
