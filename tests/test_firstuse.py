@@ -563,3 +563,37 @@ def test_background_main_quiet_on_unwritable_cache(tmp_path):
         timeout=120,
     )
     assert out.returncode == 0 and out.stdout == out.stderr == ""
+
+
+def test_cache_key_is_the_same_through_a_symlinked_install(tmp_path, monkeypatch):
+    """A venv reached through a symbolic link (a worktree's linked .venv, a conda env under a
+    linked prefix) names Numba by another path: the warm marker that `tdz warmup` wrote must
+    still be found, else every process runs the Python twins until WARM_ENTRIES."""
+    import importlib.util
+    import types
+
+    from tdz_numba.jit import policy as _policy
+
+    real_spec = importlib.util.find_spec("numba")
+    real_dir = Path(real_spec.origin).parent
+    link = tmp_path / "linked-site-packages"
+    link.symlink_to(real_dir.parent)
+    linked_origin = str(link / real_dir.name / Path(real_spec.origin).name)
+    assert linked_origin != real_spec.origin and Path(linked_origin).exists()
+
+    def key_with(origin: str) -> str:
+        monkeypatch.setitem(_policy._state, "key", None)
+        fake = types.SimpleNamespace(origin=origin)
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda name, *a: fake if name == "numba" else real_find(name, *a)
+        )
+        try:
+            return _policy.cache_key()
+        finally:
+            monkeypatch.setattr(importlib.util, "find_spec", real_find)
+
+    real_find = importlib.util.find_spec
+    assert key_with(linked_origin) == key_with(real_spec.origin)
+    other = tmp_path / "other_numba.py"
+    other.write_text("# another numba\n")
+    assert key_with(str(other)) != key_with(real_spec.origin)  # the key still follows the install

@@ -278,7 +278,11 @@ def test_bad_meta_json_entry_errors_unchanged(tmp_path, damage):
     data = bytearray(p.read_bytes())
     assert data[30:39] == b"meta.json"
     if damage == "crc":
-        start = data.index(b"{")
+        # the payload's first byte (after the 30-byte header, the name and the extra field): a bare
+        # index of "{" could land on the header's DOS time or CRC bytes, which vary with the clock
+        name_len, extra_len = struct.unpack_from("<HH", data, 26)
+        start = 30 + name_len + extra_len
+        assert data[start : start + 1] == b"{"
         data[start + 1] ^= 1
         want = (tdz_numba.ChecksumError, "CRC-32 mismatch")
     elif damage == "header":

@@ -201,6 +201,8 @@ def cache_key() -> str:
         h.update(sys.version.encode())
         spec = importlib.util.find_spec("numba")  # its location and stamp, without importing it
         origin = getattr(spec, "origin", None) or ""
+        if origin:  # one key however the interpreter reached it (a symlinked venv, a relative path)
+            origin = os.path.realpath(origin)
         with contextlib.suppress(OSError):
             st = os.stat(origin)
             h.update(f"{origin}:{st.st_mtime_ns}:{st.st_size}".encode())
