@@ -143,6 +143,42 @@ def open(
     ...         print(list(ar), ar["b"].tolist())
     ['b'] [0, 1, 2]
     """
+    options = _options(
+        mode,
+        subpath,
+        allow_pickle,
+        num_threads,
+        copy,
+        device,
+        dtype,
+        direct,
+        allow_external,
+        map_location,
+        aligned,
+        dequantize,
+    )
+    if options.subpath is None:  # (what _open adds is for a subpath)
+        return _open_checked(path, options, storage_options)
+    return _open(path, options, storage_options)
+
+
+def _options(
+    mode: str,
+    subpath: str | tuple[str, ...] | None,
+    allow_pickle: bool,
+    num_threads: int | None,
+    copy: bool,
+    device: Any,
+    dtype: Any,
+    direct: bool,
+    allow_external: bool,
+    map_location: Any,
+    aligned: bool,
+    dequantize: bool,
+) -> OpenOptions:
+    """The checked options of :func:`open`/:func:`load`: :data:`DEFAULT` when every keyword is
+    exactly its default (False, not another false value: the 12-keyword check spared), else
+    :func:`~tdz_numba.archive.options.open_options`."""
     if (
         mode == "r"
         and subpath is None
@@ -156,26 +192,22 @@ def open(
         and map_location is None
         and aligned is False
         and dequantize is False
-    ):  # every keyword its default (exactly: False, not another false value)
-        options = DEFAULT  # (what open_options gives for them: its call with 12 keywords spared)
-    else:
-        options = open_options(
-            mode=mode,
-            subpath=subpath,
-            allow_pickle=allow_pickle,
-            num_threads=num_threads,
-            copy=copy,
-            device=device,
-            dtype=dtype,
-            direct=direct,
-            allow_external=allow_external,
-            map_location=map_location,
-            aligned=aligned,
-            dequantize=dequantize,
-        )
-    if options.subpath is None:  # (what _open adds is for a subpath)
-        return _open_checked(path, options, storage_options)
-    return _open(path, options, storage_options)
+    ):
+        return DEFAULT
+    return open_options(
+        mode=mode,
+        subpath=subpath,
+        allow_pickle=allow_pickle,
+        num_threads=num_threads,
+        copy=copy,
+        device=device,
+        dtype=dtype,
+        direct=direct,
+        allow_external=allow_external,
+        map_location=map_location,
+        aligned=aligned,
+        dequantize=dequantize,
+    )
 
 
 def _open(path: PathLike, options: OpenOptions, storage_options: dict[str, Any] | None) -> Archive:
@@ -341,36 +373,20 @@ def load(
     ...     print(isinstance(tree, dict), tree["tag"], tree["x"].tolist())
     True run-1 [1.0, 1.0, 1.0]
     """
-    if (
-        mode == "r"
-        and subpath is None
-        and allow_pickle is False
-        and num_threads is None
-        and copy is False
-        and device is None
-        and dtype is None
-        and direct is False
-        and allow_external is False
-        and map_location is None
-        and aligned is False
-        and dequantize is False
-    ):  # every keyword its default, as in open
-        options = DEFAULT
-    else:
-        options = open_options(
-            mode=mode,
-            subpath=subpath,
-            allow_pickle=allow_pickle,
-            num_threads=num_threads,
-            copy=copy,
-            device=device,
-            dtype=dtype,
-            direct=direct,
-            allow_external=allow_external,
-            map_location=map_location,
-            aligned=aligned,
-            dequantize=dequantize,
-        )
+    options = _options(
+        mode,
+        subpath,
+        allow_pickle,
+        num_threads,
+        copy,
+        device,
+        dtype,
+        direct,
+        allow_external,
+        map_location,
+        aligned,
+        dequantize,
+    )
     keys = load_keys(keys) if keys is not None else None
     if keys is not None or options.subpath is not None:
         ar = _open(path, options, storage_options)

@@ -300,17 +300,7 @@ def is_plain_td(meta: Any, prefix: str, has_meta: Callable[[str], bool]) -> bool
     >>> is_plain_td(meta, "", lambda name: False), is_plain_td({"x": {"dtype": "odd", "shape": []}}, "", None)
     (False, False)
     """
-    if type(meta) is not dict:
-        return False
-    cls = meta.get("_class")  # td_fields_ok(meta), without the call (an open runs this once)
-    if cls is None:
-        typ = meta.get("_type")
-        if typ is not None and typ != TD_TYPE:
-            return False
-    elif cls != TD_CLASS:
-        return False
-    version = meta.get("_format_version", 0)
-    if type(version) is not int or version > FORMAT_VERSION:
+    if type(meta) is not dict or not td_fields_ok(meta):
         return False
     itemsizes, encoded = _ITEMSIZE, _ENCODED
     for key, value in meta.items():
