@@ -87,7 +87,11 @@ def test_misses_are_started_together_before_any_wait(tmp_path, monkeypatch):
     waited = {o for k, o in calls if k == "wait"}  # (a miss's rest is read from its first missing byte)
     missed = [(o, n) for o, n in zip(offsets, sizes) if any(o <= w < o + n for w in waited)]
     asked = {p for off, n in missed for p in range(off // PAGE, -(-(off + n) // PAGE))}
-    assert missed and asked <= {p for first, stop in dropped for p in range(first, stop)}
+    if missed:  # exactly the misses' pages are handed back
+        assert asked <= {p for first, stop in dropped for p in range(first, stop)}
+    else:  # the device answered every RWF_NOWAIT read within the call (its read-ahead already done,
+        # seen in CI under load): nothing missed, so nothing is handed back
+        assert not dropped
     with open(path, "rb") as f:
         data = f.read()
     assert bytes(got) == b"".join(data[o : o + n] for o, n in zip(offsets, sizes))
