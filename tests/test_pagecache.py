@@ -163,9 +163,15 @@ def test_read_pieces_asks_every_piece_before_waiting(tmp_path, monkeypatch):
     waits = [o for nowait, o in seen[len(first) :]]
     assert all(not nowait for nowait, _ in seen[len(first) :])
     assert 9 * PAGE + 40 not in waits and 9 * PAGE + 50 not in waits  # (cached: read at once)
-    # a piece none of whose pages were cached is waited for (the kernel's read-ahead of page 9
-    # may have brought others in large folios: those are read at once)
-    assert {o for o in (2 * PAGE + 100, 20 * PAGE) if not before[o // PAGE]} <= set(waits)
+    # only a piece with a page not cached before is waited for; it may also come at once: its
+    # RWF_NOWAIT read starts the kernel's read-ahead, which a fast device can finish within that
+    # call (seen in CI). The wait after EAGAIN is pinned by the refused/EAGAIN tests below.
+    uncached = [
+        (o, n)
+        for o, n in zip(offsets, sizes)
+        if n and not all(before[p] for p in range(o // PAGE, min(32, -(-(o + n) // PAGE))))
+    ]
+    assert all(any(o <= w < o + n for o, n in uncached) for w in waits)
 
 
 def test_read_pieces_refused_after_a_miss_drops_only_the_misses_before(tmp_path, monkeypatch):
