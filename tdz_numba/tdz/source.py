@@ -172,19 +172,15 @@ class TdzSource(Source):
         on first use (open reads the root ``meta.json`` this way)."""
         if prefix in self._levels or prefix in self._checked:
             return
-        index = self.index
-        meta_name = prefix + "meta.json"
-        has = index.__contains__
-        if not has(meta_name):
-            raise BadArchiveError(f"{self.where(prefix)}: no meta.json entry {meta_name!r}")
-        data = index.read_bytes(meta_name)  # in tensordict's layout: scanned (level() parses it if asked)
+        has = self.index.__contains__
+        data = self._meta_bytes(prefix)  # in tensordict's layout: scanned (level() parses it if asked)
         # (a text below SCAN_MIN is parsed: scan_td_level's own first test, without the call)
         plain: PlainLevel | tuple[Any] | None = (
             scan_td_level(data, prefix, has) if len(data) >= SCAN_MIN else None
         )
         meta, ok = None, True
         if plain is None:  # (not scanned; a text "null" parses to None too: checked as parsed)
-            meta = parse_meta(data, self.where, meta_name)  # (the message's place made on error only)
+            meta = parse_meta(data, self.where, prefix + "meta.json")  # (the place made on error only)
             if self.keep_plain:  # a load: the PlainLevel that quick_level reads, in the same walk
                 ok, plain = plain_td_level(meta, prefix, has)
             else:  # checked only: quick_level makes the PlainLevel if it is asked for
