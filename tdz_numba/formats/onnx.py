@@ -60,6 +60,7 @@ from ._common import as_tensor, no_gc, quote
 from ._flat import flat_source
 from ._shape import MAX_NDIM, check_shape
 from .onnx_bulk import Columns, bulk_specs, column_specs, compact_graph, compact_tensor, torch_dtypes
+from .onnx_wire import WireError, fields, pairs, signed, tensor_proto, text, varint
 
 __all__ = ["ONNX_DTYPES", "detect_onnx", "open_onnx", "parse_model", "parse_tensor", "MAX_INITIALIZERS"]
 
@@ -128,119 +129,6 @@ MAX_ENTRIES = 2_000_000
 MAX_INITIALIZERS = 250_000
 
 
-class _Bad(BadArchiveError):
-    pass
-
-
-def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    if pos < end and buf[pos] < 0x80:  # one byte: tags, small lengths and dims
-        return buf[pos], pos + 1
-    value = shift = 0
-    for _ in range(10):
-        if pos >= end:
-            raise _Bad(f"truncated varint at offset {pos}")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value & 0xFFFFFFFFFFFFFFFF, pos
-        shift += 7
-    raise _Bad(f"varint longer than 10 bytes at offset {pos}")
-
-
-def _fields(buf: memoryview, start: int, end: int):
-    """``(field, wire type, value)`` of one message: varints as ints, LEN as ``(offset, length)``,
-    fixed-size values as their offset."""
-    pos = start
-    while pos < end:
-        tag, pos = _varint(buf, pos, end)
-        field, wire = tag >> 3, tag & 7
-        if field == 0:
-            raise _Bad(f"field number 0 at offset {pos}")
-        if wire == 0:
-            value, pos = _varint(buf, pos, end)
-            yield field, wire, value
-        elif wire == 2:
-            n, pos = _varint(buf, pos, end)
-            if n > end - pos:
-                raise _Bad(f"field {field} at offset {pos}: length {n} runs past its message")
-            yield field, wire, (pos, n)
-            pos += n
-        elif wire in (1, 5):
-            size = 8 if wire == 1 else 4
-            if size > end - pos:
-                raise _Bad(f"field {field} at offset {pos}: truncated fixed-size value")
-            yield field, wire, pos
-            pos += size
-        else:
-            raise _Bad(f"field {field}: unsupported wire type {wire} at offset {pos}")
-
-
-def _str(buf: memoryview, v: Any) -> str:
-    off, n = v
-    return bytes(buf[off : off + n]).decode("utf-8", errors="replace")
-
-
-def _signed(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
-def _pairs(buf: memoryview, v: tuple[int, int]) -> tuple[str, str]:
-    key = value = ""
-    for f, w, x in _fields(buf, v[0], v[0] + v[1]):
-        if w == 2 and f == 1:
-            key = _str(buf, x)
-        elif w == 2 and f == 2:
-            value = _str(buf, x)
-    return key, value
-
-
-def _tensor(buf: memoryview, start: int, end: int) -> dict[str, Any]:
-    t: dict[str, Any] = {
-        "dims": [],
-        "data_type": 0,
-        "name": "",
-        "raw": None,
-        "location": 0,
-        "external": [],
-        "typed": {},
-        "strings": [],
-        "segment": False,
-        "ndim": 0,
-    }
-    dims = t["dims"]
-    for f, w, v in _fields(buf, start, end):
-        if f == 1:  # dims: packed or one varint each; past MAX_NDIM only counted
-            if w == 2:
-                pos, stop = v[0], v[0] + v[1]
-                while pos < stop:
-                    d, pos = _varint(buf, pos, stop)
-                    t["ndim"] += 1
-                    if len(dims) <= MAX_NDIM:
-                        dims.append(_signed(d))
-            elif w == 0:
-                t["ndim"] += 1
-                if len(dims) <= MAX_NDIM:
-                    dims.append(_signed(v))
-        elif f == 2 and w == 0:
-            t["data_type"] = v
-        elif f == 3:
-            t["segment"] = True
-        elif f == 6 and w == 2:
-            t["strings"].append(v)
-        elif f == 8 and w == 2:
-            t["name"] = _str(buf, v)
-        elif f == 9 and w == 2:
-            t["raw"] = v  # the last occurrence wins, as in protobuf
-        elif f == 13 and w == 2:
-            t["external"].append(_pairs(buf, v))
-        elif f == 14 and w == 0:
-            t["location"] = v
-        elif f in (4, 5, 7, 10, 11):
-            t["typed"].setdefault(f, []).append((w, v))
-    return t
-
-
 def parse_model(
     buf: memoryview, where: str = "<onnx>", *, compact: bool = False
 ) -> tuple[dict[str, Any], list[Any]]:
@@ -273,26 +161,26 @@ def _parse_model(
     cols: Columns | None = None  # a compact graph's initializers
     graphs = entries = 0
     try:
-        for f, w, v in _fields(buf, 0, len(buf)):
+        for f, w, v in fields(buf, 0, len(buf)):
             entries += 1
             if entries > MAX_ENTRIES:
                 raise UnsupportedError(f"{where}: more than {MAX_ENTRIES:,} fields in the model")
             if w == 0 and f in (1, 5):
-                info["ir_version" if f == 1 else "model_version"] = _signed(v)
+                info["ir_version" if f == 1 else "model_version"] = signed(v)
             elif w == 2 and f in (2, 3, 4, 6):
-                info[{2: "producer_name", 3: "producer_version", 4: "domain", 6: "doc_string"}[f]] = _str(
+                info[{2: "producer_name", 3: "producer_version", 4: "domain", 6: "doc_string"}[f]] = text(
                     buf, v
                 )
             elif w == 2 and f == 8:
                 domain, version = "", 0
-                for f2, w2, v2 in _fields(buf, v[0], v[0] + v[1]):
+                for f2, w2, v2 in fields(buf, v[0], v[0] + v[1]):
                     if f2 == 1 and w2 == 2:
-                        domain = _str(buf, v2)
+                        domain = text(buf, v2)
                     elif f2 == 2 and w2 == 0:
-                        version = _signed(v2)
+                        version = signed(v2)
                 info["opset_import"][domain] = version
             elif w == 2 and f == 14:
-                key, value = _pairs(buf, v)
+                key, value = pairs(buf, v)
                 info["metadata_props"][key] = value
             elif w == 2 and f == 7:
                 graphs += 1
@@ -307,27 +195,27 @@ def _parse_model(
                     entries += g[3]
                     for span, field in ((g[0], "graph_name"), (g[1], "graph_doc_string")):
                         if span is not None:
-                            info[field] = _str(buf, span)
+                            info[field] = text(buf, span)
                     cols = g[2]  # (a second graph is refused below)
                     continue
-                for f2, w2, v2 in _fields(buf, v[0], v[0] + v[1]):
+                for f2, w2, v2 in fields(buf, v[0], v[0] + v[1]):
                     entries += 1
                     if entries > MAX_ENTRIES:
                         raise UnsupportedError(f"{where}: more than {MAX_ENTRIES:,} fields in the graph")
                     if w2 != 2:
                         continue
                     if f2 == 2:
-                        info["graph_name"] = _str(buf, v2)
+                        info["graph_name"] = text(buf, v2)
                     elif f2 == 10:
-                        info["graph_doc_string"] = _str(buf, v2)
+                        info["graph_doc_string"] = text(buf, v2)
                     elif f2 == 5:
                         if len(inits) >= MAX_INITIALIZERS:
                             raise UnsupportedError(
                                 f"{where}: more than {MAX_INITIALIZERS:,} initializers (the reader's limit)"
                             )
                         t = compact_tensor(buf, v2[0], v2[0] + v2[1]) if compact else None
-                        inits.append(t if t is not None else _tensor(buf, v2[0], v2[0] + v2[1]))
-    except _Bad as e:
+                        inits.append(t if t is not None else tensor_proto(buf, v2[0], v2[0] + v2[1]))
+    except WireError as e:
         raise BadArchiveError(f"{where}: not a valid ONNX model: {e}") from None
     if graphs > 1:
         raise UnsupportedError(f"{where}: {graphs} graph fields (a merged ModelProto) are not supported")
@@ -340,16 +228,16 @@ def _is_bare_tensor(buf: memoryview) -> bool:
     """Whether the file is a serialized ``TensorProto`` (field 2 a varint: ``data_type``;
     in a ``ModelProto`` field 2 is ``producer_name``, a string), as ONNX's test data are."""
     try:
-        return any(f == 2 and w == 0 for f, w, _ in _fields(buf, 0, len(buf)))
-    except _Bad:
+        return any(f == 2 and w == 0 for f, w, _ in fields(buf, 0, len(buf)))
+    except WireError:
         return False
 
 
 def parse_tensor(buf: memoryview, where: str = "<onnx>") -> dict[str, Any]:
     """The initializer dict of a bare serialized ``TensorProto`` (a ``.pb`` file)."""
     try:
-        t = _tensor(buf, 0, len(buf))
-    except _Bad as e:
+        t = tensor_proto(buf, 0, len(buf))
+    except WireError as e:
         raise BadArchiveError(f"{where}: not a valid ONNX TensorProto: {e}") from None
     if t["segment"]:  # field 3: a segment, or the values of a Sequence/Map/OptionalProto
         raise UnsupportedError(
@@ -408,7 +296,7 @@ def _typed_loader(buf: memoryview, t: dict[str, Any], dtype: Any, where: str):
                 pos, stop = v
                 stop += pos
                 while pos < stop:
-                    x, pos = _varint(buf, pos, stop)
+                    x, pos = varint(buf, pos, stop)
                     values.append(x)
                     if len(values) > numel * 2 + 16:
                         raise BadArchiveError(f"{where}: initializer {quote(t['name'])}: too many values")
@@ -551,7 +439,7 @@ def _open(path: str | os.PathLike, where: str, model_dir: Path, files: list[Mapp
                 raise BadArchiveError(f"{what}: {len(t['strings'])} strings for shape {list(shape)}")
             # nested lists of the tensor's shape (numpy_helper's array .tolist()); 0-dim: the str
             strings = np.empty(numel, object)
-            strings[:] = [_str(buf, s) for s in t["strings"]]
+            strings[:] = [text(buf, s) for s in t["strings"]]
             tree[key] = strings.reshape(shape).tolist()
             continue
         if dt not in ONNX_DTYPES:

@@ -4,12 +4,13 @@ Such a ``TensorProto`` holds only ``dims`` (field 1, one varint each), ``data_ty
 (8) and ``raw_data`` (9). :func:`compact_tensor` reads one in a tight loop (no generator, no dict)
 into ``(name, data_type, dims, raw_offset, raw_length)``, or returns None for anything else (a
 typed field, external data, a string tensor, a negative or 65th dimension, a truncated varint):
-the general field walker of :mod:`~tdz_numba.formats.onnx` then reads that tensor. When every
-initializer of a model is compact, :func:`bulk_specs` checks them as columns (names unique, each
-distinct shape once, ``raw_data`` sizes against ``numel * itemsize``) and builds the specs in one
-pass; it returns None when a check fails, and the per-initializer path names the error.
-:func:`compact_graph` with ``columns=True`` hands the initializers as :class:`Columns` (what
-the compiled scan fills: no tuple per initializer), which :func:`column_specs` checks the same way.
+the general field walker (:func:`~tdz_numba.formats.onnx_wire.tensor_proto`) then reads that
+tensor. When every initializer of a model is compact, :func:`bulk_specs` checks them as columns
+(names unique, each distinct shape once, ``raw_data`` sizes against ``numel * itemsize``) and
+builds the specs in one pass; it returns None when a check fails, and the per-initializer path
+names the error. :func:`compact_graph` with ``columns=True`` hands the initializers as
+:class:`Columns` (what the compiled scan fills: no tuple per initializer), which
+:func:`column_specs` checks the same way.
 
 Examples
 --------
