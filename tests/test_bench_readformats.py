@@ -12,6 +12,16 @@ from tdz_numba.bench import readers, readformats
 from tdz_numba.cli import main
 
 
+def test_our_reader_hands_every_tensor_in_depth_first_order():
+    a, b, c = torch.zeros(1), torch.ones(2), torch.full((3,), 2.0)
+    flat = {"a": a, "b": b}
+    got = readers._leaves(flat, [])
+    assert len(got) == 2 and got[0] is a and got[1] is b and readers._leaves({}, []) == []
+    nested = {"a": a, "sub": {"c": c, "tag": "x", "deeper": {"b": b}}, "n": 3}
+    got = readers._leaves(nested, [])
+    assert len(got) == 3 and all(x is y for x, y in zip(got, [a, c, b]))  # plain values left out
+
+
 def test_workloads():
     small = readers.make_tensors("small", count=250)
     assert len(small) == 250 and all(

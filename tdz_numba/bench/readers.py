@@ -19,6 +19,7 @@ for every reader, in one compiled pass over the tensors' addresses.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -166,12 +167,23 @@ Reader = Callable[[Path], tuple[list[Any], Any]]
 
 
 def _leaves(tree: Any, out: list[Any]) -> list[Any]:
-    for v in tree.values():
+    """The tensors of the nested dicts ``tree``, depth first, appended to ``out``."""
+    values = list(tree.values())
+    if all(map(isinstance, values, repeat(_tensor_type()))):  # a flat level: no Python step per leaf
+        out.extend(values)
+        return out
+    for v in values:
         if isinstance(v, dict):
             _leaves(v, out)
         elif hasattr(v, "data_ptr"):
             out.append(v)
     return out
+
+
+def _tensor_type() -> type:
+    import torch
+
+    return torch.Tensor
 
 
 def _tdz_numba(copy: bool) -> Reader:
