@@ -31,6 +31,7 @@ from ..jit.policy import use_kernels
 from ..tdz.sources import TensorSpec
 from ._flat import make_specs
 from ._shape import MAX_NDIM, check_shape
+from .onnx_wire import scan_varint
 
 __all__ = ["Columns", "compact_tensor", "compact_graph", "bulk_specs", "column_specs", "torch_dtypes"]
 
@@ -69,28 +70,6 @@ class Columns(NamedTuple):
         )
 
 
-def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    """A varint at ``pos`` (before ``end``); ``(-1, pos)`` when truncated or over 10 bytes."""
-    if pos + 1 < end:  # one or two bytes: tags, names, dims and raw_data lengths below 16 KiB
-        b = buf[pos]
-        if b < 0x80:
-            return b, pos + 1
-        c = buf[pos + 1]
-        if c < 0x80:
-            return (b & 0x7F) | (c << 7), pos + 2
-    value = shift = 0
-    for _ in range(10):
-        if pos >= end:
-            return -1, pos
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value & 0xFFFFFFFFFFFFFFFF, pos
-        shift += 7
-    return -1, pos
-
-
 def compact_tensor(
     buf: memoryview, start: int, end: int
 ) -> tuple[str, int, tuple[int, ...], int, int] | None:
@@ -106,7 +85,7 @@ def compact_tensor(
         tag = buf[pos]
         pos += 1
         if tag == 0x08 or tag == 0x10:
-            value, pos = _varint(buf, pos, end)
+            value, pos = scan_varint(buf, pos, end)
             if value < 0 or value >= _LIMIT:
                 return None
             if tag == 0x10:
@@ -116,7 +95,7 @@ def compact_tensor(
             else:
                 return None
         elif tag == 0x42 or tag == 0x4A:
-            n, pos = _varint(buf, pos, end)
+            n, pos = scan_varint(buf, pos, end)
             if n < 0 or n > end - pos:
                 return None
             if tag == 0x42:
@@ -152,13 +131,13 @@ def compact_graph(
     inits: list[Any] = []
     count = 0
     while pos < end:
-        tag, pos = _varint(buf, pos, end)
+        tag, pos = scan_varint(buf, pos, end)
         wire = tag & 7
         if tag < 8:  # truncated, or field number 0
             return None
         count += 1
         if wire == 2:
-            n, pos = _varint(buf, pos, end)
+            n, pos = scan_varint(buf, pos, end)
             if n < 0 or n > end - pos:
                 return None
             field = tag >> 3
@@ -173,7 +152,7 @@ def compact_graph(
                 doc = (pos, n)
             pos += n
         elif wire == 0:
-            value, pos = _varint(buf, pos, end)
+            value, pos = scan_varint(buf, pos, end)
             if value < 0:
                 return None
         elif wire == 1 or wire == 5:

@@ -3,8 +3,8 @@ and the fields of a ``TensorProto``, read in place from the mapped bytes.
 
 Every length and varint is bounded by its parent message (``end``); malformed input raises
 :class:`WireError` (a :class:`~tdz_numba.BadArchiveError`), which the reader re-raises naming
-the file. :mod:`~tdz_numba.formats.onnx_bulk` has the non-raising twin of :func:`varint` for
-its fast path.
+the file. :func:`scan_varint` is the non-raising form that the fast path of
+:mod:`~tdz_numba.formats.onnx_bulk` uses.
 
 Examples
 --------
@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import BadArchiveError
 from ._shape import MAX_NDIM
 
-__all__ = ["WireError", "varint", "fields", "text", "signed", "pairs", "tensor_proto"]
+__all__ = ["WireError", "scan_varint", "varint", "fields", "text", "signed", "pairs", "tensor_proto"]
 
 
 class WireError(BadArchiveError):
@@ -28,21 +28,42 @@ class WireError(BadArchiveError):
     message, an unknown wire type (the caller names the file)."""
 
 
-def varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    """``(value, next position)`` of the varint at ``pos`` (before ``end``), as an unsigned 64-bit int."""
-    if pos < end and buf[pos] < 0x80:  # one byte: tags, small lengths and dims
-        return buf[pos], pos + 1
+def scan_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """``(value, next position)`` of the varint at ``pos`` (before ``end``), as an unsigned 64-bit
+    int; ``(-1, pos)`` when it is truncated, ``(-2, pos)`` when it runs over 10 bytes (no raise:
+    the fast paths of :mod:`~tdz_numba.formats.onnx_bulk` fall back instead)."""
+    if pos + 1 < end:  # one or two bytes: tags, names, dims and raw_data lengths below 16 KiB
+        b = buf[pos]
+        if b < 0x80:
+            return b, pos + 1
+        c = buf[pos + 1]
+        if c < 0x80:
+            return (b & 0x7F) | (c << 7), pos + 2
     value = shift = 0
     for _ in range(10):
         if pos >= end:
-            raise WireError(f"truncated varint at offset {pos}")
+            return -1, pos
         b = buf[pos]
         pos += 1
         value |= (b & 0x7F) << shift
         if b < 0x80:
             return value & 0xFFFFFFFFFFFFFFFF, pos
         shift += 7
-    raise WireError(f"varint longer than 10 bytes at offset {pos}")
+    return -2, pos
+
+
+def varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    """:func:`scan_varint` that raises :class:`WireError` where it fails."""
+    if pos < end and buf[pos] < 0x80:  # one byte: tags, small lengths and dims
+        return buf[pos], pos + 1
+    value, pos = scan_varint(buf, pos, end)
+    if value < 0:
+        raise WireError(
+            f"truncated varint at offset {pos}"
+            if value == -1
+            else f"varint longer than 10 bytes at offset {pos}"
+        )
+    return value, pos
 
 
 def fields(buf: memoryview, start: int, end: int):
