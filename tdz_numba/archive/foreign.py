@@ -96,7 +96,7 @@ def spec_tensors(
     if any(map(is_, out, repeat(None))):
         for i in [i for i, t in enumerate(out) if t is None]:
             out[i] = tensor_from_spec(leaves[i], files, where=where, aligned=aligned)
-    if hint_ahead:
+    if hint_ahead and readahead_on():  # (off by default: nothing to gather)
         if ext is not None and ext.ok.all():  # every leaf STORED, loader-less and in bounds
             _hint_columns(files, ext.files, ext.offsets, ext.nbytes)
         else:

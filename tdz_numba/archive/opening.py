@@ -167,10 +167,10 @@ def read_ahead_tdz(source: Source) -> int:
     >>> n >= 2 << 20
     True
     """
-    index = getattr(source, "index", None)
-    if not readahead_on():  # (off by default: no ranges gathered)
+    if not isinstance(source, TdzSource) or not readahead_on():  # (off by default: no ranges gathered)
         return 0
-    if not isinstance(source, TdzSource) or source.mode != "r" or getattr(index, "fetch", None) is not None:
+    index = getattr(source, "index", None)
+    if source.mode != "r" or getattr(index, "fetch", None) is not None:
         return 0
     buf = index.buffer  # type: ignore[union-attr]
     if buf is None or not buf.size:
