@@ -125,3 +125,36 @@ def test_heap_names_equal_one_by_one() -> None:
         assert heap_names(heap, np.array(pick, np.int64)) == want, (heap, pick)
         kinds.add(want is None)
     assert kinds == {True, False}
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_the_scan_reads_the_symbol_tables_addresses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, soft: bool
+) -> None:
+    """A plain old-style group hands the symbol table kernel's address column to the header scan
+    (no list made back into an array); one with a soft link hands the hard links' addresses and
+    the link's target: either way each dataset's header address is h5py's."""
+    from tdz_numba.formats import hdf5_walk
+
+    p = tmp_path / "links.h5"
+    with h5py.File(p, "w", libver="earliest") as f:
+        for i in range(40):
+            f.create_dataset(f"w{i:02d}", data=np.full(3, i, np.float32))
+        if soft:
+            f["zz"] = h5py.SoftLink("/w07")
+    with h5py.File(p, "r") as f:
+        headers = {k: h5py.h5o.get_info(f[k].id).addr for k in f.keys()}
+    want = _h5py_leaves(p)
+    seen: list[np.ndarray] = []
+    real = hdf5_walk.scan_datasets
+    monkeypatch.setattr(
+        hdf5_walk, "scan_datasets", lambda buf, arr, *a: seen.append(arr.copy()) or real(buf, arr, *a)
+    )
+    src = open_hdf5(p)
+    try:
+        _check_leaves(src, "", want, formats.to_tree(src))
+    finally:
+        src.close()
+    (arr,) = seen
+    order = [k for k in want if k != "zz"] + (["zz"] if soft else [])
+    assert arr.tolist() == [headers[k] for k in order]  # (the superblock's base address is 0 here)

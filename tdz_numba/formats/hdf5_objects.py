@@ -42,7 +42,16 @@ import numpy as np
 from ..errors import BadArchiveError
 from .hdf5_headers import STATUS_TEXT, header_messages, symbol_table
 
-__all__ = ["Layout", "Header", "Links", "SIGNATURE", "MAX_LINKS", "heap_names"]
+__all__ = [
+    "Layout",
+    "Header",
+    "Links",
+    "SIGNATURE",
+    "MAX_LINKS",
+    "FIRST_ROWS",
+    "first_capacity",
+    "heap_names",
+]
 
 #: The 8-byte HDF5 superblock signature (at offset 0, 512, 1024, 2048, ...).
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -81,6 +90,8 @@ class Links(NamedTuple):
     names: list[str]
     addrs: list[int]
     other: dict[str, tuple[str, Any]]
+    #: ``addrs`` as int64 where the symbol table kernel listed them (the walk's scan takes it as it is).
+    array: np.ndarray | None = None
 
     @classmethod
     def of(cls, items: list[tuple[str, str, Any]]) -> Links:
@@ -301,7 +312,7 @@ class Layout:
         if btree < 0 or btree >= self.size:
             raise self.bad(f"group {path!r}: B-tree address {btree} outside the file")
         bound = min(MAX_LINKS, self.size // (2 * self.osz + 24) + 1)
-        cap = min(bound, 1 << 12)  # (a larger group: the table grows 8x per try; 2 MiB at once cost ~15 us)
+        cap = first_capacity(len(heap), bound)  # (too small for a file of odd names: it grows 8x per try)
         while True:
             rows = np.empty((cap, 4), np.int64)
             got = int(symbol_table(self.buf, btree, self.base, self.osz, self.lsz, rows))
@@ -316,7 +327,8 @@ class Layout:
         names = heap_names(heap, rows[:, 0])
         if names is None:
             raise self.bad(f"group {path!r}: a name outside its local heap")
-        addrs = rows[:, 1].tolist()
+        column = rows[:, 1]
+        addrs = column.tolist()
         other: dict[str, tuple[str, Any]] = {}
         for i in np.flatnonzero((rows[:, 2] == 2) | (rows[:, 1] < 0)).tolist():
             name = names[i]
@@ -327,7 +339,23 @@ class Layout:
             if vend < 0:
                 raise self.bad(f"group {path!r}: soft link {name[:60]!r} outside its heap")
             other[name] = ("soft", heap[voff:vend].decode("utf-8", "surrogateescape"))
-        return Links(names, addrs, other)
+        return Links(names, addrs, other, column)
+
+
+#: Rows of the first symbol table tried whatever the heap's size (a larger one: 2 MiB at once cost ~15 us).
+FIRST_ROWS = 1 << 12
+
+
+def first_capacity(heap_len: int, bound: int) -> int:
+    """Rows of the first table :meth:`Layout._symbol_table` lists a group into: room for every link
+    of a group libhdf5 wrote (its local heap keeps each name 8-byte aligned after the empty name at
+    offset 0, so at most ``heap_len // 8`` names), at least :data:`FIRST_ROWS`, at most ``bound``;
+    one B-tree walk then lists the group (a table too small is walked again, 8x larger).
+
+    >>> first_capacity(64, 10**6), first_capacity(320_008, 10**6), first_capacity(320_008, 5000)
+    (4096, 40002, 5000)
+    """
+    return min(bound, max(FIRST_ROWS, heap_len // 8 + 1))
 
 
 def heap_names(heap: bytes, offs: np.ndarray) -> list[str] | None:

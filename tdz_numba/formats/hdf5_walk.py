@@ -337,7 +337,8 @@ class Walk:
                 if kind in ("soft", "external") and self.ctx.allow_external:
                     self._external(chain, name, node, prefix)
                 # otherwise another file (not followed) or a user-defined link: left out
-            if names and self._children(names, addrs, chain, resolved, node, prefix, visited, stack):
+            arr = links.array if names is links.names else None  # (every link hard: the kernel's column)
+            if names and self._children(names, addrs, chain, resolved, node, prefix, visited, stack, arr):
                 plain = False
             if not plain:
                 for k in [k for k, v in node.items() if v is _SKIP]:
@@ -354,13 +355,15 @@ class Walk:
         prefix: str,
         visited: set,
         stack: list,
+        array: np.ndarray | None = None,
     ) -> bool:
         """The nodes of the links ``names`` (at ``addrs``) of the group ``node``: datasets the
         kernel maps as specs made in one pass, the others one by one (:meth:`_others`). An empty
         ``node`` gets each name's place first (``_SKIP``, True returned) unless every link is such
-        a dataset; then ``node.columns`` holds the specs' columns (the bulk view path's checks)."""
+        a dataset; then ``node.columns`` holds the specs' columns (the bulk view path's checks).
+        ``array``: ``addrs`` as int64 when the caller has them so."""
         lay = self.lay
-        arr = np.array(addrs, np.int64) - lay.base
+        arr = (np.array(addrs, np.int64) if array is None else array) - lay.base
         out = np.empty((len(names), COLS), np.int64)
         scan_datasets(lay.buf, arr, lay.base, lay.osz, lay.lsz, out)
         if len(names) <= SMALL:  # row by row: the same specs, in the same order
@@ -373,7 +376,7 @@ class Walk:
         if placed:
             node.update(dict.fromkeys(names, _SKIP))  # each name's place, in h5py's order
         if fast.size:
-            rows = out[fast]
+            rows = out if fast.size == len(names) else out[fast]
             ranks = rows[:, 2]
             shapes: list[Any]
             if (ranks == ranks[0]).all():
