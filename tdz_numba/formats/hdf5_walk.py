@@ -401,7 +401,8 @@ class Walk:
             )
             specs = list(
                 map(
-                    _SPEC,  # TensorSpec(key, dtype, shape, None, 0, offset, nbytes, type name) in C
+                    tuple.__new__,  # TensorSpec(key, dtype, shape, None, 0, offset, nbytes, type name) in C
+                    repeat(TensorSpec, len(keys)),
                     zip(
                         keys,
                         dtypes,

@@ -50,7 +50,6 @@ import math
 import os
 import struct
 from collections.abc import Mapping
-from functools import partial
 from itertools import repeat
 from operator import eq
 from pathlib import Path
@@ -305,7 +304,6 @@ def _open(path: Path, index: ArchiveIndex) -> TreeSource:
     return flat_source("torch", path, tree, files=[f], metadata={}, meta=tree.meta)
 
 
-_new_spec = partial(tuple.__new__, TensorSpec)
 #: Pickles shorter than this (one or two tensors) go to the VM unless the kernels are forced: a
 #: tensor costs it ~14 us, the scan and bulk checks ~40 us however few (one-tensor load -7%).
 _SCAN_FROM = 300
@@ -370,7 +368,8 @@ def _bulk_tree(s: Any, index: ArchiveIndex, prefix: str, ctx: _Ctx) -> Level | N
     offsets, nbytes = (rec_offset + start).tolist(), (rec_bytes - start).tolist()
     made = list(
         map(
-            _new_spec,
+            tuple.__new__,  # (no partial call per row: see formats._flat)
+            repeat(TensorSpec, n),
             zip(
                 s.names,
                 dtypes,
