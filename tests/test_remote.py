@@ -304,13 +304,18 @@ def test_s3_upload_killed_process(s3, tmp_path):
     script.write_text(
         textwrap.dedent(f"""
         import time, torch
-        from tdz_numba.remote import write as remote_write
+        from tdz_numba.remote import upload as remote_upload, write as remote_write
         from tdz_numba.tdz.tree import flatten
         real = remote_write._write
         def slow(stream, data):
             time.sleep(0.05)
             return real(stream, data)
         remote_write._write = slow
+        real_close = remote_upload.MultipartStream.close
+        def held(self):  # the upload is never completed before the parent's kill (on a loaded
+            time.sleep(120)  # machine the parts could all land between its check and its kill)
+            return real_close(self)
+        remote_upload.MultipartStream.close = held
         remote_write.SLICE_BYTES = 1 << 20
         opts = {s3.storage_options!r}
         remote_write.save_remote(flatten({{"v": torch.randn(16 << 20)}}), {url!r},
