@@ -35,7 +35,6 @@ from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
 from .dtypes import dtype_table
 from .keys import _ENCODED, encode_key
 from .sources import Child
-from .specbulk import _RUNS_FROM, _made_in_runs
 from .tree import (
     FORMAT_VERSION,
     NON_TENSOR_DATA_TYPE,
@@ -46,6 +45,7 @@ from .tree import (
     Level,
     is_keyed,
 )
+from .viewruns import _RUNS_FROM, _made_in_runs
 
 __all__ = [
     "PlainLevel",
