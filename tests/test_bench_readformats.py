@@ -179,6 +179,27 @@ def test_ratios_and_tables_fit_100_columns():
         assert len(line) <= 100, line
 
 
+def test_cold_stalls_counts_rounds_over_the_cells_fastest():
+    res = _fake(
+        [
+            ("tdz", "cold", "tdz_numba", 300.0),
+            ("tdz", "cold", "ztensor", 290.0),
+            ("tdz", "cold", "own", 500.0),
+            ("safetensors", "cold", "tdz_numba", 300.0),
+            ("safetensors", "cold", "ztensor", 310.0),
+        ]
+    )
+    rows = {(r["format"], r["reader"]): r for r in res.rows}
+    rows[("tdz", "tdz_numba")]["runs_ms"] = [250.0, 800.0, 300.0, 376.0]  # 800 and 376 > 1.5 x 250
+    rows[("tdz", "ztensor")]["runs_ms"] = [290.0, 280.0, 1000.0]
+    rows[("tdz", "own")]["runs_ms"] = [500.0, 700.0]  # 700 < 750: not a stall
+    text = readformats.cold_stalls(res)
+    assert "small     tdz     2/4 / 1/3 / 0/2" in text
+    assert "safetensors" not in text  # one round each, none stalled: no row
+    assert text in readformats.report(res)
+    assert readformats.cold_stalls(_fake([("npz", "cold", "tdz_numba", 9.0)])) == ""
+
+
 def test_cli_quick_json_and_plot(tmp_path, capsys):
     pytest.importorskip("safetensors")
     png = tmp_path / "read.png"

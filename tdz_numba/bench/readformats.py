@@ -394,6 +394,35 @@ def per_tensor_table(res: ReadResult) -> str:
     return "\n".join(lines)
 
 
+#: A cold round slower than this many times its cell's fastest round counts as a stall (the
+#: disk's: on this machine's shared virtual disk a cold 512 MiB read takes ~0.25 s or ~0.6-1 s).
+STALL = 1.5
+
+
+def cold_stalls(res: ReadResult) -> str:
+    """Per (workload, format) of the cold mode: each reader's rounds slower than :data:`STALL`
+    times the fastest round of its cell, out of its rounds (``3/11``): how much a cold median
+    rests on the disk's stalls rather than on the reader ("" when no cell has one)."""
+    rows = []
+    for w, f in dict.fromkeys((r["workload"], r["format"]) for r in res.rows if r["mode"] == "cold"):
+        per = [_cell(res, w, f, rd, "cold") for rd in readers_of(f)]
+        runs = [c["runs_ms"] for c in per if c and c.get("runs_ms")]
+        if not any(max(v) > STALL * min(v) for v in runs):
+            continue
+        text = [
+            f"{sum(x > STALL * min(c['runs_ms']) for x in c['runs_ms'])}/{len(c['runs_ms'])}"
+            if c and c.get("runs_ms")
+            else "-"
+            for c in per
+        ]
+        rows.append([w, f, " / ".join(text)])
+    if not rows:
+        return ""
+    lines = [f"cold rounds over {STALL}x their cell's fastest (disk stalls; ours / zt / own)"]
+    lines += _grid(["workload", "format", "stalled rounds"], rows)
+    return "\n".join(lines)
+
+
 def report(res: ReadResult) -> str:
     """The whole text: context, the ms table, the ratio table, file sizes and notes."""
     lines = [
@@ -405,6 +434,9 @@ def report(res: ReadResult) -> str:
         "",
         per_tensor_table(res),
     ]
+    stalls = cold_stalls(res)
+    if stalls:
+        lines += ["", stalls]
     for w, sizes in res.file_bytes.items():
         text = ", ".join(f"{f} {n / res.nbytes[w]:.3f}x" for f, n in sizes.items())
         lines.append(f"{w} file size / payload: {text}")
