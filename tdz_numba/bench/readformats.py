@@ -62,6 +62,7 @@ __all__ = [
     "read_table",
     "ratio_table",
     "per_tensor_table",
+    "cold_stalls",
     "ratios",
     "plot_read",
     "main",
