@@ -1,4 +1,4 @@
-"""Unevenly spaced 1-D leaves made by one ``split_with_sizes`` per typed view (tdz/specbulk.py
+"""Unevenly spaced 1-D leaves made by one ``split_with_sizes`` per typed view (tdz/viewruns.py
 ``_made_split``): the steps of an HDF5 file's data blocks, which find no runs; every leaf is what
 ``tensor_from_spec`` makes (storage, offset, shape, strides) and has its own version counter."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tdz_numba.tdz import specbulk
+from tdz_numba.tdz import specbulk, viewruns
 from tdz_numba.tdz.sources import MappedFile, TensorSpec, tensor_from_spec
 from tdz_numba.tdz.specbulk import spec_views
 
@@ -35,8 +35,8 @@ def test_split_equals_one_by_one(tmp_path, monkeypatch, shuffle, overlap, shifts
     p = tmp_path / "raw.bin"
     p.write_bytes(np.arange((max(offsets) + 64) // 4, dtype=np.float32).tobytes())
     calls = []
-    real = specbulk._made_split
-    monkeypatch.setattr(specbulk, "_made_split", lambda *a: calls.append(got := real(*a)) or got)
+    real = viewruns._made_split
+    monkeypatch.setattr(viewruns, "_made_split", lambda *a: calls.append(got := real(*a)) or got)
     f = MappedFile.open(p)
     try:
         specs = [TensorSpec(f"k{i}", torch.float32, (6,), None, 0, o, 24) for i, o in enumerate(offsets)]
