@@ -406,16 +406,11 @@ def cold_stalls(res: ReadResult) -> str:
     rests on the disk's stalls rather than on the reader ("" when no cell has one)."""
     rows = []
     for w, f in dict.fromkeys((r["workload"], r["format"]) for r in res.rows if r["mode"] == "cold"):
-        per = [_cell(res, w, f, rd, "cold") for rd in readers_of(f)]
-        runs = [c["runs_ms"] for c in per if c and c.get("runs_ms")]
-        if not any(max(v) > STALL * min(v) for v in runs):
+        runs = [(_cell(res, w, f, rd, "cold") or {}).get("runs_ms") for rd in readers_of(f)]
+        stalled = [sum(x > STALL * min(v) for x in v) if v else None for v in runs]
+        if not any(stalled):
             continue
-        text = [
-            f"{sum(x > STALL * min(c['runs_ms']) for x in c['runs_ms'])}/{len(c['runs_ms'])}"
-            if c and c.get("runs_ms")
-            else "-"
-            for c in per
-        ]
+        text = [f"{k}/{len(v)}" if v else "-" for k, v in zip(stalled, runs)]
         rows.append([w, f, " / ".join(text)])
     if not rows:
         return ""
