@@ -381,8 +381,73 @@ def test_lazy_open_and_copy_keep_default_read_around(tmp_path):
 def test_whole_file_mappings_scope(tmp_path):
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(4 * PAGE))
+    forward = np.array([0, PAGE, 2 * PAGE], np.int64)
+    huge = hasattr(mmap, "MADV_HUGEPAGE")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        assert memory.advise_new_mapping(mm) is False
+        assert memory.advise_whole_file(mm, forward[::-1]) is False
+        assert memory.resident(mm, 0, 4 * PAGE) == 0.0  # outside a load: nothing read
         with memory.whole_file_mappings():
-            assert memory.advise_new_mapping(mm) is hasattr(mmap, "MADV_HUGEPAGE")
-        assert memory.advise_new_mapping(mm) is False
+            assert memory.whole_file_load()
+            assert memory.advise_whole_file(mm, forward) is huge
+            assert memory.resident(mm, 0, 4 * PAGE) == 0.0  # read forward: the faults stream
+            assert memory.advise_whole_file(None, forward) is False
+            if huge and memory._populate_supported():
+                assert memory.advise_whole_file(mm, forward[::-1]) is True  # backwards: read now
+                assert memory.resident(mm, 0, 4 * PAGE) == 1.0
+        assert not memory.whole_file_load()
+
+
+def test_in_file_order_counts_the_steps_back():
+    ahead = np.arange(0, 65 * 64, 64, dtype=np.int64)  # 65 leaves: 64 steps, 2 may go back
+    assert memory.in_file_order(ahead)
+    assert memory.in_file_order(ahead[:0]) and memory.in_file_order(ahead[:1])
+    two_back = ahead.copy()
+    two_back[[10, 40]] = 0  # two leaves sharing the first one's bytes (tied weights): 2 steps back
+    assert memory.in_file_order(two_back)
+    three_back = two_back.copy()
+    three_back[50] = 0
+    assert not memory.in_file_order(three_back)
+    assert not memory.in_file_order(np.array([64, 0], np.int64))  # one step, back
+    sizes = np.full(65, 64, np.int64)
+    sizes[[10, 40, 50]] = 0  # empty leaves: where they say they start is not read
+    assert memory.in_file_order(three_back, sizes)
+    rng = np.random.default_rng(0)
+    assert not memory.in_file_order(rng.permutation(ahead))
+
+
+def _present(address: int, nbytes: int) -> float:
+    """The share of the pages of ``[address, address + nbytes)`` mapped in this process."""
+    first, last = address // PAGE, (address + nbytes - 1) // PAGE
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(8 * first)
+        entries = np.frombuffer(f.read(8 * (last - first + 1)), np.uint64)
+    return float(np.count_nonzero(entries >> np.uint64(63))) / entries.size
+
+
+@needs_smaps
+@pytest.mark.parametrize("order", ["by_name", "reversed"])
+def test_load_reads_forward_files_it_lists_out_of_order(tmp_path, order):
+    """A .tdz's payloads lie by name (tensordict's order): a tree saved in another key order
+    is listed by a load in that order, which jumps back through the file: the load then reads
+    the file forward itself (its pages mapped when it returns); in order, the views fault in."""
+    names = [f"w{i:02d}" for i in range(12)]
+    if order == "reversed":
+        names = names[::-1]
+    tree = {k: torch.full((16384,), float(i)) for i, k in enumerate(names)}
+    path = tdz_numba.save(tree, tmp_path / "x.tdz")
+    read_now = order == "reversed" and memory._populate_supported()
+    back = tdz_numba.load(path)
+    assert list(back) == names
+    assert "hg" in _vm_flags(back[names[0]].data_ptr())
+    assert _present(back["w05"].data_ptr(), 65536) == (1.0 if read_now else 0.0)
+    assert all(torch.equal(back[k], tree[k]) for k in names)
+    h5py = pytest.importorskip("h5py")
+    h5 = tmp_path / "x.h5"
+    with h5py.File(h5, "w") as f:  # datasets in creation order, listed by name
+        for k in names:
+            f.create_dataset(k, data=tree[k].numpy())
+    other = tdz_numba.load(h5)
+    assert sorted(other) == list(other)
+    assert "hg" in _vm_flags(other["w00"].data_ptr())
+    assert _present(other["w05"].data_ptr(), 65536) == (1.0 if read_now else 0.0)
+    assert all(torch.equal(other[k], tree[k]) for k in names)

@@ -46,7 +46,7 @@ import torch
 
 from ..errors import BadArchiveError
 from ..files.copying import advise_huge_runs, copy_spans
-from ..files.memory import readahead, readahead_on
+from ..files.memory import advise_whole_file, readahead, readahead_on, whole_file_load
 from ..jit.policy import use_kernels
 from ..tdz.sources import Source, TensorSpec, make_present, own_views, tensor_from_spec
 from ..tdz.specbulk import plain_extents, views_and_extents
@@ -96,12 +96,44 @@ def spec_tensors(
     if any(map(is_, out, repeat(None))):
         for i in [i for i, t in enumerate(out) if t is None]:
             out[i] = tensor_from_spec(leaves[i], files, where=where, aligned=aligned)
-    if hint_ahead and readahead_on():  # (off by default: nothing to gather)
-        if ext is not None and ext.ok.all():  # every leaf STORED, loader-less and in bounds
-            _hint_columns(files, ext.files, ext.offsets, ext.nbytes)
-        else:
-            hint(source, leaves)
+    if out and whole_file_load():  # (a load's views: each file's mapping advised by its order)
+        ok = ext is not None and ext.ok.all()  # every leaf STORED, loader-less and in bounds
+        if (cols := (ext.files, ext.offsets, ext.nbytes) if ok else _leaf_columns(leaves)) is not None:
+            _advise_columns(files, *cols)
+            if hint_ahead:
+                _hint_columns(files, *cols)
+    elif hint_ahead and readahead_on():  # (off by default: nothing to gather)
+        hint(source, leaves)
     return out
+
+
+def _leaf_columns(leaves: list[TensorSpec]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The leaves' file index, offset and STORED bytes (0 for a leaf with a loader), as columns;
+    None where a claim is beyond int64 (the leaves then say what is wrong)."""
+    try:
+        n = len(leaves)
+        _, _, _, _, files_col, offsets, nbytes, _, _, _, _, loaders = zip(*leaves)  # the columns, in C
+        fidx = np.fromiter(files_col, np.int64, n)
+        off = np.fromiter(offsets, np.int64, n)
+        nb = np.fromiter(nbytes, np.int64, n)
+        if loaders.count(None) != n:
+            nb[np.fromiter(map(is_not, loaders, repeat(None)), bool, n)] = 0
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return fidx, off, nb
+
+
+def _advise_columns(files: list[Any], fidx: np.ndarray, off: np.ndarray, nb: np.ndarray) -> None:
+    """:func:`~tdz_numba.files.memory.advise_whole_file` of each mapped file with the leaves
+    in it, in their order (a directory of files: grouped by a stable sort, not a pass a file)."""
+    if len(files) == 1:
+        advise_whole_file(getattr(files[0], "_mmap", None), off, nb)
+        return
+    order = np.argsort(fidx, kind="stable")
+    ends = np.flatnonzero(np.diff(fidx[order])) + 1
+    for rows in np.split(order, ends):
+        if rows.size and 0 <= (i := int(fidx[rows[0]])) < len(files):
+            advise_whole_file(getattr(files[i], "_mmap", None), off[rows], nb[rows])
 
 
 def hint(source: Source, leaves: list[TensorSpec]) -> int:
@@ -111,17 +143,8 @@ def hint(source: Source, leaves: list[TensorSpec]) -> int:
     files = source.files
     if not leaves or not files or not readahead_on():  # (off by default: nothing to gather)
         return 0
-    try:
-        n = len(leaves)
-        _, _, _, _, files_col, offsets, nbytes, _, _, _, _, loaders = zip(*leaves)  # the columns, in C
-        fidx = np.fromiter(files_col, np.int64, n)
-        off = np.fromiter(offsets, np.int64, n)
-        nb = np.fromiter(nbytes, np.int64, n)
-        if loaders.count(None) != n:
-            nb[np.fromiter(map(is_not, loaders, repeat(None)), bool, n)] = 0
-    except (OverflowError, TypeError, ValueError):  # a claim beyond int64: the leaves say what is wrong
-        return 0
-    return _hint_columns(files, fidx, off, nb)
+    columns = _leaf_columns(leaves)
+    return 0 if columns is None else _hint_columns(files, *columns)
 
 
 def _hint_columns(files: list[Any], fidx: np.ndarray, off: np.ndarray, nb: np.ndarray) -> int:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from .. import formats
 from ..errors import InternalError, MissingKeyError, TdzError, UnsupportedError
 from ..files.memory import readahead, readahead_on, whole_file_mappings
+from ..tdz.plainlevel import advise_views
 from ..tdz.source import TdzSource, open_tdz
 from ..tdz.sources import Source, paused_gc
 from ..tdz.tree import Level
@@ -143,8 +144,11 @@ def load(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, nest: str |
         ar = open_archive(path, options, whole=True)
         try:
             tree = ar.to_dict(nest=nest)
-            if whole and options.dtype is None and options.device is None:
-                read_ahead_tdz(ar._state.source)  # (other formats: bulk.materialize hints)
+            source = ar._state.source
+            if whole and isinstance(source, TdzSource):  # (other formats: foreign.spec_tensors)
+                advise_views(source)
+                if options.dtype is None and options.device is None:
+                    read_ahead_tdz(source)
             return tree
         finally:
             ar.close()

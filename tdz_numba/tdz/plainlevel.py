@@ -23,11 +23,12 @@ True
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Any
 
 import numpy as np
 
+from ..files.memory import advise_whole_file
 from ..jit.policy import use_kernels
 from ..zipfmt.records import Col
 from . import sources as _sources
@@ -57,6 +58,7 @@ __all__ = [
     "plain_td_level",
     "scan_td_level",
     "quick_views",
+    "advise_views",
     "plain_children",
 ]
 
@@ -264,6 +266,35 @@ def quick_views(src: Any, plain: PlainLevel, prefix: str) -> Any:
     out = Level(meta=plain.fields)
     out.update(zip(keys, made))
     return out, []
+
+
+#: Views whose payloads :func:`advise_views` looks at, at most (evenly spaced: a sample of an
+#: order in the file is in order; of an order jumping back and forth, jumps too).
+ADVISE_SAMPLE = 4096
+
+
+def advise_views(src: Any) -> bool:
+    """:func:`~tdz_numba.files.memory.advise_whole_file` of a ``.tdz`` source's mapping with the
+    payloads of the views made so far, in the order they were made (a load's: its keys' order;
+    at most :data:`ADVISE_SAMPLE` of them); whether advice was given.
+
+    >>> import tempfile, pathlib, torch, tdz_numba
+    >>> from tdz_numba.tdz.source import open_tdz
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     src = open_tdz(tdz_numba.save({"a": torch.ones(4)}, pathlib.Path(d) / "x.tdz"))
+    ...     given = advise_views(src); src.close()
+    >>> given  # (no view made yet)
+    False
+    """
+    index, made = src.index, src._tensors
+    if not made:
+        return False
+    step = -(-len(made) // ADVISE_SAMPLE)
+    rows = np.fromiter(map(index._by_name.get, islice(made, 0, None, step), repeat(-1)), np.int64)
+    cols = index.columns[rows[rows >= 0]]
+    offsets = cols[:, Col.PAYLOAD_OFFSET]
+    known = offsets >= 0
+    return advise_whole_file(index.mapping, offsets[known], cols[known, Col.SIZE])
 
 
 def td_fields_ok(meta: dict[str, Any]) -> bool:

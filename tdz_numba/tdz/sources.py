@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..errors import BadArchiveError, InvalidArgumentError
-from ..files.memory import advise_new_mapping
 from .gcpause import paused_gc
 from .standins import _STAND_INS, make_present, mapped_as, stand_in_external
 
@@ -132,8 +131,6 @@ class MappedFile:
             mm = None
             if size:
                 mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY)
-                if not writable:  # (2 MiB folios inside files.memory.whole_file_mappings: a load)
-                    advise_new_mapping(mm)
         finally:
             os.close(fd)
         return cls(p, mm, size, writable)

@@ -36,7 +36,6 @@ from zlib import crc32
 import numpy as np
 
 from ..errors import BadArchiveError, ChecksumError
-from ..files.memory import advise_new_mapping
 from . import compression as codecs
 from . import eocd, members, records
 from .central import (
@@ -177,8 +176,6 @@ class ArchiveIndex:
             elif mapping is None or writable:
                 access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
                 mapping = mmap.mmap(fd, size, access=access)  # type: ignore[arg-type]
-                if not writable:  # (2 MiB folios inside files.memory.whole_file_mappings: a load)
-                    advise_new_mapping(mapping)
             self._map = mapping
         finally:
             if own:
@@ -232,7 +229,6 @@ class ArchiveIndex:
                     found=st.st_size,
                 )
             self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)  # type: ignore[arg-type]
-            advise_new_mapping(self._map)
         finally:
             self._drop_fd()
         return self._map
