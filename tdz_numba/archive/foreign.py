@@ -97,8 +97,11 @@ def spec_tensors(
         for i in [i for i, t in enumerate(out) if t is None]:
             out[i] = tensor_from_spec(leaves[i], files, where=where, aligned=aligned)
     if out and whole_file_load():  # (a load's views: each file's mapping advised by its order)
-        ok = ext is not None and ext.ok.all()  # every leaf STORED, loader-less and in bounds
-        if (cols := (ext.files, ext.offsets, ext.nbytes) if ok else _leaf_columns(leaves)) is not None:
+        if ext is not None and ext.ok.all():  # every leaf STORED, loader-less and in bounds
+            cols: tuple[np.ndarray, np.ndarray, np.ndarray] | None = ext.files, ext.offsets, ext.nbytes
+        else:
+            cols = _leaf_columns(leaves)
+        if cols is not None:
             _advise_columns(files, *cols)
             if hint_ahead:
                 _hint_columns(files, *cols)

@@ -151,9 +151,10 @@ def advise_whole_file(mm: mmap.mmap | None, offsets: np.ndarray, nbytes: np.ndar
         return False
     if in_file_order(offsets, nbytes):
         return advise_huge_mapping(mm)
-    if len(mm) > _physical_memory() // 2 or not _populate_supported() or not advise_huge_mapping(mm):
+    populate = _POPULATE_READ if _populate_supported() else None
+    if populate is None or len(mm) > _physical_memory() // 2 or not advise_huge_mapping(mm):
         return False
-    libc.madvise(_address(mm), len(mm), _POPULATE_READ)  # (False where a page cannot be read: the views say)
+    libc.madvise(_address(mm), len(mm), populate)  # (False where a page cannot be read: the views say)
     return True
 
 
