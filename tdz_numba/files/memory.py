@@ -79,14 +79,14 @@ class whole_file_mappings:  # noqa: N801 - a context manager used as a function 
     the file. Where they jump back and forth (tensordict's ``.tdz``: payloads by name, keys in
     save order; HDF5: datasets in creation order, keys by name), each jump would be a
     synchronous 2 MiB read, so the load reads the whole mapping itself first, forward
-    (``MADV_POPULATE_READ``), when the file is at most half this machine's memory. Measured
-    here on 512 MiB model-shaped files, cold, touched in key order (``tdz bench --read-formats``
-    rounds, medians of 7-9): files in key order (safetensors, ``.pt``, GGUF) in 260-323 ms with
-    the advice against 412-563 ms without; tensordict's ``.tdz`` of a model (keys out of file
-    order) 789 ms with the advice alone, 343-432 ms without it (and its pages then left in
-    4-16 KiB folios: a later mmap + touch of the file 20-30 ms, not 3-7), 248-264 ms read
-    forward first. Outside it nothing is advised: a lazy open that reads one small leaf cold
-    reads ``read_ahead_kb`` around it, not 2 MiB.
+    (``MADV_POPULATE_READ``), when the file is at most half this machine's memory and not mostly
+    cached already. Measured here on 512 MiB model-shaped files, cold, touched in key order
+    (``tdz bench --read-formats`` rounds, medians of 7-9): files in key order (safetensors,
+    ``.pt``, GGUF) in 260-323 ms with the advice against 412-563 ms without; tensordict's
+    ``.tdz`` of a model (keys out of file order) 789 ms with the advice alone, 343-432 ms
+    without it (and its pages then left in 4-16 KiB folios: a later mmap + touch of the file
+    20-30 ms, not 3-7), 248-264 ms read forward first. Outside it nothing is advised: a lazy
+    open that reads one small leaf cold reads ``read_ahead_kb`` around it, not 2 MiB.
 
     >>> with whole_file_mappings():
     ...     inside = _WHOLE_FILE.get()
@@ -132,13 +132,14 @@ def in_file_order(offsets: np.ndarray, nbytes: np.ndarray | None = None) -> bool
 
 
 def advise_whole_file(mm: mmap.mmap | None, offsets: np.ndarray, nbytes: np.ndarray | None = None) -> bool:
-    """Advises the read-only (or private) mapping ``mm`` of a whole file whose views a load
-    made, the leaves at ``offsets`` in the order it lists them (see :func:`whole_file_mappings`):
+    """Advises the read-only (or private) mapping ``mm`` of a whole file whose views a load made,
+    the leaves at ``offsets`` in the order it lists them (see :func:`whole_file_mappings`):
     inside :func:`whole_file_mappings`, ``MADV_HUGEPAGE``, and where the leaves are not
     :func:`in_file_order`, the whole mapping read now, forward (``MADV_POPULATE_READ``: a file
-    of at most half this machine's memory, on a kernel that has it; else no advice). Whether
-    advice was given (never outside it, nor where the platform has no such advice; a refusal
-    is not an error, and neither is a page the read cannot bring in).
+    of at most half this machine's memory, on a kernel that has it, else no advice; not where
+    most of it is cached already). Whether advice was given (never outside it, nor where the
+    platform has no such advice; a refusal is not an error, and neither is a page the read
+    cannot bring in).
 
     >>> import tempfile
     >>> with tempfile.TemporaryFile() as f:
@@ -154,8 +155,29 @@ def advise_whole_file(mm: mmap.mmap | None, offsets: np.ndarray, nbytes: np.ndar
     populate = _POPULATE_READ if _populate_supported() else None
     if populate is None or len(mm) > _physical_memory() // 2 or not advise_huge_mapping(mm):
         return False
-    libc.madvise(_address(mm), len(mm), populate)  # (False where a page cannot be read: the views say)
+    if not _mostly_cached(mm):  # (a cached file: the touches only map its pages, in any order)
+        libc.madvise(_address(mm), len(mm), populate)  # (False where a page cannot be read: the views say)
     return True
+
+
+#: Pages of a mapping :func:`_mostly_cached` asks about (evenly spaced: ~1 us each).
+CACHE_SAMPLE = 32
+
+
+def _mostly_cached(mm: mmap.mmap) -> bool:
+    """Whether at least half of :data:`CACHE_SAMPLE` pages spread over ``mm`` are in the page
+    cache (``mincore``; False where it fails, or where the kernel does not say for a file this
+    process may not write to: it then answers for this process's mapped pages only)."""
+    mincore = libc.function("mincore")
+    pages = len(mm) // PAGE_SIZE
+    if mincore is None or not pages:
+        return False
+    base, vec, found = _address(mm), (ctypes.c_ubyte * 1)(), 0
+    for page in np.linspace(0, pages - 1, min(CACHE_SAMPLE, pages)).astype(np.int64).tolist():
+        if mincore(ctypes.c_void_p(base + page * PAGE_SIZE), ctypes.c_size_t(PAGE_SIZE), vec) != 0:
+            return False
+        found += vec[0] & 1
+    return 2 * found >= min(CACHE_SAMPLE, pages)
 
 
 def _physical_memory() -> int:
