@@ -304,7 +304,7 @@ def load(
     file: views of a file whose leaves, in key order, lie in file order are read as they are
     touched (2 MiB at a fault); of a file that lists them out of order (HDF5's names, a
     tensordict ``.tdz`` saved in another key order) the load reads the file forward first
-    (see :func:`tdz_numba.files.memory.whole_file_mappings`). :func:`open` reads only what is used.
+    (see :func:`tdz_numba.files.loadadvice.whole_file_mappings`). :func:`open` reads only what is used.
 
     Parameters
     ----------

@@ -1,5 +1,5 @@
 """Reads that leave the page cache as they found it (files.pagecache), and loads whose mappings are
-advised for reading the whole file (files.memory.whole_file_mappings): behaviour, not timing."""
+advised for reading the whole file (files.loadadvice.whole_file_mappings): behaviour, not timing."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 import tdz_numba
 from tdz_numba.bench.harness import drop_cache
-from tdz_numba.files import memory, pagecache
+from tdz_numba.files import loadadvice, memory, pagecache
 from tdz_numba.zipfmt.index import ArchiveIndex
 
 PAGE = mmap.PAGESIZE
@@ -385,35 +385,35 @@ def test_whole_file_mappings_scope(tmp_path):
     huge = hasattr(mmap, "MADV_HUGEPAGE")
     _dropped_or_skip(path)  # (cached, the read now would be skipped)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        assert memory.advise_whole_file(mm, forward[::-1]) is False
+        assert loadadvice.advise_whole_file(mm, forward[::-1]) is False
         assert memory.resident(mm, 0, 4 * PAGE) == 0.0  # outside a load: nothing read
-        with memory.whole_file_mappings():
-            assert memory.whole_file_load()
-            assert memory.advise_whole_file(mm, forward) is huge
+        with loadadvice.whole_file_mappings():
+            assert loadadvice.whole_file_load()
+            assert loadadvice.advise_whole_file(mm, forward) is huge
             assert memory.resident(mm, 0, 4 * PAGE) == 0.0  # read forward: the faults stream
-            assert memory.advise_whole_file(None, forward) is False
+            assert loadadvice.advise_whole_file(None, forward) is False
             if huge and memory._populate_supported():
-                assert memory.advise_whole_file(mm, forward[::-1]) is True  # backwards: read now
+                assert loadadvice.advise_whole_file(mm, forward[::-1]) is True  # backwards: read now
                 assert memory.resident(mm, 0, 4 * PAGE) == 1.0
-        assert not memory.whole_file_load()
+        assert not loadadvice.whole_file_load()
 
 
 def test_in_file_order_counts_the_steps_back():
     ahead = np.arange(0, 65 * 64, 64, dtype=np.int64)  # 65 leaves: 64 steps, 2 may go back
-    assert memory.in_file_order(ahead)
-    assert memory.in_file_order(ahead[:0]) and memory.in_file_order(ahead[:1])
+    assert loadadvice.in_file_order(ahead)
+    assert loadadvice.in_file_order(ahead[:0]) and loadadvice.in_file_order(ahead[:1])
     two_back = ahead.copy()
     two_back[[10, 40]] = 0  # two leaves sharing the first one's bytes (tied weights): 2 steps back
-    assert memory.in_file_order(two_back)
+    assert loadadvice.in_file_order(two_back)
     three_back = two_back.copy()
     three_back[50] = 0
-    assert not memory.in_file_order(three_back)
-    assert not memory.in_file_order(np.array([64, 0], np.int64))  # one step, back
+    assert not loadadvice.in_file_order(three_back)
+    assert not loadadvice.in_file_order(np.array([64, 0], np.int64))  # one step, back
     sizes = np.full(65, 64, np.int64)
     sizes[[10, 40, 50]] = 0  # empty leaves: where they say they start is not read
-    assert memory.in_file_order(three_back, sizes)
+    assert loadadvice.in_file_order(three_back, sizes)
     rng = np.random.default_rng(0)
-    assert not memory.in_file_order(rng.permutation(ahead))
+    assert not loadadvice.in_file_order(rng.permutation(ahead))
 
 
 def _present(address: int, nbytes: int) -> float:

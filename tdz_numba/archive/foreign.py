@@ -46,7 +46,8 @@ import torch
 
 from ..errors import BadArchiveError
 from ..files.copying import advise_huge_runs, copy_spans
-from ..files.memory import advise_whole_file, readahead, readahead_on, whole_file_load
+from ..files.loadadvice import advise_whole_file, whole_file_load
+from ..files.memory import readahead, readahead_on
 from ..jit.policy import use_kernels
 from ..tdz.sources import Source, TensorSpec, make_present, own_views, tensor_from_spec
 from ..tdz.specbulk import plain_extents, views_and_extents
@@ -127,7 +128,7 @@ def _leaf_columns(leaves: list[TensorSpec]) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _advise_columns(files: list[Any], fidx: np.ndarray, off: np.ndarray, nb: np.ndarray) -> None:
-    """:func:`~tdz_numba.files.memory.advise_whole_file` of each mapped file with the leaves
+    """:func:`~tdz_numba.files.loadadvice.advise_whole_file` of each mapped file with the leaves
     in it, in their order (a directory of files: grouped by a stable sort, not a pass a file)."""
     if len(files) == 1:
         advise_whole_file(getattr(files[0], "_mmap", None), off, nb)

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from .. import formats
 from ..errors import InternalError, MissingKeyError, TdzError, UnsupportedError
-from ..files.memory import readahead, readahead_on, whole_file_mappings
+from ..files.loadadvice import whole_file_mappings
+from ..files.memory import readahead, readahead_on
 from ..tdz.plainlevel import advise_views
 from ..tdz.source import TdzSource, open_tdz
 from ..tdz.sources import Source, paused_gc
@@ -130,7 +131,7 @@ def load(path: str | os.PathLike, options: OpenOptions = DEFAULT, *, nest: str |
     """Loads a local file as nested dicts; see :func:`tdz_numba.load`.
 
     Views of a whole file opened ``mode="r"`` are read through mappings advised for reading
-    the whole file (:func:`~tdz_numba.files.memory.whole_file_mappings`: the page cache fills
+    the whole file (:func:`~tdz_numba.files.loadadvice.whole_file_mappings`: the page cache fills
     with 2 MiB folios, whatever order the tensors are first touched in), and, with
     ``TDZ_NUMBA_READAHEAD=1``, their bytes are read ahead in file order in the background
     (:func:`~tdz_numba.files.memory.readahead`; the load returns at once). ``copy=True`` copies

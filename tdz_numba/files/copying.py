@@ -135,7 +135,7 @@ def advise_source(mapping: mmap.mmap) -> None:
     """``MADV_HUGEPAGE`` on the file mapping a large copy reads: a cold read then fills the page
     cache with 2 MiB folios (not the 4-128 KiB of fault read-around, one synchronous read each:
     a cold 512 MiB ``.tdz`` copied ~2x slower than by ``preadv`` without it), and a warm one
-    maps them with one fault each (:func:`~tdz_numba.files.memory.advise_whole_file`'s advice,
+    maps them with one fault each (:func:`~tdz_numba.files.loadadvice.advise_whole_file`'s advice,
     which ``load(copy=True)`` mappings do not get)."""
     advise_huge_mapping(mapping)
 

@@ -18,7 +18,7 @@ cached piece costs one system call as before and nothing changes), then the miss
 ``POSIX_FADV_RANDOM`` on its descriptor (exactly the pages asked for, no read-ahead), and drops those
 pages again (``POSIX_FADV_DONTNEED`` on exactly the pages that were not cached before). The mapping's
 first fault there then reads them back with the rest of its block in large folios (with
-:func:`tdz_numba.files.memory.whole_file_mappings` around a load: 2 MiB folios in any touch order;
+:func:`tdz_numba.files.loadadvice.whole_file_mappings` around a load: 2 MiB folios in any touch order;
 either change alone left the warm touch at 15-21 ms there).
 :func:`cached` says which pages of a file are in the page cache (``mincore`` of a mapping never
 touched), for tests and diagnostics.

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..files.memory import advise_whole_file
+from ..files.loadadvice import advise_whole_file
 from ..jit.policy import use_kernels
 from ..zipfmt.records import Col
 from . import sources as _sources
@@ -274,7 +274,7 @@ ADVISE_SAMPLE = 4096
 
 
 def advise_views(src: Any) -> bool:
-    """:func:`~tdz_numba.files.memory.advise_whole_file` of a ``.tdz`` source's mapping with the
+    """:func:`~tdz_numba.files.loadadvice.advise_whole_file` of a ``.tdz`` source's mapping with the
     payloads of the views made so far, in the order they were made (a load's: its keys' order;
     at most :data:`ADVISE_SAMPLE` of them); whether advice was given.
 
