@@ -86,6 +86,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..errors import UnsupportedError
+from ..files.scanadvice import header_scan
 from ..tdz.sources import MappedFile, TreeSource
 from ._flat import flat_source
 from .hdf5_h5py import Ctx, Group, h5_string
@@ -210,11 +211,12 @@ def open_hdf5(path: str | os.PathLike, *, allow_external: bool = False, **kw: An
     try:
         lay = Layout.read(f.buffer, where)
         ctx = Ctx(None, Path(os.path.dirname(os.path.abspath(path))), where, allow_external)
-        walk = Walk(lay, f, ctx, os.fspath(path))
         collecting = gc.isenabled()
         gc.disable()  # tens of thousands of specs, no cycles: the collector's passes would cost more
         try:
-            root, metadata = walk.run()
+            with header_scan(f, in_load=False) as scan:  # (object headers far apart: their pages only)
+                walk = Walk(lay, f, ctx, os.fspath(path), scan)
+                root, metadata = walk.run()
             if root.columns is not None:  # one level of specs made in one pass (hdf5_walk)
                 made = flat_source(
                     "hdf5", path, root, files=[f], metadata=metadata, cls=HDF5Source, meta=root.meta

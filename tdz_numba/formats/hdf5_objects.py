@@ -113,6 +113,9 @@ class Layout:
         self.lsz = lsz
         self.root = root
         self.size = int(buf.size)
+        #: The open's :class:`~tdz_numba.files.scanadvice.header_scan` of the file, if any: a
+        #: group's symbol table nodes read page by page where its links are few for the file.
+        self.scan: Any = None
 
     # -- primitives ---------------------------------------------------------------------------------
     def bad(self, what: str) -> BadArchiveError:
@@ -309,6 +312,8 @@ class Layout:
 
     def _symbol_table(self, btree: int, heap_addr: int, path: str) -> Links:
         heap = self._local_heap(heap_addr, path)
+        if self.scan is not None:  # at most as many links as the heap holds strings
+            self.scan.decide(self.size / (_strings(heap) + 1))
         if btree < 0 or btree >= self.size:
             raise self.bad(f"group {path!r}: B-tree address {btree} outside the file")
         bound = min(MAX_LINKS, self.size // (2 * self.osz + 24) + 1)
@@ -340,6 +345,19 @@ class Layout:
                 raise self.bad(f"group {path!r}: soft link {name[:60]!r} outside its heap")
             other[name] = ("soft", heap[voff:vend].decode("utf-8", "surrogateescape"))
         return Links(names, addrs, other, column)
+
+
+def _strings(heap: bytes) -> int:
+    """How many NUL-ended runs of bytes ``heap`` holds (its names, and a few more for the
+    numbers of its free list).
+
+    >>> _strings(b"a\\0\\0\\0bc\\0\\0\\0\\0"), _strings(b"")
+    (2, 0)
+    """
+    a = np.frombuffer(heap, np.uint8)
+    if not a.size:
+        return 0
+    return int(np.count_nonzero((a[:-1] != 0) & (a[1:] == 0))) + int(a[-1] != 0)
 
 
 #: Rows of the first symbol table tried whatever the heap's size (a larger one: 2 MiB at once cost ~15 us).

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import BadArchiveError, TdzError
 from ..files.confine import MAX_SYMLINKS
+from ..files.scanadvice import header_scan, mean_spacing
 from ..tdz.sources import MAX_DEPTH, MappedFile, TensorSpec
 from ..tdz.specbulk import SpecColumns
 from .hdf5_attrs import read_attributes
@@ -128,9 +129,14 @@ def is_group(h: Header) -> bool:
 class Walk:
     """One file's walk: ``run()`` returns the root :class:`Group` (levels, specs, values)."""
 
-    def __init__(self, lay: Layout, f: MappedFile, ctx: Ctx, path: str) -> None:
+    def __init__(
+        self, lay: Layout, f: MappedFile, ctx: Ctx, path: str, scan: header_scan | None = None
+    ) -> None:
         self.lay = lay
         self.f = f
+        #: The open's :class:`~tdz_numba.files.scanadvice.header_scan` of ``f``: each group's
+        #: object headers read page by page where they lie far apart.
+        self.scan = lay.scan = scan
         self.ctx = ctx
         self.path = path
         self.where = ctx.where
@@ -364,6 +370,8 @@ class Walk:
         ``array``: ``addrs`` as int64 when the caller has them so."""
         lay = self.lay
         arr = (np.array(addrs, np.int64) if array is None else array) - lay.base
+        if self.scan is not None:
+            self.scan.decide(mean_spacing(arr, self.f.size))
         out = np.empty((len(names), COLS), np.int64)
         scan_datasets(lay.buf, arr, lay.base, lay.osz, lay.lsz, out)
         if len(names) <= SMALL:  # row by row: the same specs, in the same order

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
+from ..files.scanadvice import header_scan, mean_spacing
 from ..jit.policy import use_kernels
 from ..tdz.dtypes import from_numpy_dtype
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent
@@ -448,15 +449,17 @@ def open_npz(path: str | os.PathLike, *, index: ArchiveIndex | None = None, **op
     try:
         if f.size != index.size:
             raise BadArchiveError(f"{where}: the file changed while it was opened")
-        bulk = _bulk_npz(index, f, where)
-        tree: dict[str, TensorSpec] = bulk if bulk is not None else {}
-        for name in index.names if bulk is None else ():
-            if not name.endswith(".npy"):
-                continue  # a member that is not an array (numpy hands out its bytes): not a leaf
-            key, spec = member_spec(index, f, name, where)
-            if key in tree:
-                raise BadArchiveError(f"{where}: two members named {quote(name)}")
-            tree[key] = spec
+        with header_scan(f) as scan:  # (members far apart: only their .npy headers' pages read)
+            scan.decide(mean_spacing(index.table["header_offset"], f.size))
+            bulk = _bulk_npz(index, f, where)
+            tree: dict[str, TensorSpec] = bulk if bulk is not None else {}
+            for name in index.names if bulk is None else ():
+                if not name.endswith(".npy"):
+                    continue  # a member that is not an array (numpy hands out its bytes): not a leaf
+                key, spec = member_spec(index, f, name, where)
+                if key in tree:
+                    raise BadArchiveError(f"{where}: two members named {quote(name)}")
+                tree[key] = spec
     except BaseException:
         f.close()
         index.close()

@@ -55,6 +55,7 @@ import numpy as np
 
 from ..errors import BadArchiveError, UnsafeContentError, UnsupportedError
 from ..files.confine import MemberMissingError, map_inside
+from ..files.scanadvice import header_scan
 from ..tdz.sources import MappedFile, TensorSpec, TreeSource, check_extent, stand_in_external
 from ._common import as_tensor, no_gc, quote
 from ._flat import flat_source
@@ -141,10 +142,11 @@ def parse_model(
 
 
 def _parse_model(
-    buf: memoryview, where: str, compact: bool
+    buf: memoryview, where: str, compact: bool, scan: header_scan | None = None
 ) -> tuple[dict[str, Any], list[Any], Columns | None]:
     """:func:`parse_model`, a graph whose initializers are all compact handed as its
-    :class:`~tdz_numba.formats.onnx_bulk.Columns` (the third item; then no initializer in the list)."""
+    :class:`~tdz_numba.formats.onnx_bulk.Columns` (the third item; then no initializer in the list).
+    ``scan``: the open's :class:`~tdz_numba.files.scanadvice.header_scan` of ``buf``'s file."""
     info: dict[str, Any] = {
         "ir_version": 0,
         "producer_name": "",
@@ -184,7 +186,7 @@ def _parse_model(
                 info["metadata_props"][key] = value
             elif w == 2 and f == 7:
                 graphs += 1
-                g = compact_graph(buf, v[0], v[0] + v[1], True) if compact else None
+                g = compact_graph(buf, v[0], v[0] + v[1], True, scan) if compact else None
                 if (
                     g is not None
                     and entries + g[3] <= MAX_ENTRIES
@@ -198,6 +200,8 @@ def _parse_model(
                             info[field] = text(buf, span)
                     cols = g[2]  # (a second graph is refused below)
                     continue
+                if scan is not None and g is None:
+                    scan.decide(0.0)  # (the initializers' spacing unknown: the kernel's default)
                 for f2, w2, v2 in fields(buf, v[0], v[0] + v[1]):
                     entries += 1
                     if entries > MAX_ENTRIES:
@@ -402,11 +406,14 @@ def _open(path: str | os.PathLike, where: str, model_dir: Path, files: list[Mapp
     import torch
 
     buf = memoryview(files[0].buffer.data)
-    if _is_bare_tensor(buf):
-        metadata: dict[str, Any] = {}
-        inits: list[Any] = [parse_tensor(buf, where)]
+    with header_scan(files[0]) as scan:  # (initializers far apart: only their headers' pages read)
+        bare = _is_bare_tensor(buf)
+        if not bare:
+            metadata, inits, cols = _parse_model(buf, where, True, scan)
+    if bare:
+        metadata = {}
+        inits = [parse_tensor(buf, where)]
     else:
-        metadata, inits, cols = _parse_model(buf, where, True)
         kinds = set(map(type, inits)) | ({tuple} if cols is not None and cols.names else set())
         if kinds == {tuple}:
             dtypes = torch_dtypes(ONNX_DTYPES)

@@ -111,21 +111,25 @@ def compact_tensor(
 
 
 def compact_graph(
-    buf: memoryview, start: int, end: int, columns: bool = False
+    buf: memoryview, start: int, end: int, columns: bool = False, scan: Any = None
 ) -> tuple[Any, Any, Any, int] | None:
     """``(name span, doc_string span, compact initializers, field count)`` of the ``GraphProto`` in
     ``buf[start:end]`` (spans: ``(offset, length)`` or None), read in one tight loop; None when
     an initializer is not compact or a field is malformed (the general walker then reads it).
     The initializers: a list of :func:`compact_tensor` tuples, or with ``columns`` their
     :class:`Columns`. With the Numba kernels on, :func:`~tdz_numba.formats.onnx_scan.graph_columns`
-    reads it (the same result, in one compiled pass)."""
+    reads it (the same result, in one compiled pass), its first initializers read first to decide
+    ``scan`` (a :class:`~tdz_numba.files.scanadvice.header_scan`; without the kernels: the
+    kernel's default advice)."""
     if use_kernels((end - start) >> 12):
         from .onnx_scan import graph_columns  # imports Numba
 
-        got = graph_columns(buf, start, end)
+        got = graph_columns(buf, start, end, scan)
         if got is None or columns:
             return got
         return got[0], got[1], got[2].tuples(), got[3]
+    if scan is not None:
+        scan.decide(0.0)
     pos = start
     name = doc = None
     inits: list[Any] = []

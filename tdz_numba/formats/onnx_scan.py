@@ -168,14 +168,18 @@ def scan_graph(buf, start, end, cols, dims, names, max_ndim, out):  # pragma: no
     out[7] = at
 
 
-def graph_columns(buf: Any, start: int, end: int) -> tuple[Any, Any, Columns, int] | None:
+def graph_columns(buf: Any, start: int, end: int, scan: Any = None) -> tuple[Any, Any, Columns, int] | None:
     """What :func:`~tdz_numba.formats.onnx_bulk.compact_graph` returns with ``columns=True``,
     read by :func:`scan_graph`: the initializers as :class:`~tdz_numba.formats.onnx_bulk.Columns`
-    straight from the kernel's arrays (one shape object shared when every initializer has it)."""
+    straight from the kernel's arrays (one shape object shared when every initializer has it).
+    ``scan`` (a :class:`~tdz_numba.files.scanadvice.header_scan` reading page by page): decided
+    by the spacing of the first :data:`PROBE` initializers' data, read first."""
     arr = np.frombuffer(buf, np.uint8)
     arr.flags.writeable = False  # one compiled signature for every buffer
     size = end - start
     out = np.zeros(9, np.int64)
+    if scan is not None and scan.active:
+        scan.decide(_probe(arr, start, end, out))
     rows = size // 96 + 16  # an initializer of 10 KiB or more takes ~10 KiB: room for small ones too
     for _ in range(2):
         cols = np.empty((rows, NCOL), np.int64)
@@ -206,6 +210,24 @@ def graph_columns(buf: Any, start: int, end: int) -> tuple[Any, Any, Columns, in
     col = lambda j: np.ascontiguousarray(cols[:, j])  # noqa: E731 - not a view of the scan's rows
     inits = Columns(split, col(2), shapes, col(5), col(6), distinct)
     return span(out[3], out[4]), span(out[5], out[6]), inits, int(out[2])
+
+
+#: Initializers :func:`graph_columns` reads first to learn how far apart they lie.
+PROBE = 16
+
+
+def _probe(arr: np.ndarray, start: int, end: int, out: np.ndarray) -> float:
+    """Mean bytes from one initializer's data to the next over the first :data:`PROBE`
+    (:func:`scan_graph` stopped when its rows are full; fewer in the graph: its size, the
+    scan page by page being the cheaper)."""
+    cols = np.full((PROBE, NCOL), -1, np.int64)
+    dims = np.empty(PROBE * MAX_NDIM + MAX_NDIM, np.int64)
+    names = np.empty(min(end - start, 1 << 20) + 1, np.uint8)
+    scan_graph(arr, start, end, cols, dims, names, MAX_NDIM, out)
+    first, last = int(cols[0, 5]), int(cols[PROBE - 1, 5])
+    if out[0] != 2 or first < 0 or last < first:
+        return float(end - start)
+    return (last - first) / (PROBE - 1)
 
 
 def _shapes(
