@@ -212,3 +212,39 @@ def test_whole_file_load_of_hdf5_keeps_default_advice_while_scanning(tmp_path, m
     _scanner_spy(monkeypatch, "npz", seen)
     assert torch.equal(tdz_numba.load(npz)["layer03.weight"], back["layer03.weight"])
     assert seen and all(seen)  # (.npz, ONNX: their loads too)
+
+
+@needs_smaps
+@pytest.mark.parametrize("kernels", ["always", "never"])
+@pytest.mark.parametrize("apart", [1 << 20, 10 << 10])
+def test_onnx_scan_decides_from_its_first_initializers(tmp_path, monkeypatch, kernels, apart):
+    """More initializers than the probe: the first :data:`PROBE` read page by page, the rest as
+    their spacing says, with the kernel (probe, then the whole graph) and without (its twin)."""
+    pytest.importorskip("onnx")
+    from tdz_numba.formats import onnx_bulk, onnx_scan
+    from tdz_numba.jit import policy
+
+    n = -(-scanadvice.SMALL_FILE // apart) + 1
+    tensors = _tensors(n, apart // 4)
+    path = tmp_path / "m.onnx"
+    _write("onnx", tensors, path)
+    seen: list[bool] = []
+    mod, name = (onnx_scan, "scan_graph") if kernels == "always" else (onnx_bulk, "compact_tensor")
+    real = getattr(mod, name)
+
+    def spy(*args, **kw):
+        buf = args[0]
+        seen.append("rr" in _vm_flags(np.frombuffer(buf, np.uint8).ctypes.data))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(mod, name, spy)
+    with policy.forced(kernels), tdz_numba.open(path) as ar:
+        assert len(ar.keys()) == n
+        assert torch.equal(ar["layer05.weight"], torch.from_numpy(tensors["layer05.weight"]))
+    probe = onnx_bulk.PROBE
+    if kernels == "always":
+        assert seen[0] and len(seen) == 2  # the probe's 16 rows, then the whole graph
+        assert seen[1] is (apart >= scanadvice.SPARSE_SPACING)
+    else:
+        assert len(seen) == n and all(seen[:probe])
+        assert all(seen[probe:]) if apart >= scanadvice.SPARSE_SPACING else not any(seen[probe:])

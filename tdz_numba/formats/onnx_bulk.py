@@ -33,7 +33,19 @@ from ._flat import make_specs
 from ._shape import MAX_NDIM, check_shape
 from .onnx_wire import scan_varint
 
-__all__ = ["Columns", "compact_tensor", "compact_graph", "bulk_specs", "column_specs", "torch_dtypes"]
+__all__ = [
+    "Columns",
+    "PROBE",
+    "compact_tensor",
+    "compact_graph",
+    "bulk_specs",
+    "column_specs",
+    "torch_dtypes",
+]
+
+#: Initializers a graph's scan reads first (page by page) to learn how far apart they lie
+#: (:class:`~tdz_numba.files.scanadvice.header_scan`).
+PROBE = 16
 
 _LIMIT = 1 << 63
 
@@ -118,9 +130,9 @@ def compact_graph(
     an initializer is not compact or a field is malformed (the general walker then reads it).
     The initializers: a list of :func:`compact_tensor` tuples, or with ``columns`` their
     :class:`Columns`. With the Numba kernels on, :func:`~tdz_numba.formats.onnx_scan.graph_columns`
-    reads it (the same result, in one compiled pass), its first initializers read first to decide
-    ``scan`` (a :class:`~tdz_numba.files.scanadvice.header_scan`; without the kernels: the
-    kernel's default advice)."""
+    reads it (the same result, in one compiled pass). ``scan``: a
+    :class:`~tdz_numba.files.scanadvice.header_scan` of ``buf``'s file, decided by the spacing of
+    the first :data:`PROBE` initializers' data (fewer: left page by page)."""
     if use_kernels((end - start) >> 12):
         from .onnx_scan import graph_columns  # imports Numba
 
@@ -128,8 +140,8 @@ def compact_graph(
         if got is None or columns:
             return got
         return got[0], got[1], got[2].tuples(), got[3]
-    if scan is not None:
-        scan.decide(0.0)
+    probe = PROBE if scan is not None and scan.active else 0
+    first = -1
     pos = start
     name = doc = None
     inits: list[Any] = []
@@ -150,6 +162,12 @@ def compact_graph(
                 if t is None:
                     return None
                 inits.append(t)
+                if probe and t[3] >= 0:  # (t[3]: the raw_data offset)
+                    if first < 0:
+                        first = t[3]
+                    elif len(inits) == probe:
+                        scan.decide((t[3] - first) / (probe - 1))
+                        probe = 0
             elif field == 2:
                 name = (pos, n)
             elif field == 10:

@@ -27,7 +27,7 @@ from numba import njit
 
 from ..jit.presets import KERNEL
 from ._shape import MAX_NDIM
-from .onnx_bulk import Columns
+from .onnx_bulk import PROBE, Columns
 
 __all__ = ["scan_graph", "graph_columns", "compact_graph", "NCOL"]
 
@@ -210,10 +210,6 @@ def graph_columns(buf: Any, start: int, end: int, scan: Any = None) -> tuple[Any
     col = lambda j: np.ascontiguousarray(cols[:, j])  # noqa: E731 - not a view of the scan's rows
     inits = Columns(split, col(2), shapes, col(5), col(6), distinct)
     return span(out[3], out[4]), span(out[5], out[6]), inits, int(out[2])
-
-
-#: Initializers :func:`graph_columns` reads first to learn how far apart they lie.
-PROBE = 16
 
 
 def _probe(arr: np.ndarray, start: int, end: int, out: np.ndarray) -> float:
