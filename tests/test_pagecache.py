@@ -7,12 +7,12 @@ import errno
 import gc
 import mmap
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from smaps import vm_flags
 
 import tdz_numba
 from tdz_numba.bench.harness import drop_cache
@@ -334,17 +334,6 @@ def test_load_keeps_cached_header_pages(tmp_path):
     assert pagecache.cached(path, first, 30).all()
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of this process's mapping that holds ``address``."""
-    with open("/proc/self/smaps") as f:
-        text = f.read()
-    for m in re.finditer(r"^([0-9a-f]+)-([0-9a-f]+) [^\n]*\n((?:[A-Za-z_]+:[^\n]*\n)+)", text, re.M):
-        if int(m.group(1), 16) <= address < int(m.group(2), 16):
-            line = [ln for ln in m.group(3).splitlines() if ln.startswith("VmFlags:")]
-            return line[0].split()[1:] if line else []
-    raise AssertionError(f"no mapping holds {address:#x}")
-
-
 needs_smaps = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps") or not hasattr(mmap, "MADV_HUGEPAGE"),
     reason="Linux /proc/self/smaps and MADV_HUGEPAGE",
@@ -357,11 +346,11 @@ def test_load_views_map_for_the_whole_file(tmp_path):
 
     path, tree = _spaced_archive(tmp_path, n=3)
     back = tdz_numba.load(path)
-    assert "hg" in _vm_flags(back["w0"].data_ptr())  # a load: 2 MiB folios, any touch order
+    assert "hg" in vm_flags(back["w0"].data_ptr())  # a load: 2 MiB folios, any touch order
     st = tmp_path / "x.safetensors"
     save_file({"a": torch.ones(1000), "b": torch.zeros(64)}, str(st))
     other = tdz_numba.load(st)
-    assert "hg" in _vm_flags(other["a"].data_ptr())
+    assert "hg" in vm_flags(other["a"].data_ptr())
     assert torch.equal(other["a"], torch.ones(1000))
 
 
@@ -369,13 +358,13 @@ def test_load_views_map_for_the_whole_file(tmp_path):
 def test_lazy_open_and_copy_keep_default_read_around(tmp_path):
     path, tree = _spaced_archive(tmp_path, n=3)
     with tdz_numba.open(path) as ar:  # a lazy open reads a small part: the kernel's read-around
-        assert "hg" not in _vm_flags(ar["w1"].data_ptr())
+        assert "hg" not in vm_flags(ar["w1"].data_ptr())
     owned = tdz_numba.load(path, copy=True)
     assert torch.equal(owned["w2"], tree["w2"])
     shared = tdz_numba.load(path, mode="r+")
-    assert "hg" not in _vm_flags(shared["w0"].data_ptr())
+    assert "hg" not in vm_flags(shared["w0"].data_ptr())
     part = tdz_numba.load(path, keys=["w1"])  # a part of the file: the kernel's read-around
-    assert "hg" not in _vm_flags(part["w1"].data_ptr())
+    assert "hg" not in vm_flags(part["w1"].data_ptr())
 
 
 def test_whole_file_mappings_scope(tmp_path):
@@ -447,13 +436,13 @@ def test_load_reads_forward_files_it_lists_out_of_order(tmp_path, order):
     read_now = order == "reversed" and memory._populate_supported()
     for file, first in ((path, names[0]), (h5, "w00")):
         warm = tdz_numba.load(file)  # (just written: cached)
-        assert "hg" in _vm_flags(warm[first].data_ptr())
+        assert "hg" in vm_flags(warm[first].data_ptr())
         assert _present(warm["w05"].data_ptr(), 1 << 20) == 0.0
         del warm
         gc.collect()
         _dropped_or_skip(file)
         back = tdz_numba.load(file)
         assert list(back) == (names if file == path else sorted(names))
-        assert "hg" in _vm_flags(back[first].data_ptr())
+        assert "hg" in vm_flags(back[first].data_ptr())
         assert _present(back["w05"].data_ptr(), 1 << 20) == (1.0 if read_now else 0.0)
         assert all(torch.equal(back[k], tree[k]) for k in names)

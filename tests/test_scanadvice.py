@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from smaps import vm_flags
 
 import tdz_numba
 from tdz_numba.bench.harness import drop_cache
@@ -24,17 +24,6 @@ needs_smaps = pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps") or not hasattr(mmap, "MADV_RANDOM"),
     reason="Linux /proc/self/smaps and MADV_RANDOM",
 )
-
-
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of this process's mapping that holds ``address`` (``rr``: MADV_RANDOM)."""
-    with open("/proc/self/smaps") as f:
-        text = f.read()
-    for m in re.finditer(r"^([0-9a-f]+)-([0-9a-f]+) [^\n]*\n((?:[A-Za-z_]+:[^\n]*\n)+)", text, re.M):
-        if int(m.group(1), 16) <= address < int(m.group(2), 16):
-            line = [ln for ln in m.group(3).splitlines() if ln.startswith("VmFlags:")]
-            return line[0].split()[1:] if line else []
-    raise AssertionError(f"no mapping holds {address:#x}")
 
 
 def test_mean_spacing_against_sorted_gaps():
@@ -60,19 +49,19 @@ def test_header_scan_advises_large_files_until_it_learns_they_are_dense(tmp_path
     small = _mapped(tmp_path, scanadvice.SMALL_FILE - PAGE)
     try:
         at = big.buffer.ctypes.data
-        assert "rr" not in _vm_flags(at)
+        assert "rr" not in vm_flags(at)
         with scanadvice.header_scan(big) as scan:
-            assert scan.active and "rr" in _vm_flags(at)
+            assert scan.active and "rr" in vm_flags(at)
             scan.decide(scanadvice.SPARSE_SPACING - 1.0)  # dense: the default read-around
-            assert not scan.active and "rr" not in _vm_flags(at)
+            assert not scan.active and "rr" not in vm_flags(at)
             scan.decide(float(scanadvice.SPARSE_SPACING))
-            assert scan.active and "rr" in _vm_flags(at)
-        assert "rr" not in _vm_flags(at)  # the leaves' own reads: the default again
+            assert scan.active and "rr" in vm_flags(at)
+        assert "rr" not in vm_flags(at)  # the leaves' own reads: the default again
         with scanadvice.header_scan(small) as scan:  # read whole by the default in a few requests
-            assert not scan.active and "rr" not in _vm_flags(small.buffer.ctypes.data)
+            assert not scan.active and "rr" not in vm_flags(small.buffer.ctypes.data)
         with loadadvice.whole_file_mappings():
             with scanadvice.header_scan(big, in_load=False) as scan:
-                assert not scan.active and "rr" not in _vm_flags(at)
+                assert not scan.active and "rr" not in vm_flags(at)
             with scanadvice.header_scan(big) as scan:
                 assert scan.active
         big.remote = True  # (a remote file's mapping is its own anonymous memory: nothing to read)
@@ -143,7 +132,7 @@ def _scanner_spy(monkeypatch, fmt: str, seen: list[bool]) -> None:
 
     def spy(*args, **kw):
         buf = args[arg]
-        seen.append("rr" in _vm_flags(np.frombuffer(buf, np.uint8).ctypes.data))
+        seen.append("rr" in vm_flags(np.frombuffer(buf, np.uint8).ctypes.data))
         return real(*args, **kw)
 
     monkeypatch.setattr(mod, name, spy)
@@ -166,7 +155,7 @@ def test_lazy_open_of_far_apart_headers_reads_only_their_pages(tmp_path, monkeyp
         assert sorted(ar.keys()) == sorted(tensors)
         read = int(pagecache.cached(path, 0, size).sum())
         leaf = ar["layer07.weight"]
-        assert "rr" not in _vm_flags(leaf.data_ptr())  # the leaves' reads: the default read-around
+        assert "rr" not in vm_flags(leaf.data_ptr())  # the leaves' reads: the default read-around
         assert torch.equal(leaf, torch.from_numpy(tensors["layer07.weight"]))
     # the headers' pages and the file's ends, not read-around of each (the default here reads
     # read_ahead_kb, 128 KiB-8 MiB, around every header: 1.5-24 MiB of these 24)
@@ -234,7 +223,7 @@ def test_onnx_scan_decides_from_its_first_initializers(tmp_path, monkeypatch, ke
 
     def spy(*args, **kw):
         buf = args[0]
-        seen.append("rr" in _vm_flags(np.frombuffer(buf, np.uint8).ctypes.data))
+        seen.append("rr" in vm_flags(np.frombuffer(buf, np.uint8).ctypes.data))
         return real(*args, **kw)
 
     monkeypatch.setattr(mod, name, spy)
