@@ -62,7 +62,6 @@ class header_scan:  # noqa: N801 - a context manager used as a function
     against 349 without, medians of 9). Advice only: a kernel that refuses it changes nothing,
     and nothing raises.
 
-    >>> import tempfile
     >>> class F:  # a mapped file of 32 MiB
     ...     size = 32 << 20
     ...     _mmap = mmap.mmap(-1, size)
