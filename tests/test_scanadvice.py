@@ -237,3 +237,21 @@ def test_onnx_scan_decides_from_its_first_initializers(tmp_path, monkeypatch, ke
     else:
         assert len(seen) == n and all(seen[:probe])
         assert all(seen[probe:]) if apart >= scanadvice.SPARSE_SPACING else not any(seen[probe:])
+
+
+def test_heap_string_count_in_chunks_against_one_pass(monkeypatch):
+    """HDF5's estimate of a group's links (NUL-ended runs in its name heap), counted 1 MiB at a
+    time (the heap's size is the file's claim), against the obvious one-pass count."""
+    from tdz_numba.formats import hdf5_objects
+
+    def one_pass(heap: bytes) -> int:
+        a = np.frombuffer(heap, np.uint8)
+        return 0 if not a.size else int(np.count_nonzero((a[:-1] != 0) & (a[1:] == 0))) + int(a[-1] != 0)
+
+    rng = np.random.default_rng(7)
+    monkeypatch.setattr(hdf5_objects, "_CHUNK", 7)  # runs across many chunk edges
+    for n in [*range(0, 40), 63, 64, 65, 4097]:
+        for share in (0.1, 0.5, 0.9):
+            heap = ((rng.random(n) < share) * rng.integers(1, 256, n)).astype(np.uint8).tobytes()
+            assert hdf5_objects._strings(heap) == one_pass(heap), (n, share)
+    assert hdf5_objects._strings(b"name\0\0\0\0other\0\0\0") == 2
