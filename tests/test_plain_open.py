@@ -1,10 +1,12 @@
 """The lean open of a plain TensorDict level (tdz_numba.tdz.plainlevel.is_plain_td / plain_children,
 TdzSource.check_level): the same children, keys, shapes, dtypes and errors as the general path
 (tree.describe_level) on plain and non-plain levels, and nothing built before it is asked for;
-plain_td_level (check_level's one walk) as is_plain_td and plain_level on every level here."""
+plain_td_level (check_level's one walk) as is_plain_td and plain_level on every level here, and
+children_of_plain (a scanned level's children) as plain_children."""
 
 from __future__ import annotations
 
+import gc
 import json
 import zipfile
 from pathlib import Path
@@ -16,7 +18,13 @@ from hypothesis import strategies as st
 
 import tdz_numba
 from tdz_numba.errors import BadArchiveError
-from tdz_numba.tdz.plainlevel import is_plain_td, plain_children, plain_level, plain_td_level
+from tdz_numba.tdz.plainlevel import (
+    children_of_plain,
+    is_plain_td,
+    plain_children,
+    plain_level,
+    plain_td_level,
+)
 from tdz_numba.tdz.tree import TD_CLASS, TD_TYPE, describe_level
 
 NTD = "<class 'tensordict.tensorclass.NonTensorData'>"
@@ -62,6 +70,12 @@ def _check(meta, prefix="", names=()):
             assert type(a) is type(b) and type(a.leaf) is type(b.leaf)
             if a.leaf is not None:
                 assert type(a.leaf.shape) is tuple and type(a.leaf.nested) is bool
+        if lvl is not None:  # (a lazy open's children of a scanned level: from its columns)
+            cols = children_of_plain(lvl, prefix)
+            assert cols == got and list(cols) == list(got)
+            assert [tuple(map(type, c.leaf or ())) for c in cols.values()] == [
+                tuple(map(type, c.leaf or ())) for c in got.values()
+            ]
     return plain
 
 
@@ -239,6 +253,48 @@ def test_levels_of_saved_trees_as_the_general_path(tmp_path):
         assert {"", "sub/", "sub/deep/"} <= plain and "sub/text/" not in plain
         assert ar["sub/text"] == "hello" and ar["value"] == 3 and ar["nested"].is_nested
         assert ar.info("a").shape == (2, 3) and ar["odd key/x"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("kernels", ["always", "never"])
+def test_scanned_levels_listed_from_their_columns(tmp_path, monkeypatch, kernels):
+    # levels of >= SCAN_MIN bytes: with the kernels, check_level scans them (root at open, a
+    # sub-level when reached) and level() makes the children from the scan's columns, the same
+    # as the general path; without them, parsed and walked (plain_children) as before
+    from tdz_numba.jit import policy
+    from tdz_numba.tdz import source as source_mod
+    from tdz_numba.tdz.plainlevel import SCAN_MIN
+
+    tree = {f"w{i}": torch.full((i % 3 + 1,), float(i)) for i in range(80)}
+    tree["sub"] = {f"k{i}": torch.arange(i % 4, dtype=torch.int16) for i in range(60)} | {
+        "deep": {"z": torch.ones(2)}
+    }
+    p = tdz_numba.save(tree, tmp_path / "big.tdz")
+    with zipfile.ZipFile(p) as z:
+        names = set(z.namelist())
+        metas = {n[: -len("meta.json")]: json.loads(z.read(n)) for n in names if n.endswith("meta.json")}
+        assert len(z.read("meta.json")) >= SCAN_MIN and len(z.read("sub/meta.json")) >= SCAN_MIN
+    walked, collecting = [], []
+    real, columns = source_mod.plain_children, source_mod.children_of_plain
+
+    def spy(made, log):
+        return lambda *a: (log.append(a[1]), collecting.append(gc.isenabled()))[0] or made(*a)
+
+    monkeypatch.setattr(source_mod, "plain_children", spy(real, walked))
+    monkeypatch.setattr(source_mod, "children_of_plain", spy(columns, []))
+    with policy.forced(kernels), tdz_numba.open(p) as ar:
+        src = ar.source
+        for prefix in ("", "sub/", "sub/deep/"):
+            got = src.level(prefix)
+            assert (got.keyed, got.children, got.meta) == (
+                *_general(metas[prefix], prefix, names),
+                metas[prefix],
+            )
+            assert list(got.children) == [k for k, v in metas[prefix].items() if isinstance(v, dict)]
+        assert ar["w79"].tolist() == [79.0, 79.0] and ar["sub/k7"].tolist() == [0, 1, 2]
+        assert ar["sub/deep/z"].tolist() == [1.0, 1.0]
+    # (the small "sub/deep/" level is parsed and walked either way)
+    assert walked == (["sub/deep/"] if kernels == "always" else ["", "sub/", "sub/deep/"])
+    assert collecting == [False] * 3  # (the collector paused while a level's children are made)
 
 
 @pytest.mark.parametrize(

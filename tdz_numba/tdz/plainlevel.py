@@ -35,7 +35,7 @@ from . import sources as _sources
 from .bounds import MAX_NBYTES, parse_meta, shape_nbytes
 from .dtypes import dtype_table
 from .keys import _ENCODED, encode_key
-from .sources import Child
+from .sources import Child, leaf_view, own_views
 from .tree import (
     FORMAT_VERSION,
     NON_TENSOR_DATA_TYPE,
@@ -58,8 +58,10 @@ __all__ = [
     "plain_td_level",
     "scan_td_level",
     "quick_views",
+    "quick_leaves",
     "advise_views",
     "plain_children",
+    "children_of_plain",
 ]
 
 #: Bytes of a ``meta.json`` text from which :func:`scan_td_level` scans it (below: parsed, ~20 us at most).
@@ -271,6 +273,64 @@ def quick_views(src: Any, plain: PlainLevel, prefix: str) -> Any:
 #: Views whose payloads :func:`advise_views` looks at, at most (evenly spaced: a sample of an
 #: order in the file is in order; of an order jumping back and forth, jumps too).
 ADVISE_SAMPLE = 4096
+
+
+def quick_leaves(src: Any, plain: PlainLevel, prefix: str, tensors: bool) -> Any:
+    """The level as :meth:`TdzSource.quick_level <tdz_numba.tdz.source.TdzSource.quick_level>`
+    makes it leaf by leaf (a level with sub-levels, few leaves, or leaves :func:`quick_views`
+    does not take): its ``(level, subs)``, or None at the first leaf that is not a STORED entry
+    of its size at an aligned offset (the general path then names what is wrong)."""
+    index = src.index
+    by_name, cache = index._by_name, src._tensors
+    columns = src._columns
+    if columns is None or columns[0] is not index.columns:  # index rows as lists, once per parse
+        cols = index.columns
+        m, s, o = (cols[:, c].tolist() for c in (Col.METHOD, Col.SIZE, Col.PAYLOAD_OFFSET))
+        columns = src._columns = (cols, m, s, o)
+    _, methods, sizes, offsets = columns
+    kinds = src._kinds  # dtype name -> (itemsize, typed view of the mapping)
+    out = Level(meta=plain.fields)
+    subs: list[tuple[str, str]] = []
+    # each leaf its own tensor on the mapping's storage (own version counter): own_views
+    with own_views():
+        guarded = bool(_sources._GUARD)
+        for key, name, nbytes, dname, shape, strides in plain.items:
+            entry = prefix + name
+            if dname is None:  # a sub-level
+                if entry + "meta.json" not in by_name:
+                    return None
+                out[key] = None
+                subs.append((key, entry))
+                continue
+            t = cache.get(entry) if cache else None
+            if t is None:
+                itemsize, view = kinds.get(dname) or src._kind(dname)
+                row = by_name.get(entry)
+                if row is None:
+                    if nbytes:
+                        return None
+                    if tensors:  # tensordict writes no file for an empty leaf
+                        cache[entry] = view.new_empty(shape)
+                    out[key] = cache.get(entry)
+                    continue
+                if methods[row] or sizes[row] != nbytes:
+                    return None
+                offset = offsets[row]
+                if offset < 0:  # a part of the archive: its local header read now
+                    offset = index.payload_offset(row)
+                if offset % itemsize:
+                    return None
+                if not tensors:
+                    out[key] = None
+                    continue
+                t = (
+                    view.as_strided(shape, strides, offset // itemsize)
+                    if guarded
+                    else leaf_view(view, shape, strides, offset // itemsize)
+                )
+                cache[entry] = t
+            out[key] = t
+    return out, subs
 
 
 def advise_views(src: Any) -> bool:
@@ -488,3 +548,32 @@ def plain_children(meta: dict[str, Any], prefix: str) -> dict[str, Child]:
         )
         children[key] = new(Child, (key, "leaf", entry, spec))
     return children
+
+
+def children_of_plain(plain: PlainLevel, prefix: str) -> dict[str, Child]:
+    """:func:`plain_children` of the ``meta.json`` that ``plain`` was read from (the same
+    children, in the same order), made from its columns in one C-level pass per field: a lazy
+    open lists a 20,000-leaf level scanned by :func:`scan_td_level` without walking its JSON.
+
+    >>> lvl = plain_level({"x": {"dtype": "torch.int8", "shape": [3]}, "s": {"type": "TensorDict"}})
+    >>> kids = children_of_plain(lvl, "a/")
+    >>> kids["x"].leaf.entry, kids["x"].leaf.shape, kids["s"].path
+    ('a/x.memmap', (3,), 'a/s/')
+    """
+    new = tuple.__new__
+    if not plain.items:
+        return {}
+    keys, names, sizes, dnames, shapes, _strides = zip(*plain.items)
+    entries = [prefix + name for name in names] if prefix else names
+    n = len(keys)
+    if plain.subs:  # (levels and leaves mixed: one step each)
+        return {
+            key: new(Child, (key, "level", entry, None))
+            if size < 0
+            else new(Child, (key, "leaf", entry, new(LeafSpec, (key, entry, dname, shape, False, None))))
+            for key, entry, size, dname, shape in zip(keys, entries, sizes, dnames, shapes)
+        }
+    specs = map(
+        new, repeat(LeafSpec, n), zip(keys, entries, dnames, shapes, repeat(False, n), repeat(None, n))
+    )
+    return dict(zip(keys, map(new, repeat(Child, n), zip(keys, repeat("leaf", n), entries, specs))))
