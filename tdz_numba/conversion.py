@@ -36,6 +36,7 @@ import torch
 
 from .errors import InvalidArgumentError, InvalidTreeError, UnsupportedError
 from .files.memory import evict_span
+from .tdz.gcpause import paused_gc
 
 __all__ = ["convert", "write_safetensors", "jsonable", "tensordict_levels", "TENSORDICT_DTYPES", "WRITES"]
 
@@ -122,32 +123,33 @@ def convert(
         raise UnsupportedError(
             f"{dst}: safetensors output goes to a local file; convert to a .tdz URL instead"
         )
-    ar = api.open(src)
-    try:
-        if target == "safetensors":
-            return write_safetensors(ar, dst, sep=nest or ".", progress=progress)  # type: ignore[arg-type]
-        tree: Any = ar.to_dict()
-        if ar.format != "tdz":
-            tree = nest_flat(tree, nest) if nest is not None else tensordict_levels(tree)
-        _warn_tensordict_dtypes(tree, dst)
-        metadata = {str(k): jsonable(v) for k, v in (ar.metadata or {}).items()} or None
-        if ar.format != "tdz" and not remote_dst:
-            from .conversion_stream import write_streamed
+    with paused_gc():  # every leaf of the source, then as many entries: no cycles (see save)
+        ar = api.open(src)
+        try:
+            if target == "safetensors":
+                return write_safetensors(ar, dst, sep=nest or ".", progress=progress)  # type: ignore[arg-type]
+            tree: Any = ar.to_dict()
+            if ar.format != "tdz":
+                tree = nest_flat(tree, nest) if nest is not None else tensordict_levels(tree)
+            _warn_tensordict_dtypes(tree, dst)
+            metadata = {str(k): jsonable(v) for k, v in (ar.metadata or {}).items()} or None
+            if ar.format != "tdz" and not remote_dst:
+                from .conversion_stream import write_streamed
 
-            return write_streamed(
-                ar,
-                tree,
-                Path(dst),
-                compression=compression,
-                progress=progress,
-                metadata=metadata,
-                digest=digest,
+                return write_streamed(
+                    ar,
+                    tree,
+                    Path(dst),
+                    compression=compression,
+                    progress=progress,
+                    metadata=metadata,
+                    digest=digest,
+                )
+            return saving.save(
+                tree, dst, compression=compression, progress=progress, metadata=metadata, digest=digest
             )
-        return saving.save(
-            tree, dst, compression=compression, progress=progress, metadata=metadata, digest=digest
-        )
-    finally:
-        ar.close()
+        finally:
+            ar.close()
 
 
 def tensordict_levels(tree: Any) -> Any:

@@ -32,6 +32,7 @@ from typing import Any
 
 from .errors import ArchiveExistsError, InvalidArgumentError, InvalidTreeError
 from .files.paths import as_local_path, user_errors
+from .tdz.gcpause import paused_gc
 from .tdz.tdcompat import converter as tdcompat_converter
 from .tdz.tree import RESERVED_FIELDS, _json, class_name, decode_key, encode_key, flatten, is_keyed
 from .zipfmt import grow as _grow
@@ -384,7 +385,7 @@ def append(
     keys = _subpath_keys(subpath)
     for k in reversed(keys):
         tree = {k: tree}
-    with user_errors(path, action="append to"):
+    with user_errors(path, action="append to"), paused_gc():  # (many entries, no cycles: see save)
         target = as_local_path(path).resolve()
         label = str(path)
         entries = flatten(tree, convert=tdcompat_converter())
