@@ -433,3 +433,39 @@ def test_iteration_makes_leaves_in_batches_and_keeps_order(tmp_path, monkeypatch
     calls.clear()
     assert [k for k, _ in ar.items()] == ["a", "v", "sub", "z"] and list(ar.values())[1] == 5
     assert calls == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("how", ["stored", "deflate", "copy"])
+def test_tdz_iteration_in_batches_where_it_holds_no_memory(tmp_path, monkeypatch, how):
+    # a .tdz of STORED entries read as views is iterated in batches (its local headers read in
+    # one pass first); compressed, or copied, each leaf is made on access (a batch would inflate
+    # or copy BATCH leaves at once); the same keys, values and order either way
+    from tdz_numba.archive import leafiter
+    from tdz_numba.tdz.source import TdzSource
+
+    monkeypatch.setattr(leafiter, "BATCH", 16)
+    batches, resolved = [], []
+    real_tensors, real_resolve = TdzSource.tensors, TdzSource.resolve
+    monkeypatch.setattr(
+        TdzSource, "tensors", lambda self, leaves: batches.append(len(leaves)) or real_tensors(self, leaves)
+    )
+    monkeypatch.setattr(
+        TdzSource, "resolve", lambda self, leaves: resolved.append(len(leaves)) or real_resolve(self, leaves)
+    )
+    tree = {f"w{i:02d}": torch.arange(i % 5 + 1, dtype=torch.float32) + i for i in range(40)}
+    tree["sub"] = {"x": torch.ones(3, dtype=torch.int16), "t": "text"}
+    kw = {"compression": "deflate"} if how == "deflate" else {}
+    p = tdz_numba.save(tree, tmp_path / "b.tdz", **kw)
+    with tdz_numba.open(p, copy=how == "copy") as ar:
+        items = list(ar.items())
+        leaves = list(ar.iter_leaves())
+        assert ar.source.index.local_checked is (how == "stored")
+        assert items[-1][1]["t"] == "text"
+    assert [k for k, _ in items] == [*tree] and [k for k, _ in leaves] == [*list(tree)[:40], "sub/x"]
+    for k, t in items[:40]:
+        assert torch.equal(t, tree[k])
+    assert torch.equal(leaves[-1][1], tree["sub"]["x"])
+    if how == "stored":
+        assert resolved == [40, 40] and batches[:3] == [16, 16, 8]
+    else:
+        assert resolved == [] and set(batches) <= {1}

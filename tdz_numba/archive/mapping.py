@@ -271,11 +271,11 @@ class Archive(LeafMemory, Mapping):
         return LevelItems(self)
 
     def _pairs(self) -> Iterator[tuple[str, Any]]:
-        """``(key, value)`` of this level in order; the leaves of a file of another format
-        than ``.tdz`` made in batches (:mod:`~tdz_numba.archive.leafiter`)."""
-        if not hasattr(self._state.source, "tensors"):
-            from .leafiter import level_pairs
+        """``(key, value)`` of this level in order; the leaves made in batches where
+        :func:`~tdz_numba.archive.leafiter.batched` says so."""
+        from .leafiter import batched, level_pairs
 
+        if batched(self):
             return level_pairs(self)
         return ((key, self._value(child)) for key, child in self._level()[1].items())
 
@@ -542,12 +542,12 @@ class Archive(LeafMemory, Mapping):
         ...         print([(k, t.shape[0]) for k, t in ar.iter_leaves()])
         [('a/b', 1), ('c', 2)]
         """
-        if not hasattr(self._state.source, "tensors"):  # other formats: leaves made in batches
-            from .leafiter import leaf_pairs
+        from .leafiter import batched, leaf_pairs
 
+        if batched(self):  # leaves made in batches
             yield from leaf_pairs(self)
             return
-        from ..tdz.bounds import walk_leaves  # .tdz: leaves made (and cached) on access
+        from ..tdz.bounds import walk_leaves  # (a compressed .tdz, or copies: made (and cached) on access)
 
         pairs = walk_leaves(
             self,

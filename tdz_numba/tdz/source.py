@@ -437,6 +437,11 @@ class TdzSource(Source):
     def has_compressed(self) -> bool:
         return bool((self.index.table["method"] != records.STORED).any())
 
+    def resolve(self, leaves: list[LeafSpec]) -> None:
+        """Reads the local headers of the leaves' entries that are still unread, in one kernel
+        pass when they are most of the archive (an iteration over them, made in batches)."""
+        self._payloads(leaves)
+
     def prefetch(self, leaves: list[LeafSpec]) -> None:
         """Inflates every DEFLATE leaf of ``leaves`` in one parallel batch."""
         index = self.index
