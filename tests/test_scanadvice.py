@@ -255,3 +255,43 @@ def test_heap_string_count_in_chunks_against_one_pass(monkeypatch):
             heap = ((rng.random(n) < share) * rng.integers(1, 256, n)).astype(np.uint8).tobytes()
             assert hdf5_objects._strings(heap) == one_pass(heap), (n, share)
     assert hdf5_objects._strings(b"name\0\0\0\0other\0\0\0") == 2
+
+
+@needs_smaps
+def test_pages_only_advises_the_range_and_gives_the_default_back():
+    mm = mmap.mmap(-1, 64 * PAGE)
+    base = np.frombuffer(mm, np.uint8).ctypes.data
+    with scanadvice.pages_only(mm, 10 * PAGE + 5, 12 * PAGE + 1):  # pages 10-12
+        assert "rr" in vm_flags(base + 10 * PAGE) and "rr" in vm_flags(base + 12 * PAGE)
+        assert "rr" not in vm_flags(base + 9 * PAGE) and "rr" not in vm_flags(base + 13 * PAGE)
+    assert "rr" not in vm_flags(base + 11 * PAGE)
+    with scanadvice.pages_only(mm, 63 * PAGE, 80 * PAGE):  # (clipped to the mapping)
+        assert "rr" in vm_flags(base + 63 * PAGE)
+    with scanadvice.pages_only(None, 0, PAGE):
+        pass
+    del base
+    mm.close()
+    with scanadvice.pages_only(mm, 0, PAGE):  # (closed: nothing raises)
+        pass
+
+
+@needs_smaps
+def test_lazy_info_of_far_apart_tdz_entries_reads_only_their_headers(tmp_path):
+    # a .tdz opened lazily reads a leaf's local header when asked for its info: through a page
+    # fault that, by default, reads read_ahead_kb around it (tdz tree of a cold 512 MiB model:
+    # 373 MiB); entries >= SPARSE_SPACING apart: the header's pages only
+    tensors = {f"layer{i:02d}.weight": np.full(1 << 19, i, np.float32) for i in range(LEAVES)}  # 2 MiB apart
+    path = tdz_numba.save(tensors, tmp_path / "m.tdz")
+    size = path.stat().st_size
+    assert size // (LEAVES + 1) >= scanadvice.SPARSE_SPACING
+    drop_cache(path)
+    if pagecache.cached(path, 0, size).any():
+        pytest.skip("this file system keeps the file's pages cached after POSIX_FADV_DONTNEED")
+    with tdz_numba.open(path) as ar:
+        infos = [ar.info(k) for k in ar.keys()]
+        read = int(pagecache.cached(path, 0, size).sum())
+        assert [i.offset % 64 for i in infos] == [0] * LEAVES and all(i.zero_copy for i in infos)
+        leaf = ar["layer07.weight"]
+        assert "rr" not in vm_flags(leaf.data_ptr())  # the leaves' reads: the default read-around
+        assert torch.equal(leaf, torch.from_numpy(tensors["layer07.weight"]))
+    assert read * PAGE <= (512 << 10), f"the listing read {read * PAGE >> 10} KiB"

@@ -23,7 +23,7 @@ import numpy as np
 
 from .loadadvice import whole_file_load
 
-__all__ = ["SPARSE_SPACING", "SMALL_FILE", "header_scan", "mean_spacing"]
+__all__ = ["SPARSE_SPACING", "SMALL_FILE", "header_scan", "mean_spacing", "pages_only"]
 
 #: Mean bytes from one header to the next from which a scan reads only the pages it touches.
 #: Measured here, cold lazy opens of ``.npz`` files of 200 MiB (``read_ahead_kb`` 8192, ~100 us
@@ -106,3 +106,43 @@ class header_scan:  # noqa: N801 - a context manager used as a function
             self._mm = None
             return
         self.active = random
+
+
+class pages_only:  # noqa: N801 - a context manager used as a function
+    """Inside it, a fault on the pages of bytes ``[start, stop)`` of the mapping ``mm`` reads only
+    the page it touches (``MADV_RANDOM`` on those pages; ``MADV_NORMAL`` again on exit): one
+    header read far from the others (a zip local header when an archive's entries lie at least
+    :data:`SPARSE_SPACING` apart), without ``read_ahead_kb`` around it. ``tdz tree`` of a cold
+    512 MiB model read 373 MiB of it through its 146 headers' faults; 0.4 MiB so. A page in the
+    cache costs nothing more; advice only: ``mm`` None, closed or refusing it changes nothing.
+
+    >>> mm = mmap.mmap(-1, 1 << 20)
+    >>> with pages_only(mm, 5000, 5100):
+    ...     mm[5000]
+    0
+    """
+
+    __slots__ = ("_mm", "_start", "_length")
+
+    def __init__(self, mm: mmap.mmap | None, start: int, stop: int) -> None:
+        page = mmap.PAGESIZE
+        self._start = max(0, start) // page * page
+        self._mm = mm
+        try:
+            self._length = min(stop, len(mm)) - self._start if mm is not None else 0
+        except ValueError:  # (closed)
+            self._length = 0
+
+    def __enter__(self) -> None:
+        self._advise(mmap.MADV_RANDOM)
+
+    def __exit__(self, *exc: object) -> None:
+        self._advise(mmap.MADV_NORMAL)
+
+    def _advise(self, advice: int) -> None:
+        if self._mm is None or self._length <= 0:
+            return
+        try:
+            self._mm.madvise(advice, self._start, self._length)
+        except (OSError, ValueError, AttributeError):  # (closed, or a platform without the advice)
+            self._mm = None

@@ -36,6 +36,7 @@ from zlib import crc32
 import numpy as np
 
 from ..errors import BadArchiveError, ChecksumError
+from ..files.scanadvice import SPARSE_SPACING, pages_only
 from . import compression as codecs
 from . import eocd, members, records
 from .central import (
@@ -395,7 +396,8 @@ class ArchiveIndex:
             offset = row[Col.PAYLOAD_OFFSET]
             if offset >= 0:
                 return offset
-            found = resolve_small(self._mmap, row, self.end.cd_offset)
+            with self._header_pages(row[Col.HEADER_OFFSET], row[Col.NAME_LEN]):
+                found = resolve_small(self._mmap, row, self.end.cd_offset)
             if found is not None:
                 row[Col.PAYLOAD_OFFSET], row[Col.LOCAL_EXTRA_LEN] = found
                 if self._rows is not None:
@@ -408,10 +410,19 @@ class ArchiveIndex:
             return offset
         from .kernels.dispatch import resolve_local  # the kernel or its twin
 
-        self._raise_status(resolve_local(self.buffer, cols, i, self.end.cd_offset))
+        buf = self.buffer
+        with self._header_pages(int(cols[i, Col.HEADER_OFFSET]), int(cols[i, Col.NAME_LEN])):
+            status = resolve_local(buf, cols, i, self.end.cd_offset)
+        self._raise_status(status)
         if self._rows is not None:  # the cached rows see the filled-in local header
             self._rows[i] = tuple.__new__(IndexRow, cols[i].tolist())  # type: ignore[arg-type]
         return int(cols[i, Col.PAYLOAD_OFFSET])
+
+    def _header_pages(self, offset: int, name_len: int) -> pages_only:
+        """The advice while one local header is read: its pages only where the archive's entries
+        lie far apart (:class:`~tdz_numba.files.scanadvice.pages_only`), else none."""
+        far = self.size // max(1, self.end.count) >= SPARSE_SPACING
+        return pages_only(self._mmap if far else None, offset, offset + 30 + name_len + 0xFFFF)
 
     def row_at(self, i: int) -> IndexRow:
         """Row ``i`` of :attr:`table` as an :class:`~tdz_numba.zipfmt.records.IndexRow`
