@@ -422,7 +422,8 @@ class ArchiveIndex:
         """The advice while one local header is read: its pages only where the archive's entries
         lie far apart (:class:`~tdz_numba.files.scanadvice.pages_only`), else none."""
         far = self.size // max(1, self.end.count) >= SPARSE_SPACING
-        return pages_only(self._mmap if far else None, offset, offset + 30 + name_len + 0xFFFF)
+        stop = offset + int(records.Local.SIZEOF) + name_len + 0xFFFF  # (the extra field's most)
+        return pages_only(self._mmap if far else None, offset, stop)
 
     def row_at(self, i: int) -> IndexRow:
         """Row ``i`` of :attr:`table` as an :class:`~tdz_numba.zipfmt.records.IndexRow`
