@@ -48,9 +48,12 @@ def batched(node: Any) -> bool:
     source = state.source
     if not hasattr(source, "tensors"):
         return True
-    if state.copy or state.dtype is not None or state.device is not None:
-        return False
-    return not source.has_compressed()
+    return not _heavy(state) and not source.has_compressed()
+
+
+def _heavy(state: Any) -> bool:
+    """Whether leaves are copied, cast or moved (each then owns memory)."""
+    return bool(state.copy or state.device is not None or state.dtype is not None)
 
 
 def _made(node: Any, names: list[str], leaves: list[Any]) -> Iterator[tuple[str, Any]]:
@@ -58,7 +61,7 @@ def _made(node: Any, names: list[str], leaves: list[Any]) -> Iterator[tuple[str,
     from .bulk import materialize
 
     state = node._state
-    heavy = state.copy or state.device is not None or state.dtype is not None
+    heavy = _heavy(state)
     n = len(leaves)
     resolve = getattr(state.source, "resolve", None)  # (a .tdz: its local headers in one pass)
     if resolve is not None and n > BATCH:
