@@ -16,6 +16,7 @@ from contextvars import ContextVar
 import numpy as np
 
 from . import libc
+from .mapahead import map_ahead, map_ahead_on
 from .memory import _POPULATE_READ, PAGE_SIZE, _address, _populate_supported, advise_huge_mapping
 
 __all__ = [
@@ -98,9 +99,11 @@ def advise_whole_file(mm: mmap.mmap | None, offsets: np.ndarray, nbytes: np.ndar
     inside :func:`whole_file_mappings`, ``MADV_HUGEPAGE``, and where the leaves are not
     :func:`in_file_order`, the whole mapping read now, forward (``MADV_POPULATE_READ``: a file
     of at most half this machine's memory, on a kernel that has it, else no advice; not where
-    most of it is cached already). Whether advice was given (never outside it, nor where the
-    platform has no such advice; a refusal is not an error, and neither is a page the read
-    cannot bring in).
+    most of it is cached already). A file whose sampled pages are all cached is read in no
+    order: its pages are mapped ahead by another core instead
+    (:func:`~tdz_numba.files.mapahead.map_ahead`, files of 16 MiB or more). Whether advice was
+    given (never outside it, nor where the platform has no such advice; a refusal is not an
+    error, and neither is a page the read cannot bring in).
 
     >>> import tempfile
     >>> with tempfile.TemporaryFile() as f:
@@ -111,8 +114,12 @@ def advise_whole_file(mm: mmap.mmap | None, offsets: np.ndarray, nbytes: np.ndar
     """
     if mm is None or not whole_file_load():
         return False
-    if in_file_order(offsets, nbytes):
-        return advise_huge_mapping(mm)
+    cached = map_ahead_on(len(mm)) and _cached_share(mm) == 1.0  # (every sampled page)
+    if cached or in_file_order(offsets, nbytes):
+        advised = advise_huge_mapping(mm)
+        if cached:  # the faults of the caller's first touches taken on another core
+            map_ahead(mm)
+        return advised
     populate = _POPULATE_READ if _populate_supported() else None
     if populate is None or len(mm) > _physical_memory() // 2 or not advise_huge_mapping(mm):
         return False
@@ -127,18 +134,25 @@ CACHE_SAMPLE = 32
 
 def _mostly_cached(mm: mmap.mmap) -> bool:
     """Whether at least half of :data:`CACHE_SAMPLE` pages spread over ``mm`` are in the page
-    cache (``mincore``; False where it fails, or where the kernel does not say for a file this
-    process may not write to: it then answers for this process's mapped pages only)."""
+    cache (see :func:`_cached_share`)."""
+    return _cached_share(mm) >= 0.5
+
+
+def _cached_share(mm: mmap.mmap) -> float:
+    """The share of :data:`CACHE_SAMPLE` pages spread over ``mm`` that are in the page cache
+    (``mincore``; 0.0 where it fails, or where the kernel does not say for a file this process
+    may not write to: it then answers for this process's mapped pages only)."""
     mincore = libc.function("mincore")
     pages = len(mm) // PAGE_SIZE
     if mincore is None or not pages:
-        return False
+        return 0.0
     base, vec, found = _address(mm), (ctypes.c_ubyte * 1)(), 0
-    for page in np.linspace(0, pages - 1, min(CACHE_SAMPLE, pages)).astype(np.int64).tolist():
+    asked = np.linspace(0, pages - 1, min(CACHE_SAMPLE, pages)).astype(np.int64).tolist()
+    for page in asked:
         if mincore(ctypes.c_void_p(base + page * PAGE_SIZE), ctypes.c_size_t(PAGE_SIZE), vec) != 0:
-            return False
+            return 0.0
         found += vec[0] & 1
-    return 2 * found >= min(CACHE_SAMPLE, pages)
+    return found / len(asked)
 
 
 def _physical_memory() -> int:
