@@ -89,11 +89,12 @@ def test_nothing_mapped_ahead(tmp_path, monkeypatch, case):
     if case == "off":
         monkeypatch.setenv(mapahead.ENV, "0")
     elif case == "one_cpu":
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+        monkeypatch.setattr(mapahead, "_CPUS", {os.getpid(): 1})
     elif case == "cold":
         drop_cache(p)
-        if loadadvice._cached_share(_mapping(p)) > 0:
-            pytest.skip("the page cache kept the file (POSIX_FADV_DONTNEED not honoured here)")
+        with open(p, "rb") as f:
+            if mapahead.cached(f.fileno(), p.stat().st_size):
+                pytest.skip("the page cache kept the file (POSIX_FADV_DONTNEED not honoured here)")
     queued = []
     monkeypatch.setattr(loadadvice, "map_ahead", lambda mm: queued.append(len(mm)) or True)
     if case == "open":
@@ -133,6 +134,22 @@ def test_map_ahead_faults_a_file_mapping_in(tmp_path):
     assert mapahead.wait_map_ahead(30)
     assert _mapped(mm) == 1.0
     assert mm[-5:] == p.read_bytes()[-5:]
+
+
+def test_cpus_and_cache_samples(tmp_path, monkeypatch):
+    monkeypatch.setattr(mapahead, "_CPUS", {})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert not mapahead.map_ahead_on(1 << 30)  # one CPU: the faults stay with the caller
+    p = tmp_path / "f.bin"
+    p.write_bytes(os.urandom(MIB))
+    with open(p, "rb") as f:
+        assert mapahead.cached(f.fileno(), MIB)  # just written
+        assert not mapahead.cached(f.fileno(), 0) and not mapahead.cached(-1, MIB)
+        drop_cache(p)
+        if not loadadvice._mostly_cached(_mapping(p)):  # (mincore: where the drop is honoured)
+            assert not mapahead.cached(f.fileno(), MIB)
+            _warm(p)
+            assert mapahead.cached(f.fileno(), MIB)
 
 
 def test_queue_is_bounded(tmp_path):

@@ -16,7 +16,7 @@ from contextvars import ContextVar
 import numpy as np
 
 from . import libc
-from .mapahead import map_ahead, map_ahead_on
+from .mapahead import cached, map_ahead, map_ahead_on, queued
 from .memory import _POPULATE_READ, PAGE_SIZE, _address, _populate_supported, advise_huge_mapping
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "BACK_STEPS",
     "in_file_order",
     "advise_whole_file",
+    "map_cached_ahead",
     "CACHE_SAMPLE",
 ]
 
@@ -99,11 +100,9 @@ def advise_whole_file(mm: mmap.mmap | None, offsets: np.ndarray, nbytes: np.ndar
     inside :func:`whole_file_mappings`, ``MADV_HUGEPAGE``, and where the leaves are not
     :func:`in_file_order`, the whole mapping read now, forward (``MADV_POPULATE_READ``: a file
     of at most half this machine's memory, on a kernel that has it, else no advice; not where
-    most of it is cached already). A file whose sampled pages are all cached is read in no
-    order: its pages are mapped ahead by another core instead
-    (:func:`~tdz_numba.files.mapahead.map_ahead`, files of 16 MiB or more). Whether advice was
-    given (never outside it, nor where the platform has no such advice; a refusal is not an
-    error, and neither is a page the read cannot bring in).
+    most of it is cached already; nor for a file :func:`map_cached_ahead` took when it was
+    mapped). Whether advice was given (never outside it, nor where the platform has no such
+    advice; a refusal is not an error, and neither is a page the read cannot bring in).
 
     >>> import tempfile
     >>> with tempfile.TemporaryFile() as f:
@@ -114,12 +113,8 @@ def advise_whole_file(mm: mmap.mmap | None, offsets: np.ndarray, nbytes: np.ndar
     """
     if mm is None or not whole_file_load():
         return False
-    cached = map_ahead_on(len(mm)) and _cached_share(mm) == 1.0  # (every sampled page)
-    if cached or in_file_order(offsets, nbytes):
-        advised = advise_huge_mapping(mm)
-        if cached:  # the faults of the caller's first touches taken on another core
-            map_ahead(mm)
-        return advised
+    if queued(mm) or in_file_order(offsets, nbytes):  # (queued: cached, see map_cached_ahead)
+        return advise_huge_mapping(mm)
     populate = _POPULATE_READ if _populate_supported() else None
     if populate is None or len(mm) > _physical_memory() // 2 or not advise_huge_mapping(mm):
         return False
@@ -128,31 +123,41 @@ def advise_whole_file(mm: mmap.mmap | None, offsets: np.ndarray, nbytes: np.ndar
     return True
 
 
+def map_cached_ahead(mm: mmap.mmap | None, fd: int) -> bool:
+    """Inside :func:`whole_file_mappings`, as soon as a file is mapped (``fd``: its descriptor,
+    still open): where the file is cached (:func:`~tdz_numba.files.mapahead.cached`),
+    ``MADV_HUGEPAGE`` and :func:`~tdz_numba.files.mapahead.map_ahead` now, so that the faults of
+    the caller's first touches are taken on another core while the reader parses its headers and
+    makes the views (what :func:`advise_whole_file` then decides for such a file, whatever the
+    leaves' order, is that advice alone). Whether the mapping was queued.
+
+    >>> map_cached_ahead(None, -1)
+    False
+    """
+    if mm is None or not whole_file_load() or not map_ahead_on(len(mm)) or not cached(fd, len(mm)):
+        return False
+    advise_huge_mapping(mm)
+    return map_ahead(mm)
+
+
 #: Pages of a mapping :func:`_mostly_cached` asks about (evenly spaced: ~1 us each).
 CACHE_SAMPLE = 32
 
 
 def _mostly_cached(mm: mmap.mmap) -> bool:
     """Whether at least half of :data:`CACHE_SAMPLE` pages spread over ``mm`` are in the page
-    cache (see :func:`_cached_share`)."""
-    return _cached_share(mm) >= 0.5
-
-
-def _cached_share(mm: mmap.mmap) -> float:
-    """The share of :data:`CACHE_SAMPLE` pages spread over ``mm`` that are in the page cache
-    (``mincore``; 0.0 where it fails, or where the kernel does not say for a file this process
-    may not write to: it then answers for this process's mapped pages only)."""
+    cache (``mincore``; False where it fails, or where the kernel does not say for a file this
+    process may not write to: it then answers for this process's mapped pages only)."""
     mincore = libc.function("mincore")
     pages = len(mm) // PAGE_SIZE
     if mincore is None or not pages:
-        return 0.0
+        return False
     base, vec, found = _address(mm), (ctypes.c_ubyte * 1)(), 0
-    asked = np.linspace(0, pages - 1, min(CACHE_SAMPLE, pages)).astype(np.int64).tolist()
-    for page in asked:
+    for page in np.linspace(0, pages - 1, min(CACHE_SAMPLE, pages)).astype(np.int64).tolist():
         if mincore(ctypes.c_void_p(base + page * PAGE_SIZE), ctypes.c_size_t(PAGE_SIZE), vec) != 0:
-            return 0.0
+            return False
         found += vec[0] & 1
-    return found / len(asked)
+    return 2 * found >= min(CACHE_SAMPLE, pages)
 
 
 def _physical_memory() -> int:

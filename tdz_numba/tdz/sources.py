@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..errors import BadArchiveError, InvalidArgumentError
+from ..files.loadadvice import map_cached_ahead
 from .gcpause import paused_gc
 from .standins import _STAND_INS, make_present, mapped_as, stand_in_external
 
@@ -131,6 +132,8 @@ class MappedFile:
             mm = None
             if size:
                 mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY)
+                if not writable:  # (a load's file, cached: its pages mapped ahead from now)
+                    map_cached_ahead(mm, fd)
         finally:
             os.close(fd)
         return cls(p, mm, size, writable)

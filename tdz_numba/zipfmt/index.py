@@ -36,6 +36,7 @@ from zlib import crc32
 import numpy as np
 
 from ..errors import BadArchiveError, ChecksumError
+from ..files.loadadvice import map_cached_ahead
 from ..files.scanadvice import SPARSE_SPACING, pages_only
 from . import compression as codecs
 from . import eocd, members, records
@@ -177,6 +178,8 @@ class ArchiveIndex:
             elif mapping is None or writable:
                 access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
                 mapping = mmap.mmap(fd, size, access=access)  # type: ignore[arg-type]
+                if not writable:  # (a load's file, cached: its pages mapped ahead from now)
+                    map_cached_ahead(mapping, fd)  # type: ignore[arg-type]
             self._map = mapping
         finally:
             if own:
@@ -230,6 +233,7 @@ class ArchiveIndex:
                     found=st.st_size,
                 )
             self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)  # type: ignore[arg-type]
+            map_cached_ahead(self._map, fd)  # type: ignore[arg-type]
         finally:
             self._drop_fd()
         return self._map
