@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 import tdz_numba
 from tdz_numba.bench.harness import drop_cache
-from tdz_numba.files import loadadvice, mapahead
+from tdz_numba.files import loadadvice, mapahead, pagecache
 from tdz_numba.files.memory import PAGE_SIZE
 
 MIB = 1 << 20
@@ -93,7 +93,7 @@ def test_nothing_mapped_ahead(tmp_path, monkeypatch, case):
     elif case == "cold":
         drop_cache(p)
         with open(p, "rb") as f:
-            if mapahead.cached(f.fileno(), p.stat().st_size):
+            if pagecache.looks_cached(f.fileno(), p.stat().st_size):
                 pytest.skip("the page cache kept the file (POSIX_FADV_DONTNEED not honoured here)")
     queued = []
     monkeypatch.setattr(loadadvice, "map_ahead", lambda mm: queued.append(len(mm)) or True)
@@ -143,13 +143,13 @@ def test_cpus_and_cache_samples(tmp_path, monkeypatch):
     p = tmp_path / "f.bin"
     p.write_bytes(os.urandom(MIB))
     with open(p, "rb") as f:
-        assert mapahead.cached(f.fileno(), MIB)  # just written
-        assert not mapahead.cached(f.fileno(), 0) and not mapahead.cached(-1, MIB)
+        assert pagecache.looks_cached(f.fileno(), MIB)  # just written
+        assert not pagecache.looks_cached(f.fileno(), 0) and not pagecache.looks_cached(-1, MIB)
         drop_cache(p)
         if not loadadvice._mostly_cached(_mapping(p)):  # (mincore: where the drop is honoured)
-            assert not mapahead.cached(f.fileno(), MIB)
+            assert not pagecache.looks_cached(f.fileno(), MIB)
             _warm(p)
-            assert mapahead.cached(f.fileno(), MIB)
+            assert pagecache.looks_cached(f.fileno(), MIB)
 
 
 def test_queue_is_bounded(tmp_path):

@@ -16,8 +16,9 @@ from contextvars import ContextVar
 import numpy as np
 
 from . import libc
-from .mapahead import cached, map_ahead, map_ahead_on, queued
+from .mapahead import map_ahead, map_ahead_on, queued
 from .memory import _POPULATE_READ, PAGE_SIZE, _address, _populate_supported, advise_huge_mapping
+from .pagecache import looks_cached
 
 __all__ = [
     "whole_file_mappings",
@@ -125,7 +126,7 @@ def advise_whole_file(mm: mmap.mmap | None, offsets: np.ndarray, nbytes: np.ndar
 
 def map_cached_ahead(mm: mmap.mmap | None, fd: int) -> bool:
     """Inside :func:`whole_file_mappings`, as soon as a file is mapped (``fd``: its descriptor,
-    still open): where the file is cached (:func:`~tdz_numba.files.mapahead.cached`),
+    still open): where the file is cached (:func:`~tdz_numba.files.pagecache.looks_cached`),
     ``MADV_HUGEPAGE`` and :func:`~tdz_numba.files.mapahead.map_ahead` now, so that the faults of
     the caller's first touches are taken on another core while the reader parses its headers and
     makes the views (what :func:`advise_whole_file` then decides for such a file, whatever the
@@ -134,7 +135,7 @@ def map_cached_ahead(mm: mmap.mmap | None, fd: int) -> bool:
     >>> map_cached_ahead(None, -1)
     False
     """
-    if mm is None or not whole_file_load() or not map_ahead_on(len(mm)) or not cached(fd, len(mm)):
+    if mm is None or not whole_file_load() or not map_ahead_on(len(mm)) or not looks_cached(fd, len(mm)):
         return False
     advise_huge_mapping(mm)
     return map_ahead(mm)

@@ -13,7 +13,8 @@ page, the GIL released while it runs); the thread holds the mapping until it is 
 
 Only where it cannot read the disk and can pay: a file that a whole-file load maps
 (:func:`~tdz_numba.files.loadadvice.map_cached_ahead`, called as the file is mapped, before
-its headers are parsed) whose sampled pages are all cached (:func:`cached`), a mapping of at
+its headers are parsed) whose sampled pages are all cached
+(:func:`~tdz_numba.files.pagecache.looks_cached`), a mapping of at
 least :data:`MIN_BYTES`, at least two CPUs this process may run on, at most
 :data:`MAX_PENDING` mappings waiting, and not turned off with ``TDZ_NUMBA_MAPAHEAD=0``.
 
@@ -37,13 +38,11 @@ import numpy as np
 __all__ = [
     "map_ahead",
     "map_ahead_on",
-    "cached",
     "queued",
     "wait_map_ahead",
     "MIN_BYTES",
     "STEP",
     "MAX_PENDING",
-    "SAMPLES",
     "ENV",
 ]
 
@@ -60,7 +59,8 @@ ENV = "TDZ_NUMBA_MAPAHEAD"
 
 def map_ahead_on(nbytes: int, min_bytes: int = MIN_BYTES) -> bool:
     """Whether a mapping of ``nbytes`` would be mapped ahead: large enough, two CPUs or more
-    for this process, not turned off (the file's cache is the caller's to check: :func:`cached`).
+    for this process, not turned off (the file's cache is the caller's to check:
+    :func:`~tdz_numba.files.pagecache.looks_cached`).
 
     >>> map_ahead_on(0)
     False
@@ -85,36 +85,6 @@ def _cpus() -> int:
         _CPUS.clear()
         _CPUS[pid] = n
     return n
-
-
-#: Pages of a file :func:`cached` asks about, evenly spaced.
-SAMPLES = 16
-
-
-def cached(fd: int, size: int) -> bool:
-    """Whether the file open as ``fd`` (``size`` bytes) looks cached: one byte of each of
-    :data:`SAMPLES` pages spread over it reads without waiting for the disk (``preadv`` with
-    ``RWF_NOWAIT``: ~3 us a page, where ``mincore`` through ctypes took ~10 with the CPU caches
-    cold). False where the platform or the file system cannot say.
-
-    >>> import tempfile
-    >>> with tempfile.TemporaryFile() as f:
-    ...     _ = f.write(b"x" * 8192); f.flush()
-    ...     cached(f.fileno(), 8192) in (True, False)
-    True
-    """
-    flag = getattr(os, "RWF_NOWAIT", None)
-    if flag is None or fd < 0 or size <= 0:
-        return False
-    one = bytearray(1)
-    step = max(1, (size - 1) // max(1, SAMPLES - 1))
-    try:
-        for at in range(0, size, step):
-            if os.preadv(fd, [one], at, flag) != 1:
-                return False
-    except OSError:  # EAGAIN: not cached; EOPNOTSUPP: cannot say
-        return False
-    return True
 
 
 class _Worker:
