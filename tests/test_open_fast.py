@@ -211,30 +211,30 @@ def test_keys_without_mapping_then_mapped_on_first_leaf(tmp_path):
 
 
 def test_held_descriptors_are_capped(tmp_path, monkeypatch):
-    from tdz_numba.zipfmt import index as reader
+    from tdz_numba.zipfmt import lazymap
 
-    monkeypatch.setattr(reader, "MAX_HELD_DESCRIPTORS", reader._HELD[0] + 3)
+    monkeypatch.setattr(lazymap, "MAX_HELD_DESCRIPTORS", lazymap.held_descriptors() + 3)
     p = _archive(tmp_path)
-    before = reader._HELD[0]
+    before = lazymap.held_descriptors()
     opened = [tdz_numba.open(p) for _ in range(10)]  # opened, nothing read yet
     try:
         held = [ar for ar in opened if ar.source.index._fd is not None]
-        assert len(held) == 3 and reader._HELD[0] == before + 3
+        assert len(held) == 3 and lazymap.held_descriptors() == before + 3
         for ar in opened[3:]:  # beyond the cap: mapped at open, no descriptor kept
             assert ar.source.index._map is not None and ar.source.index._fd is None
         assert [ar["k3"].tolist() for ar in opened] == [[0, 1, 2, 3]] * 10
-        assert reader._HELD[0] == before  # mapped on first use: the descriptors are released
+        assert lazymap.held_descriptors() == before  # mapped on first use: the descriptors are released
     finally:
         for ar in opened:
             ar.close()
     unread = [tdz_numba.open(p) for _ in range(3)]
-    assert reader._HELD[0] == before + 3
+    assert lazymap.held_descriptors() == before + 3
     for ar in unread:
         ar.close()
     ix = ArchiveIndex(p)
-    assert reader._HELD[0] == before + 1
+    assert lazymap.held_descriptors() == before + 1
     del ix  # dropped unclosed
-    assert reader._HELD[0] == before
+    assert lazymap.held_descriptors() == before
 
 
 def test_deferred_index_reads_as_the_mapped_one(tmp_path):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import mmap
 import os
 import stat
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import repeat
@@ -56,6 +55,7 @@ from .central import (
     status_error,
     tail_start,
 )
+from .lazymap import MAP_LOCK, LazyMapping, hold_descriptor, release_descriptor
 from .listing import build_listing
 from .records import Col, IndexRow, Status
 
@@ -87,21 +87,9 @@ _SMALL_READ = 1 << 20
 #: (A cold ``pread`` of 16 KiB: ~33 us, of 64 KiB: ~45 us.)
 _TAIL_BYTES = 32 * 1024
 _TAIL_MAX = 256 * 1024
-_MAP_LOCK = threading.Lock()
-#: Descriptors that unmapped indexes may hold at once in a process; an open beyond them maps
-#: the file at once (and closes its descriptor), so that many archives opened and not yet
-#: read never exhaust the descriptor limit (often 1,024).
-MAX_HELD_DESCRIPTORS = 64
-_HELD = [0]
-_HELD_LOCK = threading.RLock()  # (re-entrant: a collection inside it may run ArchiveIndex.__del__)
 
 
-def _release_descriptor() -> None:
-    with _HELD_LOCK:
-        _HELD[0] -= 1
-
-
-class ArchiveIndex:
+class ArchiveIndex(LazyMapping):
     """Index over an archive and the single memory map of its bytes.
 
     :attr:`table` holds one row per entry (a structured array with the fields
@@ -118,8 +106,6 @@ class ArchiveIndex:
     _table: np.ndarray | None
     _small: CentralRows | None  # the rows as lists, built on first use (None: in _cols_np)
     _central: CentralRows | None = None  # the parsed central directory (names are decoded from it)
-    _map: mmap.mmap | None = None  # the mapping (None: not made yet, or closed)
-    _fd: int | None = None  # a descriptor kept until the file is mapped (an open that read with pread)
     _head: bytes = b""  # the file's first bytes, read by the caller (format detection) with that descriptor
 
     def __init__(
@@ -161,17 +147,12 @@ class ArchiveIndex:
                 start = tail_start(raw, size, SMALL_ENTRIES) if tail is None else None
                 if start is not None and size - start <= _TAIL_MAX:  # a longer central directory
                     tail = parse_tail(os.pread(fd, size - start, start), size, SMALL_ENTRIES)  # type: ignore[arg-type]
-            held = False
-            if tail is not None:  # mapped on first use: keep a descriptor, if the cap allows
-                with _HELD_LOCK:
-                    if _HELD[0] < MAX_HELD_DESCRIPTORS:
-                        _HELD[0] += 1
-                        held = True
-            if held:
+            # mapped on first use: the descriptor kept, if the process's cap allows
+            if tail is not None and hold_descriptor():
                 try:
                     self._fd = fd if own else os.dup(fd)  # type: ignore[arg-type]
                 except BaseException:
-                    _release_descriptor()
+                    release_descriptor()
                     raise
                 self._head = head
                 own = False
@@ -198,66 +179,6 @@ class ArchiveIndex:
                 raise
             return
         self._index_entries(eocd.find_end_record(self._mmap, label), check_local)
-
-    @property
-    def _mmap(self) -> mmap.mmap:
-        """The private (or shared) mapping of the whole file: made on first use when the open
-        read the index with ``pread`` (:func:`tdz_numba.zipfmt.central.parse_tail`); None once closed."""
-        mapping = self._map
-        if mapping is None and self._fd is not None:
-            mapping = self._map_now()
-        return mapping  # type: ignore[return-value]
-
-    @_mmap.setter
-    def _mmap(self, value: mmap.mmap | None) -> None:
-        self._map = value
-        if value is None and self._fd is not None:
-            with _MAP_LOCK:
-                self._drop_fd()
-
-    def _map_now(self) -> mmap.mmap | None:
-        with _MAP_LOCK:  # (two threads reading the first payloads map the file once)
-            if self._map is not None or self._fd is None:
-                return self._map
-            return self._map_fd(self._fd)
-
-    def _map_fd(self, fd: int) -> mmap.mmap:
-        label = str(self.path)
-        try:
-            st = os.fstat(fd)  # type: ignore[arg-type]
-            if st.st_size < self.size:  # (grown: an append, which rewrites no byte of the opened size)
-                raise BadArchiveError(
-                    f"{label}: the file shrank since it was opened ({self.size} -> {st.st_size} bytes)",
-                    path=label,
-                    expected=self.size,
-                    found=st.st_size,
-                )
-            self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_COPY)  # type: ignore[arg-type]
-            map_cached_ahead(self._map, fd)  # type: ignore[arg-type]
-        finally:
-            self._drop_fd()
-        return self._map
-
-    def _drop_fd(self) -> None:
-        fd = self._fd
-        if fd is not None:
-            self._fd = None
-            with _HELD_LOCK:  # (what _release_descriptor does, without the call)
-                _HELD[0] -= 1
-            os.close(fd)
-
-    def __del__(self, _close=os.close, _release=_release_descriptor) -> None:
-        fd = self._fd
-        if fd is not None:  # an index dropped unclosed before its file was mapped
-            self._fd = None
-            try:  # (both bound at definition: module globals may be gone at exit)
-                _release()
-            except Exception:
-                pass
-            try:
-                _close(fd)
-            except OSError:
-                pass
 
     @property
     def buffer(self) -> np.ndarray:
@@ -594,7 +515,7 @@ class ArchiveIndex:
         small = self._small
         if self._fd is not None and small is not None:  # not mapped yet: read with pread
             i = self._by_name[name]
-            with _MAP_LOCK:  # (the descriptor stays open while it is read)
+            with MAP_LOCK:  # (the descriptor stays open while it is read)
                 fd = self._fd
                 data = (
                     None
@@ -623,5 +544,5 @@ class ArchiveIndex:
             None  # (what the setters of buffer and _mmap do)
         )
         if self._fd is not None:  # not mapped yet: the descriptor kept for the mapping goes
-            with _MAP_LOCK:
+            with MAP_LOCK:
                 self._drop_fd()
