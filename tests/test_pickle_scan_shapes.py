@@ -1,4 +1,4 @@
-"""pickle_scan._shapes (every row's shape and stride tuples) against the obvious loop, on the
+"""pickle_shapes.scan_shapes (every row's shape and stride tuples) against the obvious loop, on the
 layouts the scan writes: one rank in a row, mixed ranks, rank 0, few rows and many."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tdz_numba.formats import pickle_scan as ps
+from tdz_numba.formats.pickle_shapes import FEW, scan_shapes
 
 
 def _oracle(dims, cols):
@@ -36,7 +37,7 @@ def _layout(ranks, rng, gap=False, same=False):
     return np.array(dims + [0] * 8, np.int64), np.array(rows, np.int64).reshape(len(ranks), ps.NCOL)
 
 
-@pytest.mark.parametrize("count", [1, 2, ps._FEW, ps._FEW + 1, 300])
+@pytest.mark.parametrize("count", [1, 2, FEW, FEW + 1, 300])
 @pytest.mark.parametrize("kind", ["one rank", "one rank, equal rows", "mixed", "with rank 0", "gaps"])
 def test_shapes_match_the_loop(count, kind):
     rng = np.random.default_rng(count)
@@ -48,7 +49,7 @@ def test_shapes_match_the_loop(count, kind):
         ranks = rng.integers(0, 3, count).tolist()
     dims, cols = _layout(ranks, rng, gap=kind == "gaps", same=kind.endswith("equal rows"))
     dims.flags.writeable = False
-    got = ps._shapes(dims, cols)
+    got = scan_shapes(dims, cols[:, ps._NDIM : ps._STRIDE_AT + 1])
     assert got == _oracle(dims, cols)
     assert all(type(t) is tuple and all(type(x) is int for x in t) for part in got for t in part)
 

@@ -508,15 +508,9 @@ class Archive(LeafMemory, Mapping):
         node, spec = self._resolve(key)
         if spec.kind != "leaf":
             raise MissingKeyError(f"{self.where()}: {key!r} is not a tensor leaf")
-        type_name = getattr(spec.leaf, "type_name", "")
-        t = node._value(spec)
-        if not _is_quant(type_name) or t.dtype != torch.uint8:  # (decoded already: dequantize=True)
-            return t
-        try:
-            from ..formats import gguf
-        except ImportError:  # pragma: no cover - the gguf reader is part of the package
-            raise UnsupportedError(f"{node.where(spec.key)}: no GGUF dequantizer available") from None
-        return gguf.dequantize(t, type_name, spec.leaf.shape)
+        return dequantized(
+            spec.leaf, node._value(spec)
+        )  # (decoded already where opened with dequantize=True)
 
     def leaves(self) -> Iterator[tuple[str, Any]]:
         """``(path, spec)`` of every tensor leaf below this level, depth first (any depth)."""
@@ -599,9 +593,3 @@ class Archive(LeafMemory, Mapping):
         from .display import archive_html
 
         return archive_html(self, max_rows)
-
-
-def _is_quant(type_name: str) -> bool:
-    from ..formats.gguf import is_quantized  # every GGML block type (MXFP4 and NVFP4 too)
-
-    return is_quantized(type_name)

@@ -32,14 +32,13 @@ Examples
 
 from __future__ import annotations
 
-from operator import add
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 from ..jit.presets import BORROWED, KERNEL  # BORROWED: the helpers and the scan loop
-from .pickle_shapes import shared_shapes
+from .pickle_shapes import scan_shapes
 
 __all__ = ["OK", "NCOL", "scan_state_dict", "scan", "Scanned"]
 
@@ -506,42 +505,6 @@ def _texts(data: bytes, pos: np.ndarray, length: np.ndarray) -> list[str] | None
     return list(map(table.__getitem__, inverse.tolist()))
 
 
-def _rows(block: np.ndarray) -> list[tuple[int, ...]]:
-    """Each row of a 2-D int array as a tuple; one tuple object shared by all when the rows are
-    equal (a model's many equal layers: no tuple made per row)."""
-    if (block == block[0]).all():
-        return [tuple(block[0].tolist())] * len(block)
-    return list(map(tuple, block.tolist()))
-
-
-#: Up to this many tensors, :func:`_shapes` looks for no block of one rank (its numpy calls
-#: cost about what a few dozen tuples do).
-_FEW = 64
-
-
-def _shapes(dims: np.ndarray, cols: np.ndarray) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """Each row's shape and stride tuples (``dims`` as the scan laid them out)."""
-    count = len(cols)
-    if count > _FEW:
-        ndim, at, st = cols[:, _NDIM], cols[:, _SHAPE_AT], cols[:, _STRIDE_AT]
-        k = int(ndim[0])
-        if k and (ndim == k).all() and (st == at + k).all() and (np.diff(at) == 2 * k).all():
-            first = int(at[0])  # one rank, in a row
-            block = dims[first : first + 2 * k * count].reshape(count, 2, k)
-            return _rows(block[:, 0]), _rows(block[:, 1])
-        shared = shared_shapes(dims, ndim, at, st)  # two tuples per distinct layout, not per row
-        if shared is not None:
-            return shared
-    nds, ats, sts = cols[:, _NDIM : _STRIDE_AT + 1].T.tolist()  # (the three columns in a row)
-    end = max(map(add, sts, nds)) if count <= _FEW else int((cols[:, _STRIDE_AT] + cols[:, _NDIM]).max())
-    flat = dims[:end].tolist()
-    sizes, strides = [], []
-    for a, b, d in zip(ats, sts, nds):
-        sizes.append(tuple(flat[a : a + d]))
-        strides.append(tuple(flat[b : b + d]))
-    return sizes, strides
-
-
 def scan(
     data: bytes, max_ops: int | None = None, max_memo: int | None = None, *, unique: bool = True
 ) -> Scanned | None:
@@ -589,7 +552,7 @@ def scan(
     for g in set(globs):
         module, name, _ = g.split("\n")
         types[g] = (module, name)
-    shapes, strides = _shapes(dims, cols)
+    shapes, strides = scan_shapes(dims, cols[:, _NDIM : _STRIDE_AT + 1])  # (ndim, shape_at, stride_at)
     return Scanned(
         keys,
         skey,

@@ -5,8 +5,9 @@ tuples are made once each and shared, instead of two per tensor.
 :func:`shape_ids` (compiled) gives each row of the scan the first row with the same rank, sizes
 and strides (an open-addressing table over the values, every match compared in full);
 :func:`shared_shapes` makes the distinct rows' tuples and hands each row its representative's.
-The tuples equal what :func:`tdz_numba.formats.pickle_scan._shapes` makes one by one (its loop is
-the oracle in the tests); rows whose sizes or strides do not lie inside ``dims`` return None
+:func:`scan_shapes` is what the scan calls: a block of one rank laid out row after row is
+cut with numpy, other layouts of many rows go through :func:`shared_shapes`, and a few rows
+(or rows it declines) are read one by one (that loop is the oracle in the tests); rows whose sizes or strides do not lie inside ``dims`` return None
 (the caller's loop then reads them as before).
 
 Examples
@@ -21,12 +22,14 @@ Examples
 
 from __future__ import annotations
 
+from operator import add
+
 import numpy as np
 from numba import njit
 
 from ..jit.presets import BORROWED
 
-__all__ = ["shape_ids", "shared_shapes"]
+__all__ = ["shape_ids", "shared_shapes", "scan_shapes", "FEW"]
 
 
 @njit(**BORROWED)
@@ -94,3 +97,45 @@ def shared_shapes(
             shape_of[i], stride_of[i] = tuple(flat[a : a + d].tolist()), tuple(flat[b : b + d].tolist())
     rows = ids.tolist()
     return list(map(shape_of.__getitem__, rows)), list(map(stride_of.__getitem__, rows))
+
+
+#: Up to this many tensors, :func:`scan_shapes` looks for no block of one rank and no shared
+#: layouts (their numpy calls cost about what a few dozen tuples do).
+FEW = 64
+
+
+def scan_shapes(dims: np.ndarray, cols: np.ndarray) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Each row's shape and stride tuples: ``cols`` holds each row's rank and where its sizes and
+    its strides start in ``dims`` (three int64 columns, as :mod:`.pickle_scan` lays them out).
+
+    >>> dims = np.array([2, 3, 3, 1, 4, 1], np.int64)
+    >>> scan_shapes(dims, np.array([[2, 0, 2], [1, 4, 5]]))
+    ([(2, 3), (4,)], [(3, 1), (1,)])
+    """
+    count = len(cols)
+    ndim, at, st = cols[:, 0], cols[:, 1], cols[:, 2]
+    if count > FEW:
+        k = int(ndim[0])
+        if k and (ndim == k).all() and (st == at + k).all() and (np.diff(at) == 2 * k).all():
+            first = int(at[0])  # one rank, in a row
+            block = dims[first : first + 2 * k * count].reshape(count, 2, k)
+            return _rows(block[:, 0]), _rows(block[:, 1])
+        shared = shared_shapes(dims, ndim, at, st)  # two tuples per distinct layout, not per row
+        if shared is not None:
+            return shared
+    nds, ats, sts = cols.T.tolist()  # (the three columns at once)
+    end = max(map(add, sts, nds)) if count <= FEW else int((st + ndim).max())
+    flat = dims[:end].tolist()
+    sizes, strides = [], []
+    for a, b, d in zip(ats, sts, nds):
+        sizes.append(tuple(flat[a : a + d]))
+        strides.append(tuple(flat[b : b + d]))
+    return sizes, strides
+
+
+def _rows(block: np.ndarray) -> list[tuple[int, ...]]:
+    """Each row of a 2-D int array as a tuple; one tuple object shared by all when the rows are
+    equal (a model's many equal layers: no tuple made per row)."""
+    if (block == block[0]).all():
+        return [tuple(block[0].tolist())] * len(block)
+    return list(map(tuple, block.tolist()))
