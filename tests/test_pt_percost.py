@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tdz_numba.formats import pickle_scan, pt_records, torch_pt
+from tdz_numba.formats import pickle_scan, pickle_shapes, pt_records, torch_pt
 from tdz_numba.jit import policy
 from tdz_numba.zipfmt.index import ArchiveIndex
 
@@ -101,9 +101,9 @@ def test_keys_far_apart_decline(tmp_path: Path) -> None:
 
 def test_shared_shape_tuples_equal_per_row_tuples() -> None:
     block = np.array([[2, 3], [2, 3], [2, 3]])
-    got = pickle_scan._rows(block)
+    got = pickle_shapes._rows(block)
     assert got == [(2, 3)] * 3 and got[0] is got[2]
-    mixed = pickle_scan._rows(np.array([[2, 3], [3, 2]]))
+    mixed = pickle_shapes._rows(np.array([[2, 3], [3, 2]]))
     assert mixed == [(2, 3), (3, 2)]
 
 
