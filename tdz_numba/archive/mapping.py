@@ -508,9 +508,8 @@ class Archive(LeafMemory, Mapping):
         node, spec = self._resolve(key)
         if spec.kind != "leaf":
             raise MissingKeyError(f"{self.where()}: {key!r} is not a tensor leaf")
-        return dequantized(
-            spec.leaf, node._value(spec)
-        )  # (decoded already where opened with dequantize=True)
+        # (a leaf of a file opened with dequantize=True comes decoded already: returned as it is)
+        return dequantized(spec.leaf, node._value(spec))
 
     def leaves(self) -> Iterator[tuple[str, Any]]:
         """``(path, spec)`` of every tensor leaf below this level, depth first (any depth)."""

@@ -5,10 +5,11 @@ tuples are made once each and shared, instead of two per tensor.
 :func:`shape_ids` (compiled) gives each row of the scan the first row with the same rank, sizes
 and strides (an open-addressing table over the values, every match compared in full);
 :func:`shared_shapes` makes the distinct rows' tuples and hands each row its representative's.
-:func:`scan_shapes` is what the scan calls: a block of one rank laid out row after row is
-cut with numpy, other layouts of many rows go through :func:`shared_shapes`, and a few rows
-(or rows it declines) are read one by one (that loop is the oracle in the tests); rows whose sizes or strides do not lie inside ``dims`` return None
-(the caller's loop then reads them as before).
+The tuples equal what reading each row one by one makes (that loop is the oracle in the
+tests); rows whose sizes or strides do not lie inside ``dims`` return None. :func:`scan_shapes`
+is what :mod:`.pickle_scan` calls: a block of one rank laid out row after row is cut with numpy,
+other layouts of many rows go through :func:`shared_shapes`, and a few rows (or rows it
+declines) are read one by one.
 
 Examples
 --------
