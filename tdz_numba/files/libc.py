@@ -1,5 +1,5 @@
 """The C library's functions that Python's ``os`` and ``mmap`` lack (``mincore``, ``madvise`` on an
-address, ``sync_file_range``, ``fallocate``, ``renameat2``), looked up once per process in the symbols the process
+address, ``sync_file_range``, ``fallocate``, ``renameat2``, ``syscall`` for ``cachestat``), looked up once per process in the symbols the process
 already has loaded (``CDLL(None)``: no ``ldconfig`` subprocess, unlike ``ctypes.util.find_library``).
 
 Examples
@@ -28,6 +28,11 @@ _SIGNATURES: dict[str, tuple[tuple[Any, ...], Any]] = {
     "sync_file_range": ((ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint), ctypes.c_int),
     "fallocate64": ((ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64), ctypes.c_int),
     "fallocate": ((ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64), ctypes.c_int),
+    # (variadic in C; Linux passes its arguments in registers, so one fixed prototype serves cachestat)
+    "syscall": (
+        (ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint),
+        ctypes.c_long,
+    ),
     "renameat2": (
         (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint),
         ctypes.c_int,
