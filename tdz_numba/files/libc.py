@@ -1,6 +1,7 @@
 """The C library's functions that Python's ``os`` and ``mmap`` lack (``mincore``, ``madvise`` on an
-address, ``sync_file_range``, ``fallocate``, ``renameat2``, ``syscall`` for ``cachestat``), looked up once per process in the symbols the process
-already has loaded (``CDLL(None)``: no ``ldconfig`` subprocess, unlike ``ctypes.util.find_library``).
+address, ``sync_file_range``, ``fallocate``, ``renameat2``, ``syscall`` for ``cachestat``), looked
+up once per process in the symbols the process already has loaded (``CDLL(None)``: no
+``ldconfig`` subprocess, unlike ``ctypes.util.find_library``).
 
 Examples
 --------
