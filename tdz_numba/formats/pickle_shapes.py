@@ -114,8 +114,8 @@ def scan_shapes(dims: np.ndarray, cols: np.ndarray) -> tuple[list[tuple[int, ...
     ([(2, 3), (4,)], [(3, 1), (1,)])
     """
     count = len(cols)
-    ndim, at, st = cols[:, 0], cols[:, 1], cols[:, 2]
     if count > FEW:
+        ndim, at, st = cols[:, 0], cols[:, 1], cols[:, 2]
         k = int(ndim[0])
         if k and (ndim == k).all() and (st == at + k).all() and (np.diff(at) == 2 * k).all():
             first = int(at[0])  # one rank, in a row
@@ -125,7 +125,7 @@ def scan_shapes(dims: np.ndarray, cols: np.ndarray) -> tuple[list[tuple[int, ...
         if shared is not None:
             return shared
     nds, ats, sts = cols.T.tolist()  # (the three columns at once)
-    end = max(map(add, sts, nds)) if count <= FEW else int((st + ndim).max())
+    end = max(map(add, sts, nds)) if count <= FEW else int((cols[:, 2] + cols[:, 0]).max())
     flat = dims[:end].tolist()
     sizes, strides = [], []
     for a, b, d in zip(ats, sts, nds):
